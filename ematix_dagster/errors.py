@@ -1,0 +1,44 @@
+"""Exception types a user can catch.
+
+Each failure is either *terminal* (the operator must act: a config error, a cap hit, a changed
+spec) or *transient* (retrying may help: a database that is briefly unreachable, a Spark job that
+died). Dagster and the CLI use ``terminal`` to decide whether a retry makes sense.
+"""
+
+from __future__ import annotations
+
+
+class EmatixError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+    terminal: bool = True
+
+
+class PipelineConfigError(EmatixError, ValueError):
+    """A pipeline spec that cannot run: names the key, the bad value and the fix."""
+
+    def __init__(self, key: str, message: str, fix: str | None = None) -> None:
+        self.key = key
+        self.fix = fix
+        text = f"{key}: {message}"
+        if fix:
+            text += f" (fix: {fix})"
+        super().__init__(text)
+
+
+class StateCapExceeded(EmatixError):
+    """``max_groups_per_window`` or ``max_distinct_values_per_group`` was reached."""
+
+
+class AggregationOverflow(EmatixError):
+    """An integer sum left the BIGINT range."""
+
+
+class StateNotDurableError(EmatixError):
+    """A restart would silently lose in-memory window state."""
+
+
+class TargetError(EmatixError):
+    """A target or dead-letter write failed; retrying may help."""
+
+    terminal = False

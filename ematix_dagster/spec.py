@@ -59,6 +59,15 @@ def _fail(key: str, message: str, fix: str | None = None) -> None:
     raise PipelineConfigError(key, message, fix)
 
 
+def _is_ident(value: Any) -> bool:
+    return isinstance(value, str) and bool(_IDENT_RE.match(value))
+
+
+def _is_reserved(name: str) -> bool:
+    # Spark resolves column names case-insensitively, so "_EVENT_TS" clashes with "_event_ts".
+    return name.lower() in RESERVED_COLUMNS
+
+
 @dataclass(frozen=True)
 class Aggregation:
     """One output column of a window: ``agg`` over ``column``, named ``as_``.
@@ -76,13 +85,13 @@ class Aggregation:
     def validate(self, key: str) -> None:
         if self.agg not in AGG_KINDS:
             _fail(f"{key}.agg", f"unknown aggregator {self.agg!r}", f"use one of {', '.join(AGG_KINDS)}")
-        if not self.as_ or not _IDENT_RE.match(self.as_):
+        if not _is_ident(self.as_):
             _fail(f"{key}.as", f"{self.as_!r} is not a valid column name", "use letters, digits and _")
-        if self.as_ in RESERVED_COLUMNS:
+        if _is_reserved(self.as_):
             _fail(f"{key}.as", f"{self.as_!r} is reserved by the engine", "pick another alias")
         if self.agg == "count":
             if self.column is not None:
-                _fail(f"{key}.column", "count counts every row and takes no column",
+                _fail(f"{key}.column", f"count counts every row and takes no column (got {self.column!r})",
                       'use agg = "count_col" to count non-null values of a column')
         elif not self.column:
             _fail(f"{key}.column", f"{self.agg} needs a column", 'add column = "<input column>"')
@@ -100,7 +109,8 @@ class Aggregation:
                       "remove it, or set mode = \"exact\"")
         else:
             if self.mode is not None:
-                _fail(f"{key}.mode", f"only count_distinct has a mode, not {self.agg}", "remove mode")
+                _fail(f"{key}.mode", f"mode = {self.mode!r} given, but only count_distinct has a mode, not {self.agg}",
+                      "remove mode")
             if self.max_distinct_values_per_group is not None:
                 _fail(f"{key}.max_distinct_values_per_group", "only applies to count_distinct",
                       "remove it")
@@ -159,7 +169,8 @@ class Window:
                 _fail(f"{key}.hop_ms", f"{self.hop_ms} is larger than duration_ms={self.duration_ms}",
                       "use hop_ms <= duration_ms (gaps between windows would drop rows)")
         elif self.hop_ms is not None:
-            _fail(f"{key}.hop_ms", "only applies to hopping windows", 'remove it or use kind = "hopping"')
+            _fail(f"{key}.hop_ms", f"hop_ms = {self.hop_ms!r} only applies to hopping windows, not {self.kind!r}",
+                  'remove it or use kind = "hopping"')
         if self.event_time_unit not in TIME_UNITS:
             _fail(f"{key}.event_time_unit", f"unknown unit {self.event_time_unit!r}", 'use "ms", "us" or "s"')
         if self.time_mode not in TIME_MODES:
@@ -174,7 +185,9 @@ class Window:
                       "set how long (ms past window end) emitted windows accept corrections")
             _positive(f"{key}.allowed_lateness_ms", self.allowed_lateness_ms)
         elif self.allowed_lateness_ms is not None:
-            _fail(f"{key}.allowed_lateness_ms", f'only applies to late_data = "reopen", not {self.late_data!r}',
+            _fail(f"{key}.allowed_lateness_ms",
+                  f'allowed_lateness_ms = {self.allowed_lateness_ms!r} only applies to late_data = "reopen", '
+                  f"not {self.late_data!r}",
                   "remove it or use late_data = \"reopen\"")
         if self.max_groups_per_window is None:
             _fail(f"{key}.max_groups_per_window", "is mandatory", "set the most groups one window may hold")
@@ -198,32 +211,35 @@ class Window:
                   'add [[transform.window.aggregations]] with agg = "count", as = "n"')
         for col_key, col in (("window_start_column", self.window_start_column),
                              ("window_end_column", self.window_end_column)):
-            if not _IDENT_RE.match(col or ""):
+            if not _is_ident(col):
                 _fail(f"{key}.{col_key}", f"{col!r} is not a valid column name", "use letters, digits and _")
-        if self.window_start_column == self.window_end_column:
+            if _is_reserved(col):
+                _fail(f"{key}.{col_key}", f"{col!r} is reserved by the engine", "pick another column name")
+        if self.window_start_column.lower() == self.window_end_column.lower():
             _fail(f"{key}.window_end_column", "equals window_start_column", "give the two window columns different names")
-        if self.event_time_column != "_event_ts" and not _IDENT_RE.match(self.event_time_column):
+        if self.event_time_column != "_event_ts" and not _is_ident(self.event_time_column):
             _fail(f"{key}.event_time_column", f"{self.event_time_column!r} is not a column name", "name a payload column")
         seen: dict[str, str] = {}
         for i, g in enumerate(self.group_by):
-            if not isinstance(g, str) or not _IDENT_RE.match(g):
+            if not _is_ident(g):
                 _fail(f"{key}.group_by[{i}]", f"{g!r} is not a valid column name", "name a column of the input")
-            if g in RESERVED_COLUMNS:
+            if _is_reserved(g):
                 _fail(f"{key}.group_by[{i}]", f"{g!r} is reserved by the engine", "group by a payload column")
-            if g in seen:
+            if g.lower() in seen:
                 _fail(f"{key}.group_by[{i}]", f"{g!r} appears twice", "list each group column once")
-            seen[g] = "group_by column"
+            seen[g.lower()] = "group_by column"
+        # Output column names are compared case-insensitively, as Spark and unquoted SQL do.
         for name, what in ((self.window_start_column, "window_start_column"),
                            (self.window_end_column, "window_end_column")):
-            if name in seen:
-                _fail(f"{key}.{what}", f"{name!r} collides with a {seen[name]}", "rename one of them")
-            seen[name] = what
+            if name.lower() in seen:
+                _fail(f"{key}.{what}", f"{name!r} collides with a {seen[name.lower()]}", "rename one of them")
+            seen[name.lower()] = what
         for i, agg in enumerate(self.aggregations):
             akey = f"{key}.aggregations[{i}]"
             agg.validate(akey)
-            if agg.as_ in seen:
-                _fail(f"{akey}.as", f"{agg.as_!r} collides with the {seen[agg.as_]}", "pick a unique alias")
-            seen[agg.as_] = "alias of another aggregation"
+            if agg.as_.lower() in seen:
+                _fail(f"{akey}.as", f"{agg.as_!r} collides with the {seen[agg.as_.lower()]}", "pick a unique alias")
+            seen[agg.as_.lower()] = "alias of another aggregation"
 
     @property
     def hop(self) -> int:
@@ -256,7 +272,7 @@ class Source:
     starting_offsets: str | None = None
 
     def validate(self, key: str) -> None:
-        if not self.name or not _NAME_RE.match(self.name):
+        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
             _fail(f"{key}.name", f"{self.name!r} is not a valid source name", "use [a-z0-9_-]")
         if self.name == "_heartbeat":
             _fail(f"{key}.name", '"_heartbeat" is reserved for the engine', "pick another name")
@@ -353,8 +369,10 @@ class StateStore:
             _fail(f"{key}.url", "is required for a postgres store", 'use url = "${EMATIX_STATE_URL}"')
         if self.kind != "sqlite" and self.path is not None:
             _fail(f"{key}.path", f"does not apply to a {self.kind} store", "remove it")
-        if self.kind != "postgres" and (self.url is not None or self.schema is not None):
-            _fail(f"{key}.url", f"url/schema do not apply to a {self.kind} store", "remove them")
+        if self.kind != "postgres":
+            for name, value in (("url", self.url), ("schema", self.schema)):
+                if value is not None:
+                    _fail(f"{key}.{name}", f"{name} = {value!r} does not apply to a {self.kind} store", "remove it")
         if self.schema is not None and not _IDENT_RE.match(self.schema):
             _fail(f"{key}.schema", f"{self.schema!r} is not a schema name", "use letters, digits and _")
 
@@ -381,8 +399,9 @@ class Run:
         if self.end_of_input == "flush" and self.trigger != "available_now":
             _fail(f"{key}.end_of_input", '"flush" only applies to trigger = "available_now"',
                   'remove it or use trigger = "available_now"')
-        if not self.checkpoint_location:
-            _fail(f"{key}.checkpoint_location", "is required", 'e.g. ".ematix/checkpoints/<pipeline>"')
+        if not self.checkpoint_location or not isinstance(self.checkpoint_location, str):
+            _fail(f"{key}.checkpoint_location", f"{self.checkpoint_location!r} is not a path",
+                  'e.g. ".ematix/checkpoints/<pipeline>"')
         if "://" in self.checkpoint_location and not self.checkpoint_location.startswith("file://"):
             _fail(f"{key}.checkpoint_location", "must be a local path (the engine reads its offsets log)",
                   "use a local directory")
@@ -430,8 +449,11 @@ class PipelineSpec:
             _fail("target.same_transaction", "needs a postgres [state_store] in the same database",
                   'set [state_store] kind = "postgres" or remove same_transaction')
         self.run.validate()
-        if self.metrics_port is not None and (not isinstance(self.metrics_port, int) or not 1 <= self.metrics_port <= 65535):
+        if self.metrics_port is not None and (not isinstance(self.metrics_port, int) or isinstance(self.metrics_port, bool)
+                                              or not 1 <= self.metrics_port <= 65535):
             _fail("metrics_port", f"{self.metrics_port!r} is not a TCP port", "use 1..65535")
+        if self.transform_sql is not None and not isinstance(self.transform_sql, str):
+            _fail("transform.sql", f"{self.transform_sql!r} is not a string", 'write sql = "SELECT ... FROM source"')
         if self.transform_sql is not None and not self.transform_sql.strip():
             _fail("transform.sql", "is empty", "remove [transform] sql or write a SELECT")
         _check_env(self)
@@ -444,10 +466,9 @@ class PipelineSpec:
     def state_upper_bound_bytes(self) -> int:
         """Seed 000's sizing formula: active windows x max groups x per-group state."""
         w = self.window
-        if w.kind == "tumbling" and w.late_data != "reopen":
-            active = 1
-        else:
-            active = math.ceil((w.duration_ms + w.retention_ms) / w.hop)
+        # A window stays open until the watermark (max event time - lateness_ms) passes its end, then
+        # is retained for allowed_lateness_ms under reopen; with lateness 0 this is seed 000's formula.
+        active = math.ceil((w.duration_ms + w.lateness_ms + w.retention_ms) / w.hop)
         per_group = 64 + 16 * len(w.group_by)
         for a in w.aggregations:
             if a.agg == "count_distinct":
@@ -484,8 +505,9 @@ def _validate_sink_fields(key: str, kind: str, url: str | None, table: str | Non
     elif kind == "parquet":
         if not path:
             _fail(f"{key}.path", "is required for parquet", "name an output directory")
-        if url is not None or table is not None:
-            _fail(f"{key}.url", "url/table do not apply to parquet", "remove them")
+        for name, value in (("url", url), ("table", table)):
+            if value is not None:
+                _fail(f"{key}.{name}", f"{name} = {value!r} does not apply to parquet", "remove it")
     else:
         if url is not None or table is not None or path is not None:
             _fail(f"{key}.kind", "console takes no url, table or path", "remove them")
@@ -513,6 +535,9 @@ def resolve_env(value: str | None) -> str | None:
     return _ENV_RE.sub(sub, value)
 
 
+_TOML_KEYS = {"window": "transform.window", "transform_sql": "transform.sql", "as_": "as"}
+
+
 def _check_env(obj: Any, key: str = "") -> None:
     if isinstance(obj, str):
         for name in env_references(obj):
@@ -524,7 +549,8 @@ def _check_env(obj: Any, key: str = "") -> None:
             _check_env(item, f"{key}[{i}]")
     elif hasattr(obj, "__dataclass_fields__"):
         for f in fields(obj):
-            _check_env(getattr(obj, f.name), f"{key}.{f.name}" if key else f.name)
+            name = _TOML_KEYS.get(f.name, f.name)
+            _check_env(getattr(obj, f.name), f"{key}.{name}" if key else name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -544,7 +570,7 @@ def _take(table: Mapping[str, Any], key: str, cls: type, renames: Mapping[str, s
         if k not in known:
             canonical = _SEED_001_SPELLINGS.get(k)
             if canonical and canonical in known:
-                _fail(f"{key}.{k}", "is seed 001's spelling", f"use {canonical!r}")
+                _fail(f"{key}.{k}", f"{k} = {v!r} is seed 001's spelling", f"use {canonical!r} instead of {k!r}")
             _fail(f"{key}.{k}", "unknown key", f"known keys: {', '.join(sorted(known))}")
         kwargs[known[k]] = v
     required = [f.name for f in fields(cls) if f.default is _MISSING and f.default_factory is _MISSING]
@@ -571,8 +597,13 @@ def spec_from_dict(doc: Mapping[str, Any]) -> PipelineSpec:
             _fail(f"transform.{k}", "unknown key", "known keys: sql, window")
     if "window" not in transform:
         _fail("transform.window", "is required", "add [transform.window]")
+    if not isinstance(transform["window"], Mapping):
+        _fail("transform.window", "must be a table", "write [transform.window]")
     wdoc = dict(transform["window"])
     aggs_doc = wdoc.pop("aggregations", None)
+    if aggs_doc is not None and not isinstance(aggs_doc, list):
+        _fail("transform.window.aggregations", "must be an array of tables",
+              "write [[transform.window.aggregations]] (double brackets)")
     if not aggs_doc:
         _fail("transform.window.aggregations", "at least one aggregation is required",
               'add [[transform.window.aggregations]] with agg = "count", as = "n"')

@@ -1,0 +1,97 @@
+"""Prometheus metrics exactly as SPEC.md §6: one registry per process, partitioned by label.
+
+Families are created once per process (a second pipeline in the same process reuses them with its
+own ``pipeline`` label), so nothing is registered twice. The HTTP endpoint binds to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from ematix_dagster.streaming.micro_batch import BatchInput, BatchResult
+
+PREFIX = "ematix_streaming"
+
+
+class StreamingMetrics:
+    """All metric families of the engine, bound to one registry."""
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        self.registry = registry
+        self.windows_active = Gauge(f"{PREFIX}_windows_active", "Windows held in state.", ["pipeline"], registry=registry)
+        self.windows_emitted = Counter(f"{PREFIX}_windows_emitted", "Final (window, group) rows emitted.",
+                                       ["pipeline", "kind"], registry=registry)
+        self.late_rows_dropped = Counter(f"{PREFIX}_late_rows_dropped", "Rows no window took, by late-data policy.",
+                                         ["pipeline", "policy"], registry=registry)
+        self.state_groups = Gauge(f"{PREFIX}_state_groups_total", "(window, group) entries held in state.",
+                                  ["pipeline"], registry=registry)
+        self.watermark = Gauge(f"{PREFIX}_watermark_seconds", "Per-source watermark; source=_global is the pipeline's.",
+                               ["pipeline", "source"], registry=registry)
+        self.rows_consumed = Counter(f"{PREFIX}_rows_consumed", "Rows read per source.", ["pipeline", "source"],
+                                     registry=registry)
+        self.batch_duration = Histogram(f"{PREFIX}_batch_duration_seconds", "Driver time per micro-batch.",
+                                        ["pipeline"], registry=registry)
+        self.invalid_event_time = Counter(f"{PREFIX}_invalid_event_time_rows", "Rows with a NULL or unparseable event time.",
+                                          ["pipeline", "source"], registry=registry)
+        self.future_rows = Counter(f"{PREFIX}_future_rows", "Rows beyond max_future_skew_ms.", ["pipeline", "source"],
+                                   registry=registry)
+        self.dead_letter_rows = Counter(f"{PREFIX}_dead_letter_rows", "Rows written to the dead-letter target.",
+                                        ["pipeline", "reason"], registry=registry)
+        self.late_rows_reopened = Counter(f"{PREFIX}_late_rows_reopened", "Late rows that reopened an emitted window.",
+                                          ["pipeline"], registry=registry)
+        self.window_corrections = Counter(f"{PREFIX}_window_corrections", "Correction rows re-emitted under reopen.",
+                                          ["pipeline"], registry=registry)
+        self.late_assignments_dropped = Counter(f"{PREFIX}_late_assignments_dropped",
+                                                "Closed window assignments of rows that had open ones.", ["pipeline"],
+                                                registry=registry)
+        self.malformed_rows = Counter(f"{PREFIX}_malformed_rows", "Malformed json/csv rows (kept in the dead letters when configured).",
+                                      ["pipeline", "source"], registry=registry)
+
+    def record(self, pipeline: str, window_kind: str, policy: str, batch: BatchInput, result: BatchResult,
+               seconds: float) -> None:
+        for source, stats in batch.sources.items():
+            self.rows_consumed.labels(pipeline, source).inc(stats.rows)
+            self.invalid_event_time.labels(pipeline, source).inc(stats.invalid)
+            self.future_rows.labels(pipeline, source).inc(stats.future)
+            self.malformed_rows.labels(pipeline, source).inc(stats.malformed)
+        self.record_emit(pipeline, window_kind, result)
+        self.late_rows_dropped.labels(pipeline, policy).inc(batch.late_rows)
+        self.late_assignments_dropped.labels(pipeline).inc(batch.late_assignments)
+        self.late_rows_reopened.labels(pipeline).inc(batch.reopened_rows)
+        for reason, n in batch.dead_letters.items():
+            self.dead_letter_rows.labels(pipeline, reason).inc(n)
+        self.batch_duration.labels(pipeline).observe(seconds)
+
+    def record_emit(self, pipeline: str, window_kind: str, result: BatchResult) -> None:
+        self.windows_emitted.labels(pipeline, window_kind).inc(result.finals)
+        self.window_corrections.labels(pipeline).inc(result.corrections)
+        self.windows_active.labels(pipeline).set(result.windows_open)
+        self.state_groups.labels(pipeline).set(result.groups)
+        for source, wm in result.source_watermarks.items():
+            if wm is not None:
+                self.watermark.labels(pipeline, source).set(wm / 1e6)
+        if result.watermark is not None:
+            self.watermark.labels(pipeline, "_global").set(result.watermark / 1e6)
+
+
+_lock = threading.Lock()
+_default: StreamingMetrics | None = None
+_servers: dict[int, object] = {}
+
+
+def default_metrics() -> StreamingMetrics:
+    """The process-wide families on prometheus-client's default registry."""
+    global _default
+    with _lock:
+        if _default is None:
+            _default = StreamingMetrics()
+        return _default
+
+
+def serve(port: int, host: str = "127.0.0.1") -> None:
+    """Expose the default registry on ``host:port`` once per process."""
+    with _lock:
+        if port not in _servers:
+            _servers[port] = start_http_server(port, addr=host)

@@ -1,0 +1,167 @@
+"""Spark readStream sources, each adding ``_event_ts`` and ``_source`` (SPEC.md §1-2).
+
+Every source yields its payload columns plus ``_event_ts`` (TIMESTAMP, NULL when the event time
+is missing or unparseable), ``_source`` (its name) and ``_corrupt_record`` (the raw line of a
+malformed json/csv row, else NULL). The sources are unioned by name; the heartbeat (a 1-row/s
+rate source) is added for ``processing_time`` runs so that idleness is noticed when nothing
+arrives (DESIGN.md §2).
+
+Bad event times never fail a batch: numbers outside the timestamp range and unparseable strings
+become NULL through ``try_*`` functions (ANSI mode is on in Spark 4).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from ematix_dagster.errors import PipelineConfigError
+from ematix_dagster.spec import PipelineSpec, Source
+
+CORRUPT = "_corrupt_record"
+HEARTBEAT = "_heartbeat"
+
+# Epoch seconds of 0001-01-01 and 9999-12-31T23:59:59: the range Spark timestamps can hold.
+_MIN_S, _MAX_S = -62_135_596_800, 253_402_300_799
+_UNIT_SCALE = {"s": 1, "ms": 1_000, "us": 1_000_000}
+_NUMERIC = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType, T.DecimalType)
+
+
+def parse_schema(source: Source, key: str) -> T.StructType:
+    try:
+        schema = T._parse_datatype_string(source.schema)  # type: ignore[attr-defined]
+    except Exception as exc:  # Spark's parser raises several types
+        raise PipelineConfigError(f"{key}.schema", f"{source.schema!r} is not a DDL schema ({_first_line(exc)})",
+                                  'write it like "user_id BIGINT, ts TIMESTAMP"') from None
+    if not isinstance(schema, T.StructType):
+        raise PipelineConfigError(f"{key}.schema", f"{source.schema!r} is not a list of columns",
+                                  'write it like "user_id BIGINT, ts TIMESTAMP"')
+    return schema
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def event_time(col: Column, dtype: T.DataType, unit: str, key: str) -> Column:
+    """Turn a column of any supported type into a TIMESTAMP, NULL where it cannot be one."""
+    if isinstance(dtype, T.TimestampType):
+        return col
+    if isinstance(dtype, (T.TimestampNTZType, T.DateType)):
+        return col.cast("timestamp")
+    if isinstance(dtype, T.StringType):
+        return F.try_to_timestamp(col)
+    if isinstance(dtype, _NUMERIC):
+        scale = _UNIT_SCALE[unit]
+        micros = F.try_multiply(col.cast("double"), F.lit(1_000_000 / scale))
+        in_range = (col >= F.lit(_MIN_S * scale)) & (col <= F.lit(_MAX_S * scale))
+        return F.when(in_range, F.timestamp_micros(micros.cast("bigint")))
+    raise PipelineConfigError(key, f"event time column has type {dtype.simpleString()}",
+                              "use TIMESTAMP, DATE, an ISO-8601 STRING or epoch numbers with event_time_unit")
+
+
+def _files(spark: SparkSession, source: Source, key: str) -> DataFrame:
+    schema = parse_schema(source, key)
+    reader = spark.readStream.format(source.format)
+    if source.max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", source.max_files_per_trigger)
+    if source.format in ("json", "csv"):
+        if CORRUPT in schema.fieldNames():
+            raise PipelineConfigError(f"{key}.schema", f"{CORRUPT} is reserved", "rename that column")
+        schema = T.StructType(schema.fields + [T.StructField(CORRUPT, T.StringType())])
+        reader = reader.option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT)
+        if source.format == "csv":
+            reader = reader.option("header", "true")
+    return reader.schema(schema).load(source.path)
+
+
+def _rate(spark: SparkSession, source: Source) -> DataFrame:
+    return spark.readStream.format("rate").option("rowsPerSecond", source.rows_per_second or 1).load()
+
+
+def kafka_options(source: Source) -> dict[str, str]:
+    """Reader options for the Kafka source (needs spark-sql-kafka on the cluster)."""
+    from ematix_dagster.spec import resolve_env
+
+    options = {
+        "kafka.bootstrap.servers": resolve_env(source.bootstrap_servers) or "",
+        "subscribe": resolve_env(source.topic) or "",
+        "startingOffsets": source.starting_offsets or "latest",
+        "failOnDataLoss": "true",
+    }
+    if source.max_offsets_per_trigger:
+        options["maxOffsetsPerTrigger"] = str(source.max_offsets_per_trigger)
+    return options
+
+
+def _kafka(spark: SparkSession, source: Source) -> DataFrame:
+    reader = spark.readStream.format("kafka")
+    for k, v in kafka_options(source).items():
+        reader = reader.option(k, v)
+    df = reader.load()
+    return df.select(
+        F.col("key").cast("string").alias("key"),
+        F.col("value").cast("string").alias("value"),
+        "topic", "partition", "offset", "timestamp",
+    )
+
+
+def read_source(spark: SparkSession, spec: PipelineSpec, index: int) -> DataFrame:
+    """One source as a streaming DataFrame with ``_event_ts``, ``_source`` and ``_corrupt_record``."""
+    source = spec.sources[index]
+    key = f"sources[{index}]"
+    if source.kind == "files":
+        df = _files(spark, source, key)
+        column, unit = source.event_time_column, source.event_time_unit
+    elif source.kind == "rate":
+        df, column, unit = _rate(spark, source), "timestamp", "ms"
+    else:
+        df, column, unit = _kafka(spark, source), "timestamp", "ms"
+    window = spec.window
+    if window.event_time_column != "_event_ts":
+        column, unit, key = window.event_time_column, window.event_time_unit, "transform.window.event_time_column"
+    for reserved in ("_event_ts", "_source"):
+        if reserved in df.columns:
+            raise PipelineConfigError(f"{key}", f"the source already has a column named {reserved}",
+                                      "rename it in the data or drop it; the engine adds this column")
+    types = {f.name: f.dataType for f in df.schema.fields}
+    if column not in types:
+        raise PipelineConfigError(key, f"event time column {column!r} is not in the source's columns {sorted(types)}",
+                                  "name one of the source's columns")
+    df = df.withColumn("_event_ts", event_time(F.col(column), types[column], unit, key)).withColumn("_source", F.lit(source.name))
+    if CORRUPT not in df.columns:
+        df = df.withColumn(CORRUPT, F.lit(None).cast("string"))
+    return df
+
+
+def heartbeat(spark: SparkSession) -> DataFrame:
+    return (spark.readStream.format("rate").option("rowsPerSecond", 1).load()
+            .select(F.lit(None).cast("timestamp").alias("_event_ts"), F.lit(HEARTBEAT).alias("_source"),
+                    F.lit(None).cast("string").alias(CORRUPT)))
+
+
+def union_sources(spark: SparkSession, spec: PipelineSpec) -> DataFrame:
+    """All sources (and the heartbeat under ``processing_time``) as one stream."""
+    frames = [read_source(spark, spec, i) for i in range(len(spec.sources))]
+    if spec.run.trigger == "processing_time":
+        frames.append(heartbeat(spark))
+    df = frames[0]
+    for i, other in enumerate(frames[1:], start=1):
+        try:
+            df = df.unionByName(other, allowMissingColumns=True)
+        except Exception as exc:
+            raise PipelineConfigError(f"sources[{i}]", f"its columns do not line up with the sources before it "
+                                      f"({_first_line(exc)})", "give same-named columns the same type") from None
+    return df
+
+
+def empty_like(spark: SparkSession, df: DataFrame) -> DataFrame:
+    """A static, empty frame with the stream's schema, for analysing the SQL at start."""
+    return spark.createDataFrame([], df.schema)
+
+
+def schema_of(df: DataFrame) -> dict[str, Any]:
+    return {f.name: f.dataType for f in df.schema.fields}

@@ -1,0 +1,19 @@
+"""ematix-dagster: windowed, event-time streaming aggregations on Spark, operated from Dagster.
+
+Importing the package starts no Spark session and opens no connection.
+"""
+
+from ematix_dagster.errors import (
+    AggregationOverflow, EmatixError, PipelineConfigError, StateCapExceeded, StateNotDurableError, TargetError,
+)
+from ematix_dagster.facade import StreamingPipeline, run_streaming_pipeline, streaming_pipeline
+from ematix_dagster.spec import (
+    Aggregation, DeadLetter, PipelineSpec, Run, Source, StateStore, Target, Window, dump_pipeline, load_pipeline,
+    load_pipeline_str,
+)
+
+__all__ = [
+    "Aggregation", "AggregationOverflow", "DeadLetter", "EmatixError", "PipelineConfigError", "PipelineSpec", "Run",
+    "Source", "StateCapExceeded", "StateNotDurableError", "StateStore", "StreamingPipeline", "Target", "TargetError",
+    "Window", "dump_pipeline", "load_pipeline", "load_pipeline_str", "run_streaming_pipeline", "streaming_pipeline",
+]

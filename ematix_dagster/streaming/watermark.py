@@ -8,7 +8,8 @@ a replayed batch makes exactly the decisions the original made.
 >>> wm.observe("a", rows=3, max_event_ts=50, batch_time=0)
 >>> wm.advance(batch_time=0) is None   # "b" was never seen and is not idle yet
 True
->>> wm.advance(batch_time=101)         # now "b" is idle: W = 50 - 10
+>>> wm.observe("a", rows=1, max_event_ts=50, batch_time=101)
+>>> wm.advance(batch_time=101)         # now "b" is idle (and "a" is not): W = 50 - 10
 40
 """
 

@@ -1,0 +1,1 @@
+"""Example pipelines (TOML) and the Dagster code location that loads them."""

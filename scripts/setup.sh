@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Prepare a fresh machine: check Java 17, create .venv, install the package with its pinned deps.
+# Idempotent: a second run only re-checks. Usage: scripts/setup.sh [--test]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v java >/dev/null 2>&1; then
+  echo "error: Java 17 is required by PySpark 4.3 but 'java' is not on PATH." >&2
+  echo "       install it, e.g.: apt-get install -y openjdk-17-jre-headless" >&2
+  exit 3
+fi
+java_major=$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n1)
+if [ "${java_major:-0}" -lt 17 ]; then
+  echo "error: Java 17+ is required by PySpark 4.3; found major version '${java_major:-unknown}'." >&2
+  exit 3
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+extras="."
+if [ "${1:-}" = "--test" ]; then extras=".[test]"; fi
+stamp=".venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)-${1:-run}"
+if [ ! -f "$stamp" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e "$extras"
+  touch "$stamp"
+fi

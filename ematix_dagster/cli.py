@@ -22,10 +22,7 @@ def _validate(spec: PipelineSpec) -> None:
     from ematix_dagster.spark.sources import union_sources
 
     spark = get_spark(f"ematix-validate-{spec.pipeline_name}")
-    try:
-        analyse(spark, spec, union_sources(spark, spec))
-    finally:
-        spark.stop()
+    analyse(spark, spec, union_sources(spark, spec))
 
 
 def cmd_validate(spec: PipelineSpec) -> int:
@@ -48,10 +45,7 @@ def cmd_run(spec: PipelineSpec) -> int:
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
-    try:
-        summary = runner.run()
-    finally:
-        runner.spark.stop()
+    summary = runner.run()
     print(f"[{spec.pipeline_name}] done: {summary.batches} batches, {summary.rows_in} rows in, "
           f"{summary.windows_emitted} window rows emitted, {summary.late_rows} late rows", file=sys.stderr)
     return 0

@@ -1,4 +1,4 @@
-"""The README's demo: generate sample click events and run ``pipelines/demo_clicks.toml``.
+"""The README's demo: generate sample click events and run ``pipelines/demo_clicks.toml`` (or another).
 
 Each run starts from a fresh ``demo/`` directory (events, checkpoint), because window state is
 kept in memory and a run refuses to resume a checkpoint it cannot restore.
@@ -40,14 +40,17 @@ def generate(directory: Path, files: int = 4, rows_per_file: int = 50, seed: int
         os.utime(final, (1_700_000_000 + f, 1_700_000_000 + f))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ematix_dagster.demo [PIPELINE.toml]``: any pipeline that reads ``demo/clicks``."""
+    args = sys.argv[1:] if argv is None else argv
+    pipeline = Path(args[0]).resolve() if args else PIPELINE
     if DEMO.exists():
         shutil.rmtree(DEMO)
     generate(DEMO / "clicks")
     os.chdir(ROOT)
     from ematix_dagster.cli import main as cli
 
-    return cli(["run", str(PIPELINE)])
+    return cli(["run", str(pipeline)])
 
 
 if __name__ == "__main__":

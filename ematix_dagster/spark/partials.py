@@ -15,6 +15,7 @@ the hop in ``(max(t - D, thr - D), t]``; a row with none is late.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
@@ -161,12 +162,35 @@ def apply_sql(spark: SparkSession, spec: PipelineSpec, df: DataFrame) -> DataFra
 
 
 @dataclass
+class Observed:
+    """Aggregates collected while another action runs, with a direct fallback.
+
+    Spark drops an ``observe`` node when the optimiser proves its input empty (an empty
+    micro-batch), and the observation is then never filled; the fallback computes the same
+    aggregates explicitly in that case.
+    """
+
+    observation: Observation
+    frame: DataFrame
+    exprs: list[Column]
+
+    def values(self) -> dict[str, Any]:
+        try:
+            values = self.observation.get
+        except Exception:  # noqa: BLE001 - the observation was pruned with an empty plan
+            values = {}
+        if not values:
+            values = self.frame.agg(*self.exprs).collect()[0].asDict()
+        return values
+
+
+@dataclass
 class BatchFrames:
     """The lazily built frames of one batch and the observations filled when they run."""
 
     partials: DataFrame
-    source_stats: Observation
-    late_stats: Observation
+    source_stats: Observed
+    late_stats: Observed
     bad_rows: DataFrame  # pre-SQL rows with an invalid / future / malformed event time
     late_rows: DataFrame  # post-SQL rows with no open window
 
@@ -193,8 +217,8 @@ def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: i
             F.count_if(mine & (F.col("_reason") == "future")).alias(f"future_{i}"),
             F.count_if(mine & (F.col("_reason") == "malformed")).alias(f"malformed_{i}"),
         ]
-    source_stats = Observation(f"sources_{batch_id}")
-    observed = df.observe(source_stats, *stats)
+    source_stats = Observed(Observation(f"sources_{batch_id}"), df, stats)
+    observed = df.observe(source_stats.observation, *stats)
     bad_rows = (df.filter(F.col("_reason").isNotNull())
                 .drop("_ts", "_future_after")
                 .withColumn("_batch_id", F.lit(batch_id).cast("bigint")))
@@ -217,14 +241,14 @@ def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: i
         (~F.col("_late")) & (F.col("_first_open") + duration <= F.lit(emitted_before))
     late_rows = (out.filter(F.col("_late")).drop("_ts", "_last", "_first_open", "_late")
                  .withColumn("_batch_id", F.lit(batch_id).cast("bigint")).withColumn("_reason", F.lit("late")))
-    late_stats = Observation(f"late_{batch_id}")
-    out = out.observe(
-        late_stats,
+    late_exprs = [
         F.count_if(F.col("_late")).alias("late_rows"),
         F.coalesce(F.sum(F.when(~F.col("_late"), (F.col("_first_open") - first.cast("bigint")) / hop)), F.lit(0))
         .cast("bigint").alias("late_assignments"),
         F.count_if(reopened).alias("reopened_rows"),
-    )
+    ]
+    late_stats = Observed(Observation(f"late_{batch_id}"), out, late_exprs)
+    out = out.observe(late_stats.observation, *late_exprs)
     assigned = (out.filter(~F.col("_late"))
                 .withColumn("_ws", F.explode(F.sequence(F.col("_first_open"), F.col("_last"), F.lit(hop).cast("bigint")))))
     keys = [F.col("_ws")] + [F.col(g) for g in window.group_by]

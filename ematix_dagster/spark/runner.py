@@ -180,8 +180,8 @@ class PipelineRunner:
         frames = build_batch(df.sparkSession, self.plan, df, batch_id, batch_time,
                              engine.closed_before(), engine.emitted_before())
         partials = frames.partials.toArrow()
-        src = frames.source_stats.get
-        late = frames.late_stats.get
+        src = frames.source_stats.values()
+        late = frames.late_stats.values()
         stats = {s.name: SourceStats(rows=src[f"rows_{i}"], max_event_ts=src[f"max_{i}"], invalid=src[f"invalid_{i}"],
                                      future=src[f"future_{i}"], malformed=src[f"malformed_{i}"])
                  for i, s in enumerate(spec.sources)}
@@ -295,8 +295,8 @@ class PipelineRunner:
             report = self._report(BatchInput(batch_id, self._last_batch_time, {}), result, 0.0)
             self.progress(report.progress_line(spec.pipeline_name) + " (end-of-input flush)")
             yield report
-        elif engine.state.windows:
-            self.progress(f"[{spec.pipeline_name}] warning: input exhausted with {len(engine.state.windows)} open "
+        elif self._not_emitted():
+            self.progress(f"[{spec.pipeline_name}] warning: input exhausted with {self._not_emitted()} open "
                           f"windows ({engine.state.group_count} groups) not emitted; with in-memory state they are "
                           'lost when this process ends (use end_of_input = "flush" to emit them)')
 
@@ -310,8 +310,13 @@ class PipelineRunner:
             summary.late_rows += report.late_rows
             summary.last_batch_id = report.batch_id
             summary.reports.append(report)
-        summary.windows_left_open = len(self.engine.state.windows)
+        summary.windows_left_open = self._not_emitted()
         return summary
+
+    def _not_emitted(self) -> int:
+        """Windows still open (never emitted); retained windows under reopen were emitted already."""
+        state = self.engine.state
+        return sum(1 for start in state.windows if start not in state.emitted)
 
 
 def run_pipeline(spec: PipelineSpec, spark: SparkSession | None = None) -> RunSummary:

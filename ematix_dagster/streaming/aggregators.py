@@ -96,12 +96,12 @@ class Avg(Aggregator):
     def merge(self, acc: Any, partial: Any) -> Any:
         if partial is None or not partial[1]:
             return acc
-        if acc is None:
+        if acc is None or not acc[1]:  # an empty (NULL, 0) pair is the empty accumulator too
             return (float(partial[0]), int(partial[1]))
         return (acc[0] + float(partial[0]), acc[1] + int(partial[1]))
 
     def result(self, acc: Any) -> Any:
-        return None if acc is None else acc[0] / acc[1]
+        return None if acc is None or not acc[1] else acc[0] / acc[1]
 
 
 class First(Aggregator):

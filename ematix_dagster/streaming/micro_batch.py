@@ -125,6 +125,10 @@ class Engine:
             self.running = True
         before = self.watermarks.global_wm
         touched = self.state.merge(batch.starts, batch.keys, batch.partials)
+        if before is not None:
+            # A window whose end W had passed is emitted (closed) even if it held no rows then: rows
+            # that reach it now (reopen, within allowance) make corrections, never a late "final".
+            self.state.emitted.update(s for s in touched if s + self.state.duration <= before)
         for name, stats in batch.sources.items():
             self.watermarks.observe(name, stats.rows, stats.max_event_ts, batch.batch_time)
             self._count(name, stats)

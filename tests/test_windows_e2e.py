@@ -452,7 +452,6 @@ max_groups_per_window = 10
     assert {k: v["ids_exact"] for k, v in truth.items()} == {
         (T0_US, "a"): 10_000, (T0_US, "b"): 3_000, (T0_US + 60 * S, "a"): 10_000, (T0_US + 60 * S, "b"): 3_000}
     actual = read_parquet_target(out, "window_start", "window_end", ["g"])
-    print("APPROX", {k: (v["ids_approx"], v["sids_approx"], v["ids_exact"]) for k, v in actual.items()})
     assert_rows_match(actual, truth, aggs, "window_end", approx_distinct=0.02)
 
 

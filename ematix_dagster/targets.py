@@ -117,10 +117,9 @@ __all__ = [
     "WindowWriter",
     "DeadLetterWriter",
     "PostgresWindowWriter",
-    "ParquetWindowWriter",
+    "ParquetWriter",
     "ConsoleWindowWriter",
     "PostgresDeadLetterWriter",
-    "ParquetDeadLetterWriter",
     "make_window_writer",
     "make_dead_letter_writer",
     "postgres_type",
@@ -187,7 +186,7 @@ def make_window_writer(target: Target, pipeline_name: str, schema: pa.Schema,
     if target.kind == "postgres":
         return PostgresWindowWriter(target, pipeline_name, schema, key_columns)
     if target.kind == "parquet":
-        return ParquetWindowWriter(target, pipeline_name)
+        return ParquetWriter(target.path, pipeline_name, "target")
     if target.kind == "console":
         return ConsoleWindowWriter(pipeline_name)
     raise PipelineConfigError("target.kind", f"unknown target kind {target.kind!r}",
@@ -199,7 +198,7 @@ def make_dead_letter_writer(dead_letter: DeadLetter, pipeline_name: str) -> Dead
     if dead_letter.kind == "postgres":
         return PostgresDeadLetterWriter(dead_letter, pipeline_name)
     if dead_letter.kind == "parquet":
-        return ParquetDeadLetterWriter(dead_letter, pipeline_name)
+        return ParquetWriter(dead_letter.path, pipeline_name, "dead_letter")
     raise PipelineConfigError("dead_letter.kind", f"unknown dead-letter kind {dead_letter.kind!r}",
                               'use "parquet" or "postgres"')
 
@@ -810,41 +809,16 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-class ParquetWindowWriter:
-    """Closed windows to ``<path>/batch_id=<N>/part-0.parquet``, with ``_emit_kind``."""
+class ParquetWriter:
+    """Rows to ``<path>/batch_id=<N>/part-0.parquet``: windows (with ``_emit_kind``) or dead letters."""
 
     idempotent = True
 
-    def __init__(self, target: Target, pipeline_name: str) -> None:
-        self._dirs = _BatchDirectories(target.path, pipeline_name, "target")
+    def __init__(self, path: str | None, pipeline_name: str, key: str) -> None:
+        self._dirs = _BatchDirectories(path, pipeline_name, key)
         self.path = str(self._dirs.root)
-
-    @property
-    def description(self) -> str:
-        return f"parquet batch directories under {self.path}"
-
-    def open(self) -> None:
-        self._dirs.open()
-
-    def write(self, batch_id: int, rows: pa.Table) -> None:
-        self._dirs.write(batch_id, rows)
-
-    def close(self) -> None:
-        pass
-
-
-class ParquetDeadLetterWriter:
-    """Dead-letter rows (any schema) to ``<path>/batch_id=<N>/part-0.parquet``."""
-
-    idempotent = True
-
-    def __init__(self, dead_letter: DeadLetter, pipeline_name: str) -> None:
-        self._dirs = _BatchDirectories(dead_letter.path, pipeline_name, "dead_letter")
-        self.path = str(self._dirs.root)
-
-    @property
-    def description(self) -> str:
-        return f"parquet dead-letter batch directories under {self.path}"
+        what = "dead-letter batch directories" if key == "dead_letter" else "batch directories"
+        self.description = f"parquet {what} under {self.path}"
 
     def open(self) -> None:
         self._dirs.open()

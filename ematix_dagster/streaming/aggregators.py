@@ -73,21 +73,40 @@ class Sum(Aggregator):
 
 
 class Min(Aggregator):
+    """The smallest non-null value; subclasses change the ordering or the direction."""
+
+    largest = False
+
+    def key(self, value: Any) -> Any:
+        return order_key(value)
+
     def merge(self, acc: Any, partial: Any) -> Any:
         if partial is None:
             return acc
         if acc is None:
             return partial
-        return partial if order_key(partial) < order_key(acc) else acc
+        new, old = self.key(partial), self.key(acc)
+        return partial if (new > old if self.largest else new < old) else acc
 
 
-class Max(Aggregator):
-    def merge(self, acc: Any, partial: Any) -> Any:
-        if partial is None:
-            return acc
-        if acc is None:
-            return partial
-        return partial if order_key(partial) > order_key(acc) else acc
+class Max(Min):
+    largest = True
+
+
+class First(Min):
+    """(event_ts, value) with the smallest event time; ties take the smallest value."""
+
+    def key(self, value: Any) -> Any:
+        return (value[0], order_key(value[1]))
+
+    def result(self, acc: Any) -> Any:
+        return None if acc is None else acc[1]
+
+
+class Last(First):
+    """(event_ts, value) with the largest event time; ties take the largest value."""
+
+    largest = True
 
 
 class Avg(Aggregator):
@@ -102,34 +121,6 @@ class Avg(Aggregator):
 
     def result(self, acc: Any) -> Any:
         return None if acc is None or not acc[1] else acc[0] / acc[1]
-
-
-class First(Aggregator):
-    """(event_ts, value) with the smallest event time; ties take the smallest value."""
-
-    def merge(self, acc: Any, partial: Any) -> Any:
-        if partial is None:
-            return acc
-        if acc is None:
-            return partial
-        return partial if (partial[0], order_key(partial[1])) < (acc[0], order_key(acc[1])) else acc
-
-    def result(self, acc: Any) -> Any:
-        return None if acc is None else acc[1]
-
-
-class Last(Aggregator):
-    """(event_ts, value) with the largest event time; ties take the largest value."""
-
-    def merge(self, acc: Any, partial: Any) -> Any:
-        if partial is None:
-            return acc
-        if acc is None:
-            return partial
-        return partial if (partial[0], order_key(partial[1])) > (acc[0], order_key(acc[1])) else acc
-
-    def result(self, acc: Any) -> Any:
-        return None if acc is None else acc[1]
 
 
 class ApproxDistinct(Aggregator):

@@ -42,3 +42,33 @@ class TargetError(EmatixError):
     """A target or dead-letter write failed; retrying may help."""
 
     terminal = False
+
+
+class StoreUnavailable(EmatixError):
+    """The state store cannot be reached or refused the credentials; retrying may help."""
+
+    terminal = False
+
+
+class StorePermissionError(EmatixError):
+    """The store's role lacks a privilege it needs (create schema/table, write)."""
+
+
+class LeaseHeld(EmatixError):
+    """Another run already holds this pipeline's lease (one writer per pipeline)."""
+
+
+class StateVersionError(EmatixError):
+    """Stored state is newer than this code, or cannot be migrated (seed 001's Unsupported)."""
+
+
+class CorruptState(EmatixError):
+    """A stored blob or key does not decode."""
+
+
+class FingerprintChanged(EmatixError):
+    """The state-relevant part of the spec changed since the state was written."""
+
+
+class CheckpointDiverged(EmatixError):
+    """Spark's checkpoint and the state store disagree about where the pipeline is."""

@@ -53,7 +53,9 @@ def event_time(col: Column, dtype: T.DataType, unit: str, key: str) -> Column:
     if isinstance(dtype, (T.TimestampNTZType, T.DateType)):
         return col.cast("timestamp")
     if isinstance(dtype, T.StringType):
-        return F.try_to_timestamp(col)
+        # Not F.try_to_timestamp(col): without a format it becomes a plain cast that turns ANSI
+        # (fails the batch on 'not a time') once the streaming plan is re-planned per batch.
+        return col.try_cast("timestamp")
     if isinstance(dtype, _NUMERIC):
         scale = _UNIT_SCALE[unit]
         micros = F.try_multiply(col.cast("double"), F.lit(1_000_000 / scale))

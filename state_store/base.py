@@ -1,0 +1,100 @@
+"""The StateStore contract: load a pipeline's state, commit one micro-batch atomically.
+
+A commit carries everything a restart needs (window state upserts and deletes, the batch's
+source offsets, the Spark query id and batch id, watermarks, per-source progress, counters), so
+that after a crash the store is either at batch N or at N-1, never in between. A Postgres
+store also runs ``in_transaction`` callbacks inside the same transaction, which is how a Postgres
+target and Postgres dead letters become exactly-once (``[target] same_transaction = true``).
+
+Keys and blobs are opaque bytes here; ``state_store.codec`` makes them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+@dataclass
+class SourceProgress:
+    """Per-source watermark inputs, in microseconds."""
+
+    max_event_ts: int | None = None
+    last_arrival: int | None = None
+
+
+@dataclass
+class PipelineRecord:
+    """The per-pipeline row: where the pipeline is and what produced its state."""
+
+    pipeline: str
+    state_version: int
+    query_id: str | None = None
+    last_batch_id: int | None = None
+    fingerprint: str | None = None
+    fingerprint_doc: dict[str, Any] = field(default_factory=dict)  # to name what changed
+    watermark: int | None = None
+    sources: dict[str, SourceProgress] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)
+    emitted: list[int] = field(default_factory=list)  # retained window starts already emitted
+    offsets: dict[str, str] = field(default_factory=dict)  # source name -> offset JSON of last_batch_id
+    pending_migration: bool = False
+
+
+@dataclass
+class RecoveredState:
+    record: PipelineRecord | None  # None: the pipeline never committed
+    groups: list[tuple[int, bytes, bytes]] = field(default_factory=list)  # (window_start, key, blob)
+
+
+@dataclass
+class BatchCommit:
+    """One micro-batch's unit of work."""
+
+    record: PipelineRecord  # the new per-pipeline row (last_batch_id = this batch)
+    upserts: list[tuple[int, bytes, bytes]] = field(default_factory=list)
+    deletes: list[tuple[int, bytes]] = field(default_factory=list)
+    deleted_windows: list[int] = field(default_factory=list)  # every group of these windows
+    in_transaction: list[Callable[[Any], None]] = field(default_factory=list)  # called with the DB connection
+
+
+class StateStore(ABC):
+    """One store, possibly shared by several pipelines (rows are keyed by pipeline name)."""
+
+    kind: str
+    durable: bool = True
+
+    @property
+    @abstractmethod
+    def description(self) -> str:
+        """Human text naming the store, never containing a password."""
+
+    @abstractmethod
+    def open(self) -> None:
+        """Connect, create tables and apply schema migrations."""
+
+    @abstractmethod
+    def acquire_lease(self, pipeline: str, holder: str) -> None:
+        """Become the pipeline's only writer until ``release_lease``; raise ``LeaseHeld`` naming the holder."""
+
+    @abstractmethod
+    def release_lease(self, pipeline: str) -> None: ...
+
+    @abstractmethod
+    def lease_holder(self, pipeline: str) -> str | None:
+        """Who holds the lease now (None when free)."""
+
+    @abstractmethod
+    def load(self, pipeline: str) -> RecoveredState: ...
+
+    @abstractmethod
+    def commit(self, batch: BatchCommit) -> None:
+        """Apply the whole unit of work in one transaction, or nothing."""
+
+    @abstractmethod
+    def reset(self, pipeline: str) -> None:
+        """Delete the pipeline's state rows (never a target)."""
+
+    @abstractmethod
+    def close(self) -> None: ...

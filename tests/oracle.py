@@ -141,7 +141,7 @@ def run(batches: list[Batch], p: Params) -> OracleResult:
         for r in records:
             s = r["_source"]
             res.counters[f"rows:{s}"] += 1
-            if r["_malformed"]:
+            if not _missing(r["_malformed"]) and r["_malformed"]:  # rows without the flag are not malformed
                 reason = "malformed"
             elif _missing(r["_event_ts"]):
                 reason = "invalid_event_time"

@@ -361,6 +361,7 @@ def test_hopping_dlq_and_idle_sources(spark, tmp_path, batch_files):
     late = [r for rows in dlq.values() for r in rows if r["_reason"] == "late"]
     assert len(late) == 1 and late[0]["id"] == 6 and late[0]["v10"] == 60 and late[0]["_batch_id"] == 2
     assert late[0]["_source"] == "a" and late[0]["_event_ts"] == us(at(0, 30))
+    assert "page" not in late[0], "late rows are post-SQL rows: the SQL did not select page"
     assert any(r["_reason"] == "invalid_event_time" and r["id"] == 9 for rows in dlq.values() for r in rows)
 
 
@@ -418,7 +419,8 @@ def test_json_csv_bad_rows_never_seen_source_and_in_memory_refusal(spark, tmp_pa
     sources = [
         files_source("j", j.directory, "json", "id BIGINT, k STRING, v BIGINT, ts STRING"),
         files_source("c", c.directory, "csv", "id BIGINT, k STRING, v BIGINT, ems BIGINT", "ems", event_time_unit="ms"),
-        files_source("p", p.directory),
+        # no "ts" here: a TIMESTAMP ts would meet j's STRING ts (refused, see the test below)
+        files_source("p", p.directory, schema="id BIGINT, k STRING, v BIGINT, pts TIMESTAMP", column="pts"),
     ]
     spec = make_spec(tmp_path, "bad-rows-run", sources, {
         "kind": "tumbling", "duration_ms": 60_000, "source_idleness_ms": 600_000, "group_by": ["k"],
@@ -477,3 +479,17 @@ def test_sql_analysis_errors_at_start(spark, tmp_path, sql, key, words):
     assert err.value.key == key
     assert str(err.value).startswith(key + ":") and words in str(err.value)
     assert not (tmp_path / "bad-sql-cp" / "offsets").exists(), "nothing ran"
+
+
+def test_sources_whose_same_named_columns_clash_are_refused_at_start(spark, tmp_path):
+    """A STRING column meeting a TIMESTAMP one of the same name would be cast (ANSI) in the union
+    and fail the first batch holding a bad value ('not a time'): refused before anything runs."""
+    (tmp_path / "j").mkdir()
+    (tmp_path / "p").mkdir()
+    spec = make_spec(tmp_path, "clash", [
+        files_source("j", tmp_path / "j", "json", "id BIGINT, k STRING, v BIGINT, ts STRING"),
+        files_source("p", tmp_path / "p"),
+    ], {"kind": "tumbling", "duration_ms": 60_000, "group_by": ["k"], "aggregations": [{"agg": "count", "as": "n"}]})
+    with pytest.raises(PipelineConfigError) as err:
+        run(spec, spark)
+    assert err.value.key == "sources[1]" and "'ts'" in str(err.value)

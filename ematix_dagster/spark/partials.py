@@ -24,7 +24,7 @@ from pyspark.sql import types as T
 from ematix_dagster.errors import PipelineConfigError
 from ematix_dagster.spark.sources import CORRUPT, HEARTBEAT, _first_line
 from ematix_dagster.spec import Aggregation, PipelineSpec
-from ematix_dagster.streaming.windows import MICROS_PER_MS
+from ematix_dagster.streaming.windows import MICROS_PER_MS, first_start
 
 INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 NUMERIC = INTEGRAL + (T.FloatType, T.DoubleType, T.DecimalType)
@@ -228,22 +228,25 @@ def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: i
     duration = window.duration_ms * MICROS_PER_MS
     hop = window.hop * MICROS_PER_MS
     ts = F.unix_micros("_event_ts")
-    last = F.floor(ts / hop) * hop
-    first = F.floor((ts - duration) / hop) * hop + hop
+    # Integer arithmetic throughout (pmod is a floor modulo): doubles would misplace rows near a
+    # window bound once timestamps exceed 2^53 µs.
+    last = ts - F.pmod(ts, F.lit(hop))
+    start_of_first = ts - F.lit(duration)
+    first = start_of_first - F.pmod(start_of_first, F.lit(hop)) + F.lit(hop)
     if closed_before is None:
         first_open = first
     else:
-        first_open = F.greatest(first, F.floor(F.lit(closed_before - duration) / hop) * hop + hop)
-    out = (out.withColumn("_ts", ts).withColumn("_last", last.cast("bigint"))
+        first_open = F.greatest(first, F.lit(first_start(closed_before, duration, hop)))
+    out = (out.withColumn("_ts", ts).withColumn("_last", last.cast("bigint")).withColumn("_first", first.cast("bigint"))
            .withColumn("_first_open", first_open.cast("bigint"))
            .withColumn("_late", F.col("_first_open") > F.col("_last")))
     reopened = F.lit(False) if emitted_before is None or window.late_data != "reopen" else \
         (~F.col("_late")) & (F.col("_first_open") + duration <= F.lit(emitted_before))
-    late_rows = (out.filter(F.col("_late")).drop("_ts", "_last", "_first_open", "_late")
+    late_rows = (out.filter(F.col("_late")).drop("_ts", "_last", "_first", "_first_open", "_late")
                  .withColumn("_batch_id", F.lit(batch_id).cast("bigint")).withColumn("_reason", F.lit("late")))
     late_exprs = [
         F.count_if(F.col("_late")).alias("late_rows"),
-        F.coalesce(F.sum(F.when(~F.col("_late"), (F.col("_first_open") - first.cast("bigint")) / hop)), F.lit(0))
+        F.coalesce(F.sum(F.when(~F.col("_late"), F.expr(f"(_first_open - _first) div {hop}"))), F.lit(0))
         .cast("bigint").alias("late_assignments"),
         F.count_if(reopened).alias("reopened_rows"),
     ]

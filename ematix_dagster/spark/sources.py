@@ -53,9 +53,7 @@ def event_time(col: Column, dtype: T.DataType, unit: str, key: str) -> Column:
     if isinstance(dtype, (T.TimestampNTZType, T.DateType)):
         return col.cast("timestamp")
     if isinstance(dtype, T.StringType):
-        # Not F.try_to_timestamp(col): without a format it becomes a plain cast that turns ANSI
-        # (fails the batch on 'not a time') once the streaming plan is re-planned per batch.
-        return col.try_cast("timestamp")
+        return F.try_to_timestamp(col)
     if isinstance(dtype, _NUMERIC):
         scale = _UNIT_SCALE[unit]
         micros = F.try_multiply(col.cast("double"), F.lit(1_000_000 / scale))
@@ -152,6 +150,15 @@ def union_sources(spark: SparkSession, spec: PipelineSpec) -> DataFrame:
         frames.append(heartbeat(spark))
     df = frames[0]
     for i, other in enumerate(frames[1:], start=1):
+        # unionByName would coerce a STRING column meeting a non-STRING one of the same name with
+        # an ANSI cast that fails the batch on the first bad value: refuse that at start.
+        seen = {f.name.lower(): f.dataType for f in df.schema.fields}
+        for f in other.schema.fields:
+            before = seen.get(f.name.lower())
+            if before is not None and isinstance(before, T.StringType) != isinstance(f.dataType, T.StringType):
+                raise PipelineConfigError(f"sources[{i}]", f"column {f.name!r} is {f.dataType.simpleString()} here "
+                                          f"but {before.simpleString()} in a source before it",
+                                          "give same-named columns the same type")
         try:
             df = df.unionByName(other, allowMissingColumns=True)
         except Exception as exc:

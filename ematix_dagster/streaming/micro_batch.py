@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.aggregators import make_aggregator
@@ -105,6 +105,21 @@ class Engine:
             processing_time=window.time_mode == "processing",
         )
         return cls(window=window, state=state, watermarks=marks)
+
+    def restore(self, last_batch_id: int | None, watermark: int | None,
+                sources: dict[str, tuple[int | None, int | None]], counters: dict[str, int], emitted: Iterable[int],
+                groups: Iterable[tuple[int, GroupKey, list[Any]]]) -> None:
+        """Continue from durable state; ``sources`` maps name -> (max event time, last arrival)."""
+        self.last_batch_id = last_batch_id
+        self.watermarks.global_wm = watermark
+        for name, (max_ts, last_arrival) in sources.items():
+            if name in self.watermarks.clocks:
+                clock = self.watermarks.clocks[name]
+                clock.max_event_ts, clock.last_arrival = max_ts, last_arrival
+        self.counters.update(counters)
+        for start, key, accs in groups:
+            self.state.windows.setdefault(start, {})[key] = accs
+        self.state.emitted = {s for s in emitted if s in self.state.windows}
 
     @property
     def retention(self) -> int:

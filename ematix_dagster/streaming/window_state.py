@@ -43,6 +43,9 @@ class WindowState:
     max_groups_per_window: int
     windows: dict[int, dict[GroupKey, list[Any]]] = field(default_factory=dict)
     emitted: set[int] = field(default_factory=set)
+    # Changes since the last durable commit: groups to upsert, windows evicted whole.
+    dirty: set[tuple[int, GroupKey]] = field(default_factory=set)
+    evicted: set[int] = field(default_factory=set)
 
     @property
     def max_end(self) -> int | None:
@@ -81,7 +84,15 @@ class WindowState:
                         f"group {key!r} for pipeline {self.pipeline}"
                     ) from None
             touched.setdefault(start, set()).add(key)
+            self.dirty.add((start, key))
         return touched
+
+    def take_changes(self) -> tuple[list[tuple[int, GroupKey, list[Any]]], list[int]]:
+        """Groups changed and windows evicted since the last call (what a store must write)."""
+        upserts = [(start, key, self.windows[start][key]) for start, key in self.dirty if start in self.windows]
+        evicted = sorted(self.evicted)
+        self.dirty, self.evicted = set(), set()
+        return upserts, evicted
 
     def _rows(self, start: int, keys: Iterable[GroupKey], kind: str) -> list[EmittedRow]:
         groups = self.windows[start]
@@ -109,4 +120,5 @@ class WindowState:
             if watermark is not None and start + self.duration + retention <= watermark:
                 del self.windows[start]
                 self.emitted.discard(start)
+                self.evicted.add(start)
         return out

@@ -166,6 +166,7 @@ class CpuMeter:
             label = "driver" if k[0] == self.root.pid else self.names.get(k, "?")
             out[label] += v - self.baseline.get(k, 0.0)
         out["driver"] -= self.sampler_cpu
+        out["meter thread (excluded)"] = self.sampler_cpu
         return dict(out)
 
 
@@ -245,7 +246,7 @@ class Result:
         return self.cpu / self.wall if self.wall else float("nan")
 
     def line(self) -> str:
-        procs = ", ".join(f"{k} {v:.1f}" for k, v in sorted(self.by_process.items()))
+        procs = ", ".join(f"{k} {v:.1f}" for k, v in sorted(self.by_process.items()) if abs(v) >= 0.05)
         extra = f", driver merge {self.merge_cpu:.2f} s ({self.merge_cpu / self.cpu:.1%})" if self.engine == "ours" else ""
         return (f"{self.engine:>6}: CPU {self.cpu:6.1f} s, wall {self.wall:6.1f} s, CPU/wall {self.ratio:4.2f}, "
                 f"peak RSS {self.peak_rss / MB:6.0f} MB, batches {self.batches}, rows in {self.rows_in}, "
@@ -302,8 +303,16 @@ checkpoint_location = "{work / 'checkpoint'}"
 
 
 def settle(spark) -> None:
+    """Start each measured run from the same JVM state (outside the measurement).
+
+    A stopped native query leaves its state store providers (hundreds of MB of HLL++ state
+    here) loaded until the next maintenance pass notices, which would make the next run pay
+    for the previous one's memory; ``StateStore.stop()`` unloads them (no query is active now).
+    """
     gc.collect()
-    spark.sparkContext._jvm.System.gc()  # type: ignore[union-attr]
+    jvm = spark.sparkContext._jvm  # type: ignore[union-attr]
+    getattr(getattr(jvm, "org.apache.spark.sql.execution.streaming.state.StateStore$"), "MODULE$").stop()
+    jvm.System.gc()
     time.sleep(1.0)
 
 
@@ -378,6 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--items", type=int, default=50_000, help="distinct item values")
     ap.add_argument("--disorder-ms", type=int, default=2_000)
     ap.add_argument("--rsd", type=float, default=0.009, help="approx_count_distinct rsd for native (0.009 -> p=14)")
+    ap.add_argument("--extra-native-rsd", type=float, default=None,
+                    help="also run native once with this rsd (e.g. 0.05, Spark's default, p=9), for context")
+    ap.add_argument("--driver-memory", default=None, help="spark.driver.memory (default: Spark's, 1g)")
     ap.add_argument("--warmup", type=int, default=1, help="unmeasured warm-up runs per engine (JIT) on a small file set")
     ap.add_argument("--profile", action="store_true", help="one extra cProfile'd run of ours at the end")
     ap.add_argument("--profile-top", type=int, default=35)
@@ -396,10 +408,14 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
 
         t0 = time.perf_counter()
-        spark = get_spark("ematix-bench")
+        conf = {"spark.ui.showConsoleProgress": "false"}
+        if args.driver_memory:
+            conf["spark.driver.memory"] = args.driver_memory
+        spark = get_spark("ematix-bench", conf=conf)
         print(f"spark {spark.version} {spark.sparkContext.master}, session up in {time.perf_counter() - t0:.1f} s; "
               f"shuffle partitions {spark.conf.get('spark.sql.shuffle.partitions')}, state store provider "
-              f"{spark.conf.get('spark.sql.streaming.stateStore.providerClass')}", flush=True)
+              f"{spark.conf.get('spark.sql.streaming.stateStore.providerClass')}, JVM max heap "
+              f"{spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory() / MB:.0f} MB", flush=True)
         timer = install_timers()
         max_groups = max(args.keys, 1_000)
 
@@ -421,10 +437,15 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 r = run_native(spark, data, scratch, args.rsd)
             results[engine].append(r)
-            print(f"run {n}/{len(order)} {r.line()}", flush=True)
+            print(f"run {n}/{len(order)} {r.line()} (load avg {os.getloadavg()[0]:.1f})", flush=True)
             if engine == "ours":
                 for label, (calls, cpu, wall) in r.splits.items():
                     print(f"          {label:<40} calls {calls:3d}  thread CPU {cpu:7.2f} s  wall {wall:7.2f} s")
+
+        if args.extra_native_rsd:
+            r = run_native(spark, data, scratch, args.extra_native_rsd)
+            r.engine = "native*"
+            print(f"extra   {r.line()}  (* rsd {args.extra_native_rsd})", flush=True)
 
         if args.profile:
             profile_ours(spark, data, scratch, timer, max_groups, args.profile_top)

@@ -353,18 +353,23 @@ class DeadLetter:
 
 @dataclass(frozen=True)
 class StateStore:
-    """Where window state lives between batches (``[state_store]``)."""
+    """Where window state lives between batches (``[state_store]``; absent: SQLite).
 
-    kind: str = "in_memory"
+    ``checkpoint_interval_ms`` (seed 001) is accepted and has no effect: every micro-batch commits
+    its state, which is stricter than any interval.
+    """
+
+    kind: str = "sqlite"
     path: str | None = None
     url: str | None = None
     schema: str | None = None
+    checkpoint_interval_ms: int | None = None
 
     def validate(self, key: str = "state_store") -> None:
         if self.kind not in STATE_STORE_KINDS:
             _fail(f"{key}.kind", f"unknown state store {self.kind!r}", 'use "in_memory", "sqlite" or "postgres"')
-        if self.kind == "sqlite" and not self.path:
-            _fail(f"{key}.path", "is required for a sqlite store", 'e.g. ".ematix/state.db"')
+        if self.checkpoint_interval_ms is not None:
+            _positive(f"{key}.checkpoint_interval_ms", self.checkpoint_interval_ms)
         if self.kind == "postgres" and not self.url:
             _fail(f"{key}.url", "is required for a postgres store", 'use url = "${EMATIX_STATE_URL}"')
         if self.kind != "sqlite" and self.path is not None:

@@ -19,13 +19,13 @@ at-least-once delivery of Spark into effectively-once output:
   always holds the latest row per key. :meth:`PostgresWindowWriter.write_in_transaction` does the
   same on a caller's connection without committing, so a Postgres state store in the same
   database can commit state and output together (exactly-once).
-* **parquet target / parquet dead letters**: each batch goes to ``<path>/batch_id=<N>/part-0.parquet``.
-  The file is written (and fsynced) into a hidden sibling directory first and then renamed into
-  place; on replay the previous ``batch_id=<N>`` directory is moved aside and removed after the
-  rename, so readers see either the old or the new complete directory, never a partial file.
-  Hidden directories (``.batch_id=...``) left by a crash are cleaned up by ``open()``. The
-  parquet target keeps ``_emit_kind`` (``final`` | ``correction``): readers keep the latest row per
-  key by ``batch_id`` then emit kind. Only local paths (or ``file://``) are supported.
+* **parquet target / parquet dead letters**: each batch goes to ``<path>/batch_id=<N>/part-0.parquet``
+  (the end-of-input flush writes ``flush.parquet`` beside the last batch's file). Each file is
+  written (and fsynced) under a hidden temporary name and renamed into place, so readers see the
+  old or the new complete file, never a partial one, and a replay replaces it. Temporary files
+  left by a crash are removed by ``open()``. The parquet target keeps ``_emit_kind``
+  (``final`` | ``correction``): readers keep the latest row per key by ``batch_id`` then emit kind.
+  Only local paths (or ``file://``) are supported.
 * **postgres dead letters**: ``DELETE`` the rows of the batch id, then COPY the new ones, in one
   transaction (``write_in_transaction`` likewise commits nothing). A dead-letter table therefore
   belongs to one pipeline: a second pipeline writing the same table would delete the first one's
@@ -96,7 +96,6 @@ import logging
 import math
 import os
 import re
-import shutil
 import sys
 import uuid
 from pathlib import Path
@@ -151,7 +150,7 @@ class WindowWriter(Protocol):
 
     def open(self) -> None: ...
 
-    def write(self, batch_id: int, rows: pa.Table) -> None: ...
+    def write(self, batch_id: int, rows: pa.Table, part: str = "part-0") -> None: ...
 
     def close(self) -> None: ...
 
@@ -165,7 +164,7 @@ class DeadLetterWriter(Protocol):
 
     def open(self) -> None: ...
 
-    def write(self, batch_id: int, rows: pa.Table) -> None: ...
+    def write(self, batch_id: int, rows: pa.Table, part: str = "part-0") -> None: ...
 
     def close(self) -> None: ...
 
@@ -566,7 +565,7 @@ class PostgresWindowWriter:
                 "so NULL group keys would duplicate rows",
                 f"recreate it as UNIQUE NULLS NOT DISTINCT ({keys})")
 
-    def write(self, batch_id: int, rows: pa.Table) -> None:
+    def write(self, batch_id: int, rows: pa.Table, part: str = "part-0") -> None:
         if rows.num_rows == 0:
             return
         conn = self._pg.connect()
@@ -671,7 +670,7 @@ class PostgresDeadLetterWriter:
             raise self._pg._fail("preparing dead-letter table", exc) from None
         self._opened = True
 
-    def write(self, batch_id: int, rows: pa.Table) -> None:
+    def write(self, batch_id: int, rows: pa.Table, part: str = "part-0") -> None:
         if rows.num_rows == 0:
             return
         conn = self._pg.connect()
@@ -731,7 +730,7 @@ def _text(v: Any) -> str | None:
 
 
 class _BatchDirectories:
-    """``<path>/batch_id=<N>/part-0.parquet``, replaced atomically per batch id."""
+    """``<path>/batch_id=<N>/<part>.parquet``, each file replaced atomically on replay."""
 
     def __init__(self, path: str | None, pipeline_name: str, key: str) -> None:
         if not path:
@@ -756,43 +755,27 @@ class _BatchDirectories:
             raise self._fail("preparing the parquet directory", exc) from None
 
     def _recover(self) -> None:
-        """Undo what a crash between the renames of :meth:`write` left behind."""
-        for entry in sorted(self.root.iterdir()):
-            m = re.fullmatch(r"\.(batch_id=-?\d+)\.(tmp|old)-[0-9a-f]+", entry.name)
-            if not m or not entry.is_dir():
-                continue
-            final = self.root / m.group(1)
-            if m.group(2) == "old" and not final.exists():
-                os.rename(entry, final)  # the previous complete version; the replay rewrites it
-            else:
-                shutil.rmtree(entry, ignore_errors=True)
+        """Remove temporary files a crash inside :meth:`write` left behind (readers skip them anyway)."""
+        for entry in self.root.glob("batch_id=*/.*.tmp-*"):
+            entry.unlink(missing_ok=True)
 
-    def write(self, batch_id: int, rows: pa.Table) -> None:
+    def write(self, batch_id: int, rows: pa.Table, part: str = "part-0") -> None:
+        """Write ``batch_id=N/<part>.parquet`` with one atomic rename; a replay replaces the file."""
         if rows.num_rows == 0:
             return
-        token = uuid.uuid4().hex[:12]
-        name = f"batch_id={int(batch_id)}"
-        final = self.root / name
-        tmp = self.root / f".{name}.tmp-{token}"
-        old = self.root / f".{name}.old-{token}"
+        directory = self.root / f"batch_id={int(batch_id)}"
+        final = directory / f"{part}.parquet"
+        tmp = directory / f".{part}.parquet.tmp-{uuid.uuid4().hex[:12]}"
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            tmp.mkdir()
-            with open(tmp / "part-0.parquet", "wb") as f:
+            directory.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
                 pq.write_table(rows, f)
                 f.flush()
                 os.fsync(f.fileno())
-            _fsync_dir(tmp)
-            replaced = False
-            if final.exists():
-                os.rename(final, old)
-                replaced = True
-            os.rename(tmp, final)
-            _fsync_dir(self.root)
-            if replaced:
-                shutil.rmtree(old, ignore_errors=True)
+            os.replace(tmp, final)
+            _fsync_dir(directory)
         except OSError as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.unlink(missing_ok=True)
             raise self._fail(f"writing batch {batch_id}", exc) from None
 
 
@@ -823,8 +806,8 @@ class ParquetWriter:
     def open(self) -> None:
         self._dirs.open()
 
-    def write(self, batch_id: int, rows: pa.Table) -> None:
-        self._dirs.write(batch_id, rows)
+    def write(self, batch_id: int, rows: pa.Table, part: str = "part-0") -> None:
+        self._dirs.write(batch_id, rows, part)
 
     def close(self) -> None:
         pass
@@ -846,7 +829,7 @@ class ConsoleWindowWriter:
     def open(self) -> None:
         pass
 
-    def write(self, batch_id: int, rows: pa.Table) -> None:
+    def write(self, batch_id: int, rows: pa.Table, part: str = "part-0") -> None:
         if rows.num_rows == 0:
             return
         n = rows.num_rows

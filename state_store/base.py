@@ -11,8 +11,11 @@ Keys and blobs are opaque bytes here; ``state_store.codec`` makes them.
 
 from __future__ import annotations
 
+import os
+import socket
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Callable
 
 
@@ -46,6 +49,7 @@ class PipelineRecord:
 class RecoveredState:
     record: PipelineRecord | None  # None: the pipeline never committed
     groups: list[tuple[int, bytes, bytes]] = field(default_factory=list)  # (window_start, key, blob)
+    migrated: int = 0  # blobs of an older state version brought forward by this load (not written back)
 
 
 @dataclass
@@ -97,4 +101,31 @@ class StateStore(ABC):
         """Delete the pipeline's state rows (never a target)."""
 
     @abstractmethod
+    def migrate_state(self, pipeline: str) -> int:
+        """Rewrite the pipeline's older-version blobs in the current version (the migration job).
+
+        Respects the lease like ``reset``; returns how many blobs were rewritten.
+        """
+
+    @abstractmethod
     def close(self) -> None: ...
+
+    def __enter__(self) -> "StateStore":
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.description}>"
+
+
+def make_holder(run_label: str | None = None) -> str:
+    """Lease holder text: ``host=<hostname> pid=<pid> run=<label> since=<UTC time>``.
+
+    It is what a second acquirer sees in ``LeaseHeld`` and what ``lease_holder`` returns.
+    """
+    since = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    label = " ".join((run_label or "-").split()) or "-"
+    return f"host={socket.gethostname()} pid={os.getpid()} run={label} since={since}"

@@ -50,3 +50,15 @@ def source_log(location: str, source_index: int, batch_id: int) -> list[str]:
     if not path.exists():
         return []
     return [json.loads(line)["path"] for line in path.read_text().splitlines()[1:] if line.strip()]
+
+
+def query_id(location: str) -> str | None:
+    """The streaming query's id, stable across restarts from the same checkpoint."""
+    path = local_path(location) / "metadata"
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text().splitlines()[0]).get("id")
+
+
+def offsets_exist(location: str, batch_id: int) -> bool:
+    return (local_path(location) / "offsets" / str(batch_id)).is_file()

@@ -24,7 +24,9 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from ematix_dagster.errors import EmatixError, PipelineConfigError, StateNotDurableError
+from ematix_dagster import faults
+from ematix_dagster.errors import CheckpointDiverged, EmatixError, FingerprintChanged, StateNotDurableError
+from ematix_dagster.fingerprint import describe_changes, fingerprint, fingerprint_doc
 from ematix_dagster.metrics import StreamingMetrics, default_metrics, serve
 from ematix_dagster.spark import checkpoint
 from ematix_dagster.spark.convert import output_schema, partial_lists, rows_to_arrow
@@ -34,7 +36,11 @@ from ematix_dagster.spark.sources import union_sources
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.streaming.micro_batch import BatchInput, BatchResult, Engine, SourceStats
 from ematix_dagster.streaming.windows import format_us
+from ematix_dagster.recovery import checkpoint_offsets, validate_checkpoint
+from ematix_dagster.stores import guarantee, make_store
 from ematix_dagster.targets import make_dead_letter_writer, make_window_writer
+from state_store.base import BatchCommit, PipelineRecord, RecoveredState, SourceProgress, StateStore, make_holder
+from state_store.codec import STATE_VERSION, decode_groups, encode_key, encode_state
 
 log = logging.getLogger("ematix_dagster")
 GIB = 1 << 30
@@ -94,10 +100,8 @@ class PipelineRunner:
     """
 
     def __init__(self, spec: PipelineSpec, spark: SparkSession | None = None,
-                 metrics: StreamingMetrics | None = None, progress: Callable[[str], None] | None = None) -> None:
-        if spec.state_store.durable:
-            raise PipelineConfigError("state_store.kind", f"{spec.state_store.kind!r} stores are not available in this "
-                                      "version: window state lives in memory", 'remove [state_store] or use kind = "in_memory"')
+                 metrics: StreamingMetrics | None = None, progress: Callable[[str], None] | None = None,
+                 store: StateStore | None = None, run_label: str | None = None) -> None:
         self.spec = spec
         self.spark = spark or get_spark(f"ematix-{spec.pipeline_name}")
         self.metrics = metrics or default_metrics()
@@ -108,28 +112,69 @@ class PipelineRunner:
         self._stopping = False
         self._error: BaseException | None = None
         self._last_batch_time = 0
+        self.store: StateStore | None = store if store is not None else (
+            make_store(spec.state_store) if spec.state_store.durable else None)
+        self.run_label = run_label
+        self.recovered = RecoveredState(record=None)
+        self.fingerprint_doc = fingerprint_doc(spec)
+        self.fingerprint = fingerprint(self.fingerprint_doc)
+        self.query_id: str | None = None
 
     # -- start -------------------------------------------------------------------------------
 
     def _preflight(self) -> None:
         spec = self.spec
         cp = spec.run.checkpoint_location
-        if checkpoint.has_progress(cp):
-            raise StateNotDurableError(
-                f"pipeline {spec.pipeline_name}: checkpoint {cp} already holds progress, but window state is kept in "
-                "memory only, so a restart would silently lose the open windows. Delete the checkpoint directory "
-                "to reprocess the input from the start (fix), or configure a durable [state_store] when available."
-            )
+        name = spec.pipeline_name
+        if self.store is None or not self.store.durable:
+            if checkpoint.has_progress(cp):
+                raise StateNotDurableError(
+                    f"pipeline {name}: checkpoint {cp} already holds progress, but window state is kept in memory "
+                    "only, so a restart would silently lose the open windows. Delete the checkpoint directory to "
+                    "reprocess the input from the start (fix), or configure a durable [state_store] (sqlite, postgres)."
+                )
+        else:
+            self._open_store()
         bound = spec.state_upper_bound_bytes()
         if bound > GIB:
-            self.progress(f"[{spec.pipeline_name}] warning: window state may grow to {bound / GIB:.1f} GiB "
+            self.progress(f"[{name}] warning: window state may grow to {bound / GIB:.1f} GiB "
                           "(active windows x max_groups_per_window x per-group state); lower max_groups_per_window "
                           "or hll_precision if that is more than this machine has")
         if spec.target.kind == "console":
-            self.progress(f"[{spec.pipeline_name}] warning: the console target is not idempotent: output is "
+            self.progress(f"[{name}] warning: the console target is not idempotent: output is "
                           "at-least-once and a restart may print windows again")
-        self.progress(f"[{spec.pipeline_name}] state is in memory: a restart loses open windows "
-                      "(run refuses to resume from an existing checkpoint)")
+        self.progress(f"[{name}] guarantee: {guarantee(spec)}")
+
+    def _open_store(self) -> None:
+        spec, store = self.spec, self.store
+        assert store is not None
+        name = spec.pipeline_name
+        store.open()
+        store.acquire_lease(name, make_holder(self.run_label))
+        try:
+            self.recovered = store.load(name)
+            record = self.recovered.record
+            if record is not None and record.fingerprint and record.fingerprint != self.fingerprint:
+                changes = describe_changes(record.fingerprint_doc, self.fingerprint_doc)
+                raise FingerprintChanged(
+                    f"pipeline {name}: the state in {store.description} was written for another window shape; "
+                    f"changed: {'; '.join(changes) or 'fingerprint'}. Revert the change, or start over with "
+                    "`ematix-dagster reset PIPELINE.toml --yes` (lateness, caps and idleness may change freely).")
+            problems = validate_checkpoint(spec, record)
+            if problems:
+                raise CheckpointDiverged(f"pipeline {name}: " + " | ".join(str(p) for p in problems))
+        except BaseException:
+            self._close_store()
+            raise
+        if record is not None:
+            self.progress(f"[{name}] resuming from {store.description} at batch {record.last_batch_id}")
+
+    def _close_store(self) -> None:
+        if self.store is not None:
+            try:
+                self.store.release_lease(self.spec.pipeline_name)
+            finally:
+                self.store.close()
 
     def start(self) -> StreamingQuery:
         spec = self.spec
@@ -137,6 +182,7 @@ class PipelineRunner:
         stream = union_sources(self.spark, spec)
         self.plan: BatchPlan = analyse(self.spark, spec, stream)
         self.engine = Engine.for_window(spec.pipeline_name, spec.window, spec.source_names, self.plan.integral)
+        self._restore()
         self.schema = output_schema(self.plan)
         key = [spec.window.window_start_column, *spec.window.group_by]
         self.target = make_window_writer(spec.target, spec.pipeline_name, self.schema, key)
@@ -156,6 +202,19 @@ class PipelineRunner:
         self.query = writer.start()
         return self.query
 
+    def _restore(self) -> None:
+        record = self.recovered.record
+        if record is None:
+            return
+        windows = decode_groups(self.spec.pipeline_name, self.recovered.groups,
+                                self.store.description if self.store else None)
+        groups = [(start, key, accs) for start, by_key in windows.items() for key, accs in by_key.items()]
+        self.engine.restore(record.last_batch_id, record.watermark,
+                            {n: (p.max_event_ts, p.last_arrival) for n, p in record.sources.items()},
+                            record.counters, record.emitted, groups)
+        self.query_id = record.query_id
+        self.recovered = RecoveredState(record=record)  # drop the blobs
+
     # -- one micro-batch -----------------------------------------------------------------------
 
     def _on_batch(self, df: DataFrame, batch_id: int) -> None:
@@ -167,14 +226,21 @@ class PipelineRunner:
             except BaseException as exc:
                 self._error = exc
                 raise
-        self._events.put(report)
+        if report is not None:
+            self._events.put(report)
 
-    def _process(self, df: DataFrame, batch_id: int) -> BatchReport:
+    def _process(self, df: DataFrame, batch_id: int) -> BatchReport | None:
         started = time.perf_counter()
         spec, engine = self.spec, self.engine
         if engine.last_batch_id is not None and batch_id <= engine.last_batch_id:
-            raise StateNotDurableError(f"pipeline {spec.pipeline_name}: Spark replayed batch {batch_id} "
-                                       "but in-memory state already holds it")
+            if self.store is None or not self.store.durable:
+                raise StateNotDurableError(f"pipeline {spec.pipeline_name}: Spark replayed batch {batch_id} "
+                                           "but in-memory state already holds it")
+            # The store committed this batch but Spark did not record it: already counted, skip.
+            self.progress(f"[{spec.pipeline_name}] batch {batch_id} is already in the state store: replay skipped")
+            return None
+        if self.query_id is None:
+            self.query_id = checkpoint.query_id(spec.run.checkpoint_location)
         batch_time = checkpoint.read_offsets(spec.run.checkpoint_location, batch_id).batch_timestamp_ms * 1_000
         self._last_batch_time = batch_time
         frames = build_batch(df.sparkSession, self.plan, df, batch_id, batch_time,
@@ -192,6 +258,9 @@ class PipelineRunner:
                            reopened_rows=late["reopened_rows"], dead_letters=dead)
         result = engine.process(batch)
         self._write(batch_id, result)
+        faults.point("target_write", batch_id)
+        self._commit(batch_id, batch_time)
+        faults.point("after_store_commit", batch_id)
         seconds = time.perf_counter() - started
         self.metrics.record(spec.pipeline_name, spec.window.kind, spec.window.late_data, batch, result, seconds)
         return self._report(batch, result, seconds)
@@ -211,9 +280,35 @@ class PipelineRunner:
         reasons = rows.column("_reason").to_pylist()
         return {r: reasons.count(r) for r in sorted(set(reasons))}
 
-    def _write(self, batch_id: int, result: BatchResult) -> None:
+    def _write(self, batch_id: int, result: BatchResult, part: str = "part-0") -> None:
         table = rows_to_arrow(self.schema, result.rows, len(self.spec.window.group_by))
-        self.target.write(batch_id, table)
+        self.target.write(batch_id, table, part)
+
+    def _commit(self, batch_id: int, batch_time: int) -> None:
+        """One store transaction: changed groups, evicted windows, offsets, watermarks, counters."""
+        store, engine, spec = self.store, self.engine, self.spec
+        if store is None:
+            return
+        upserts, evicted = engine.state.take_changes()
+        if not store.durable:
+            return
+        marks = engine.watermarks
+        record = PipelineRecord(
+            pipeline=spec.pipeline_name, state_version=STATE_VERSION, query_id=self.query_id,
+            last_batch_id=engine.last_batch_id, fingerprint=self.fingerprint, fingerprint_doc=self.fingerprint_doc,
+            watermark=marks.global_wm,
+            sources={n: SourceProgress(c.max_event_ts, c.last_arrival) for n, c in marks.clocks.items()},
+            counters=dict(engine.counters), emitted=sorted(engine.state.emitted),
+            offsets=checkpoint_offsets(spec, batch_id) if batch_id == engine.last_batch_id else
+            (self.recovered.record.offsets if self.recovered.record else {}),
+        )
+        store.commit(BatchCommit(
+            record=record,
+            upserts=[(start, encode_key(key), encode_state(accs)) for start, key, accs in upserts],
+            deleted_windows=evicted,
+            in_transaction=[lambda _conn: faults.point("store_commit", batch_id)],
+        ))
+        self.recovered = RecoveredState(record=record)
 
     def _report(self, batch: BatchInput, result: BatchResult, seconds: float) -> BatchReport:
         return BatchReport(
@@ -273,6 +368,7 @@ class PipelineRunner:
             if self.query is not None and self.query.isActive:
                 self.request_stop()
             waiter.join(timeout=30)
+            self._close_store()
             self.target.close()
             if self.dead_letter:
                 self.dead_letter.close()
@@ -287,14 +383,19 @@ class PipelineRunner:
         spec, engine = self.spec, self.engine
         if spec.run.trigger != "available_now" or self._stopping:
             return
-        if spec.run.end_of_input == "flush" and engine.state.windows:
-            batch_id = (engine.last_batch_id or -1) + 1
+        if spec.run.end_of_input == "flush" and self._not_emitted():
+            # Written beside the last real batch (its own file), so a later run's next batch id is free.
+            batch_id = engine.last_batch_id if engine.last_batch_id is not None else 0
             result = engine.flush(batch_id, self._last_batch_time)
-            self._write(batch_id, result)
+            self._write(batch_id, result, part="flush")
+            self._commit(batch_id, self._last_batch_time)
             self.metrics.record_emit(spec.pipeline_name, spec.window.kind, result)
             report = self._report(BatchInput(batch_id, self._last_batch_time, {}), result, 0.0)
             self.progress(report.progress_line(spec.pipeline_name) + " (end-of-input flush)")
             yield report
+        elif self._not_emitted() and self.store is not None and self.store.durable:
+            self.progress(f"[{spec.pipeline_name}] input exhausted: {self._not_emitted()} open windows are kept in "
+                          f"{self.store.description} for the next run")
         elif self._not_emitted():
             self.progress(f"[{spec.pipeline_name}] warning: input exhausted with {self._not_emitted()} open "
                           f"windows ({engine.state.group_count} groups) not emitted; with in-memory state they are "

@@ -1,0 +1,103 @@
+"""Is it safe to continue? Checks of Spark's checkpoint against the state store (SPEC.md §7).
+
+Healthy means (DESIGN.md §3): ``last Spark commit <= store batch <= last Spark commit + 1``, the
+store's batch has the same offsets in the checkpoint, both belong to the same query, and the
+stored state is not newer than this code. Each problem says what is wrong in plain words and the
+way out. File-source offsets are indexes into the checkpoint's own log, so a lost checkpoint
+cannot be rebuilt from the store's offsets; sources with real offsets (Kafka) could resume.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ematix_dagster.spark import checkpoint
+from ematix_dagster.spec import PipelineSpec
+from state_store.base import PipelineRecord
+from state_store.codec import STATE_VERSION
+
+RESET = "or start over with `ematix-dagster reset PIPELINE.toml --yes` (deletes the state and the checkpoint, " \
+        "never the target; the input is then processed again from the start)"
+
+
+@dataclass(frozen=True)
+class Problem:
+    code: str
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message} Way out: {self.fix}"
+
+
+def offset_names(spec: PipelineSpec) -> list[str]:
+    """Source names in checkpoint order (the heartbeat is the last source under processing_time)."""
+    names = list(spec.source_names)
+    if spec.run.trigger == "processing_time":
+        names.append("_heartbeat")
+    return names
+
+
+def checkpoint_offsets(spec: PipelineSpec, batch_id: int) -> dict[str, str]:
+    lines = checkpoint.read_offsets(spec.run.checkpoint_location, batch_id).offsets
+    return dict(zip(offset_names(spec), lines))
+
+
+def validate_checkpoint(spec: PipelineSpec, record: PipelineRecord | None) -> list[Problem]:
+    cp = spec.run.checkpoint_location
+    commits = checkpoint.committed_batches(cp)
+    last_commit = commits[-1] if commits else -1
+    has_progress = checkpoint.has_progress(cp)
+    problems: list[Problem] = []
+    if record is None or record.last_batch_id is None:
+        if has_progress:
+            problems.append(Problem(
+                "store_missing",
+                f"the checkpoint {cp} has progress up to batch {last_commit}, but the state store has no state for "
+                f"pipeline {spec.pipeline_name} (a new, emptied or rolled-back store). Continuing would lose the "
+                "window state of every batch already processed.",
+                f"restore the state store from its backup, {RESET}"))
+        return problems
+    if record.state_version > STATE_VERSION:
+        problems.append(Problem(
+            "state_too_new",
+            f"the stored state has version {record.state_version}, newer than this code ({STATE_VERSION}).",
+            "run the newer ematix-dagster that wrote it"))
+    store_batch = record.last_batch_id
+    if not has_progress:
+        problems.append(Problem(
+            "checkpoint_missing",
+            f"the state store is at batch {store_batch} but the checkpoint {cp} is missing or empty. File-source "
+            "offsets are positions in the checkpoint's own file log, so the store's offsets cannot rebuild it "
+            "(a Kafka source could resume from them).",
+            f"restore the checkpoint directory {cp} from its backup, {RESET}"))
+        return problems
+    cp_query = checkpoint.query_id(cp)
+    if record.query_id and cp_query and record.query_id != cp_query:
+        problems.append(Problem(
+            "query_mismatch",
+            f"the state store was written by streaming query {record.query_id} but the checkpoint {cp} belongs to "
+            f"query {cp_query}: they are not the same pipeline run history.",
+            f"point run.checkpoint_location at the checkpoint of query {record.query_id}, {RESET}"))
+    if store_batch < last_commit:
+        problems.append(Problem(
+            "store_behind",
+            f"the checkpoint has committed batch {last_commit} but the state store is only at batch {store_batch} "
+            "(the store was rolled back or restored from an older backup): the state of the batches in between "
+            "is missing.",
+            f"restore a store backup taken at batch {last_commit} or later, {RESET}"))
+    elif store_batch > last_commit + 1:
+        problems.append(Problem(
+            "checkpoint_behind",
+            f"the state store is at batch {store_batch} but the checkpoint has only committed batch {last_commit} "
+            "(the checkpoint was rolled back): Spark would feed batches the store has already counted.",
+            f"restore the checkpoint taken at batch {store_batch}, {RESET}"))
+    elif checkpoint.offsets_exist(cp, store_batch):
+        expected = checkpoint_offsets(spec, store_batch)
+        if record.offsets and record.offsets != expected:
+            problems.append(Problem(
+                "offsets_differ",
+                f"for batch {store_batch} the state store recorded offsets {record.offsets} but the checkpoint has "
+                f"{expected}: they describe different input.",
+                f"restore the matching checkpoint, {RESET}"))
+    return problems

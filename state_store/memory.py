@@ -1,0 +1,174 @@
+"""A state store in this process's memory: nothing survives a restart.
+
+Data lives in a process-global dict keyed by the store's ``name``, so two store objects with the
+same name see the same data (that is how tests simulate a restart within one process) and the
+lease works between them. ``durable`` is False: the engine must refuse to resume a checkpoint
+with it (SPEC.md §5).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from state_store._common import bring_forward, check_batch, check_record_version, lease_held
+from state_store.base import BatchCommit, PipelineRecord, RecoveredState, StateStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pipeline:
+    record: PipelineRecord | None = None
+    windows: dict[int, dict[bytes, bytes]] = field(default_factory=dict)  # window start -> key -> blob
+
+
+@dataclass
+class _Space:
+    pipelines: dict[str, _Pipeline] = field(default_factory=dict)
+    leases: dict[str, tuple[int, str]] = field(default_factory=dict)  # pipeline -> (owner id, holder)
+
+
+_SPACES: dict[str, _Space] = {}
+_LOCK = threading.RLock()  # one lock for all in-memory stores: commits are tiny critical sections
+_OWNERS = itertools.count(1)
+
+
+class InMemoryStateStore(StateStore):
+    kind = "in_memory"
+    durable = False
+
+    def __init__(self, name: str = "default") -> None:
+        self.name = name
+        self._open = False
+        self._owner = next(_OWNERS)  # identifies this object as a lease owner
+
+    @property
+    def description(self) -> str:
+        return f"in-memory state store {self.name!r} (not durable)"
+
+    @classmethod
+    def forget(cls, name: str | None = None) -> None:
+        """Drop the data of one named store (or of all): a test helper, the "machine restart"."""
+        with _LOCK:
+            if name is None:
+                _SPACES.clear()
+            else:
+                _SPACES.pop(name, None)
+
+    def _space(self) -> _Space:
+        if not self._open:
+            self.open()
+        return _SPACES.setdefault(self.name, _Space())
+
+    def open(self) -> None:
+        if self._open:
+            return
+        with _LOCK:
+            _SPACES.setdefault(self.name, _Space())
+            self._open = True
+        log.warning(
+            "state store %r is IN MEMORY: window state, offsets and watermarks live only in this process "
+            "and NOTHING survives a restart; configure [state_store] kind = \"sqlite\" or \"postgres\" for "
+            "durable state", self.name)
+
+    # ---- lease ---------------------------------------------------------------------------------
+
+    def acquire_lease(self, pipeline: str, holder: str) -> None:
+        with _LOCK:
+            leases = self._space().leases
+            current = leases.get(pipeline)
+            if current is not None and current[0] != self._owner:
+                raise lease_held(pipeline, self.description, current[1])
+            leases[pipeline] = (self._owner, holder)
+
+    def release_lease(self, pipeline: str) -> None:
+        with _LOCK:
+            leases = self._space().leases
+            if pipeline in leases and leases[pipeline][0] == self._owner:
+                del leases[pipeline]
+
+    def lease_holder(self, pipeline: str) -> str | None:
+        with _LOCK:
+            current = self._space().leases.get(pipeline)
+            return current[1] if current else None
+
+    def _check_writer(self, pipeline: str) -> None:
+        current = self._space().leases.get(pipeline)
+        if current is not None and current[0] != self._owner:
+            raise lease_held(pipeline, self.description, current[1])
+
+    # ---- data ----------------------------------------------------------------------------------
+
+    def load(self, pipeline: str) -> RecoveredState:
+        with _LOCK:
+            data = self._space().pipelines.get(pipeline)
+            if data is None or data.record is None:
+                return RecoveredState(record=None)
+            record = copy.deepcopy(data.record)
+            rows = [(start, key, blob) for start, groups in data.windows.items() for key, blob in groups.items()]
+        check_record_version(record, self.description)
+        rows, migrated = bring_forward(pipeline, self.description, rows)
+        return RecoveredState(record=record, groups=rows, migrated=migrated)
+
+    def commit(self, batch: BatchCommit) -> None:
+        check_batch(batch)
+        pipeline = batch.record.pipeline
+        record = copy.deepcopy(batch.record)
+        with _LOCK:
+            space = self._space()
+            self._check_writer(pipeline)
+            # Everything that can fail happens before the first change: the types were checked
+            # above, and the callbacks (there is no connection to give them) run first.
+            for callback in batch.in_transaction:
+                callback(None)
+            data = space.pipelines.setdefault(pipeline, _Pipeline())
+            windows = data.windows
+            for start, key, blob in batch.upserts:
+                groups = windows.get(start)
+                if groups is None:
+                    groups = windows[start] = {}
+                groups[key] = blob
+            for start, key in batch.deletes:
+                groups = windows.get(start)
+                if groups is not None:
+                    groups.pop(key, None)
+                    if not groups:
+                        del windows[start]
+            for start in batch.deleted_windows:
+                windows.pop(start, None)
+            data.record = record
+
+    def reset(self, pipeline: str) -> None:
+        with _LOCK:
+            space = self._space()
+            self._check_writer(pipeline)
+            space.pipelines.pop(pipeline, None)
+
+    def migrate_state(self, pipeline: str) -> int:
+        with _LOCK:
+            space = self._space()
+            self._check_writer(pipeline)
+            data = space.pipelines.get(pipeline)
+            if data is None:
+                return 0
+            rows = [(start, key, blob) for start, groups in data.windows.items() for key, blob in groups.items()]
+            rows, migrated = bring_forward(pipeline, self.description, rows)
+            if migrated:
+                for start, key, blob in rows:
+                    data.windows[start][key] = blob
+            return migrated
+
+    def close(self) -> None:
+        with _LOCK:
+            space = _SPACES.get(self.name)
+            if space is not None:
+                for pipeline in [p for p, (owner, _) in space.leases.items() if owner == self._owner]:
+                    del space.leases[pipeline]
+        self._open = False
+
+
+__all__ = ["InMemoryStateStore"]

@@ -1,0 +1,246 @@
+"""Schema migrations of the store's tables: ordered steps, each in its own transaction.
+
+Every applied step is a row of ``ematix_streaming_schema_version`` (version, description,
+applied_at); the schema's version is the highest row. ``open()`` applies the missing steps in
+order, each under a lock (a transaction-level advisory lock on PostgreSQL, ``BEGIN IMMEDIATE`` on
+SQLite) and after re-reading the version, so two processes opening the same store at once apply
+each step exactly once. A store whose schema is newer than this code is refused with
+``StateVersionError``. When the schema is already current nothing is created or locked, so a role
+without CREATE privileges can use tables an administrator created (or migrated) for it.
+
+Steps are append-only: a released step is never edited, a change is a new step.
+State *blobs* are versioned separately (``state_store.codec.STATE_VERSION``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from typing import Sequence
+
+from ematix_dagster.errors import StateVersionError
+
+STATE_TABLE = "ematix_streaming_state"
+OFFSETS_TABLE = "ematix_streaming_offsets"
+PIPELINES_TABLE = "ematix_streaming_pipelines"
+SCHEMA_VERSION_TABLE = "ematix_streaming_schema_version"
+
+
+@dataclass(frozen=True)
+class SchemaStep:
+    version: int
+    description: str
+    postgres: tuple[str, ...]  # psycopg.sql templates; {state} {offsets} {pipelines} are qualified names
+    sqlite: tuple[str, ...]
+
+
+STEPS: tuple[SchemaStep, ...] = (
+    SchemaStep(
+        1, "state, offsets and pipelines tables",
+        postgres=(
+            """CREATE TABLE {state} (
+                pipeline_name text NOT NULL,
+                window_start bigint NOT NULL,
+                group_key bytea NOT NULL,
+                state_blob bytea NOT NULL,
+                state_version integer NOT NULL,
+                updated_at timestamptz NOT NULL DEFAULT now(),
+                PRIMARY KEY (pipeline_name, window_start, group_key))""",
+            """CREATE TABLE {offsets} (
+                pipeline_name text NOT NULL,
+                source_id text NOT NULL,
+                batch_id bigint NOT NULL,
+                offset_json text NOT NULL,
+                state_version integer NOT NULL,
+                updated_at timestamptz NOT NULL DEFAULT now(),
+                PRIMARY KEY (pipeline_name, source_id))""",
+            """CREATE TABLE {pipelines} (
+                pipeline_name text PRIMARY KEY,
+                state_version integer,
+                query_id text,
+                last_batch_id bigint,
+                fingerprint text,
+                fingerprint_doc jsonb,
+                watermark bigint,
+                sources jsonb,
+                counters jsonb,
+                emitted jsonb,
+                lease_holder text,
+                pending_migration boolean NOT NULL DEFAULT false,
+                updated_at timestamptz NOT NULL DEFAULT now())""",
+        ),
+        sqlite=(
+            """CREATE TABLE {state} (
+                pipeline_name TEXT NOT NULL,
+                window_start INTEGER NOT NULL,
+                group_key BLOB NOT NULL,
+                state_blob BLOB NOT NULL,
+                state_version INTEGER NOT NULL,
+                updated_at TEXT NOT NULL,
+                PRIMARY KEY (pipeline_name, window_start, group_key)) WITHOUT ROWID, STRICT""",
+            """CREATE TABLE {offsets} (
+                pipeline_name TEXT NOT NULL,
+                source_id TEXT NOT NULL,
+                batch_id INTEGER NOT NULL,
+                offset_json TEXT NOT NULL,
+                state_version INTEGER NOT NULL,
+                updated_at TEXT NOT NULL,
+                PRIMARY KEY (pipeline_name, source_id)) STRICT""",
+            """CREATE TABLE {pipelines} (
+                pipeline_name TEXT PRIMARY KEY,
+                state_version INTEGER,
+                query_id TEXT,
+                last_batch_id INTEGER,
+                fingerprint TEXT,
+                fingerprint_doc TEXT,
+                watermark INTEGER,
+                sources TEXT,
+                counters TEXT,
+                emitted TEXT,
+                lease_holder TEXT,
+                pending_migration INTEGER NOT NULL DEFAULT 0,
+                updated_at TEXT NOT NULL) STRICT""",
+        ),
+    ),
+    SchemaStep(
+        2, "leave room in state pages so upserts of dirty groups stay in-page (HOT) updates",
+        postgres=("ALTER TABLE {state} SET (fillfactor = 80)",),
+        sqlite=(),  # nothing to tune: SQLite rewrites the b-tree cell in place
+    ),
+)
+
+SCHEMA_VERSION = STEPS[-1].version
+
+
+def _newer(found: int, code: int, store: str) -> StateVersionError:
+    return StateVersionError(
+        f"{store}: schema version {found} is newer than this code ({code}); upgrade ematix-dagster")
+
+
+def _check_steps(steps: Sequence[SchemaStep]) -> None:
+    if [s.version for s in steps] != list(range(1, len(steps) + 1)):
+        raise ValueError("schema steps must be numbered 1, 2, ... in order")
+
+
+# ---- PostgreSQL --------------------------------------------------------------------------------
+
+
+def postgres_names(schema: str) -> dict:
+    from psycopg import sql
+
+    return {
+        "schema": sql.Identifier(schema),
+        "state": sql.Identifier(schema, STATE_TABLE),
+        "offsets": sql.Identifier(schema, OFFSETS_TABLE),
+        "pipelines": sql.Identifier(schema, PIPELINES_TABLE),
+        "schema_version": sql.Identifier(schema, SCHEMA_VERSION_TABLE),
+    }
+
+
+def postgres_version(conn, schema: str) -> int:
+    """The schema's version, 0 when the version table does not exist (read-only)."""
+    from psycopg import sql
+
+    names = postgres_names(schema)
+    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                          (sql.Identifier(schema, SCHEMA_VERSION_TABLE).as_string(conn),)).fetchone()[0]
+    if not exists:
+        return 0
+    row = conn.execute(sql.SQL("SELECT max(version) FROM {schema_version}").format(**names)).fetchone()
+    return row[0] or 0
+
+
+def apply_postgres(conn, schema: str, store: str, steps: Sequence[SchemaStep] = STEPS) -> int:
+    """Bring the schema to ``steps[-1].version``; ``conn`` is a non-autocommit psycopg connection."""
+    from psycopg import sql
+
+    from state_store._common import lease_key
+
+    _check_steps(steps)
+    target = steps[-1].version
+    names = postgres_names(schema)
+    lock = lease_key(schema, "\0schema-migrations")
+    with conn.transaction():
+        current = postgres_version(conn, schema)
+    if current > target:
+        raise _newer(current, target, store)
+    if current == target:
+        return current
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
+        has_schema = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone()
+        if not has_schema:
+            conn.execute(sql.SQL("CREATE SCHEMA {schema}").format(**names))
+        conn.execute(sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {schema_version} (version integer PRIMARY KEY, "
+            "description text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())").format(**names))
+    for step in steps:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
+            current = postgres_version(conn, schema)
+            if current > target:
+                raise _newer(current, target, store)
+            if step.version <= current:
+                continue
+            for statement in step.postgres:
+                conn.execute(sql.SQL(statement).format(**names))
+            conn.execute(sql.SQL("INSERT INTO {schema_version} (version, description) VALUES (%s, %s)").format(**names),
+                         (step.version, step.description))
+    return target
+
+
+# ---- SQLite ------------------------------------------------------------------------------------
+
+
+def sqlite_names() -> dict[str, str]:
+    return {"state": f'"{STATE_TABLE}"', "offsets": f'"{OFFSETS_TABLE}"', "pipelines": f'"{PIPELINES_TABLE}"',
+            "schema_version": f'"{SCHEMA_VERSION_TABLE}"'}
+
+
+def sqlite_version(conn: sqlite3.Connection) -> int:
+    exists = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                          (SCHEMA_VERSION_TABLE,)).fetchone()
+    if not exists:
+        return 0
+    return conn.execute(f'SELECT max(version) FROM "{SCHEMA_VERSION_TABLE}"').fetchone()[0] or 0
+
+
+def apply_sqlite(conn: sqlite3.Connection, store: str, steps: Sequence[SchemaStep] = STEPS) -> int:
+    """Bring the schema to ``steps[-1].version``; ``conn`` is in autocommit mode (isolation_level None)."""
+    _check_steps(steps)
+    target = steps[-1].version
+    names = sqlite_names()
+    current = sqlite_version(conn)
+    if current > target:
+        raise _newer(current, target, store)
+    if current == target:
+        return current
+    _sqlite_tx(conn, [f'CREATE TABLE IF NOT EXISTS {names["schema_version"]} (version INTEGER PRIMARY KEY, '
+                      "description TEXT NOT NULL, applied_at TEXT NOT NULL) STRICT"])
+    for step in steps:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            current = sqlite_version(conn)
+            if current > target:
+                raise _newer(current, target, store)
+            if step.version > current:
+                for statement in step.sqlite:
+                    conn.execute(statement.format(**names))
+                conn.execute(f'INSERT INTO {names["schema_version"]} (version, description, applied_at) '
+                             "VALUES (?, ?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))", (step.version, step.description))
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+    return target
+
+
+def _sqlite_tx(conn: sqlite3.Connection, statements: list[str]) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for statement in statements:
+            conn.execute(statement)
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")

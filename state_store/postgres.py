@@ -1,0 +1,472 @@
+"""The PostgreSQL store (psycopg 3 + psycopg_pool), for shared, durable, exactly-once state.
+
+* Tables live in a configurable schema (default ``ematix``), created and migrated on first use
+  (``state_store.migrations``); every identifier goes through ``psycopg.sql.Identifier``.
+* A commit is one transaction: COPY of the dirty groups into a temp table + one
+  ``INSERT ... ON CONFLICT DO UPDATE``; deletes by key and by whole window; the batch's offsets;
+  the pipeline row; then each ``in_transaction`` callback with the connection; then COMMIT.
+  Upserts are applied before deletes, so a group both updated and deleted in a batch ends deleted.
+* Lease: a session-level ``pg_try_advisory_lock(<64-bit hash of schema + pipeline>)`` on a
+  dedicated connection (not from the pool), held until ``release_lease`` / ``close`` or until
+  the process (and so its connection) dies. The holder text is written to the pipeline row.
+  Each commit checks in its own transaction that the lease is still held by that connection
+  (a dropped connection loses the lock: the commit fails with ``StoreUnavailable`` rather than
+  write without the lease); a store object that does not hold the lease writes under
+  ``pg_try_advisory_xact_lock`` and so never while another run holds it. Session advisory locks
+  need a direct connection (or PgBouncer in session mode), not a transaction-pooling proxy.
+* The URL may contain ``${ENV}`` references, resolved when the store opens. The password never
+  appears in ``description``, in logs or in error messages: it is removed from DSNs and from
+  psycopg's texts, and errors are raised without chaining the original exception.
+* Unreachable server / refused credentials -> ``StoreUnavailable``; missing privileges ->
+  ``StorePermissionError``; both name the store (user@host:port/db, schema) and the pipeline.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, TypeVar
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from ematix_dagster.errors import EmatixError, PipelineConfigError, StorePermissionError, StoreUnavailable
+from state_store import codec, migrations
+from state_store._common import (bring_forward, check_batch, check_record_version, lease_held, lease_key,
+                                 ordered_offsets, sources_from_json, where)
+from state_store.base import BatchCommit, PipelineRecord, RecoveredState, StateStore
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_TEMP = sql.Identifier("pg_temp", "ematix_state_upserts")
+_PIPELINE_COLUMNS = ("state_version", "query_id", "last_batch_id", "fingerprint", "fingerprint_doc", "watermark",
+                     "sources", "counters", "emitted", "lease_holder", "pending_migration")
+
+
+# ---- secrets ---------------------------------------------------------------------------------
+
+_SECRETS: set[str] = set()
+_SECRETS_LOCK = threading.Lock()
+_URL_PASSWORD = re.compile(r"(://[^:/@\s]*):[^@\s]*@")
+_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&\s]*", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """``text`` without any password this process has seen in a store URL, nor DSN passwords."""
+    with _SECRETS_LOCK:
+        secrets = sorted(_SECRETS, key=len, reverse=True)
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    text = _URL_PASSWORD.sub(r"\1:***@", text)
+    text = _QUERY_PASSWORD.sub(r"\1***", text)
+    return _KV_PASSWORD.sub(r"\1***", text)
+
+
+class _RedactFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _SECRETS:
+            message = record.getMessage()
+            clean = redact(message)
+            if clean != message:
+                record.msg, record.args = clean, None
+        return True
+
+
+_FILTER = _RedactFilter()
+for _name in ("psycopg", "psycopg.pool", __name__):
+    logging.getLogger(_name).addFilter(_FILTER)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+# ---- the store -------------------------------------------------------------------------------
+
+
+class PostgresStateStore(StateStore):
+    kind = "postgres"
+    durable = True
+
+    def __init__(self, url: str, schema: str = "ematix", *, connect_timeout: int = 10,
+                 pool_min: int = 1, pool_max: int = 4) -> None:
+        if not schema or not isinstance(schema, str):
+            raise PipelineConfigError("state_store.schema", "must be a non-empty schema name")
+        self._url = url  # may hold ${ENV} references and a password: never shown as is
+        self.schema = schema
+        self.connect_timeout = connect_timeout
+        self.pool_min, self.pool_max = pool_min, pool_max
+        self._pool: ConnectionPool | None = None
+        self._conninfo: str | None = None
+        self._lease_conn: psycopg.Connection | None = None
+        self._lease_pid: int | None = None
+        self._leases: dict[str, str] = {}  # pipeline -> holder text
+        self._lock = threading.RLock()
+        self._names = migrations.postgres_names(schema)
+
+    # ---- naming ----------------------------------------------------------------------------------
+
+    @property
+    def description(self) -> str:
+        return f"PostgreSQL state store {self._where_db()} (schema {self.schema})"
+
+    def _where_db(self) -> str:
+        try:
+            from ematix_dagster.spec import resolve_env
+
+            params = conninfo_to_dict(resolve_env(self._url) or "")
+        except Exception:  # noqa: BLE001 - unresolved ${ENV} or unparseable: show no details
+            text = redact(self._url)
+            return text if "${" in text and len(text) < 200 else "<unparseable URL>"
+        host = params.get("host") or params.get("hostaddr") or "localhost"
+        port = params.get("port") or "5432"
+        user = params.get("user")
+        dbname = params.get("dbname") or user or "postgres"
+        return f"postgresql://{user + '@' if user else ''}{host}:{port}/{dbname}"
+
+    # ---- errors ----------------------------------------------------------------------------------
+
+    def _translate(self, exc: BaseException, action: str, pipeline: str | None) -> EmatixError | None:
+        place = where(pipeline, self.description)
+        if isinstance(exc, PoolTimeout):
+            return StoreUnavailable(f"{action} failed for {place}: no database connection within "
+                                    f"{self.connect_timeout} s ({redact(_one_line(str(exc)))})")
+        if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+            return StorePermissionError(
+                f"{action} failed for {place}: {redact(_one_line(str(exc)))} (grant the store's role USAGE and "
+                f"CREATE on schema {self.schema}, or let an administrator create the tables, and "
+                "SELECT/INSERT/UPDATE/DELETE on them)")
+        if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+            return StoreUnavailable(f"{action} failed for {place}: {redact(_one_line(str(exc)))}")
+        if isinstance(exc, EmatixError):
+            return None
+        if isinstance(exc, psycopg.Error):  # keep the type, lose the password (if a message had one)
+            text = str(exc)
+            clean = redact(text)
+            if clean != text:
+                return StoreUnavailable(f"{action} failed for {place}: {_one_line(clean)}")
+        return None
+
+    def _guard(self, action: str, pipeline: str | None, fn: Callable[[], T]) -> T:
+        """Run ``fn``; turn database errors into the package's errors, raised without a chained cause."""
+        try:
+            return fn()
+        except BaseException as exc:  # noqa: BLE001
+            err = self._translate(exc, action, pipeline)
+            if err is None:
+                raise
+        raise err  # outside the handler: no __context__ carrying the driver's original text
+
+    # ---- connection ------------------------------------------------------------------------------
+
+    def _resolve(self) -> str:
+        if self._conninfo is None:
+            from ematix_dagster.spec import resolve_env
+
+            url = resolve_env(self._url) or ""
+            try:
+                params = conninfo_to_dict(url)
+            except Exception:  # noqa: BLE001 - its text may echo the password
+                raise PipelineConfigError(
+                    "state_store.url", "is not a valid PostgreSQL connection URL",
+                    "use postgresql://user@host:port/database with the password in the environment") from None
+            password = params.get("password")
+            if password:
+                with _SECRETS_LOCK:
+                    _SECRETS.add(str(password))
+            self._conninfo = url
+        return self._conninfo
+
+    def _connect(self, autocommit: bool) -> psycopg.Connection:
+        return psycopg.connect(self._resolve(), autocommit=autocommit, connect_timeout=self.connect_timeout,
+                               application_name="ematix-dagster state store")
+
+    def open(self) -> None:
+        with self._lock:
+            if self._pool is not None:
+                return
+            self._guard("opening the store", None, self._open)
+
+    def _open(self) -> None:
+        conn = self._connect(autocommit=False)
+        try:
+            migrations.apply_postgres(conn, self.schema, self.description)
+            conn.commit()
+        finally:
+            conn.close()
+        pool = ConnectionPool(
+            self._resolve(), min_size=self.pool_min, max_size=self.pool_max, open=False,
+            name=f"ematix-state-{self.schema}", timeout=float(self.connect_timeout),
+            check=ConnectionPool.check_connection,
+            kwargs={"connect_timeout": self.connect_timeout, "application_name": "ematix-dagster state store"})
+        try:
+            pool.open(wait=True, timeout=float(self.connect_timeout) + 5)
+        except BaseException:
+            pool.close()
+            raise
+        self._pool = pool
+
+    @contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection]:
+        if self._pool is None:
+            self.open()
+        assert self._pool is not None
+        with self._pool.connection() as conn:
+            yield conn
+
+    def _lease_connection(self) -> psycopg.Connection:
+        conn = self._lease_conn
+        if conn is not None and not conn.closed and not conn.broken:
+            return conn
+        if self._leases:
+            raise StoreUnavailable(
+                f"{self.description}: the connection holding the leases of {sorted(self._leases)} was lost, "
+                "so those leases are gone; restart the run")
+        conn = self._connect(autocommit=True)
+        self._lease_conn, self._lease_pid = conn, conn.info.backend_pid
+        return conn
+
+    # ---- lease -----------------------------------------------------------------------------------
+
+    def _lock_parts(self, pipeline: str) -> tuple[int, int, int]:
+        key = lease_key(self.schema, pipeline)
+        unsigned = key & 0xFFFF_FFFF_FFFF_FFFF
+        return key, unsigned >> 32, unsigned & 0xFFFF_FFFF
+
+    def _holder(self, conn: psycopg.Connection, pipeline: str) -> tuple[int | None, str | None]:
+        """(backend pid, holder text) of whoever holds the lease now, (None, None) when free."""
+        _, hi, lo = self._lock_parts(pipeline)
+        row = conn.execute(sql.SQL(
+            "SELECT l.pid, (SELECT lease_holder FROM {pipelines} WHERE pipeline_name = %s) FROM pg_locks l "
+            "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.classid::bigint = %s "
+            "AND l.objid::bigint = %s AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+            "LIMIT 1").format(**self._names), (pipeline, hi, lo)).fetchone()
+        if row is None:
+            return None, None
+        return row[0], row[1] or f"PostgreSQL backend pid {row[0]} (holder text not written yet)"
+
+    def acquire_lease(self, pipeline: str, holder: str) -> None:
+        with self._lock:
+            self._guard("acquiring the lease", pipeline, lambda: self._acquire(pipeline, holder))
+
+    def _acquire(self, pipeline: str, holder: str) -> None:
+        self.open()
+        if pipeline not in self._leases:
+            conn = self._lease_connection()
+            key = self._lock_parts(pipeline)[0]
+            if not conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]:
+                with self._connection() as other:
+                    _, text = self._holder(other, pipeline)
+                raise lease_held(pipeline, self.description, text)
+            try:
+                self._write_holder(pipeline, holder)
+            except BaseException:
+                conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+                raise
+        else:
+            self._write_holder(pipeline, holder)
+        self._leases[pipeline] = holder
+
+    def _write_holder(self, pipeline: str, holder: str | None) -> None:
+        with self._connection() as conn:
+            conn.execute(sql.SQL(
+                "INSERT INTO {pipelines} (pipeline_name, lease_holder) VALUES (%s, %s) ON CONFLICT (pipeline_name) "
+                "DO UPDATE SET lease_holder = EXCLUDED.lease_holder, updated_at = now()").format(**self._names),
+                (pipeline, holder))
+
+    def release_lease(self, pipeline: str) -> None:
+        with self._lock:
+            self._guard("releasing the lease", pipeline, lambda: self._release(pipeline))
+
+    def _release(self, pipeline: str) -> None:
+        holder = self._leases.pop(pipeline, None)
+        if holder is None:
+            return
+        try:
+            with self._connection() as conn:
+                conn.execute(sql.SQL("UPDATE {pipelines} SET lease_holder = NULL, updated_at = now() "
+                                     "WHERE pipeline_name = %s AND lease_holder = %s").format(**self._names),
+                             (pipeline, holder))
+        finally:
+            conn2 = self._lease_conn
+            if conn2 is not None and not conn2.closed and not conn2.broken:
+                conn2.execute("SELECT pg_advisory_unlock(%s)", (self._lock_parts(pipeline)[0],))
+
+    def lease_holder(self, pipeline: str) -> str | None:
+        with self._lock:
+            if pipeline in self._leases:
+                return self._leases[pipeline]
+
+        def ask() -> str | None:
+            with self._connection() as conn:
+                return self._holder(conn, pipeline)[1]
+
+        return self._guard("asking for the lease holder", pipeline, ask)
+
+    def _check_writer(self, conn: psycopg.Connection, pipeline: str) -> None:
+        """Inside a write transaction: make sure no other run holds the pipeline's lease."""
+        key, hi, lo = self._lock_parts(pipeline)
+        if pipeline in self._leases:
+            ours = conn.execute(
+                "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
+                "AND classid::bigint = %s AND objid::bigint = %s AND pid = %s "
+                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                (hi, lo, self._lease_pid)).fetchone()
+            if ours:
+                return
+            pid, text = self._holder(conn, pipeline)
+            if pid is not None:
+                raise lease_held(pipeline, self.description, text)
+            raise StoreUnavailable(
+                f"{where(pipeline, self.description)}: the lease was lost (its connection dropped); "
+                "nothing was written, restart the run")
+        if not conn.execute("SELECT pg_try_advisory_xact_lock(%s)", (key,)).fetchone()[0]:
+            raise lease_held(pipeline, self.description, self._holder(conn, pipeline)[1])
+
+    # ---- data ------------------------------------------------------------------------------------
+
+    def load(self, pipeline: str) -> RecoveredState:
+        return self._guard("loading state", pipeline, lambda: self._load(pipeline))
+
+    def _load(self, pipeline: str) -> RecoveredState:
+        n = self._names
+        with self._connection() as conn, conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            row = conn.execute(sql.SQL("SELECT {columns} FROM {pipelines} WHERE pipeline_name = %s").format(
+                columns=sql.SQL(", ").join(map(sql.Identifier, _PIPELINE_COLUMNS)), **n), (pipeline,)).fetchone()
+            if row is None or row[0] is None:  # no row, or only a lease marker: never committed
+                return RecoveredState(record=None)
+            offsets = dict(conn.execute(sql.SQL("SELECT source_id, offset_json FROM {offsets} "
+                                                "WHERE pipeline_name = %s").format(**n), (pipeline,)).fetchall())
+            cur = conn.cursor(binary=True)
+            cur.execute(sql.SQL("SELECT window_start, group_key, state_blob FROM {state} "
+                                "WHERE pipeline_name = %s").format(**n), (pipeline,))
+            groups = cur.fetchall()
+        record = PipelineRecord(
+            pipeline=pipeline, state_version=row[0], query_id=row[1], last_batch_id=row[2], fingerprint=row[3],
+            fingerprint_doc=row[4] if row[4] is not None else {}, watermark=row[5],
+            sources=sources_from_json(row[6]), counters=row[7] if row[7] is not None else {},
+            emitted=row[8] if row[8] is not None else [], pending_migration=bool(row[10]))
+        record.offsets = ordered_offsets(record.sources, offsets)
+        check_record_version(record, self.description)
+        groups, migrated = bring_forward(pipeline, self.description, groups)
+        return RecoveredState(record=record, groups=groups, migrated=migrated)
+
+    def commit(self, batch: BatchCommit) -> None:
+        check_batch(batch)
+        self._guard("committing a batch", batch.record.pipeline, lambda: self._commit(batch))
+
+    def _commit(self, batch: BatchCommit) -> None:
+        record, n = batch.record, self._names
+        pipeline = record.pipeline
+        with self._connection() as conn, conn.transaction():
+            self._check_writer(conn, pipeline)
+            if batch.upserts:
+                self._upsert(conn, pipeline, batch.upserts)
+            if batch.deletes:
+                conn.execute(sql.SQL(
+                    "DELETE FROM {state} s USING unnest(%s::bigint[], %s::bytea[]) AS d(window_start, group_key) "
+                    "WHERE s.pipeline_name = %s AND s.window_start = d.window_start AND s.group_key = d.group_key"
+                ).format(**n), ([s for s, _ in batch.deletes], [k for _, k in batch.deletes], pipeline))
+            if batch.deleted_windows:
+                conn.execute(sql.SQL("DELETE FROM {state} WHERE pipeline_name = %s AND window_start = ANY(%s::bigint[])")
+                             .format(**n), (pipeline, list(batch.deleted_windows)))
+            conn.execute(sql.SQL("DELETE FROM {offsets} WHERE pipeline_name = %s").format(**n), (pipeline,))
+            if record.offsets:
+                batch_id = record.last_batch_id if record.last_batch_id is not None else -1
+                with conn.cursor() as cur:
+                    cur.executemany(sql.SQL(
+                        "INSERT INTO {offsets} (pipeline_name, source_id, batch_id, offset_json, state_version) "
+                        "VALUES (%s, %s, %s, %s, %s)").format(**n),
+                        [(pipeline, source, batch_id, offset, record.state_version)
+                         for source, offset in record.offsets.items()])
+            values = (record.state_version, record.query_id, record.last_batch_id, record.fingerprint,
+                      Jsonb(record.fingerprint_doc), record.watermark, Jsonb(_sources_doc(record)),
+                      Jsonb(record.counters), Jsonb(list(record.emitted)), self._leases.get(pipeline),
+                      bool(record.pending_migration))
+            conn.execute(sql.SQL(
+                "INSERT INTO {pipelines} (pipeline_name, {columns}, updated_at) VALUES (%s, {params}, now()) "
+                "ON CONFLICT (pipeline_name) DO UPDATE SET {updates}, updated_at = now()").format(
+                columns=sql.SQL(", ").join(map(sql.Identifier, _PIPELINE_COLUMNS)),
+                params=sql.SQL(", ").join([sql.Placeholder()] * len(_PIPELINE_COLUMNS)),
+                updates=sql.SQL(", ").join(sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c))
+                                           for c in _PIPELINE_COLUMNS), **n), (pipeline, *values))
+            for callback in batch.in_transaction:
+                callback(conn)
+
+    def _upsert(self, conn: psycopg.Connection, pipeline: str, upserts: list[tuple[int, bytes, bytes]]) -> None:
+        """COPY into a temp table, then one INSERT ... ON CONFLICT (the last upsert of a key wins)."""
+        latest = {(start, key): blob for start, key, blob in upserts}
+        rows: Any = upserts if len(latest) == len(upserts) else [(s, k, b) for (s, k), b in latest.items()]
+        conn.execute(sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {temp} (window_start bigint, group_key bytea, "
+                             "state_blob bytea, state_version integer) ON COMMIT DELETE ROWS").format(temp=_TEMP))
+        with conn.cursor() as cur:
+            with cur.copy(sql.SQL("COPY {temp} (window_start, group_key, state_blob, state_version) "
+                                  "FROM STDIN (FORMAT BINARY)").format(temp=_TEMP)) as copy:
+                copy.set_types(["int8", "bytea", "bytea", "int4"])
+                write = copy.write_row
+                for start, key, blob in rows:
+                    write((start, key, blob, blob[0] if blob else 0))
+            cur.execute(sql.SQL(
+                "INSERT INTO {state} (pipeline_name, window_start, group_key, state_blob, state_version, updated_at) "
+                "SELECT %s, window_start, group_key, state_blob, state_version, now() FROM {temp} "
+                "ON CONFLICT (pipeline_name, window_start, group_key) DO UPDATE SET state_blob = EXCLUDED.state_blob, "
+                "state_version = EXCLUDED.state_version, updated_at = EXCLUDED.updated_at").format(
+                temp=_TEMP, **self._names), (pipeline,))
+
+    def reset(self, pipeline: str) -> None:
+        self._guard("resetting state", pipeline, lambda: self._reset(pipeline))
+
+    def _reset(self, pipeline: str) -> None:
+        with self._connection() as conn, conn.transaction():
+            self._check_writer(conn, pipeline)
+            for table in ("state", "offsets", "pipelines"):
+                conn.execute(sql.SQL("DELETE FROM {t} WHERE pipeline_name = %s").format(t=self._names[table]),
+                             (pipeline,))
+            if pipeline in self._leases:  # keep showing who holds the lease
+                conn.execute(sql.SQL("INSERT INTO {pipelines} (pipeline_name, lease_holder) VALUES (%s, %s)")
+                             .format(**self._names), (pipeline, self._leases[pipeline]))
+
+    def migrate_state(self, pipeline: str) -> int:
+        return self._guard("migrating state", pipeline, lambda: self._migrate_state(pipeline))
+
+    def _migrate_state(self, pipeline: str) -> int:
+        with self._connection() as conn, conn.transaction():
+            self._check_writer(conn, pipeline)
+            cur = conn.cursor(binary=True)
+            cur.execute(sql.SQL("SELECT window_start, group_key, state_blob FROM {state} "
+                                "WHERE pipeline_name = %s AND state_version <> %s").format(**self._names),
+                        (pipeline, codec.STATE_VERSION))
+            rows, _ = bring_forward(pipeline, self.description, cur.fetchall())
+            if rows:
+                self._upsert(conn, pipeline, rows)
+            return len(rows)
+
+    def close(self) -> None:
+        with self._lock:
+            for pipeline in list(self._leases):
+                try:
+                    self._release(pipeline)
+                except Exception:  # noqa: BLE001 - closing the connection below frees the locks anyway
+                    self._leases.pop(pipeline, None)
+            if self._lease_conn is not None:
+                self._lease_conn.close()
+                self._lease_conn = self._lease_pid = None
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
+
+
+def _sources_doc(record: PipelineRecord) -> list[list[Any]]:
+    # an array keeps the source order (jsonb would sort object keys); same shape as SQLite's
+    return [[name, p.max_event_ts, p.last_arrival] for name, p in record.sources.items()]
+
+
+__all__ = ["PostgresStateStore", "redact"]

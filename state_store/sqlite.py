@@ -1,0 +1,312 @@
+"""The embedded default store: one SQLite file (stdlib ``sqlite3``, WAL mode).
+
+* Tables mirror the PostgreSQL ones (``state_store.migrations``), STRICT-typed.
+* One transaction per commit (``BEGIN IMMEDIATE``), ``synchronous = FULL`` so a commit that
+  returned survives a power cut (the exactly-once bookkeeping needs the store to never fall behind
+  Spark's own commit log).
+* Lease: an exclusive ``fcntl.flock`` on ``<path>.<pipeline>.lock`` held for the run. The lock
+  file holds the holder text while the lease is held (it is truncated on release; a crashed
+  holder's lock is freed by the kernel, its stale text is ignored because the lock is free). The
+  text is also written to the pipeline row (``lease_holder``), for people reading the tables. A
+  store object that writes without holding the lease takes the lock for the duration of the
+  write, so a commit/reset/migration never runs while another process holds the lease.
+* Lock files are never deleted (deleting a lock file another process may be opening is a race).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from ematix_dagster.errors import CorruptState, StorePermissionError, StoreUnavailable
+from state_store import codec, migrations
+from state_store._common import (bring_forward, check_batch, check_record_version, file_safe, lease_held, loads,
+                                 ordered_offsets, sources_from_json, sources_to_json, where)
+from state_store.base import BatchCommit, PipelineRecord, RecoveredState, StateStore
+
+_NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+_HOLDER_WAIT_S = 1.0  # a lock that is held but has no holder text yet is re-checked for this long
+
+_N = migrations.sqlite_names()
+_UPSERT = (f"INSERT INTO {_N['state']} (pipeline_name, window_start, group_key, state_blob, state_version, updated_at) "
+           "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (pipeline_name, window_start, group_key) DO UPDATE SET "
+           "state_blob = excluded.state_blob, state_version = excluded.state_version, updated_at = excluded.updated_at")
+_DELETE_KEY = f"DELETE FROM {_N['state']} WHERE pipeline_name = ? AND window_start = ? AND group_key = ?"
+_DELETE_WINDOW = f"DELETE FROM {_N['state']} WHERE pipeline_name = ? AND window_start = ?"
+_PIPELINE_COLUMNS = ("state_version, query_id, last_batch_id, fingerprint, fingerprint_doc, watermark, sources, "
+                     "counters, emitted, lease_holder, pending_migration")
+
+
+class SqliteStateStore(StateStore):
+    kind = "sqlite"
+    durable = True
+
+    def __init__(self, path: str | os.PathLike[str], *, timeout: float = 30.0) -> None:
+        self.path = Path(path)
+        self.timeout = timeout
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.RLock()
+        self._leases: dict[str, tuple[int, str]] = {}  # pipeline -> (lock file descriptor, holder)
+
+    @property
+    def description(self) -> str:
+        return f"SQLite state store {self.path}"
+
+    # ---- connection ------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                return
+            with self._errors("opening the store"):
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                conn = sqlite3.connect(str(self.path), timeout=self.timeout, isolation_level=None,
+                                       check_same_thread=False)
+                try:
+                    conn.execute("PRAGMA journal_mode = WAL").fetchone()
+                    conn.execute("PRAGMA synchronous = FULL")
+                    migrations.apply_sqlite(conn, self.description)
+                except BaseException:
+                    conn.close()
+                    raise
+            self._conn = conn
+
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            self.open()
+        assert self._conn is not None
+        return self._conn
+
+    @contextmanager
+    def _errors(self, action: str, pipeline: str | None = None) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            text = str(exc)
+            what = f"{action} failed for {where(pipeline, self.description)}: {text}"
+            if any(s in text for s in ("readonly", "unable to open", "permission", "not authorized")):
+                raise StorePermissionError(what + " (check that the file and its directory are writable)") from exc
+            raise StoreUnavailable(what) from exc
+        except PermissionError as exc:
+            raise StorePermissionError(f"{action} failed for {where(pipeline, self.description)}: {exc}") from exc
+        except sqlite3.DatabaseError as exc:
+            if type(exc) is sqlite3.DatabaseError:  # "file is not a database", "malformed"
+                raise CorruptState(f"{action} failed for {where(pipeline, self.description)}: {exc}") from exc
+            raise
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        conn = self._db()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    # ---- lease -----------------------------------------------------------------------------------
+
+    def lock_path(self, pipeline: str) -> Path:
+        return Path(f"{self.path}.{file_safe(pipeline)}.lock")
+
+    def _try_lock(self, pipeline: str, create: bool = True) -> tuple[int | None, str | None]:
+        """(fd, None) when this call now holds the lock; (None, holder text or None) when it does not.
+
+        A lock held by another process whose holder text is still empty is re-checked briefly
+        (the holder writes its text right after locking; a concurrent ``lease_holder`` probe
+        holds it only for an instant).
+        """
+        path = self.lock_path(pipeline)
+        deadline = time.monotonic() + _HOLDER_WAIT_S
+        while True:
+            try:
+                fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+            except FileNotFoundError:
+                return None, None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd, None
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    os.close(fd)
+                    raise
+                text = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+                os.close(fd)
+                if text or time.monotonic() > deadline:
+                    return None, text or None
+                time.sleep(0.02)
+
+    @staticmethod
+    def _unlock(fd: int, clear: bool = False) -> None:
+        try:
+            if clear:
+                os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    def acquire_lease(self, pipeline: str, holder: str) -> None:
+        with self._lock:
+            self._db()
+            if pipeline in self._leases:
+                fd = self._leases[pipeline][0]
+            else:
+                with self._errors("acquiring the lease", pipeline):
+                    fd, other = self._try_lock(pipeline)
+                if fd is None:
+                    raise lease_held(pipeline, self.description, other)
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, holder.encode("utf-8"), 0)
+                with self._errors("acquiring the lease", pipeline), self._transaction() as conn:
+                    conn.execute(f"INSERT INTO {_N['pipelines']} (pipeline_name, lease_holder, updated_at) "
+                                 f"VALUES (?, ?, {_NOW}) ON CONFLICT (pipeline_name) DO UPDATE SET "
+                                 "lease_holder = excluded.lease_holder, updated_at = excluded.updated_at",
+                                 (pipeline, holder))
+            except BaseException:
+                self._leases.pop(pipeline, None)
+                self._unlock(fd, clear=True)
+                raise
+            self._leases[pipeline] = (fd, holder)
+
+    def release_lease(self, pipeline: str) -> None:
+        with self._lock:
+            lease = self._leases.pop(pipeline, None)
+            if lease is None:
+                return
+            try:
+                if self._conn is not None:
+                    with self._errors("releasing the lease", pipeline), self._transaction() as conn:
+                        conn.execute(f"UPDATE {_N['pipelines']} SET lease_holder = NULL WHERE pipeline_name = ?",
+                                     (pipeline,))
+            finally:
+                self._unlock(lease[0], clear=True)
+
+    def lease_holder(self, pipeline: str) -> str | None:
+        with self._lock:
+            if pipeline in self._leases:
+                return self._leases[pipeline][1]
+            fd, other = self._try_lock(pipeline, create=False)
+            if fd is not None:
+                self._unlock(fd)
+                return None
+            if other is None and not self.lock_path(pipeline).exists():
+                return None
+            return other or "another process (holder text not written yet)"
+
+    @contextmanager
+    def _writer(self, pipeline: str) -> Iterator[None]:
+        """Hold the pipeline's lock while writing: ours for the run, or taken just for this write."""
+        if pipeline in self._leases:
+            yield
+            return
+        fd, other = self._try_lock(pipeline)
+        if fd is None:
+            raise lease_held(pipeline, self.description, other)
+        try:
+            yield
+        finally:
+            self._unlock(fd)
+
+    # ---- data ------------------------------------------------------------------------------------
+
+    def load(self, pipeline: str) -> RecoveredState:
+        with self._lock, self._errors("loading state", pipeline):
+            conn = self._db()
+            conn.execute("BEGIN")  # one read snapshot for the record, the offsets and the groups
+            try:
+                row = conn.execute(f"SELECT {_PIPELINE_COLUMNS} FROM {_N['pipelines']} WHERE pipeline_name = ?",
+                                   (pipeline,)).fetchone()
+                if row is None or row[0] is None:  # no row, or only a lease marker: never committed
+                    return RecoveredState(record=None)
+                offsets = dict(conn.execute(f"SELECT source_id, offset_json FROM {_N['offsets']} "
+                                            "WHERE pipeline_name = ?", (pipeline,)).fetchall())
+                groups = conn.execute(f"SELECT window_start, group_key, state_blob FROM {_N['state']} "
+                                      "WHERE pipeline_name = ?", (pipeline,)).fetchall()
+            finally:
+                conn.execute("COMMIT")
+        record = PipelineRecord(
+            pipeline=pipeline, state_version=row[0], query_id=row[1], last_batch_id=row[2], fingerprint=row[3],
+            fingerprint_doc=loads(row[4], {}), watermark=row[5], sources=sources_from_json(row[6]),
+            counters=loads(row[7], {}), emitted=loads(row[8], []), pending_migration=bool(row[10]))
+        record.offsets = ordered_offsets(record.sources, offsets)
+        check_record_version(record, self.description)
+        groups, migrated = bring_forward(pipeline, self.description, groups)
+        return RecoveredState(record=record, groups=groups, migrated=migrated)
+
+    def commit(self, batch: BatchCommit) -> None:
+        check_batch(batch)
+        record = batch.record
+        pipeline = record.pipeline
+        with self._lock, self._errors("committing a batch", pipeline), self._writer(pipeline):
+            with self._transaction() as conn:
+                now = conn.execute(f"SELECT {_NOW}").fetchone()[0]
+                if batch.upserts:
+                    conn.executemany(_UPSERT, ((pipeline, start, key, blob, blob[0] if blob else 0, now)
+                                               for start, key, blob in batch.upserts))
+                if batch.deletes:
+                    conn.executemany(_DELETE_KEY, ((pipeline, start, key) for start, key in batch.deletes))
+                if batch.deleted_windows:
+                    conn.executemany(_DELETE_WINDOW, ((pipeline, start) for start in batch.deleted_windows))
+                conn.execute(f"DELETE FROM {_N['offsets']} WHERE pipeline_name = ?", (pipeline,))
+                if record.offsets:
+                    conn.executemany(
+                        f"INSERT INTO {_N['offsets']} (pipeline_name, source_id, batch_id, offset_json, state_version, "
+                        "updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+                        [(pipeline, source, record.last_batch_id if record.last_batch_id is not None else -1,
+                          offset, record.state_version, now) for source, offset in record.offsets.items()])
+                holder = self._leases.get(pipeline, (None, None))[1]
+                conn.execute(
+                    f"INSERT INTO {_N['pipelines']} (pipeline_name, {_PIPELINE_COLUMNS}, updated_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (pipeline_name) DO UPDATE SET "
+                    + ", ".join(f"{c.strip()} = excluded.{c.strip()}" for c in _PIPELINE_COLUMNS.split(","))
+                    + ", updated_at = excluded.updated_at",
+                    (pipeline, record.state_version, record.query_id, record.last_batch_id, record.fingerprint,
+                     json.dumps(record.fingerprint_doc), record.watermark, sources_to_json(record.sources),
+                     json.dumps(record.counters), json.dumps(list(record.emitted)), holder,
+                     int(bool(record.pending_migration)), now))
+                for callback in batch.in_transaction:
+                    callback(conn)
+
+    def reset(self, pipeline: str) -> None:
+        with self._lock, self._errors("resetting state", pipeline), self._writer(pipeline):
+            with self._transaction() as conn:
+                for table in ("state", "offsets", "pipelines"):
+                    conn.execute(f"DELETE FROM {_N[table]} WHERE pipeline_name = ?", (pipeline,))
+                if pipeline in self._leases:  # keep showing who holds the lease
+                    conn.execute(f"INSERT INTO {_N['pipelines']} (pipeline_name, lease_holder, updated_at) "
+                                 f"VALUES (?, ?, {_NOW})", (pipeline, self._leases[pipeline][1]))
+
+    def migrate_state(self, pipeline: str) -> int:
+        with self._lock, self._errors("migrating state", pipeline), self._writer(pipeline):
+            with self._transaction() as conn:
+                rows = conn.execute(f"SELECT window_start, group_key, state_blob FROM {_N['state']} "
+                                    "WHERE pipeline_name = ? AND state_version <> ?",
+                                    (pipeline, codec.STATE_VERSION)).fetchall()
+                rows, migrated = bring_forward(pipeline, self.description, rows)
+                now = conn.execute(f"SELECT {_NOW}").fetchone()[0]
+                conn.executemany(_UPSERT, ((pipeline, start, key, blob, blob[0], now) for start, key, blob in rows))
+                return len(rows)
+
+    def close(self) -> None:
+        with self._lock:
+            for pipeline in list(self._leases):
+                try:
+                    self.release_lease(pipeline)
+                except Exception:  # noqa: BLE001 - closing must free every lock even when the DB fails
+                    pass
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+__all__ = ["SqliteStateStore"]

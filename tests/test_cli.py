@@ -95,6 +95,9 @@ path = "{tmp_path / 'out'}"
 trigger = "processing_time"
 trigger_interval_ms = 500
 checkpoint_location = "{tmp_path / 'cp'}"
+[state_store]
+kind = "sqlite"
+path = "{tmp_path / 'state.db'}"
 """
     path = tmp_path / "rate.toml"
     path.write_text(toml)

@@ -235,7 +235,7 @@ def test_minimal_spec_gets_defaults_and_round_trips() -> None:
     assert (w.crash_recovery, w.on_state_cap) == ("at_least_once", "fail")
     assert (w.window_start_column, w.window_end_column) == ("window_start", "window_end")
     assert spec.transform_sql is None and spec.dead_letter is None and spec.metrics_port is None
-    assert spec.state_store == StateStore() and not spec.state_store.durable
+    assert spec.state_store == StateStore() and spec.state_store.kind == "sqlite" and spec.state_store.durable
     assert spec.run == Run(checkpoint_location="/tmp/ckpt", trigger="available_now",
                            trigger_interval_ms=1_000, end_of_input="keep")
     assert spec.target == Target(kind="console")

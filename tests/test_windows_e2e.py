@@ -92,6 +92,10 @@ max_files_per_trigger = {max_files}
 [run]
 checkpoint_location = "{checkpoint}"
 end_of_input = "{end_of_input}"
+
+[state_store]
+kind = "sqlite"
+path = "{checkpoint}-state.db"
 """
 
 

@@ -171,12 +171,15 @@ class PostgresStateStore(StateStore):
             from ematix_dagster.spec import resolve_env
 
             url = resolve_env(self._url) or ""
+            params: dict[str, Any] | None = None
             try:
                 params = conninfo_to_dict(url)
-            except Exception:  # noqa: BLE001 - its text may echo the password
+            except Exception:  # noqa: BLE001 - its text may echo the password: not chained below
+                pass
+            if params is None:
                 raise PipelineConfigError(
                     "state_store.url", "is not a valid PostgreSQL connection URL",
-                    "use postgresql://user@host:port/database with the password in the environment") from None
+                    "use postgresql://user@host:port/database with the password in the environment")
             password = params.get("password")
             if password:
                 with _SECRETS_LOCK:
@@ -213,10 +216,16 @@ class PostgresStateStore(StateStore):
             raise
         self._pool = pool
 
+    def _ensure_open(self) -> None:
+        """Open on first use (inside the caller's ``_guard``, so errors name its pipeline)."""
+        if self._pool is None:
+            with self._lock:
+                if self._pool is None:
+                    self._open()
+
     @contextmanager
     def _connection(self) -> Iterator[psycopg.Connection]:
-        if self._pool is None:
-            self.open()
+        self._ensure_open()
         assert self._pool is not None
         with self._pool.connection() as conn:
             yield conn
@@ -257,7 +266,7 @@ class PostgresStateStore(StateStore):
             self._guard("acquiring the lease", pipeline, lambda: self._acquire(pipeline, holder))
 
     def _acquire(self, pipeline: str, holder: str) -> None:
-        self.open()
+        self._ensure_open()
         if pipeline not in self._leases:
             conn = self._lease_connection()
             key = self._lock_parts(pipeline)[0]

@@ -18,9 +18,27 @@ from ematix_dagster.spec import load_pipeline, load_pipeline_str
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_validate_ok(spark, capsys):
-    assert main(["validate", str(ROOT / "pipelines" / "demo_clicks.toml")]) == 0
+def _demo_copy(tmp_path: Path, text: str | None = None) -> Path:
+    """The demo pipeline reading an (empty) input directory of its own."""
+    (tmp_path / "clicks").mkdir(exist_ok=True)
+    text = text or (ROOT / "pipelines" / "demo_clicks.toml").read_text()
+    path = tmp_path / "pipeline.toml"
+    path.write_text(text.replace('path = "demo/clicks"', f'path = "{tmp_path / "clicks"}"'))
+    return path
+
+
+def test_validate_ok(spark, tmp_path, capsys):
+    assert main(["validate", str(_demo_copy(tmp_path))]) == 0
     assert "ok: pipeline demo-clicks" in capsys.readouterr().out
+
+
+def test_missing_input_directory_exits_2(spark, tmp_path, capsys):
+    text = (ROOT / "pipelines" / "demo_clicks.toml").read_text().replace('"demo/clicks"', f'"{tmp_path}/nope"')
+    path = tmp_path / "p.toml"
+    path.write_text(text)
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "sources[0].path" in err and "does not exist" in err
 
 
 def test_validate_config_error_exits_2(tmp_path, capsys):
@@ -36,8 +54,7 @@ def test_validate_sql_error_exits_2(spark, tmp_path, capsys):
     text = (ROOT / "pipelines" / "demo_clicks.toml").read_text().replace(
         'sql = "SELECT user_id, amount, page, _event_ts, _source FROM source WHERE amount >= 0"',
         'sql = "SELECT user_id, count(*) AS n, max(_event_ts) AS _event_ts, first(_source) AS _source FROM source GROUP BY user_id"')
-    path = tmp_path / "agg.toml"
-    path.write_text(text)
+    path = _demo_copy(tmp_path, text)
     assert main(["validate", str(path)]) == 2
     err = capsys.readouterr().err
     assert "transform.sql" in err and "not row-wise" in err and "Traceback" not in err

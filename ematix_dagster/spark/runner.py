@@ -30,10 +30,10 @@ from ematix_dagster.fingerprint import describe_changes, fingerprint, fingerprin
 from ematix_dagster.metrics import StreamingMetrics, default_metrics, serve
 from ematix_dagster.spark import checkpoint
 from ematix_dagster.spark.convert import output_schema, partial_lists, rows_to_arrow
-from ematix_dagster.spark.partials import BatchPlan, analyse, build_batch
+from ematix_dagster.spark.partials import BatchFrames, BatchPlan, analyse, build_batch
 from ematix_dagster.spark.session import get_spark
 from ematix_dagster.spark.sources import union_sources
-from ematix_dagster.spec import PipelineSpec
+from ematix_dagster.spec import PipelineSpec, resolve_env
 from ematix_dagster.streaming.micro_batch import BatchInput, BatchResult, Engine, SourceStats
 from ematix_dagster.streaming.windows import format_us
 from ematix_dagster.recovery import checkpoint_offsets, validate_checkpoint
@@ -251,21 +251,23 @@ class PipelineRunner:
         stats = {s.name: SourceStats(rows=src[f"rows_{i}"], max_event_ts=src[f"max_{i}"], invalid=src[f"invalid_{i}"],
                                      future=src[f"future_{i}"], malformed=src[f"malformed_{i}"])
                  for i, s in enumerate(spec.sources)}
-        dead = self._write_dead_letters(batch_id, frames, stats, late["late_rows"])
+        in_transaction: list[Callable[[object], None]] = []
+        dead = self._write_dead_letters(batch_id, frames, stats, late["late_rows"], in_transaction)
         starts, keys, values = partial_lists(self.plan, partials)
         batch = BatchInput(batch_id=batch_id, batch_time=batch_time, sources=stats, starts=starts, keys=keys,
                            partials=values, late_rows=late["late_rows"], late_assignments=late["late_assignments"],
                            reopened_rows=late["reopened_rows"], dead_letters=dead)
         result = engine.process(batch)
-        self._write(batch_id, result)
+        self._write(batch_id, result, in_transaction)
         faults.point("target_write", batch_id)
-        self._commit(batch_id, batch_time)
+        self._commit(batch_id, in_transaction)
         faults.point("after_store_commit", batch_id)
         seconds = time.perf_counter() - started
         self.metrics.record(spec.pipeline_name, spec.window.kind, spec.window.late_data, batch, result, seconds)
         return self._report(batch, result, seconds)
 
-    def _write_dead_letters(self, batch_id: int, frames, stats: dict[str, SourceStats], late_rows: int) -> dict[str, int]:
+    def _write_dead_letters(self, batch_id: int, frames: BatchFrames, stats: dict[str, SourceStats], late_rows: int,
+                            in_transaction: list[Callable[[object], None]]) -> dict[str, int]:
         if self.dead_letter is None:
             return {}
         tables: list[pa.Table] = []
@@ -276,21 +278,33 @@ class PipelineRunner:
         if not tables:
             return {}
         rows = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
-        self.dead_letter.write(batch_id, rows)
+        if self._dead_letters_in_store:
+            in_transaction.append(lambda conn: self.dead_letter.write_in_transaction(conn, batch_id, rows))
+        else:
+            self.dead_letter.write(batch_id, rows)
         reasons = rows.column("_reason").to_pylist()
         return {r: reasons.count(r) for r in sorted(set(reasons))}
 
-    def _write(self, batch_id: int, result: BatchResult, part: str = "part-0") -> None:
+    def _write(self, batch_id: int, result: BatchResult, in_transaction: list[Callable[[object], None]],
+               part: str = "part-0") -> None:
         table = rows_to_arrow(self.schema, result.rows, len(self.spec.window.group_by))
-        self.target.write(batch_id, table, part)
+        if self.spec.target.same_transaction:
+            in_transaction.append(lambda conn: self.target.write_in_transaction(conn, batch_id, table))
+        else:
+            self.target.write(batch_id, table, part)
 
-    def _commit(self, batch_id: int, batch_time: int) -> None:
+    @property
+    def _dead_letters_in_store(self) -> bool:
+        """Postgres dead letters in the Postgres store's database commit with the state."""
+        dl, store = self.spec.dead_letter, self.spec.state_store
+        return (dl is not None and dl.kind == "postgres" and store.kind == "postgres"
+                and resolve_env(dl.url) == resolve_env(store.url))
+
+    def _commit(self, batch_id: int, in_transaction: list[Callable[[object], None]]) -> None:
         """One store transaction: changed groups, evicted windows, offsets, watermarks, counters."""
         store, engine, spec = self.store, self.engine, self.spec
-        if store is None:
-            return
         upserts, evicted = engine.state.take_changes()
-        if not store.durable:
+        if store is None or not store.durable:
             return
         marks = engine.watermarks
         record = PipelineRecord(
@@ -306,7 +320,7 @@ class PipelineRunner:
             record=record,
             upserts=[(start, encode_key(key), encode_state(accs)) for start, key, accs in upserts],
             deleted_windows=evicted,
-            in_transaction=[lambda _conn: faults.point("store_commit", batch_id)],
+            in_transaction=[*in_transaction, lambda _conn: faults.point("store_commit", batch_id)],
         ))
         self.recovered = RecoveredState(record=record)
 
@@ -387,8 +401,9 @@ class PipelineRunner:
             # Written beside the last real batch (its own file), so a later run's next batch id is free.
             batch_id = engine.last_batch_id if engine.last_batch_id is not None else 0
             result = engine.flush(batch_id, self._last_batch_time)
-            self._write(batch_id, result, part="flush")
-            self._commit(batch_id, self._last_batch_time)
+            in_transaction: list[Callable[[object], None]] = []
+            self._write(batch_id, result, in_transaction, part="flush")
+            self._commit(batch_id, in_transaction)
             self.metrics.record_emit(spec.pipeline_name, spec.window.kind, result)
             report = self._report(BatchInput(batch_id, self._last_batch_time, {}), result, 0.0)
             self.progress(report.progress_line(spec.pipeline_name) + " (end-of-input flush)")

@@ -12,6 +12,7 @@ become NULL through ``try_*`` functions (ANSI mode is on in Spark 4).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -65,6 +66,11 @@ def event_time(col: Column, dtype: T.DataType, unit: str, key: str) -> Column:
 
 def _files(spark: SparkSession, source: Source, key: str) -> DataFrame:
     schema = parse_schema(source, key)
+    path = source.path or ""
+    local = path[len("file://"):] if path.startswith("file://") else path
+    if "://" not in local and not Path(local).is_dir():
+        raise PipelineConfigError(f"{key}.path", f"directory {path!r} does not exist",
+                                  "create it (an empty directory is fine) or correct the path")
     reader = spark.readStream.format(source.format)
     if source.max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", source.max_files_per_trigger)

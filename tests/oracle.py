@@ -13,8 +13,8 @@ Input: one :class:`Batch` per micro-batch, in order, each a DataFrame with the c
 
 plus the batch time in µs (the test reads it from the checkpoint's ``offsets/N``).
 
-Output (:class:`OracleResult`): for every batch id (and the ``end_of_input = "flush"`` batch
-``last + 1``), the emitted rows (``window_start``/``window_end`` µs, group columns, aggregates,
+Output (:class:`OracleResult`): for every batch id (the ``end_of_input = "flush"`` rows count
+with the last batch, whose directory they are written to), the emitted rows (``window_start``/``window_end`` µs, group columns, aggregates,
 ``_emit_kind``), the dead-letter rows, the watermark after the batch, and the counters of
 SPEC.md §6.
 """
@@ -212,15 +212,16 @@ def run(batches: list[Batch], p: Params) -> OracleResult:
             for r in dead:
                 res.counters[f"dead_letter:{r['_reason']}"] += 1
 
-    # end_of_input = "flush": every window still open is emitted (as batch last + 1) and closed for good.
+    # end_of_input = "flush": every window still open is emitted (beside the last batch's rows, in
+    # that batch's directory) and closed for good.
     if p.end_of_input == "flush" and state:
         W_prev = W
         W = max(x for x in (W_prev, max(state) + D) if x is not None)
         out = [row for start in sorted(state) if W_prev is None or start + D > W_prev
                for row in emitted_rows(start, {k for k, _ in state[start]}, "final")]
         evict()
-        res.emitted[len(batches)] = out
-        res.watermarks[len(batches)] = W
+        res.emitted.setdefault(len(batches) - 1, []).extend(out)
+        res.watermarks[len(batches) - 1] = W
 
     res.windows_left_open = sum(1 for start in state if W is None or start + D > W)
     for rows in res.emitted.values():

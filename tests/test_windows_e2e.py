@@ -335,8 +335,10 @@ window_end_column = "bucket_end"
     assert any(k[0] == w0 + 180 * S for k in actual)  # the flushed window
 
     # seed 000's column order with renamed window columns; output types per SPEC §4
-    files_out = sorted(out.glob("batch_id=*/part-0.parquet"))
-    assert [p.parent.name for p in files_out] == [f"batch_id={i}" for i in range(4)]
+    files_out = sorted(out.glob("batch_id=*/*.parquet"))
+    assert [(p.parent.name, p.name) for p in files_out] == [
+        ("batch_id=0", "part-0.parquet"), ("batch_id=1", "part-0.parquet"),
+        ("batch_id=2", "flush.parquet"), ("batch_id=2", "part-0.parquet")], "3 batches, the flush beside the last"
     schema = pq.read_schema(files_out[0])
     assert schema.names == ["bucket_start", "bucket_end", *group_by, *(a["as"] for a in ALL_AGGS), "_emit_kind"]
     types = {f.name: f.type for f in schema}

@@ -186,7 +186,10 @@ class DriverTimer:
         self.calls.clear()
 
     def wrap(self, owner: object, attr: str, label: str, profile: bool = False) -> None:
-        original = getattr(owner, attr)
+        original = getattr(owner, attr, None)
+        if original is None:  # the engine moved on: time what still exists
+            print(f"note: {getattr(owner, '__name__', owner)}.{attr} not found, not timed", file=sys.stderr)
+            return
         timer = self
 
         @functools.wraps(original)
@@ -221,6 +224,7 @@ def install_timers() -> DriverTimer:
     timer.wrap(Engine, "process", "Engine.process")
     timer.wrap(runner_mod, "rows_to_arrow", "convert.rows_to_arrow")
     timer.wrap(PipelineRunner, "_write", "target write (incl. rows_to_arrow)")
+    timer.wrap(PipelineRunner, "_commit", "state store commit (encode + store)")
     return timer
 
 
@@ -247,13 +251,14 @@ class Result:
 
     def line(self) -> str:
         procs = ", ".join(f"{k} {v:.1f}" for k, v in sorted(self.by_process.items()) if abs(v) >= 0.05)
-        extra = f", driver merge {self.merge_cpu:.2f} s ({self.merge_cpu / self.cpu:.1%})" if self.engine == "ours" else ""
+        extra = f", driver merge {self.merge_cpu:.2f} s ({self.merge_cpu / self.cpu:.1%})" if self.engine.startswith("ours") else ""
         return (f"{self.engine:>6}: CPU {self.cpu:6.1f} s, wall {self.wall:6.1f} s, CPU/wall {self.ratio:4.2f}, "
                 f"peak RSS {self.peak_rss / MB:6.0f} MB, batches {self.batches}, rows in {self.rows_in}, "
                 f"rows out {self.rows_out}{extra} [{procs}]")
 
 
-def our_spec(data: Path, work: Path, max_groups: int):
+def our_spec(data: Path, work: Path, max_groups: int, store: str):
+    store_path = f'\npath = "{work / "state.db"}"' if store == "sqlite" else ""
     toml = f"""
 pipeline_name = "bench-windowed"
 
@@ -295,6 +300,9 @@ mode = "approximate"
 kind = "parquet"
 path = "{work / 'target'}"
 
+[state_store]
+kind = "{store}"{store_path}
+
 [run]
 trigger = "available_now"
 checkpoint_location = "{work / 'checkpoint'}"
@@ -316,9 +324,10 @@ def settle(spark) -> None:
     time.sleep(1.0)
 
 
-def run_ours(spark, data: Path, scratch: Path, timer: DriverTimer, max_groups: int, verbose: bool) -> Result:
+def run_ours(spark, data: Path, scratch: Path, timer: DriverTimer, max_groups: int, verbose: bool,
+             store: str) -> Result:
     work = Path(tempfile.mkdtemp(prefix="ours-", dir=scratch))
-    spec = our_spec(data, work, max_groups)
+    spec = our_spec(data, work, max_groups, store)
     timer.reset()
     settle(spark)
     progress = (lambda line: print("   ", line, flush=True)) if verbose else (lambda line: None)
@@ -331,7 +340,8 @@ def run_ours(spark, data: Path, scratch: Path, timer: DriverTimer, max_groups: i
     merge = timer.cpu["Engine.process"] + timer.cpu["convert.partial_lists"]
     splits = {k: (timer.calls[k], timer.cpu[k], timer.wall[k]) for k in timer.calls}
     shutil.rmtree(work, ignore_errors=True)
-    return Result("ours", meter.cpu, wall, meter.peak_rss, summary.batches, summary.rows_in, summary.windows_emitted,
+    label = "ours" if store == "sqlite" else f"ours ({store})"
+    return Result(label, meter.cpu, wall, meter.peak_rss, summary.batches, summary.rows_in, summary.windows_emitted,
                   meter.by_process(), merge, splits)
 
 
@@ -365,9 +375,14 @@ def run_native(spark, data: Path, scratch: Path, rsd: float) -> Result:
 # ---------------------------------------------------------------------------------------------
 
 
-def profile_ours(spark, data: Path, scratch: Path, timer: DriverTimer, max_groups: int, top: int) -> None:
+def print_splits(r: Result) -> None:
+    for label, (calls, cpu, wall) in r.splits.items():
+        print(f"          {label:<40} calls {calls:3d}  thread CPU {cpu:7.2f} s  wall {wall:7.2f} s")
+
+
+def profile_ours(spark, data: Path, scratch: Path, timer: DriverTimer, max_groups: int, top: int, store: str) -> None:
     timer.profiler = cProfile.Profile()
-    result = run_ours(spark, data, scratch, timer, max_groups, verbose=False)
+    result = run_ours(spark, data, scratch, timer, max_groups, verbose=False, store=store)
     timer.profiler.disable()
     print(f"\nprofiled run (cProfile inside the foreachBatch callback; inflated): {result.line()}")
     for sort in ("tottime", "cumulative"):
@@ -392,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--driver-memory", default="3g",
                     help="spark.driver.memory (default 3g: the native query at p=14 runs out of Spark's default 1g "
                          "heap on the full data set; '' keeps Spark's default)")
+    ap.add_argument("--state-store", choices=("sqlite", "in_memory"), default="sqlite",
+                    help="our state store (default sqlite, the engine's default, in a fresh temp file per run)")
+    ap.add_argument("--extra-in-memory", action="store_true", help="also run ours once with the in-memory store")
     ap.add_argument("--warmup", type=int, default=1, help="unmeasured warm-up runs per engine (JIT) on a small file set")
     ap.add_argument("--profile", action="store_true", help="one extra cProfile'd run of ours at the end")
     ap.add_argument("--profile-top", type=int, default=35)
@@ -425,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
             warm = scratch / "warmup"
             generate(warm, max(min(args.events // 4, 100_000), 4), args.keys, 4, args.items, args.disorder_ms, args.seed + 1)
             for _ in range(args.warmup):
-                run_ours(spark, warm, scratch, timer, max_groups, verbose=False)
+                run_ours(spark, warm, scratch, timer, max_groups, verbose=False, store=args.state_store)
                 run_native(spark, warm, scratch, args.rsd)
             print("warm-up done", flush=True)
 
@@ -435,14 +453,18 @@ def main(argv: list[str] | None = None) -> int:
             order += ["ours", "native"] if i % 2 == 0 else ["native", "ours"]
         for n, engine in enumerate(order, 1):
             if engine == "ours":
-                r = run_ours(spark, data, scratch, timer, max_groups, args.verbose)
+                r = run_ours(spark, data, scratch, timer, max_groups, args.verbose, args.state_store)
             else:
                 r = run_native(spark, data, scratch, args.rsd)
             results[engine].append(r)
             print(f"run {n}/{len(order)} {r.line()} (load avg {os.getloadavg()[0]:.1f})", flush=True)
             if engine == "ours":
-                for label, (calls, cpu, wall) in r.splits.items():
-                    print(f"          {label:<40} calls {calls:3d}  thread CPU {cpu:7.2f} s  wall {wall:7.2f} s")
+                print_splits(r)
+
+        if args.extra_in_memory and args.state_store != "in_memory":
+            r = run_ours(spark, data, scratch, timer, max_groups, args.verbose, "in_memory")
+            print(f"extra   {r.line()}", flush=True)
+            print_splits(r)
 
         if args.extra_native_rsd:
             r = run_native(spark, data, scratch, args.extra_native_rsd)
@@ -450,12 +472,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"extra   {r.line()}  (* rsd {args.extra_native_rsd})", flush=True)
 
         if args.profile:
-            profile_ours(spark, data, scratch, timer, max_groups, args.profile_top)
+            profile_ours(spark, data, scratch, timer, max_groups, args.profile_top, args.state_store)
 
         med = {e: {m: statistics.median(getattr(r, m) for r in rs) for m in ("cpu", "wall", "peak_rss", "merge_cpu")}
                for e, rs in results.items()}
         print(f"\nmedian of {args.runs} run(s) each; {args.events} events, {args.keys} keys, {args.files} micro-batches, "
-              "1-minute tumbling windows, count + sum + approx count_distinct (lgK 14)")
+              f"1-minute tumbling windows, count + sum + approx count_distinct (lgK 14); our state store: "
+              f"{args.state_store}; native: HDFS state store, approx_count_distinct rsd {args.rsd}")
         print(f"| engine | CPU s | wall s | CPU/wall | peak RSS MB (driver+JVM) | driver merge CPU s (share) |")
         print(f"|---|---|---|---|---|---|")
         for e in ("ours", "native"):

@@ -1,12 +1,13 @@
-"""``ematix-dagster validate | run PIPELINE.toml``.
+"""``ematix-dagster validate | run | check | state | migrate | reset PIPELINE.toml``.
 
-Exit codes: 0 success, 2 a configuration error (nothing ran), 1 a failure while running
-(the message says whether retrying can help).
+Exit codes: 0 success, 2 a configuration error (nothing ran), 1 a failure while running or a
+problem found by ``check`` (the message says whether retrying can help).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import threading
@@ -51,17 +52,77 @@ def cmd_run(spec: PipelineSpec) -> int:
     return 0
 
 
+def cmd_check(spec: PipelineSpec) -> int:
+    from ematix_dagster.operations import check
+
+    report = check(spec)
+    where = f"batch {report.record.last_batch_id}" if report.record else "no state yet"
+    print(f"pipeline {spec.pipeline_name}: {report.store}, {where}, lease "
+          f"{'held by ' + report.lease_holder if report.lease_holder else 'free'}")
+    for problem in report.problems:
+        print(f"problem {problem.code}: {problem.message}\n  way out: {problem.fix}")
+    if report.healthy:
+        print("ok: checkpoint and state store agree")
+    return 0 if report.healthy else 1
+
+
+def cmd_state(spec: PipelineSpec) -> int:
+    from ematix_dagster.operations import summary
+
+    print(json.dumps(summary(spec), indent=2, default=str))
+    return 0
+
+
+def cmd_migrate(spec: PipelineSpec, dry_run: bool) -> int:
+    from ematix_dagster.operations import migrate
+
+    for line in migrate(spec, dry_run=dry_run):
+        print(line)
+    return 0
+
+
+def cmd_reset(spec: PipelineSpec, yes: bool) -> int:
+    from ematix_dagster.operations import reset
+
+    if not yes:
+        if not sys.stdin.isatty():
+            print("error: reset deletes the pipeline's state and checkpoint; confirm with --yes", file=sys.stderr)
+            return 2
+        answer = input(f"delete the state and checkpoint of pipeline {spec.pipeline_name} (not the target)? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing deleted")
+            return 1
+    for line in reset(spec):
+        print(line)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ematix-dagster", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, text in (("validate", "check a pipeline TOML (starts local Spark only to analyse [transform] sql)"),
-                       ("run", "run a pipeline until its input is exhausted (available_now) or Ctrl-C / SIGTERM")):
+    commands = (
+        ("validate", "check a pipeline TOML (starts local Spark only to analyse [transform] sql)"),
+        ("run", "run a pipeline until its input is exhausted (available_now) or Ctrl-C / SIGTERM"),
+        ("check", "compare the Spark checkpoint with the state store and explain any problem"),
+        ("state", "print open windows, groups, bytes, watermarks and counters from the store"),
+        ("migrate", "bring stored state to this version's format (respects the lease)"),
+        ("reset", "delete the pipeline's state and checkpoint, never the target (respects the lease)"),
+    )
+    for name, text in commands:
         p = sub.add_parser(name, help=text)
         p.add_argument("pipeline", help="path of the pipeline TOML file")
+        if name == "migrate":
+            p.add_argument("--dry-run", action="store_true", help="print what would change, change nothing")
+        if name == "reset":
+            p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     args = parser.parse_args(argv)
     try:
         spec = load_pipeline(args.pipeline)
-        return {"validate": cmd_validate, "run": cmd_run}[args.command](spec)
+        if args.command == "migrate":
+            return cmd_migrate(spec, args.dry_run)
+        if args.command == "reset":
+            return cmd_reset(spec, args.yes)
+        return {"validate": cmd_validate, "run": cmd_run, "check": cmd_check, "state": cmd_state}[args.command](spec)
     except PipelineConfigError as exc:
         print(f"error: invalid pipeline {args.pipeline}: {exc}", file=sys.stderr)
         return 2

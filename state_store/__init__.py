@@ -6,6 +6,28 @@ encoded accumulators), the source offsets of the last committed micro-batch and 
 of it in one transaction (``StateStore.commit``), so after a crash the store is at batch N or
 N-1, never in between. ``state_store.codec`` encodes keys and accumulators (versioned, no pickle).
 
+Decisions shared by the three stores:
+
+* Within a commit, upserts apply first, then deletes by key, then whole deleted windows: a group
+  both updated and deleted in one batch ends deleted; the last upsert of a key wins. The record's
+  offsets replace the pipeline's previous offsets. ``in_transaction`` callbacks run last, inside
+  the transaction, with the connection (psycopg ``Connection`` / ``sqlite3.Connection`` / ``None``
+  in memory); an exception in one rolls everything back; a callback must not commit itself.
+* ``load`` reads the record, offsets and groups in one snapshot and returns groups as bytes
+  (decode them with ``codec.decode_groups``). Blobs of an older state version are migrated in
+  memory on load and are *not* written back (a load needs no lease, and the ``state`` command
+  only reads); ``RecoveredState.migrated`` counts them. They turn current as soon as a commit
+  rewrites them, or all at once with ``migrate_state`` (the migration job). A blob whose version
+  byte is invalid (CorruptState) or newer than the code (StateVersionError) fails the load,
+  naming the pipeline; a body that does not decode fails in ``codec.decode_groups``.
+* Leases: one writer per pipeline. The holder text is the caller's (``make_holder(label)`` gives
+  ``host=<host> pid=<pid> run=<label> since=<UTC>``); ``LeaseHeld`` carries it in its message and
+  in ``.holder``. A store object that writes (commit / reset / migrate_state) without holding the
+  lease takes it for the duration of that write, so it never writes while another run holds it.
+  ``acquire_lease`` by the current holder only updates the text; ``close`` releases every lease.
+* A row in the pipelines table whose ``state_version`` is NULL is a lease marker written by
+  ``acquire_lease`` before the first commit: ``load`` reports such a pipeline as never committed.
+
 >>> from state_store import create_store
 >>> create_store("in_memory").kind
 'in_memory'

@@ -39,10 +39,12 @@ Version history
 
 from __future__ import annotations
 
+import gc
 import struct
+from contextlib import contextmanager
 from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import msgpack
 from msgpack import ExtType
@@ -193,7 +195,7 @@ def decode_state(b: bytes) -> list:
     if version != STATE_VERSION:
         b = migrate(b, version, STATE_VERSION)
     try:
-        accs = _unpackb(memoryview(b)[1:])
+        accs = _unpackb(bytes(b[1:]))
     except Exception as exc:  # noqa: BLE001
         raise CorruptState(f"state blob is corrupt: {_describe(b)} does not decode ({exc})") from None
     if type(accs) is not tuple:
@@ -314,25 +316,11 @@ def decode_groups(pipeline: str, groups: Iterable[tuple[int, bytes, bytes]],
     anything unusual (an older version, a decoding error) goes through the checked path.
     """
     groups = groups if isinstance(groups, list) else list(groups)
-    windows: dict[int, dict[tuple, list]] = {}
-    unpackb, hook, version, key_format = msgpack.unpackb, _ext_hook, STATE_VERSION, KEY_FORMAT
-    try:
-        for start, key_bytes, blob in groups:
-            if key_bytes[0] != key_format or blob[0] != version:
-                raise ValueError("not the current format")
-            key = unpackb(memoryview(key_bytes)[1:], ext_hook=hook, object_hook=set, use_list=False, raw=False,
-                          strict_map_key=False)
-            accs = unpackb(memoryview(blob)[1:], ext_hook=hook, object_hook=set, use_list=False, raw=False,
-                           strict_map_key=False)
-            if type(key) is not tuple or type(accs) is not tuple:
-                raise ValueError("not a tuple")
-            group = windows.get(start)
-            if group is None:
-                group = windows[start] = {}
-            group[key] = list(accs)
-        return windows
-    except Exception:  # noqa: BLE001 - redo carefully: migrate old blobs, name the exact failure
-        pass
+    with gc_paused():
+        try:
+            return _decode_groups_fast(groups)
+        except Exception:  # noqa: BLE001 - redo carefully: migrate old blobs, name the exact failure
+            pass
     windows = {}
     for start, key_bytes, blob in groups:
         try:
@@ -348,6 +336,44 @@ def decode_groups(pipeline: str, groups: Iterable[tuple[int, bytes, bytes]],
             group = windows[start] = {}
         group[key] = accs
     return windows
+
+
+def _decode_groups_fast(groups: list[tuple[int, bytes, bytes]]) -> dict[int, dict[tuple, list]]:
+    windows: dict[int, dict[tuple, list]] = {}
+    keys: dict[bytes, tuple] = {}  # a group seen in several windows decodes (and is stored) once
+    unpackb, hook, version, key_format = msgpack.unpackb, _ext_hook, STATE_VERSION, KEY_FORMAT
+    for start, key_bytes, blob in groups:
+        key = keys.get(key_bytes)
+        if key is None:
+            if key_bytes[0] != key_format:
+                raise ValueError("not a key")
+            key = unpackb(key_bytes[1:], ext_hook=hook, object_hook=set, use_list=False, raw=False,
+                          strict_map_key=False)
+            if type(key) is not tuple:
+                raise ValueError("not a tuple")
+            keys[key_bytes] = key
+        if blob[0] != version:
+            raise ValueError("not the current version")
+        accs = unpackb(blob[1:], ext_hook=hook, object_hook=set, use_list=False, raw=False, strict_map_key=False)
+        if type(accs) is not tuple:
+            raise ValueError("not a tuple")
+        group = windows.get(start)
+        if group is None:
+            group = windows[start] = {}
+        group[key] = list(accs)
+    return windows
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """No cyclic GC while building millions of small containers (none of them form cycles)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _where(pipeline: str, store: str | None) -> str:

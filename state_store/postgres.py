@@ -357,7 +357,8 @@ class PostgresStateStore(StateStore):
             cur = conn.cursor(binary=True)
             cur.execute(sql.SQL("SELECT window_start, group_key, state_blob FROM {state} "
                                 "WHERE pipeline_name = %s").format(**n), (pipeline,))
-            groups = cur.fetchall()
+            with codec.gc_paused():
+                groups = cur.fetchall()
         record = PipelineRecord(
             pipeline=pipeline, state_version=row[0], query_id=row[1], last_batch_id=row[2], fingerprint=row[3],
             fingerprint_doc=row[4] if row[4] is not None else {}, watermark=row[5],

@@ -108,10 +108,11 @@ class SqliteStateStore(StateStore):
         conn.execute("BEGIN IMMEDIATE")
         try:
             yield conn
+            conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
             raise
-        conn.execute("COMMIT")
 
     # ---- lease -----------------------------------------------------------------------------------
 
@@ -230,8 +231,9 @@ class SqliteStateStore(StateStore):
                     return RecoveredState(record=None)
                 offsets = dict(conn.execute(f"SELECT source_id, offset_json FROM {_N['offsets']} "
                                             "WHERE pipeline_name = ?", (pipeline,)).fetchall())
-                groups = conn.execute(f"SELECT window_start, group_key, state_blob FROM {_N['state']} "
-                                      "WHERE pipeline_name = ?", (pipeline,)).fetchall()
+                with codec.gc_paused():
+                    groups = conn.execute(f"SELECT window_start, group_key, state_blob FROM {_N['state']} "
+                                          "WHERE pipeline_name = ?", (pipeline,)).fetchall()
             finally:
                 conn.execute("COMMIT")
         record = PipelineRecord(

@@ -93,6 +93,11 @@ def groups_of(state) -> dict[tuple[int, bytes], bytes]:
     return {(start, k): b for start, k, b in state.groups}
 
 
+def same_state(a, b) -> bool:
+    """Equal records and groups (the order of loaded groups is not part of the contract)."""
+    return a.record == b.record and sorted(a.groups) == sorted(b.groups) and a.migrated == b.migrated
+
+
 # ---- the contract ----------------------------------------------------------------------------
 
 
@@ -164,19 +169,19 @@ def test_a_failing_commit_leaves_the_previous_state(make_store, kind):
                           deletes=[(0, key(1))], deleted_windows=[0], in_transaction=[lambda c: None, boom])
     with pytest.raises(RuntimeError, match="target write failed"):
         store.commit(failing)
-    assert store.load(p) == expected
-    assert make_store().load(p) == expected
+    assert same_state(store.load(p), expected)
+    assert same_state(make_store().load(p), expected)
     # malformed input is refused before anything is written
     bad = BatchCommit(record(p, 5), upserts=[(0, key(i), blob(-i)) for i in range(10)] + [(0, key("x"), None)])
     with pytest.raises(TypeError):
         store.commit(bad)  # type: ignore[arg-type]
-    assert store.load(p) == expected
+    assert same_state(store.load(p), expected)
     if kind != "in_memory":  # a failure after the state rows went in: the pipeline row cannot be written
         late = BatchCommit(record(p, 5, fingerprint_doc={"not json": {1, 2}}),
                            upserts=[(0, key(i), blob(-i)) for i in range(100)], deleted_windows=[0])
         with pytest.raises(Exception):
             store.commit(late)
-        assert store.load(p) == expected
+        assert same_state(store.load(p), expected)
     if kind == "postgres":
         with store._connection() as conn:  # the callback's DDL was rolled back with the state
             assert conn.execute("SELECT to_regclass('atomic_probe')").fetchone()[0] is None
@@ -219,7 +224,7 @@ def test_pipelines_stay_separate(make_store):
     assert (one.record.last_batch_id, two.record.last_batch_id, two.record.query_id) == (3, 10, "other")
     store.reset("p1")
     assert store.load("p1").record is None and store.load("p1").groups == []
-    assert store.load("p2") == two
+    assert same_state(store.load("p2"), two)
 
 
 def test_lease_within_one_process(make_store):

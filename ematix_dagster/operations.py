@@ -1,0 +1,125 @@
+"""Operator actions on a pipeline's state: check, state summary, migrate, reset (SPEC.md §7).
+
+The CLI and the Dagster ops call these. Each opens the configured store, respects the pipeline's
+lease (a running pipeline is never reset or migrated under its feet) and closes the store again.
+"""
+
+from __future__ import annotations
+
+import shutil
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from ematix_dagster.fingerprint import describe_changes, fingerprint, fingerprint_doc
+from ematix_dagster.recovery import Problem, validate_checkpoint
+from ematix_dagster.spark import checkpoint
+from ematix_dagster.spec import PipelineSpec
+from ematix_dagster.stores import make_store
+from state_store.base import PipelineRecord, StateStore, make_holder
+from state_store.codec import STATE_VERSION, state_version
+
+
+@contextmanager
+def opened(spec: PipelineSpec) -> Iterator[StateStore]:
+    store = make_store(spec.state_store)
+    store.open()
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+@contextmanager
+def leased(store: StateStore, spec: PipelineSpec, action: str) -> Iterator[None]:
+    """Hold the pipeline's lease for an operator action; refuse while a run holds it."""
+    store.acquire_lease(spec.pipeline_name, make_holder(action))
+    try:
+        yield
+    finally:
+        store.release_lease(spec.pipeline_name)
+
+
+@dataclass
+class CheckReport:
+    pipeline: str
+    store: str
+    record: PipelineRecord | None
+    lease_holder: str | None
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        return not self.problems
+
+
+def check(spec: PipelineSpec) -> CheckReport:
+    """Checkpoint against store, spec fingerprint, state version; never changes anything."""
+    with opened(spec) as store:
+        record = store.load(spec.pipeline_name).record
+        report = CheckReport(spec.pipeline_name, store.description, record, store.lease_holder(spec.pipeline_name))
+    report.problems = validate_checkpoint(spec, record)
+    if record is not None and record.fingerprint and record.fingerprint != fingerprint(fingerprint_doc(spec)):
+        changes = "; ".join(describe_changes(record.fingerprint_doc, fingerprint_doc(spec)))
+        report.problems.append(Problem("fingerprint_changed", f"the spec's window shape changed since the state was "
+                                       f"written: {changes}.", "revert the change, or reset the pipeline"))
+    return report
+
+
+def summary(spec: PipelineSpec) -> dict[str, Any]:
+    """Open windows, groups, bytes, watermarks and counters as stored."""
+    with opened(spec) as store:
+        recovered = store.load(spec.pipeline_name)
+        holder = store.lease_holder(spec.pipeline_name)
+    record = recovered.record
+    windows: dict[int, int] = {}
+    size = 0
+    for start, key, blob in recovered.groups:
+        windows[start] = windows.get(start, 0) + 1
+        size += len(key) + len(blob)
+    return {
+        "pipeline": spec.pipeline_name,
+        "store": store.description,
+        "lease_holder": holder,
+        "last_batch_id": record.last_batch_id if record else None,
+        "query_id": record.query_id if record else None,
+        "state_version": record.state_version if record else None,
+        "open_windows": len(windows),
+        "groups": sum(windows.values()),
+        "bytes": size,
+        "watermark": record.watermark if record else None,
+        "sources": {n: {"max_event_ts": p.max_event_ts, "last_arrival": p.last_arrival}
+                    for n, p in (record.sources.items() if record else [])},
+        "counters": dict(record.counters) if record else {},
+        "windows": windows,
+    }
+
+
+def migrate(spec: PipelineSpec, dry_run: bool = False) -> list[str]:
+    """Bring stored blobs to the current version; with ``dry_run`` only say what would change."""
+    with opened(spec) as store:
+        if dry_run:
+            groups = store.load(spec.pipeline_name).groups
+            old = sum(1 for _, _, blob in groups if state_version(blob) < STATE_VERSION)
+            return [f"{old} of {len(groups)} state blobs would be rewritten from an older version to "
+                    f"version {STATE_VERSION}" if old else f"all {len(groups)} state blobs are at version {STATE_VERSION}"]
+        with leased(store, spec, "migrate"):
+            n = store.migrate_state(spec.pipeline_name)
+    return [f"rewrote {n} state blobs to version {STATE_VERSION}"]
+
+
+def reset(spec: PipelineSpec) -> list[str]:
+    """Delete the pipeline's state rows and its checkpoint; never the target."""
+    done = []
+    with opened(spec) as store:
+        with leased(store, spec, "reset"):
+            store.reset(spec.pipeline_name)
+            done.append(f"deleted the state of pipeline {spec.pipeline_name} in {store.description}")
+            cp = checkpoint.local_path(spec.run.checkpoint_location)
+            if cp.exists():
+                shutil.rmtree(cp)
+                done.append(f"deleted the checkpoint {cp}")
+    return done
+
+
+__all__ = ["CheckReport", "check", "migrate", "reset", "summary"]

@@ -17,7 +17,7 @@ from ematix_dagster.spark import checkpoint
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.stores import make_store
 from state_store.base import PipelineRecord, StateStore, make_holder
-from state_store.codec import STATE_VERSION, state_version
+from state_store.codec import STATE_VERSION
 
 
 @contextmanager
@@ -99,10 +99,10 @@ def migrate(spec: PipelineSpec, dry_run: bool = False) -> list[str]:
     """Bring stored blobs to the current version; with ``dry_run`` only say what would change."""
     with opened(spec) as store:
         if dry_run:
-            groups = store.load(spec.pipeline_name).groups
-            old = sum(1 for _, _, blob in groups if state_version(blob) < STATE_VERSION)
-            return [f"{old} of {len(groups)} state blobs would be rewritten from an older version to "
-                    f"version {STATE_VERSION}" if old else f"all {len(groups)} state blobs are at version {STATE_VERSION}"]
+            recovered = store.load(spec.pipeline_name)  # older blobs come back migrated, and counted
+            old, total = recovered.migrated, len(recovered.groups)
+            return [f"{old} of {total} state blobs would be rewritten from an older version to version "
+                    f"{STATE_VERSION}" if old else f"all {total} state blobs are at version {STATE_VERSION}"]
         with leased(store, spec, "migrate"):
             n = store.migrate_state(spec.pipeline_name)
     return [f"rewrote {n} state blobs to version {STATE_VERSION}"]

@@ -1,8 +1,100 @@
-"""Dagster code location for the example pipelines (the Dagster integration issue fills it in).
+"""The example code location: three pipelines as assets, with checks, sensors, jobs and schedules.
 
-Loading it starts no Spark session and opens no database connection.
+``dagster dev -w workspace.yaml`` (from the repository root) loads this module. Loading it starts
+no Spark session and opens no database connection: Spark starts inside a run, and stores are
+opened by runs, sensors, checks and ops only while they need them.
+
+Configuration comes from the environment, with safe local defaults:
+
+================================  ===========================================================
+``EMATIX_PG_URL``                 target database (``postgresql://postgres@127.0.0.1:5432/test``)
+``EMATIX_STATE_KIND``             ``sqlite`` (default), ``postgres`` or ``in_memory``
+``EMATIX_STATE_PATH``             SQLite file (``.ematix/state.db``)
+``EMATIX_STATE_URL``              PostgreSQL store URL (read through ``dg.EnvVar``, never logged)
+``EMATIX_STATE_SCHEMA``           PostgreSQL store schema (``ematix``)
+``EMATIX_SPARK_MASTER``           Spark master (``local[2]``; the driver binds to 127.0.0.1)
+``EMATIX_METRICS_PORT``           serve Prometheus metrics on 127.0.0.1:PORT (unset: off)
+``EMATIX_MIGRATION_CRON``         state migration schedule (``0 3 * * *``, UTC)
+``EMATIX_MIGRATION_RESTART``      ``1``: the migration terminates running pipelines, migrates, lets
+                                  the keep-alive sensor restart them (default ``0``: pending)
+``EMATIX_CHECKS_CRON``            asset checks schedule (``*/15 * * * *``)
+================================  ===========================================================
+
+Data lives under ``.ematix/`` (inputs in ``.ematix/data``, checkpoints, state, Parquet output);
+``python -m pipelines.sample_data`` writes a few minutes of sample input.
 """
+
+import os
+from pathlib import Path
 
 import dagster as dg
 
-defs = dg.Definitions()
+from ematix_dagster.dagster import (
+    EmatixPipeline, EmatixSparkResource, MetricsResource, StateStoreResource, checks_job, checks_schedule,
+    keep_alive_sensor, maintenance_job, pipeline_asset_checks, pipeline_job, pipeline_schedule, run_failure_sensor,
+    state_migration_job, state_migration_schedule, streaming_pipeline_asset,
+)
+from pipelines.examples import revenue_per_channel  # also sets the EMATIX_PG_URL default
+
+HERE = Path(__file__).resolve().parent
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    return default if value is None else value.strip().lower() in ("1", "true", "yes", "on")
+
+
+# -- pipelines: two from TOML files, one from the Python facade --------------------------------------
+clicks_per_minute = EmatixPipeline.load(HERE / "clicks_per_minute.toml")
+clicks_hopping = EmatixPipeline.load(HERE / "clicks_hopping_5min.toml")
+revenue = EmatixPipeline.load(revenue_per_channel)
+PIPELINES = [clicks_per_minute, clicks_hopping, revenue]
+
+# -- assets and their checks ------------------------------------------------------------------------
+assets = [streaming_pipeline_asset(p) for p in PIPELINES]
+asset_checks = [check for p in PIPELINES for check in pipeline_asset_checks(p)]
+
+# -- jobs, sensors, schedules -----------------------------------------------------------------------
+pipeline_jobs = {p.name: pipeline_job(p) for p in PIPELINES}
+keep_alive_sensors = [keep_alive_sensor(p, pipeline_jobs[p.name]) for p in PIPELINES if p.long_running]
+failure_sensor = run_failure_sensor()
+
+migration_job = state_migration_job(PIPELINES)
+validate_job = maintenance_job(PIPELINES)
+all_checks_job = checks_job(PIPELINES)
+
+schedules = [
+    pipeline_schedule(clicks_hopping, pipeline_jobs[clicks_hopping.name], "*/10 * * * *"),
+    state_migration_schedule(migration_job, cron_schedule=os.environ.get("EMATIX_MIGRATION_CRON", "0 3 * * *"),
+                             restart_running=_env_flag("EMATIX_MIGRATION_RESTART", False)),
+    checks_schedule(all_checks_job, cron_schedule=os.environ.get("EMATIX_CHECKS_CRON", "*/15 * * * *")),
+]
+
+
+# -- resources --------------------------------------------------------------------------------------
+def _state_store() -> StateStoreResource:
+    kind = os.environ.get("EMATIX_STATE_KIND", "sqlite")
+    if kind == "postgres":
+        return StateStoreResource(kind="postgres", url=dg.EnvVar("EMATIX_STATE_URL"),
+                                  db_schema=os.environ.get("EMATIX_STATE_SCHEMA", "ematix"))
+    if kind == "in_memory":
+        return StateStoreResource(kind="in_memory")
+    return StateStoreResource(kind="sqlite", path=os.environ.get("EMATIX_STATE_PATH", ".ematix/state.db"))
+
+
+_metrics_port = os.environ.get("EMATIX_METRICS_PORT")
+resources = {
+    "spark": EmatixSparkResource(master=os.environ.get("EMATIX_SPARK_MASTER", "local[2]")),
+    "state_store": _state_store(),
+    "metrics": MetricsResource(enabled=_metrics_port is not None,
+                               port=int(_metrics_port) if _metrics_port else None),
+}
+
+defs = dg.Definitions(
+    assets=assets,
+    asset_checks=asset_checks,
+    jobs=[*pipeline_jobs.values(), migration_job, validate_job, all_checks_job],
+    sensors=[*keep_alive_sensors, failure_sensor],
+    schedules=schedules,
+    resources=resources,
+)

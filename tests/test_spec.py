@@ -301,9 +301,10 @@ def test_validate_returns_the_spec_and_with_overrides_revalidates(full: Pipeline
     assert full.validate() is full
     moved = with_overrides(full, state_store=StateStore(kind="sqlite", path="/tmp/other.db"))
     assert moved.state_store.path == "/tmp/other.db"
+    assert with_overrides(full, state_store=StateStore(kind="sqlite")).state_store.path is None  # default path
     with pytest.raises(PipelineConfigError) as info:
-        with_overrides(full, state_store=StateStore(kind="sqlite"))
-    assert_names(info.value, "state_store.path", "sqlite")
+        with_overrides(full, state_store=StateStore(kind="postgres"))
+    assert_names(info.value, "state_store.url", "postgres")
 
 
 def test_load_pipeline_from_file(tmp_path) -> None:
@@ -442,8 +443,6 @@ ERROR_CASES: list[tuple[str, dict[str, Any], str, tuple[str, ...]]] = [
      ("kafka_eos", "reserved", "at_least_once")),
     ("crash-recovery-unknown", {f"{W}.crash_recovery": "exactly_once"}, f"{W}.crash_recovery",
      ("'exactly_once'", "persisted")),
-    ("persisted-without-store", {f"{W}.crash_recovery": "persisted", "state_store": DELETE}, f"{W}.crash_recovery",
-     ('"persisted"', "durable", '"sqlite" or "postgres"')),
     ("persisted-in-memory-store", {f"{W}.crash_recovery": "persisted", "state_store": {"kind": "in_memory"}},
      f"{W}.crash_recovery", ("persisted", "durable")),
     # --- seed 001 spellings name the canonical key
@@ -526,7 +525,8 @@ ERROR_CASES: list[tuple[str, dict[str, Any], str, tuple[str, ...]]] = [
      "target.same_transaction", ("postgres [state_store]", 'kind = "postgres"')),
     ("same-transaction-on-parquet", {"target.same_transaction": True}, "target.same_transaction",
      ("only a postgres target", "remove")),
-    ("sqlite-without-path", {"state_store.path": DELETE}, "state_store.path", ("sqlite", ".ematix/state.db")),
+    ("checkpoint-interval-zero", {"state_store.checkpoint_interval_ms": 0}, "state_store.checkpoint_interval_ms",
+     ("0", "positive")),
     ("postgres-store-without-url", {"state_store": {"kind": "postgres"}}, "state_store.url",
      ("postgres", "EMATIX_STATE_URL")),
     ("schema-on-sqlite-store", {"state_store.schema": "ematix"}, "state_store.schema", ("'ematix'", "sqlite", "remove")),

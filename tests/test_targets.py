@@ -412,19 +412,29 @@ def test_parquet_target_batches_replace_on_replay(tmp_path):
     assert len(ds) == 4 and set(ds["batch_id"].astype(int)) == {0, 1}
 
 
-def test_parquet_open_recovers_from_a_crash_between_renames(tmp_path):
+def test_parquet_open_removes_files_a_crash_left_half_written(tmp_path):
     root = tmp_path / "out"
     w = make_window_writer(Target(kind="parquet", path=f"file://{root}"), PIPE, SIMPLE, SIMPLE_KEY)
     w.open()
     w.write(7, batch(SIMPLE, [(ts(0), ts(1), 1, "a", 1, 1.0, "final")]))
-    # Simulate a crash after the old directory was moved aside and before the new one was renamed.
-    os.rename(root / "batch_id=7", root / ".batch_id=7.old-abc123")
-    (root / ".batch_id=7.tmp-abc123").mkdir()
-    (root / ".batch_id=8.tmp-def456").mkdir()
+    # A crash while writing leaves a hidden temporary file; the complete file is untouched.
+    (root / "batch_id=7" / ".part-0.parquet.tmp-abc123").write_bytes(b"PAR1 half")
     w2 = make_window_writer(Target(kind="parquet", path=str(root)), PIPE, SIMPLE, SIMPLE_KEY)
     w2.open()
-    assert sorted(p.name for p in root.iterdir()) == ["batch_id=7"]
+    assert sorted(p.name for p in (root / "batch_id=7").iterdir()) == ["part-0.parquet"]
     assert read_batch_dir(root / "batch_id=7")["n"].tolist() == [1]
+
+
+def test_parquet_parts_of_one_batch_are_replaced_separately(tmp_path):
+    root = tmp_path / "out"
+    w = make_window_writer(Target(kind="parquet", path=str(root)), PIPE, SIMPLE, SIMPLE_KEY)
+    w.open()
+    w.write(3, batch(SIMPLE, [(ts(0), ts(1), 1, "a", 1, 1.0, "final")]))
+    w.write(3, batch(SIMPLE, [(ts(1), ts(2), 1, "a", 5, 2.0, "final")]), part="flush")
+    w.write(3, batch(SIMPLE, [(ts(0), ts(1), 1, "a", 2, 1.0, "final")]))  # a replay of batch 3
+    assert sorted(p.name for p in (root / "batch_id=3").iterdir()) == ["flush.parquet", "part-0.parquet"]
+    both = pd.concat([pq.read_table(f).to_pandas() for f in sorted((root / "batch_id=3").glob("*.parquet"))])
+    assert sorted(both["n"].tolist()) == [2, 5]
 
 
 def test_remote_parquet_path_is_refused(tmp_path):

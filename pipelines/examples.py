@@ -1,0 +1,83 @@
+"""The example pipelines in Python: the facade gives the same specs as the TOML files next to it.
+
+``load_pipeline("pipelines/clicks_per_minute.toml") == clicks_per_minute.spec`` (and likewise for
+the other two; a test keeps them in step). ``${EMATIX_PG_URL}`` stays a placeholder, resolved when
+the target connects, so no secret ever lands in a spec, a dump or a code version.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ematix_dagster import Aggregation, Run, Source, StateStore, Target, Window, streaming_pipeline
+
+#: Safe local defaults (override them in the environment).
+DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
+os.environ.setdefault("EMATIX_PG_URL", DEFAULT_PG_URL)
+
+CLICKS_SCHEMA = "user_id BIGINT, amount DOUBLE, page STRING, ts TIMESTAMP"
+ORDERS_SCHEMA = "order_id BIGINT, user_id BIGINT, amount DOUBLE, ts TIMESTAMP"
+LOCAL_STATE = StateStore(kind="sqlite", path=".ematix/state.db")
+
+
+@streaming_pipeline(
+    name="clicks-per-minute",
+    sources=[Source(name="clicks", kind="files", format="parquet", path=".ematix/data/clicks", schema=CLICKS_SCHEMA,
+                    event_time_column="ts", max_files_per_trigger=1)],
+    transform_sql="SELECT user_id, amount, page, _event_ts, _source FROM source WHERE amount >= 0",
+    window=Window(kind="tumbling", duration_ms=60_000, lateness_ms=10_000, source_idleness_ms=60_000,
+                  group_by=("user_id",), late_data="drop", max_groups_per_window=100_000,
+                  aggregations=[Aggregation(agg="count", as_="clicks"),
+                                Aggregation(agg="sum", column="amount", as_="amount_sum"),
+                                Aggregation(agg="count_distinct", column="page", as_="unique_pages")]),
+    target=Target(kind="postgres", url="${EMATIX_PG_URL}", table="public.user_clicks_1min", create_table=True),
+    state_store=LOCAL_STATE,
+    run=Run(trigger="processing_time", trigger_interval_ms=1_000,
+            checkpoint_location=".ematix/checkpoints/clicks-per-minute"),
+)
+def clicks_per_minute():
+    """Clicks per user per minute, upserted into PostgreSQL (tumbling 1-minute windows).
+    Long-running (processing_time): keep it alive with the clicks_per_minute_keep_alive sensor."""
+
+
+@streaming_pipeline(
+    name="clicks-hopping-5min",
+    sources=[Source(name="clicks", kind="files", format="parquet", path=".ematix/data/clicks", schema=CLICKS_SCHEMA,
+                    event_time_column="ts", max_files_per_trigger=4)],
+    window=Window(kind="hopping", duration_ms=300_000, hop_ms=60_000, lateness_ms=10_000, group_by=("page",),
+                  max_groups_per_window=10_000,
+                  aggregations=[Aggregation(agg="count", as_="clicks"),
+                                Aggregation(agg="count_distinct", column="user_id", as_="unique_users"),
+                                Aggregation(agg="avg", column="amount", as_="amount_avg")]),
+    target=Target(kind="parquet", path=".ematix/output/clicks-hopping-5min"),
+    state_store=LOCAL_STATE,
+    run=Run(trigger="available_now", checkpoint_location=".ematix/checkpoints/clicks-hopping-5min", end_of_input="keep"),
+)
+def clicks_hopping_5min():
+    """Clicks per page in 5-minute windows every minute (hopping), written to Parquet batch directories.
+    Batch-style (available_now): each run processes what arrived since the last; scheduled."""
+
+
+@streaming_pipeline(
+    name="revenue-per-channel",
+    sources=[Source(name="web", kind="files", format="parquet", path=".ematix/data/orders-web", schema=ORDERS_SCHEMA,
+                    event_time_column="ts", max_files_per_trigger=1),
+             Source(name="mobile", kind="files", format="parquet", path=".ematix/data/orders-mobile",
+                    schema=ORDERS_SCHEMA, event_time_column="ts", max_files_per_trigger=1)],
+    transform_sql="SELECT order_id, user_id, amount, _source AS channel, _event_ts, _source FROM source",
+    window=Window(kind="tumbling", duration_ms=60_000, lateness_ms=5_000, source_idleness_ms=30_000,
+                  group_by=("channel",), max_groups_per_window=100,
+                  aggregations=[Aggregation(agg="count", as_="orders"),
+                                Aggregation(agg="sum", column="amount", as_="revenue"),
+                                Aggregation(agg="count_distinct", column="user_id", as_="buyers")]),
+    target=Target(kind="parquet", path=".ematix/output/revenue-per-channel"),
+    state_store=LOCAL_STATE,
+    run=Run(trigger="processing_time", trigger_interval_ms=1_000,
+            checkpoint_location=".ematix/checkpoints/revenue-per-channel"),
+)
+def revenue_per_channel():
+    """Orders per sales channel per minute from two sources (web and mobile): the global watermark is
+    the slower source's, and a source quiet for 30 s stops holding it back."""
+
+
+PIPELINES = {p.spec.pipeline_name: p for p in (clicks_per_minute, clicks_hopping_5min, revenue_per_channel)}

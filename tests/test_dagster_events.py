@@ -1,0 +1,84 @@
+"""Batch reports -> Dagster events: numeric metadata, throttling, heartbeat batches, the final result."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from ematix_dagster.dagster.assets import EmatixEventIterator
+from ematix_dagster.spark.runner import BatchReport
+
+KEY = dg.AssetKey(["ematix", "t"])
+T0 = 1_767_225_600  # 2026-01-01T00:00:00Z, epoch seconds
+
+
+def report(batch_id: int, rows: int, emitted: int = 0, late: int = 0, watermark_s: float | None = None,
+           corrections: int = 0) -> BatchReport:
+    wm = None if watermark_s is None else int(watermark_s * 1_000_000)
+    return BatchReport(batch_id=batch_id, batch_time=(T0 + batch_id) * 1_000_000, rows_in=rows,
+                       rows_by_source={"a": rows - rows // 2, "b": rows // 2}, windows_emitted=emitted,
+                       corrections=corrections, late_rows=late, dead_letter_rows=0, watermark=wm,
+                       source_watermarks={"a": wm, "b": None if wm is None else wm - 5_000_000},
+                       idle_sources=["b"] if rows == 0 else [], state_groups=7, windows_open=2, seconds=0.25)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run(reports, clock: Clock, throttle: float, step: float):
+    """Drive the iterator, advancing the fake clock by ``step`` seconds per report."""
+
+    def ticking():
+        for r in reports:
+            clock.now += step
+            yield r
+
+    return list(EmatixEventIterator(ticking(), KEY, throttle_seconds=throttle, clock=clock,
+                                    wall_clock=lambda: T0 + 600.0))
+
+
+def test_unthrottled_every_batch_with_data_gives_one_event_with_numeric_metadata():
+    events = run([report(0, 10, emitted=0, watermark_s=T0 + 60), report(1, 4, emitted=3, late=1, watermark_s=T0 + 120),
+                  report(2, 0, emitted=0, watermark_s=T0 + 120),  # heartbeat only: no event
+                  report(3, 0, emitted=2, watermark_s=T0 + 180)],  # idleness closed windows: an event
+                 Clock(), throttle=0, step=1.0)
+    kinds = [type(e).__name__ for e in events]
+    assert kinds == ["AssetObservation", "AssetMaterialization", "AssetMaterialization", "MaterializeResult"]
+    second = events[1].metadata
+    for name in ("batch_id", "rows_in", "windows_emitted", "late_rows", "watermark", "watermark_lag_seconds",
+                 "watermark/a", "watermark/b", "state_groups", "rows_per_second"):
+        assert isinstance(second[name], (dg.IntMetadataValue, dg.FloatMetadataValue)), name
+    assert second["batch_id"].value == 1 and second["rows_in"].value == 4 and second["late_rows"].value == 1
+    assert second["watermark"].value == T0 + 120
+    assert second["watermark_lag_seconds"].value == 600 - 120
+    assert second["watermark/b"].value == T0 + 115
+    assert second["rows_per_second"].value == 4.0  # 4 rows in the 1 s since the previous event
+    final = events[-1].metadata
+    assert final["batches"] == 4 and final["rows_in"] == 14 and final["windows_emitted"] == 5
+    assert final["late_rows"] == 1 and final["batch_id"] == 3
+
+
+def test_throttled_events_carry_the_counts_of_the_batches_in_between():
+    clock = Clock()
+    reports = [report(i, 10, emitted=1, late=i % 2, watermark_s=T0 + 60 * i) for i in range(10)]
+    events = run(reports, clock, throttle=10.0, step=3.0)  # a batch every 3 s, an event at most every 10 s
+    materializations = [e for e in events if isinstance(e, dg.AssetMaterialization)]
+    # events at t=103 (first), 115, 127: batches 0, 1-4, 5-8; batch 9 only reaches the final result
+    assert [m.metadata["batch_id"].value for m in materializations] == [0, 4, 8]
+    assert [m.metadata["rows_in"].value for m in materializations] == [10, 40, 40]
+    assert [m.metadata["windows_emitted"].value for m in materializations] == [1, 4, 4]
+    assert sum(m.metadata["late_rows"].value for m in materializations) == 4
+    assert materializations[1].metadata["rows_per_second"].value == 40 / 12
+    final = events[-1]
+    assert isinstance(final, dg.MaterializeResult)
+    assert final.metadata["rows_in"] == 100 and final.metadata["late_rows"] == 5 and final.metadata["batch_id"] == 9
+
+
+def test_a_run_of_heartbeats_only_yields_just_the_final_result():
+    events = run([report(i, 0) for i in range(5)], Clock(), throttle=0, step=1.0)
+    assert len(events) == 1 and isinstance(events[0], dg.MaterializeResult)
+    assert events[0].metadata["rows_in"] == 0 and "watermark" not in events[0].metadata

@@ -566,20 +566,7 @@ class PostgresWindowWriter:
                 f"recreate it as UNIQUE NULLS NOT DISTINCT ({keys})")
 
     def write(self, batch_id: int, rows: pa.Table, part: str = "part-0") -> None:
-        if rows.num_rows == 0:
-            return
-        conn = self._pg.connect()
-        if not self._opened:
-            self.open()
-        try:
-            self.write_in_transaction(conn, batch_id, rows)
-            conn.commit()
-        except psycopg.Error as exc:
-            self._pg._drop_broken_connection()
-            raise self._pg._fail(f"writing batch {batch_id} to", exc) from None
-        except BaseException:
-            self._pg._drop_broken_connection()
-            raise
+        _commit_write(self, batch_id, rows, f"writing batch {batch_id} to")
 
     def write_in_transaction(self, conn: psycopg.Connection, batch_id: int, rows: pa.Table) -> None:
         """Upsert ``rows`` using ``conn``'s current transaction; the caller commits.
@@ -622,6 +609,25 @@ class PostgresWindowWriter:
     def close(self) -> None:
         self._pg.close()
         self._opened = False
+
+
+def _commit_write(writer: "PostgresWindowWriter | PostgresDeadLetterWriter", batch_id: int, rows: pa.Table,
+                  action: str) -> None:
+    """``write_in_transaction`` on the writer's own connection, committed; failures reconnect next time."""
+    if rows.num_rows == 0:
+        return
+    conn = writer._pg.connect()
+    if not writer._opened:
+        writer.open()
+    try:
+        writer.write_in_transaction(conn, batch_id, rows)
+        conn.commit()
+    except psycopg.Error as exc:
+        writer._pg._drop_broken_connection()
+        raise writer._pg._fail(action, exc) from None
+    except BaseException:
+        writer._pg._drop_broken_connection()
+        raise
 
 
 class PostgresDeadLetterWriter:
@@ -671,20 +677,7 @@ class PostgresDeadLetterWriter:
         self._opened = True
 
     def write(self, batch_id: int, rows: pa.Table, part: str = "part-0") -> None:
-        if rows.num_rows == 0:
-            return
-        conn = self._pg.connect()
-        if not self._opened:
-            self.open()
-        try:
-            self.write_in_transaction(conn, batch_id, rows)
-            conn.commit()
-        except psycopg.Error as exc:
-            self._pg._drop_broken_connection()
-            raise self._pg._fail(f"writing dead letters of batch {batch_id} to", exc) from None
-        except BaseException:
-            self._pg._drop_broken_connection()
-            raise
+        _commit_write(self, batch_id, rows, f"writing dead letters of batch {batch_id} to")
 
     def write_in_transaction(self, conn: psycopg.Connection, batch_id: int, rows: pa.Table) -> None:
         """Replace the batch's dead letters using ``conn``'s transaction; the caller commits."""

@@ -51,7 +51,7 @@ revenue = EmatixPipeline.load(revenue_per_channel)
 PIPELINES = [clicks_per_minute, clicks_hopping, revenue]
 
 # -- assets and their checks ------------------------------------------------------------------------
-assets = [streaming_pipeline_asset(p) for p in PIPELINES]
+assets = [streaming_pipeline_asset(p, owners=["team:data-platform"]) for p in PIPELINES]
 asset_checks = [check for p in PIPELINES for check in pipeline_asset_checks(p)]
 
 # -- jobs, sensors, schedules -----------------------------------------------------------------------

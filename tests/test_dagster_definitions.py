@@ -108,7 +108,7 @@ def test_asset_spec_keys_kinds_tags_and_an_environment_free_code_version(locatio
     repo = location.defs.get_repository_def()
     clicks = repo.assets_defs_by_key[dg.AssetKey(["public", "user_clicks_1min"])]
     spec = clicks.specs_by_key[clicks.key]
-    assert spec.kinds == {"spark", "postgres"}
+    assert spec.kinds == {"spark", "postgres"} and spec.owners == ["team:data-platform"]
     assert spec.tags["ematix/pipeline"] == "clicks-per-minute"
     assert spec.code_version and "Clicks per user per minute" in (spec.description or "")
     assert "${EMATIX_PG_URL}" in spec.metadata["ematix/pipeline_toml"].value  # the placeholder, not the value
@@ -158,3 +158,13 @@ def test_a_configured_migration_schedule_and_a_throttled_pipeline_schedule_valid
     assert custom.cron_schedule == "30 1 * * 0"
     assert throttled.evaluate_tick(dg.build_schedule_context()).run_requests[0].run_config == {
         "ops": {"ematix__clicks_hopping_5min": {"config": {"throttle_seconds": 0.0}}}}
+
+
+def test_pipeline_jobs_run_only_their_asset_and_the_checks_job_only_checks(location):
+    repo = location.defs.get_repository_def()
+    # a never-ending asset step never reaches its checks: they run in their own job
+    assert list(repo.get_job("clicks_per_minute_job").graph.node_dict) == ["public__user_clicks_1min"]
+    check_nodes = set(repo.get_job("ematix_checks_job").graph.node_dict)
+    assert len(check_nodes) == 11
+    assert not check_nodes & {"public__user_clicks_1min", "ematix__clicks_hopping_5min", "ematix__revenue_per_channel"}
+    assert repo.get_job("clicks_per_minute_job").tags["ematix/pipeline"] == "clicks-per-minute"

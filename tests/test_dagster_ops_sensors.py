@@ -23,6 +23,14 @@ from state_store import codec
 from tests.dagster_support import HeldLease, commit_state, small_spec
 
 FIXTURES = Path(__file__).parent / "fixtures" / "state_v1"
+_INSTANCES: list[dg.DagsterInstance] = []
+
+
+@pytest.fixture(autouse=True)
+def _dispose_instances():
+    yield
+    while _INSTANCES:
+        _INSTANCES.pop().dispose()
 
 
 class Location:
@@ -43,9 +51,10 @@ class Location:
                                    jobs=[self.job, checks_job([self.asset])], sensors=[self.sensor],
                                    resources=self.resources)
         self.instance = dg.DagsterInstance.ephemeral()
+        _INSTANCES.append(self.instance)
 
     def run_checks(self) -> dict[str, dg.AssetCheckEvaluation]:
-        result = self.defs.get_job_def("ematix_checks_job").execute_in_process(instance=self.instance)
+        result = self.defs.resolve_job_def("ematix_checks_job").execute_in_process(instance=self.instance)
         assert result.success
         return {e.check_name: e for e in result.get_asset_check_evaluations()}
 
@@ -190,6 +199,7 @@ def test_migrate_state_op_migrates_free_pipelines_records_pending_for_running_on
             store.close()
 
     instance = dg.DagsterInstance.ephemeral()
+    _INSTANCES.append(instance)
     with HeldLease(running.spec, "cli run"):
         dry = job.execute_in_process(run_config={"ops": {"migrate_state": {"config": {"dry_run": True}}}},
                                      resources=resources, instance=instance)
@@ -210,6 +220,27 @@ def test_migrate_state_op_migrates_free_pipelines_records_pending_for_running_on
     assert not broken.success
     text = broken.get_step_failure_events()[0].step_failure_data.user_failure_data.description
     assert "old-clicks" in text and "StoreUnavailable" in text
+
+
+def test_migrate_state_with_restart_running_terminates_the_run_waits_for_the_lease_and_migrates(tmp_path):
+    import threading
+
+    p = EmatixPipeline.load(small_spec(tmp_path, "busy-clicks"))
+    v1 = (FIXTURES / "counts.state.bin").read_bytes()
+    commit_state(p.spec, batch_id=1, upserts=[(0, codec.encode_key(("counts",)), v1)])
+    instance = dg.DagsterInstance.ephemeral()
+    _INSTANCES.append(instance)
+    active = create_run_for_test(instance, job_name=p.job_name, status=dg.DagsterRunStatus.STARTED,
+                                 tags={PIPELINE_TAG: p.name})
+    lease = HeldLease(p.spec, f"dagster:{active.run_id}").__enter__()
+    # the "run" ends (and frees its lease) a moment after it is told to stop
+    threading.Timer(1.5, lease.__exit__).start()
+    result = state_migration_job([p]).execute_in_process(
+        instance=instance, resources={"state_store": StateStoreResource()},
+        run_config={"ops": {"migrate_state": {"config": {"restart_running": True, "lease_wait_seconds": 30}}}})
+    assert result.success
+    assert result.output_for_node("migrate_state") == {"migrated": {"busy-clicks": 1}, "pending": []}
+    assert instance.get_run_by_id(active.run_id).tags[TERMINATED_BY_TAG] == "migrate_state"
 
 
 # ---------------------------------------------------------------------------------------------

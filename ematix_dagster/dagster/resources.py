@@ -49,6 +49,10 @@ class EmatixSparkResource(PySparkResource):
 
     _created: bool = PrivateAttr(default=False)
 
+    @classmethod
+    def _is_dagster_maintained(cls) -> bool:
+        return False
+
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         # Lazy: nothing starts until a step reads .spark_session.
         self._spark_session = None

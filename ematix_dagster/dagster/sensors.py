@@ -177,19 +177,25 @@ def keep_alive_sensor(
 
 
 def describe_failure(run: Any, step_failures: Sequence[Any] = ()) -> str:
-    """One line per failed run: pipeline, classification, error."""
-    pipeline = run.tags.get(PIPELINE_TAG, run.job_name)
-    kind = run.tags.get(FAILURE_TAG, "unclassified (treated as transient)")
+    """One line per failed run: pipeline (or job), classification, error, what happens next."""
+    pipeline = run.tags.get(PIPELINE_TAG)
     errors = []
     for event in step_failures:
         data = getattr(event, "step_failure_data", None)
         err = getattr(data, "error", None)
-        if err is not None:
-            errors.append(err.message.strip().splitlines()[0] if err.message else err.cls_name or "error")
+        user = getattr(data, "user_failure_data", None)
+        text = getattr(user, "description", None) or (err.message if err is not None and err.message else None)
+        if text:
+            errors.append(text.strip().splitlines()[0])
+        elif err is not None:
+            errors.append(err.cls_name or "error")
     detail = "; ".join(errors) or run.tags.get(ERROR_TAG, "see the run's logs")
+    if pipeline is None:
+        return f"job {run.job_name}: run {run.run_id} failed: {detail}"
+    kind = run.tags.get(FAILURE_TAG, "unclassified, treated as transient")
     action = {"terminal": "the operator must act; the keep-alive sensor will not restart it",
               "lease_held": "another run holds the lease; nothing to do"}.get(
-        kind, "the keep-alive sensor restarts it after a backoff")
+        kind, "a keep-alive sensor restarts it after its backoff")
     return f"pipeline {pipeline}: run {run.run_id} failed ({kind}): {detail} -> {action}"
 
 
@@ -200,7 +206,7 @@ def run_failure_sensor(
     report: Optional[Callable[[str], None]] = None,
     default_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.RUNNING,
 ) -> dg.SensorDefinition:
-    """Reports failed pipeline runs (terminal or transient) to the sensor log (and ``report``).
+    """Reports failed runs (pipeline runs with their terminal/transient class) to the sensor log and ``report``.
 
     It never requests a run: restarting is the keep-alive sensor's job alone.
     """
@@ -210,8 +216,6 @@ def run_failure_sensor(
                            description="Reports failed ematix pipeline runs; does not restart them.")
     def _report(context: dg.RunFailureSensorContext):
         run = context.dagster_run
-        if PIPELINE_TAG not in run.tags and not monitored_jobs:
-            return dg.SkipReason(f"run {run.run_id} is not an ematix pipeline run")
         text = describe_failure(run, context.get_step_failure_events())
         context.log.error(text)
         if report is not None:

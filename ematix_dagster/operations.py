@@ -56,7 +56,7 @@ class CheckReport:
 def check(spec: PipelineSpec) -> CheckReport:
     """Checkpoint against store, spec fingerprint, state version; never changes anything."""
     with opened(spec) as store:
-        record = store.load(spec.pipeline_name).record
+        record = store.load(spec.pipeline_name, groups=False).record
         report = CheckReport(spec.pipeline_name, store.description, record, store.lease_holder(spec.pipeline_name))
     report.problems = validate_checkpoint(spec, record)
     if record is not None and record.fingerprint and record.fingerprint != fingerprint(fingerprint_doc(spec)):
@@ -66,16 +66,16 @@ def check(spec: PipelineSpec) -> CheckReport:
     return report
 
 
-def summary(spec: PipelineSpec) -> dict[str, Any]:
-    """Open windows, groups, bytes, watermarks and counters as stored."""
+def summary(spec: PipelineSpec, windows: bool = True) -> dict[str, Any]:
+    """Watermarks and counters as stored, and (``windows``) open windows, groups and bytes."""
     with opened(spec) as store:
-        recovered = store.load(spec.pipeline_name)
+        recovered = store.load(spec.pipeline_name, groups=windows)
         holder = store.lease_holder(spec.pipeline_name)
     record = recovered.record
-    windows: dict[int, int] = {}
+    per_window: dict[int, int] = {}
     size = 0
     for start, key, blob in recovered.groups:
-        windows[start] = windows.get(start, 0) + 1
+        per_window[start] = per_window.get(start, 0) + 1
         size += len(key) + len(blob)
     return {
         "pipeline": spec.pipeline_name,
@@ -84,14 +84,14 @@ def summary(spec: PipelineSpec) -> dict[str, Any]:
         "last_batch_id": record.last_batch_id if record else None,
         "query_id": record.query_id if record else None,
         "state_version": record.state_version if record else None,
-        "open_windows": len(windows),
-        "groups": sum(windows.values()),
+        "open_windows": len(per_window),
+        "groups": sum(per_window.values()),
         "bytes": size,
         "watermark": record.watermark if record else None,
         "sources": {n: {"max_event_ts": p.max_event_ts, "last_arrival": p.last_arrival}
                     for n, p in (record.sources.items() if record else [])},
         "counters": dict(record.counters) if record else {},
-        "windows": windows,
+        "windows": per_window,
     }
 
 

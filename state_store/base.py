@@ -90,7 +90,8 @@ class StateStore(ABC):
         """Who holds the lease now (None when free)."""
 
     @abstractmethod
-    def load(self, pipeline: str) -> RecoveredState: ...
+    def load(self, pipeline: str, groups: bool = True) -> RecoveredState:
+        """The pipeline's record and (unless ``groups`` is False: checks, sensors) its window state."""
 
     @abstractmethod
     def commit(self, batch: BatchCommit) -> None:

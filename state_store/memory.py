@@ -103,13 +103,14 @@ class InMemoryStateStore(StateStore):
 
     # ---- data ----------------------------------------------------------------------------------
 
-    def load(self, pipeline: str) -> RecoveredState:
+    def load(self, pipeline: str, groups: bool = True) -> RecoveredState:
         with _LOCK:
             data = self._space().pipelines.get(pipeline)
             if data is None or data.record is None:
                 return RecoveredState(record=None)
             record = copy.deepcopy(data.record)
-            rows = [(start, key, blob) for start, groups in data.windows.items() for key, blob in groups.items()]
+            rows = [(start, key, blob) for start, by_key in data.windows.items() for key, blob in by_key.items()] \
+                if groups else []
         check_record_version(record, self.description)
         rows, migrated = bring_forward(pipeline, self.description, rows)
         return RecoveredState(record=record, groups=rows, migrated=migrated)
@@ -155,7 +156,7 @@ class InMemoryStateStore(StateStore):
             data = space.pipelines.get(pipeline)
             if data is None:
                 return 0
-            rows = [(start, key, blob) for start, groups in data.windows.items() for key, blob in groups.items()]
+            rows = [(start, key, blob) for start, by_key in data.windows.items() for key, blob in by_key.items()]
             rows, migrated = bring_forward(pipeline, self.description, rows)
             if migrated:
                 for start, key, blob in rows:

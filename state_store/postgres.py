@@ -341,10 +341,10 @@ class PostgresStateStore(StateStore):
 
     # ---- data ------------------------------------------------------------------------------------
 
-    def load(self, pipeline: str) -> RecoveredState:
-        return self._guard("loading state", pipeline, lambda: self._load(pipeline))
+    def load(self, pipeline: str, groups: bool = True) -> RecoveredState:
+        return self._guard("loading state", pipeline, lambda: self._load(pipeline, groups))
 
-    def _load(self, pipeline: str) -> RecoveredState:
+    def _load(self, pipeline: str, with_groups: bool) -> RecoveredState:
         n = self._names
         with self._connection() as conn, conn.transaction():
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
@@ -354,11 +354,13 @@ class PostgresStateStore(StateStore):
                 return RecoveredState(record=None)
             offsets = dict(conn.execute(sql.SQL("SELECT source_id, offset_json FROM {offsets} "
                                                 "WHERE pipeline_name = %s").format(**n), (pipeline,)).fetchall())
-            cur = conn.cursor(binary=True)
-            cur.execute(sql.SQL("SELECT window_start, group_key, state_blob FROM {state} "
-                                "WHERE pipeline_name = %s").format(**n), (pipeline,))
-            with codec.gc_paused():
-                groups = cur.fetchall()
+            groups = []
+            if with_groups:
+                cur = conn.cursor(binary=True)
+                cur.execute(sql.SQL("SELECT window_start, group_key, state_blob FROM {state} "
+                                    "WHERE pipeline_name = %s").format(**n), (pipeline,))
+                with codec.gc_paused():
+                    groups = cur.fetchall()
         record = PipelineRecord(
             pipeline=pipeline, state_version=row[0], query_id=row[1], last_batch_id=row[2], fingerprint=row[3],
             fingerprint_doc=row[4] if row[4] is not None else {}, watermark=row[5],

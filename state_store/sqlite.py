@@ -220,7 +220,7 @@ class SqliteStateStore(StateStore):
 
     # ---- data ------------------------------------------------------------------------------------
 
-    def load(self, pipeline: str) -> RecoveredState:
+    def load(self, pipeline: str, groups: bool = True) -> RecoveredState:
         with self._lock, self._errors("loading state", pipeline):
             conn = self._db()
             conn.execute("BEGIN")  # one read snapshot for the record, the offsets and the groups
@@ -231,9 +231,11 @@ class SqliteStateStore(StateStore):
                     return RecoveredState(record=None)
                 offsets = dict(conn.execute(f"SELECT source_id, offset_json FROM {_N['offsets']} "
                                             "WHERE pipeline_name = ?", (pipeline,)).fetchall())
-                with codec.gc_paused():
-                    groups = conn.execute(f"SELECT window_start, group_key, state_blob FROM {_N['state']} "
-                                          "WHERE pipeline_name = ?", (pipeline,)).fetchall()
+                rows = []
+                if groups:
+                    with codec.gc_paused():
+                        rows = conn.execute(f"SELECT window_start, group_key, state_blob FROM {_N['state']} "
+                                            "WHERE pipeline_name = ?", (pipeline,)).fetchall()
             finally:
                 conn.execute("COMMIT")
         record = PipelineRecord(
@@ -242,8 +244,8 @@ class SqliteStateStore(StateStore):
             counters=loads(row[7], {}), emitted=loads(row[8], []), pending_migration=bool(row[10]))
         record.offsets = ordered_offsets(record.sources, offsets)
         check_record_version(record, self.description)
-        groups, migrated = bring_forward(pipeline, self.description, groups)
-        return RecoveredState(record=record, groups=groups, migrated=migrated)
+        rows, migrated = bring_forward(pipeline, self.description, rows)
+        return RecoveredState(record=record, groups=rows, migrated=migrated)
 
     def commit(self, batch: BatchCommit) -> None:
         check_batch(batch)

@@ -98,7 +98,7 @@ def stored_progress(spec: PipelineSpec) -> dict[str, Any]:
     """Watermark and counters as persisted in the store."""
     from ematix_dagster.operations import summary
 
-    return summary(spec)
+    return summary(spec, windows=False)
 
 
 def late_row_ratio(counters: dict[str, int]) -> tuple[int, int]:

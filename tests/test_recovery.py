@@ -228,3 +228,15 @@ def test_version_1_state_migrates_and_resumes(ran, spark, tmp_path, batch_files,
     _run(ran, spark)  # loads the v1 blobs through the migration
     minute1 = {k: v for (start, k), v in _final_rows(tmp_path).items() if start.minute == 1}
     assert minute1 == {"k0": (2, 2, 2), "k1": (1, 1, 1)}
+
+
+def test_a_failed_start_releases_the_lease(ran, spark):
+    from dataclasses import replace
+
+    from ematix_dagster.errors import PipelineConfigError
+
+    bad = replace(ran, transform_sql="SELECT no_such_column, _event_ts, _source FROM source")
+    with pytest.raises(PipelineConfigError, match="transform.sql"):
+        _run(bad, spark)  # fails in the SQL analysis, after the lease was taken
+    assert check(ran).lease_holder is None
+    assert _run(ran, spark).batches == 0  # the next run gets the lease

@@ -12,7 +12,6 @@ never sits inside py4j (DESIGN.md §4).
 
 from __future__ import annotations
 
-import logging
 import queue
 import sys
 import threading
@@ -38,11 +37,10 @@ from ematix_dagster.streaming.micro_batch import BatchInput, BatchResult, Engine
 from ematix_dagster.streaming.windows import format_us
 from ematix_dagster.recovery import checkpoint_offsets, validate_checkpoint
 from ematix_dagster.stores import guarantee, make_store
-from ematix_dagster.targets import make_dead_letter_writer, make_window_writer
+from ematix_dagster.targets import DeadLetterWriter, WindowWriter, make_dead_letter_writer, make_window_writer
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, SourceProgress, StateStore, make_holder
 from state_store.codec import STATE_VERSION, decode_groups, encode_key, encode_state
 
-log = logging.getLogger("ematix_dagster")
 GIB = 1 << 30
 
 
@@ -119,6 +117,9 @@ class PipelineRunner:
         self.fingerprint_doc = fingerprint_doc(spec)
         self.fingerprint = fingerprint(self.fingerprint_doc)
         self.query_id: str | None = None
+        self.target: WindowWriter | None = None
+        self.dead_letter: DeadLetterWriter | None = None
+        self._store_open = False
 
     # -- start -------------------------------------------------------------------------------
 
@@ -150,8 +151,9 @@ class PipelineRunner:
         assert store is not None
         name = spec.pipeline_name
         store.open()
-        store.acquire_lease(name, make_holder(self.run_label))
+        self._store_open = True
         try:
+            store.acquire_lease(name, make_holder(self.run_label))
             self.recovered = store.load(name)
             record = self.recovered.record
             if record is not None and record.fingerprint and record.fingerprint != self.fingerprint:
@@ -169,16 +171,33 @@ class PipelineRunner:
         if record is not None:
             self.progress(f"[{name}] resuming from {store.description} at batch {record.last_batch_id}")
 
+    def _close_resources(self) -> None:
+        """Release the lease and close the store and the writers (whatever was opened)."""
+        try:
+            self._close_store()
+        finally:
+            for writer in (self.target, self.dead_letter):
+                if writer is not None:
+                    writer.close()
+
     def _close_store(self) -> None:
-        if self.store is not None:
+        if self.store is not None and self._store_open:
+            self._store_open = False
             try:
                 self.store.release_lease(self.spec.pipeline_name)
             finally:
                 self.store.close()
 
     def start(self) -> StreamingQuery:
-        spec = self.spec
         self._preflight()
+        try:
+            return self._start_query()
+        except BaseException:
+            self._close_resources()
+            raise
+
+    def _start_query(self) -> StreamingQuery:
+        spec = self.spec
         stream = union_sources(self.spark, spec)
         self.plan: BatchPlan = analyse(self.spark, spec, stream)
         self.engine = Engine.for_window(spec.pipeline_name, spec.window, spec.source_names, self.plan.integral)
@@ -382,10 +401,7 @@ class PipelineRunner:
             if self.query is not None and self.query.isActive:
                 self.request_stop()
             waiter.join(timeout=30)
-            self._close_store()
-            self.target.close()
-            if self.dead_letter:
-                self.dead_letter.close()
+            self._close_resources()
 
     def _raise(self, exc: BaseException) -> None:
         if self._error is not None and not isinstance(self._error, _BatchAbandoned):

@@ -479,8 +479,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nmedian of {args.runs} run(s) each; {args.events} events, {args.keys} keys, {args.files} micro-batches, "
               f"1-minute tumbling windows, count + sum + approx count_distinct (lgK 14); our state store: "
               f"{args.state_store}; native: HDFS state store, approx_count_distinct rsd {args.rsd}")
-        print(f"| engine | CPU s | wall s | CPU/wall | peak RSS MB (driver+JVM) | driver merge CPU s (share) |")
-        print(f"|---|---|---|---|---|---|")
+        print("| engine | CPU s | wall s | CPU/wall | peak RSS MB (driver+JVM) | driver merge CPU s (share) |")
+        print("|---|---|---|---|---|---|")
         for e in ("ours", "native"):
             m = med[e]
             share = f"{m['merge_cpu']:.2f} ({m['merge_cpu'] / m['cpu']:.1%})" if e == "ours" else "-"

@@ -8,6 +8,12 @@ died). Dagster and the CLI use ``terminal`` to decide whether a retry makes sens
 from __future__ import annotations
 
 
+def first_line(exc: BaseException) -> str:
+    """The headline of an exception (Spark's messages run to pages of JVM stack)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class EmatixError(Exception):
     """Base class of every error this package raises on purpose."""
 

@@ -6,7 +6,6 @@ import base64
 import datetime as dt
 import json
 import math
-import os
 from decimal import Decimal
 from pathlib import Path
 

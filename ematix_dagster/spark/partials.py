@@ -21,8 +21,8 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ematix_dagster.errors import PipelineConfigError
-from ematix_dagster.spark.sources import CORRUPT, HEARTBEAT, _first_line
+from ematix_dagster.errors import PipelineConfigError, first_line
+from ematix_dagster.spark.sources import CORRUPT, HEARTBEAT
 from ematix_dagster.spec import Aggregation, PipelineSpec
 from ematix_dagster.streaming.windows import MICROS_PER_MS, first_start
 
@@ -157,7 +157,7 @@ def apply_sql(spark: SparkSession, spec: PipelineSpec, df: DataFrame) -> DataFra
     try:
         return spark.sql(spec.transform_sql)
     except Exception as exc:
-        raise PipelineConfigError("transform.sql", f"does not run: {_first_line(exc)}",
+        raise PipelineConfigError("transform.sql", f"does not run: {first_line(exc)}",
                                   f"query the view named {VIEW!r}, which holds each source's columns, _event_ts and _source") from None
 
 

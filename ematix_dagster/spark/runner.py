@@ -24,7 +24,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from ematix_dagster import faults
-from ematix_dagster.errors import CheckpointDiverged, EmatixError, FingerprintChanged, StateNotDurableError
+from ematix_dagster.errors import (
+    CheckpointDiverged, EmatixError, FingerprintChanged, StateNotDurableError, first_line,
+)
 from ematix_dagster.fingerprint import describe_changes, fingerprint, fingerprint_doc
 from ematix_dagster.metrics import StreamingMetrics, default_metrics, serve
 from ematix_dagster.spark import checkpoint
@@ -406,8 +408,8 @@ class PipelineRunner:
     def _raise(self, exc: BaseException) -> None:
         if self._error is not None and not isinstance(self._error, _BatchAbandoned):
             raise self._error
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SparkQueryFailed(f"pipeline {self.spec.pipeline_name}: the streaming query failed: {text}") from exc
+        raise SparkQueryFailed(f"pipeline {self.spec.pipeline_name}: the streaming query failed: "
+                               f"{first_line(exc)}") from exc
 
     def _finish(self) -> Iterator[BatchReport]:
         spec, engine = self.spec, self.engine

@@ -13,13 +13,12 @@ become NULL through ``try_*`` functions (ANSI mode is on in Spark 4).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ematix_dagster.errors import PipelineConfigError
+from ematix_dagster.errors import PipelineConfigError, first_line
 from ematix_dagster.spec import PipelineSpec, Source
 
 CORRUPT = "_corrupt_record"
@@ -35,16 +34,12 @@ def parse_schema(source: Source, key: str) -> T.StructType:
     try:
         schema = T._parse_datatype_string(source.schema)  # type: ignore[attr-defined]
     except Exception as exc:  # Spark's parser raises several types
-        raise PipelineConfigError(f"{key}.schema", f"{source.schema!r} is not a DDL schema ({_first_line(exc)})",
+        raise PipelineConfigError(f"{key}.schema", f"{source.schema!r} is not a DDL schema ({first_line(exc)})",
                                   'write it like "user_id BIGINT, ts TIMESTAMP"') from None
     if not isinstance(schema, T.StructType):
         raise PipelineConfigError(f"{key}.schema", f"{source.schema!r} is not a list of columns",
                                   'write it like "user_id BIGINT, ts TIMESTAMP"')
     return schema
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def event_time(col: Column, dtype: T.DataType, unit: str, key: str) -> Column:
@@ -169,14 +164,5 @@ def union_sources(spark: SparkSession, spec: PipelineSpec) -> DataFrame:
             df = df.unionByName(other, allowMissingColumns=True)
         except Exception as exc:
             raise PipelineConfigError(f"sources[{i}]", f"its columns do not line up with the sources before it "
-                                      f"({_first_line(exc)})", "give same-named columns the same type") from None
+                                      f"({first_line(exc)})", "give same-named columns the same type") from None
     return df
-
-
-def empty_like(spark: SparkSession, df: DataFrame) -> DataFrame:
-    """A static, empty frame with the stream's schema, for analysing the SQL at start."""
-    return spark.createDataFrame([], df.schema)
-
-
-def schema_of(df: DataFrame) -> dict[str, Any]:
-    return {f.name: f.dataType for f in df.schema.fields}

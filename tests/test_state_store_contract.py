@@ -536,6 +536,11 @@ def test_postgres_lost_lease_connection_fails_the_commit(pg_dsn, pg_schema):
         store.commit(BatchCommit(record("fenced", 0)))
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             conn.execute("SELECT pg_terminate_backend(%s)", (store._lease_pid,))
+            # pg_terminate_backend only signals the backend: wait until it is gone (and its lock with it).
+            deadline = time.monotonic() + 30
+            while conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (store._lease_pid,)).fetchone():
+                assert time.monotonic() < deadline, "the lease connection's backend did not exit"
+                time.sleep(0.05)
         with pytest.raises(StoreUnavailable, match="lease was lost"):
             store.commit(BatchCommit(record("fenced", 1)))
         assert store.load("fenced").record.last_batch_id == 0

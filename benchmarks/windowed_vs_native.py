@@ -48,6 +48,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 import numpy as np
 import psutil
@@ -56,11 +57,11 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ematix_dagster.spark import runner as runner_mod  # noqa: E402
-from ematix_dagster.spark.runner import PipelineRunner  # noqa: E402
-from ematix_dagster.spark.session import get_spark  # noqa: E402
-from ematix_dagster.spec import load_pipeline_str  # noqa: E402
-from ematix_dagster.streaming.micro_batch import Engine  # noqa: E402
+from ematix_dagster.spark import runner as runner_mod
+from ematix_dagster.spark.runner import PipelineRunner
+from ematix_dagster.spark.session import get_spark
+from ematix_dagster.spec import load_pipeline_str
+from ematix_dagster.streaming.micro_batch import Engine
 
 SCHEMA_DDL = "key BIGINT, amount DOUBLE, item STRING, ts TIMESTAMP"
 BASE_US = 1_704_067_230_000_000  # 2024-01-01T00:00:30Z: each 60 s file spans two 1-minute windows
@@ -143,7 +144,7 @@ class CpuMeter:
             self._sample(self.last)
         self.sampler_cpu = time.thread_time() - started
 
-    def __enter__(self) -> "CpuMeter":
+    def __enter__(self) -> Self:
         self._sample(self.baseline)
         self.last = dict(self.baseline)
         self._thread = threading.Thread(target=self._loop, name="cpu-meter", daemon=True)

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from ematix_dagster.errors import StateVersionError
 from ematix_dagster.fingerprint import describe_changes, fingerprint, fingerprint_doc
 from ematix_dagster.recovery import Problem, validate_checkpoint
 from ematix_dagster.spark import checkpoint
@@ -56,8 +57,13 @@ class CheckReport:
 def check(spec: PipelineSpec) -> CheckReport:
     """Checkpoint against store, spec fingerprint, state version; never changes anything."""
     with opened(spec) as store:
-        record = store.load(spec.pipeline_name, groups=False).record
-        report = CheckReport(spec.pipeline_name, store.description, record, store.lease_holder(spec.pipeline_name))
+        holder = store.lease_holder(spec.pipeline_name)
+        try:
+            record = store.load(spec.pipeline_name, groups=False).record
+        except StateVersionError as exc:
+            return CheckReport(spec.pipeline_name, store.description, None, holder, [Problem(
+                "state_too_new", f"{exc}.", "run the newer ematix-dagster that wrote it")])
+        report = CheckReport(spec.pipeline_name, store.description, record, holder)
     report.problems = validate_checkpoint(spec, record)
     if record is not None and record.fingerprint and record.fingerprint != fingerprint(fingerprint_doc(spec)):
         changes = "; ".join(describe_changes(record.fingerprint_doc, fingerprint_doc(spec)))

@@ -153,6 +153,8 @@ def test_store_of_another_query(ran, spark, tmp_path):
 def test_newer_state_version(ran, spark, tmp_path):
     with sqlite3.connect(tmp_path / "state.db") as conn:
         conn.execute("UPDATE ematix_streaming_pipelines SET state_version = 99")
+    assert _codes(ran) == ["state_too_new"]
+    assert "99" in check(ran).problems[0].message
     with pytest.raises(StateVersionError, match="99"):
         _run(ran, spark)
 

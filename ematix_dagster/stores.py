@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ematix_dagster.spec import PipelineSpec, StateStore as StateStoreSpec
+from state_store import create_store
 from state_store.base import StateStore
 
 DEFAULT_SQLITE_PATH = ".ematix/state.db"
@@ -10,17 +11,7 @@ DEFAULT_SQLITE_PATH = ".ematix/state.db"
 
 def make_store(cfg: StateStoreSpec) -> StateStore:
     """The configured store, not yet opened (opening connects; constructing does not)."""
-    if cfg.kind == "in_memory":
-        from state_store.memory import InMemoryStateStore
-
-        return InMemoryStateStore()
-    if cfg.kind == "sqlite":
-        from state_store.sqlite import SqliteStateStore
-
-        return SqliteStateStore(cfg.path or DEFAULT_SQLITE_PATH)
-    from state_store.postgres import PostgresStateStore
-
-    return PostgresStateStore(cfg.url or "", schema=cfg.schema or "ematix")
+    return create_store(cfg.kind, path=cfg.path or DEFAULT_SQLITE_PATH, url=cfg.url, schema=cfg.schema)
 
 
 def guarantee(spec: PipelineSpec) -> str:

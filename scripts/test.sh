@@ -4,13 +4,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --test
 
+# The tests use a real PostgreSQL on 127.0.0.1:5432 (database "test", user postgres, trust auth).
 if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
-  if [ -d /etc/postgresql ]; then
-    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | sort -V | tail -n1)" main start || true
-  else
+  if [ ! -d /etc/postgresql ]; then
     (apt-get update -qq && apt-get install -y -qq postgresql) >/dev/null
-    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | sort -V | tail -n1)" main start || true
+    # A fresh Debian cluster wants passwords on TCP; this throwaway test server trusts loopback.
+    hba="/etc/postgresql/$(ls /etc/postgresql | sort -V | tail -n1)/main/pg_hba.conf"
+    sed -i -E 's/^(host\s+all\s+all\s+(127\.0\.0\.1\/32|::1\/128)\s+)\S+/\1trust/' "$hba"
   fi
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | sort -V | tail -n1)" main start || true
+  for _ in $(seq 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done
 fi
 
 set +e

@@ -62,6 +62,21 @@ def loads(value: Any, default: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
+#: The pipelines-table columns a load reads, in the order ``record_from_row`` expects.
+PIPELINE_COLUMNS = ("state_version", "query_id", "last_batch_id", "fingerprint", "fingerprint_doc", "watermark",
+                    "sources", "counters", "emitted", "lease_holder", "pending_migration")
+
+
+def record_from_row(pipeline: str, row: tuple, offsets: dict[str, str]) -> PipelineRecord:
+    """The pipelines-table row (in ``PIPELINE_COLUMNS`` order) as a record; JSON as text or jsonb."""
+    record = PipelineRecord(
+        pipeline=pipeline, state_version=row[0], query_id=row[1], last_batch_id=row[2], fingerprint=row[3],
+        fingerprint_doc=loads(row[4], {}), watermark=row[5], sources=sources_from_json(row[6]),
+        counters=loads(row[7], {}), emitted=loads(row[8], []), pending_migration=bool(row[10]))
+    record.offsets = ordered_offsets(record.sources, offsets)
+    return record
+
+
 def ordered_offsets(record_sources: Iterable[str], offsets: dict[str, str]) -> dict[str, str]:
     """Offsets in the record's source order, then any others by name."""
     out = {name: offsets[name] for name in record_sources if name in offsets}

@@ -37,16 +37,14 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ematix_dagster.errors import EmatixError, PipelineConfigError, StorePermissionError, StoreUnavailable
 from state_store import codec, migrations
-from state_store._common import (bring_forward, check_batch, check_record_version, lease_held, lease_key,
-                                 ordered_offsets, sources_from_json, where)
+from state_store._common import (PIPELINE_COLUMNS, bring_forward, check_batch, check_record_version, lease_held, lease_key,
+                                 record_from_row, where)
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, StateStore
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _TEMP = sql.Identifier("pg_temp", "ematix_state_upserts")
-_PIPELINE_COLUMNS = ("state_version", "query_id", "last_batch_id", "fingerprint", "fingerprint_doc", "watermark",
-                     "sources", "counters", "emitted", "lease_holder", "pending_migration")
 
 
 # ---- secrets ---------------------------------------------------------------------------------
@@ -349,7 +347,7 @@ class PostgresStateStore(StateStore):
         with self._connection() as conn, conn.transaction():
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             row = conn.execute(sql.SQL("SELECT {columns} FROM {pipelines} WHERE pipeline_name = %s").format(
-                columns=sql.SQL(", ").join(map(sql.Identifier, _PIPELINE_COLUMNS)), **n), (pipeline,)).fetchone()
+                columns=sql.SQL(", ").join(map(sql.Identifier, PIPELINE_COLUMNS)), **n), (pipeline,)).fetchone()
             if row is None or row[0] is None:  # no row, or only a lease marker: never committed
                 return RecoveredState(record=None)
             offsets = dict(conn.execute(sql.SQL("SELECT source_id, offset_json FROM {offsets} "
@@ -361,12 +359,7 @@ class PostgresStateStore(StateStore):
                                     "WHERE pipeline_name = %s").format(**n), (pipeline,))
                 with codec.gc_paused():
                     groups = cur.fetchall()
-        record = PipelineRecord(
-            pipeline=pipeline, state_version=row[0], query_id=row[1], last_batch_id=row[2], fingerprint=row[3],
-            fingerprint_doc=row[4] if row[4] is not None else {}, watermark=row[5],
-            sources=sources_from_json(row[6]), counters=row[7] if row[7] is not None else {},
-            emitted=row[8] if row[8] is not None else [], pending_migration=bool(row[10]))
-        record.offsets = ordered_offsets(record.sources, offsets)
+        record = record_from_row(pipeline, row, offsets)
         check_record_version(record, self.description)
         groups, migrated = bring_forward(pipeline, self.description, groups)
         return RecoveredState(record=record, groups=groups, migrated=migrated)
@@ -406,10 +399,10 @@ class PostgresStateStore(StateStore):
             conn.execute(sql.SQL(
                 "INSERT INTO {pipelines} (pipeline_name, {columns}, updated_at) VALUES (%s, {params}, now()) "
                 "ON CONFLICT (pipeline_name) DO UPDATE SET {updates}, updated_at = now()").format(
-                columns=sql.SQL(", ").join(map(sql.Identifier, _PIPELINE_COLUMNS)),
-                params=sql.SQL(", ").join([sql.Placeholder()] * len(_PIPELINE_COLUMNS)),
+                columns=sql.SQL(", ").join(map(sql.Identifier, PIPELINE_COLUMNS)),
+                params=sql.SQL(", ").join([sql.Placeholder()] * len(PIPELINE_COLUMNS)),
                 updates=sql.SQL(", ").join(sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c))
-                                           for c in _PIPELINE_COLUMNS), **n), (pipeline, *values))
+                                           for c in PIPELINE_COLUMNS), **n), (pipeline, *values))
             for callback in batch.in_transaction:
                 callback(conn)
 

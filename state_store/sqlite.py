@@ -28,9 +28,8 @@ from typing import Iterator
 
 from ematix_dagster.errors import CorruptState, StorePermissionError, StoreUnavailable
 from state_store import codec, migrations
-from state_store._common import (bring_forward, check_batch, check_record_version, file_safe, lease_held, loads,
-                                 ordered_offsets, sources_from_json, sources_to_json, where)
-from state_store.base import BatchCommit, PipelineRecord, RecoveredState, StateStore
+from state_store._common import (PIPELINE_COLUMNS, bring_forward, check_batch, check_record_version, file_safe, lease_held, record_from_row, sources_to_json, where)
+from state_store.base import BatchCommit, RecoveredState, StateStore
 
 _NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
 _HOLDER_WAIT_S = 1.0  # a lock that is held but has no holder text yet is re-checked for this long
@@ -41,8 +40,7 @@ _UPSERT = (f"INSERT INTO {_N['state']} (pipeline_name, window_start, group_key, 
            "state_blob = excluded.state_blob, state_version = excluded.state_version, updated_at = excluded.updated_at")
 _DELETE_KEY = f"DELETE FROM {_N['state']} WHERE pipeline_name = ? AND window_start = ? AND group_key = ?"
 _DELETE_WINDOW = f"DELETE FROM {_N['state']} WHERE pipeline_name = ? AND window_start = ?"
-_PIPELINE_COLUMNS = ("state_version, query_id, last_batch_id, fingerprint, fingerprint_doc, watermark, sources, "
-                     "counters, emitted, lease_holder, pending_migration")
+_PIPELINE_COLUMNS = ", ".join(PIPELINE_COLUMNS)
 
 
 class SqliteStateStore(StateStore):
@@ -238,11 +236,7 @@ class SqliteStateStore(StateStore):
                                             "WHERE pipeline_name = ?", (pipeline,)).fetchall()
             finally:
                 conn.execute("COMMIT")
-        record = PipelineRecord(
-            pipeline=pipeline, state_version=row[0], query_id=row[1], last_batch_id=row[2], fingerprint=row[3],
-            fingerprint_doc=loads(row[4], {}), watermark=row[5], sources=sources_from_json(row[6]),
-            counters=loads(row[7], {}), emitted=loads(row[8], []), pending_migration=bool(row[10]))
-        record.offsets = ordered_offsets(record.sources, offsets)
+        record = record_from_row(pipeline, row, offsets)
         check_record_version(record, self.description)
         rows, migrated = bring_forward(pipeline, self.description, rows)
         return RecoveredState(record=record, groups=rows, migrated=migrated)

@@ -38,9 +38,13 @@ def offset_names(spec: PipelineSpec) -> list[str]:
     return names
 
 
-def checkpoint_offsets(spec: PipelineSpec, batch_id: int) -> dict[str, str]:
-    lines = checkpoint.read_offsets(spec.run.checkpoint_location, batch_id).offsets
+def named_offsets(spec: PipelineSpec, lines: tuple[str, ...]) -> dict[str, str]:
+    """A batch's offset lines from ``offsets/N`` keyed by source name."""
     return dict(zip(offset_names(spec), lines))
+
+
+def checkpoint_offsets(spec: PipelineSpec, batch_id: int) -> dict[str, str]:
+    return named_offsets(spec, checkpoint.read_offsets(spec.run.checkpoint_location, batch_id).offsets)
 
 
 def validate_checkpoint(spec: PipelineSpec, record: PipelineRecord | None) -> list[Problem]:

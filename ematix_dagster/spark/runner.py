@@ -37,7 +37,7 @@ from ematix_dagster.spark.sources import union_sources
 from ematix_dagster.spec import PipelineSpec, resolve_env
 from ematix_dagster.streaming.micro_batch import BatchInput, BatchResult, Engine, SourceStats
 from ematix_dagster.streaming.windows import format_us
-from ematix_dagster.recovery import checkpoint_offsets, validate_checkpoint
+from ematix_dagster.recovery import named_offsets, validate_checkpoint
 from ematix_dagster.stores import guarantee, make_store
 from ematix_dagster.targets import DeadLetterWriter, WindowWriter, make_dead_letter_writer, make_window_writer
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, SourceProgress, StateStore, make_holder
@@ -262,7 +262,8 @@ class PipelineRunner:
             return None
         if self.query_id is None:
             self.query_id = checkpoint.query_id(spec.run.checkpoint_location)
-        batch_time = checkpoint.read_offsets(spec.run.checkpoint_location, batch_id).batch_timestamp_ms * 1_000
+        offsets = checkpoint.read_offsets(spec.run.checkpoint_location, batch_id)
+        batch_time = offsets.batch_timestamp_ms * 1_000
         self._last_batch_time = batch_time
         frames = build_batch(df.sparkSession, self.plan, df, batch_id, batch_time,
                              engine.closed_before(), engine.emitted_before())
@@ -281,7 +282,7 @@ class PipelineRunner:
         result = engine.process(batch)
         self._write(batch_id, result, in_transaction)
         faults.point("target_write", batch_id)
-        self._commit(batch_id, in_transaction)
+        self._commit(batch_id, named_offsets(spec, offsets.offsets), in_transaction)
         faults.point("after_store_commit", batch_id)
         seconds = time.perf_counter() - started
         self.metrics.record(spec.pipeline_name, spec.window.kind, spec.window.late_data, batch, result, seconds)
@@ -321,7 +322,7 @@ class PipelineRunner:
         return (dl is not None and dl.kind == "postgres" and store.kind == "postgres"
                 and resolve_env(dl.url) == resolve_env(store.url))
 
-    def _commit(self, batch_id: int, in_transaction: list[Callable[[object], None]]) -> None:
+    def _commit(self, batch_id: int, offsets: dict[str, str], in_transaction: list[Callable[[object], None]]) -> None:
         """One store transaction: changed groups, evicted windows, offsets, watermarks, counters."""
         store, engine, spec = self.store, self.engine, self.spec
         upserts, evicted = engine.state.take_changes()
@@ -333,9 +334,7 @@ class PipelineRunner:
             last_batch_id=engine.last_batch_id, fingerprint=self.fingerprint, fingerprint_doc=self.fingerprint_doc,
             watermark=marks.global_wm,
             sources={n: SourceProgress(c.max_event_ts, c.last_arrival) for n, c in marks.clocks.items()},
-            counters=dict(engine.counters), emitted=sorted(engine.state.emitted),
-            offsets=checkpoint_offsets(spec, batch_id) if batch_id == engine.last_batch_id else
-            (self.recovered.record.offsets if self.recovered.record else {}),
+            counters=dict(engine.counters), emitted=sorted(engine.state.emitted), offsets=offsets,
         )
         store.commit(BatchCommit(
             record=record,
@@ -421,7 +420,8 @@ class PipelineRunner:
             result = engine.flush(batch_id, self._last_batch_time)
             in_transaction: list[Callable[[object], None]] = []
             self._write(batch_id, result, in_transaction, part="flush")
-            self._commit(batch_id, in_transaction)
+            # The flush reads no input: the offsets stay those of the last committed batch.
+            self._commit(batch_id, self.recovered.record.offsets if self.recovered.record else {}, in_transaction)
             self.metrics.record_emit(spec.pipeline_name, spec.window.kind, result)
             report = self._report(BatchInput(batch_id, self._last_batch_time, {}), result, 0.0)
             self.progress(report.progress_line(spec.pipeline_name) + " (end-of-input flush)")

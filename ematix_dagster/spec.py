@@ -249,7 +249,7 @@ class Window:
     @property
     def retention_ms(self) -> int:
         """How long past its end a window stays in state (0 unless ``reopen``)."""
-        return self.allowed_lateness_ms or 0 if self.late_data == "reopen" else 0
+        return (self.allowed_lateness_ms or 0) if self.late_data == "reopen" else 0
 
 
 @dataclass(frozen=True)

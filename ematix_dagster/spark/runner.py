@@ -96,7 +96,8 @@ class RunSummary:
 class PipelineRunner:
     """One streaming query's lifetime for one pipeline spec.
 
-    >>> # runner = PipelineRunner(load_pipeline("pipelines/clicks.toml")); runner.run()
+    ``PipelineRunner(load_pipeline("p.toml")).run()`` runs to the end of the input (or until
+    :meth:`request_stop`); :meth:`events` yields a report per batch instead, for Dagster.
     """
 
     def __init__(self, spec: PipelineSpec, spark: SparkSession | None = None,

@@ -11,10 +11,13 @@ import json
 import signal
 import sys
 import threading
+import traceback
+from pathlib import Path
 from typing import Sequence
 
-from ematix_dagster.errors import EmatixError, PipelineConfigError
-from ematix_dagster.spec import PipelineSpec, load_pipeline
+from ematix_dagster.errors import PipelineConfigError, UnexpectedError
+from ematix_dagster.failures import classify
+from ematix_dagster.spec import PipelineSpec, load_pipeline, spec_warnings
 
 
 def _validate(spec: PipelineSpec) -> None:
@@ -22,8 +25,9 @@ def _validate(spec: PipelineSpec) -> None:
     from ematix_dagster.spark.session import get_spark
     from ematix_dagster.spark.sources import union_sources
 
+    resolved = spec.resolved()
     spark = get_spark(f"ematix-validate-{spec.pipeline_name}")
-    analyse(spark, spec, union_sources(spark, spec))
+    analyse(spark, resolved, union_sources(spark, resolved))
 
 
 def cmd_validate(spec: PipelineSpec) -> int:
@@ -118,6 +122,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         spec = load_pipeline(args.pipeline)
+        if args.command in ("validate", "run"):
+            for warning in spec_warnings(spec):  # the file as written: resolved values are never shown
+                print(f"warning: {warning}", file=sys.stderr)
         if args.command == "migrate":
             return cmd_migrate(spec, args.dry_run)
         if args.command == "reset":
@@ -126,9 +133,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PipelineConfigError as exc:
         print(f"error: invalid pipeline {args.pipeline}: {exc}", file=sys.stderr)
         return 2
-    except EmatixError as exc:
-        kind = "terminal" if exc.terminal else "transient (retrying may help)"
-        print(f"error ({kind}): {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - every failure leaves as a classified EmatixError
+        err = classify(exc, Path(args.pipeline).stem)
+        if isinstance(err, UnexpectedError):
+            traceback.print_exception(exc, file=sys.stderr)
+        kind = "terminal" if err.terminal else "transient (retrying may help)"
+        print(f"error ({kind}): {err}", file=sys.stderr)
         return 1
 
 

@@ -51,9 +51,16 @@ class TargetError(EmatixError):
 
 
 class StoreUnavailable(EmatixError):
-    """The state store cannot be reached or refused the credentials; retrying may help."""
+    """The state store cannot be reached (down, restarting, network); retrying may help."""
 
     terminal = False
+
+
+class StoreAccessDenied(EmatixError):
+    """The database refused the credentials, or the role or database does not exist.
+
+    Terminal: retrying with the same settings fails the same way until someone acts.
+    """
 
 
 class StorePermissionError(EmatixError):
@@ -76,5 +83,31 @@ class FingerprintChanged(EmatixError):
     """The state-relevant part of the spec changed since the state was written."""
 
 
+class SparkQueryFailed(EmatixError):
+    """The streaming query died for a reason outside the engine (a Spark job failure)."""
+
+    terminal = False
+
+
+class UnexpectedError(EmatixError):
+    """A failure no rule classifies (a bug, or an environment problem this code does not know).
+
+    Terminal: retrying in a loop would only repeat it; the message and the traceback say what
+    happened.
+    """
+
+
 class CheckpointDiverged(EmatixError):
     """Spark's checkpoint and the state store disagree about where the pipeline is."""
+
+
+class InputSchemaMismatch(EmatixError):
+    """An input file does not fit the source's declared schema (a CSV header naming other columns,
+    a Parquet column of another type). Terminal: the same file fails the same way on every retry."""
+
+
+class CorruptCheckpoint(EmatixError):
+    """A file in Spark's checkpoint directory is not in Spark's format (offsets, commits, metadata).
+
+    Terminal: the file reads the same on every retry; restore the checkpoint or reset.
+    """

@@ -10,6 +10,7 @@ import threading
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from ematix_dagster.errors import PipelineConfigError
 from ematix_dagster.streaming.micro_batch import BatchInput, BatchResult
 
 PREFIX = "ematix_streaming"
@@ -90,8 +91,17 @@ def default_metrics() -> StreamingMetrics:
         return _default
 
 
-def serve(port: int, host: str = "127.0.0.1") -> None:
-    """Expose the default registry on ``host:port`` once per process."""
+def serve(port: int, host: str = "127.0.0.1", pipeline: str | None = None) -> None:
+    """Expose the default registry on ``host:port`` once per process.
+
+    A port another process holds is a configuration problem (terminal), named with the port.
+    """
     with _lock:
         if port not in _servers:
-            _servers[port] = start_http_server(port, addr=host)
+            try:
+                _servers[port] = start_http_server(port, addr=host)
+            except OSError as exc:
+                who = f"pipeline {pipeline}: " if pipeline else ""
+                raise PipelineConfigError(
+                    "metrics_port", f"{who}cannot serve Prometheus metrics on {host}:{port}: {exc.strerror or exc}",
+                    "pick a free port, or stop the process that holds it") from None

@@ -2,6 +2,8 @@
 
 The CLI and the Dagster ops call these. Each opens the configured store, respects the pipeline's
 lease (a running pipeline is never reset or migrated under its feet) and closes the store again.
+They take the spec as loaded: stores and checkpoints are opened from its resolved copy, while the
+fingerprint, which the state records, is computed from the placeholders (never from a value).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from state_store.codec import STATE_VERSION
 
 @contextmanager
 def opened(spec: PipelineSpec) -> Iterator[StateStore]:
-    store = make_store(spec.state_store)
+    """The store of ``spec`` (as loaded, with its placeholders), open for the block."""
+    store = make_store(spec.resolved().state_store)
     store.open()
     try:
         yield store
@@ -55,20 +58,56 @@ class CheckReport:
 
 
 def check(spec: PipelineSpec) -> CheckReport:
-    """Checkpoint against store, spec fingerprint, state version; never changes anything."""
+    """Checkpoint against store, spec fingerprint, state version, every state blob; never changes anything.
+
+    Every stored group is decoded and checked against the spec's aggregations (as a restore
+    would, and closer: every HLL sketch is opened), so corrupt state is reported here
+    (``corrupt_state``) rather than found by the next run.
+    """
+    import re
+
+    from ematix_dagster.errors import CorruptCheckpoint, CorruptState
+    from ematix_dagster.recovery import RESET
+    from ematix_dagster.streaming.micro_batch import check_groups
+    from state_store.codec import decode_groups
+
+    def corrupt_state(exc: CorruptState) -> Problem:
+        cause = re.split(r"[.;] [Rr]estore the state store from a backup", str(exc), maxsplit=1)[0].rstrip(".")
+        return Problem("corrupt_state", f"the stored state cannot be used: {cause}.",
+                       f"restore the state store from its backup, {RESET}")
+
     with opened(spec) as store:
         holder = store.lease_holder(spec.pipeline_name)
         try:
-            record = store.load(spec.pipeline_name, groups=False).record
+            recovered = store.load(spec.pipeline_name)
         except StateVersionError as exc:
             return CheckReport(spec.pipeline_name, store.description, None, holder, [Problem(
                 "state_too_new", f"{exc}.", "run the newer ematix-dagster that wrote it")])
+        except CorruptState as exc:  # a pipelines row, a version byte or the whole database
+            return CheckReport(spec.pipeline_name, store.description, None, holder, [corrupt_state(exc)])
+        record = recovered.record
         report = CheckReport(spec.pipeline_name, store.description, record, holder)
-    report.problems = validate_checkpoint(spec, record)
-    if record is not None and record.fingerprint and record.fingerprint != fingerprint(fingerprint_doc(spec)):
+    try:
+        report.problems = validate_checkpoint(spec.resolved(), record)
+    except CorruptCheckpoint as exc:
+        cause = str(exc).split(". Restore the checkpoint directory", 1)[0]
+        report.problems = [Problem("corrupt_checkpoint", f"{cause}.",
+                                   f"restore the checkpoint directory from its backup, {RESET}")]
+    changed = bool(record is not None and record.fingerprint
+                   and record.fingerprint != fingerprint(fingerprint_doc(spec)))
+    if changed:
         changes = "; ".join(describe_changes(record.fingerprint_doc, fingerprint_doc(spec)))
         report.problems.append(Problem("fingerprint_changed", f"the spec's window shape changed since the state was "
                                        f"written: {changes}.", "revert the change, or reset the pipeline"))
+    if record is not None:
+        try:
+            windows = decode_groups(spec.pipeline_name, recovered.groups, report.store)
+            if not changed:  # state of another window shape is reported as fingerprint_changed, not corrupt
+                check_groups(spec.pipeline_name, spec.window, [
+                    (start, key, accs) for start, by_key in windows.items() for key, accs in by_key.items()],
+                    report.store, thorough=True)
+        except CorruptState as exc:
+            report.problems.append(corrupt_state(exc))
     return report
 
 
@@ -121,7 +160,7 @@ def reset(spec: PipelineSpec) -> list[str]:
         with leased(store, spec, "reset"):
             store.reset(spec.pipeline_name)
             done.append(f"deleted the state of pipeline {spec.pipeline_name} in {store.description}")
-            cp = checkpoint.local_path(spec.run.checkpoint_location)
+            cp = checkpoint.local_path(spec.resolved().run.checkpoint_location)
             if cp.exists():
                 shutil.rmtree(cp)
                 done.append(f"deleted the checkpoint {cp}")

@@ -54,7 +54,8 @@ def validate_checkpoint(spec: PipelineSpec, record: PipelineRecord | None) -> li
     has_progress = checkpoint.has_progress(cp)
     problems: list[Problem] = []
     if record is None or record.last_batch_id is None:
-        if has_progress:
+        # Planned but uncommitted batch 0 (a crash or an outage inside it) is healthy: Spark replays it.
+        if last_commit >= 0:
             problems.append(Problem(
                 "store_missing",
                 f"the checkpoint {cp} has progress up to batch {last_commit}, but the state store has no state for "

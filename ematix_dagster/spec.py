@@ -2,23 +2,28 @@
 
 The TOML file is the single description of a pipeline (SPEC.md §1). The dataclasses mirror it one
 to one so that ``load_pipeline_str(dump_pipeline(spec)) == spec``. Strings keep their ``${NAME}``
-placeholders (secrets stay out of dumps and code versions); :func:`resolve_env` expands them where
-a value is used, and loading checks that every referenced variable is set.
+placeholders, so secrets stay out of dumps, fingerprints and code versions; whatever does I/O works
+on :meth:`PipelineSpec.resolved`, the copy with every placeholder expanded.
 
 Every rule is checked when the spec is built, so a bad config fails before Spark starts, with a
-:class:`PipelineConfigError` that names the key, the value and the fix.
+:class:`PipelineConfigError` that names the key, the value and the fix. Types are checked on the
+spec as written (from the dataclass annotations: TOML gives ``"false"`` where a boolean was meant),
+values on the resolved copy (``table = "${SCHEMA}.clicks"`` is a valid table once SCHEMA is set).
 """
 
 from __future__ import annotations
 
+import datetime as _dt
+import functools
 import math
 import os
 import re
 import tomllib
+import types
 from dataclasses import MISSING as _MISSING
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, TypeVar, Union, get_args, get_origin, get_type_hints
 
 import tomli_w
 
@@ -41,6 +46,22 @@ END_OF_INPUT = ("keep", "flush")
 
 #: Columns the engine adds or reserves; user names may not take them.
 RESERVED_COLUMNS = ("_event_ts", "_source", "_batch_id", "_reason", "_emit_kind", "_corrupt_record")
+
+#: Largest ``*_ms`` duration: 1000 years (of 365 days). Times are 64-bit microseconds; a duration in
+#: microseconds (x 1000) added to an event time as late as year 9999 (about 2.5e17 us) stays far
+#: below 2**63.
+MAX_DURATION_MS = 1000 * 365 * 86_400 * 1000
+JAVA_INT_MAX = 2**31 - 1
+JAVA_LONG_MAX = 2**63 - 1
+
+# Upper bounds of integer keys besides the *_ms durations, with the reason the message gives.
+_INT_BOUNDS: dict[str, tuple[int, str]] = {
+    "max_files_per_trigger": (JAVA_INT_MAX, "Spark reads maxFilesPerTrigger as a Java int"),
+    "rows_per_second": (JAVA_INT_MAX, "the rate source multiplies it by elapsed seconds in 64 bits"),
+    "max_offsets_per_trigger": (JAVA_LONG_MAX, "Spark reads maxOffsetsPerTrigger as a Java long"),
+    "max_groups_per_window": (JAVA_INT_MAX, "a window's groups are held in the driver's memory"),
+    "max_distinct_values_per_group": (JAVA_INT_MAX, "the distinct values are held in the driver's memory"),
+}
 
 _NAME_RE = re.compile(r"^[a-z0-9_-]+$")
 _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -150,8 +171,7 @@ class Window:
     window_end_column: str = "window_end"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "group_by", tuple(self.group_by))
-        object.__setattr__(self, "aggregations", tuple(self.aggregations))
+        _listed_as_tuple(self, "group_by", "aggregations")
 
     def validate(self, key: str = "transform.window") -> None:
         if self.kind in RESERVED_WINDOW_KINDS:
@@ -270,6 +290,7 @@ class Source:
     topic: str | None = None
     max_offsets_per_trigger: int | None = None
     starting_offsets: str | None = None
+    header: bool | None = None
 
     def validate(self, key: str) -> None:
         if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
@@ -282,12 +303,12 @@ class Source:
             _fail(f"{key}.event_time_unit", f"unknown unit {self.event_time_unit!r}", 'use "ms", "us" or "s"')
         _non_negative(f"{key}.max_future_skew_ms", self.max_future_skew_ms)
         allowed = {
-            "files": {"format", "path", "schema", "event_time_column", "max_files_per_trigger"},
+            "files": {"format", "path", "schema", "event_time_column", "max_files_per_trigger", "header"},
             "rate": {"rows_per_second"},
             "kafka": {"bootstrap_servers", "topic", "max_offsets_per_trigger", "starting_offsets"},
         }[self.kind]
         optional = {"format", "path", "schema", "event_time_column", "max_files_per_trigger", "rows_per_second",
-                    "bootstrap_servers", "topic", "max_offsets_per_trigger", "starting_offsets"}
+                    "bootstrap_servers", "topic", "max_offsets_per_trigger", "starting_offsets", "header"}
         for f in sorted(optional - allowed):
             if getattr(self, f) is not None:
                 _fail(f"{key}.{f}", f"does not apply to a {self.kind} source", "remove it")
@@ -304,6 +325,9 @@ class Source:
                       "name the column that holds each row's event time")
             if self.max_files_per_trigger is not None:
                 _positive(f"{key}.max_files_per_trigger", self.max_files_per_trigger)
+            if self.header is not None and self.format != "csv":
+                _fail(f"{key}.header", f"header = {str(self.header).lower()} only applies to csv files, "
+                      f"not {self.format}", "remove it")
         elif self.kind == "rate":
             if self.rows_per_second is not None:
                 _positive(f"{key}.rows_per_second", self.rows_per_second)
@@ -321,7 +345,7 @@ class Target:
     """Where closed windows go (``[target]``)."""
 
     kind: str
-    url: str | None = None
+    url: str | None = field(default=None, repr=False)  # resolved, it may hold a password
     table: str | None = None
     create_table: bool = False
     same_transaction: bool = False
@@ -341,7 +365,7 @@ class DeadLetter:
 
     kind: str
     path: str | None = None
-    url: str | None = None
+    url: str | None = field(default=None, repr=False)  # resolved, it may hold a password
     table: str | None = None
     create_table: bool = False
 
@@ -361,7 +385,7 @@ class StateStore:
 
     kind: str = "sqlite"
     path: str | None = None
-    url: str | None = None
+    url: str | None = field(default=None, repr=False)  # resolved, it may hold a password
     schema: str | None = None
     checkpoint_interval_ms: int | None = None
 
@@ -375,9 +399,10 @@ class StateStore:
         if self.kind != "sqlite" and self.path is not None:
             _fail(f"{key}.path", f"does not apply to a {self.kind} store", "remove it")
         if self.kind != "postgres":
-            for name, value in (("url", self.url), ("schema", self.schema)):
-                if value is not None:
-                    _fail(f"{key}.{name}", f"{name} = {value!r} does not apply to a {self.kind} store", "remove it")
+            if self.url is not None:  # never shown: it may hold a password
+                _fail(f"{key}.url", f"does not apply to a {self.kind} store", "remove it")
+            if self.schema is not None:
+                _fail(f"{key}.schema", f"schema = {self.schema!r} does not apply to a {self.kind} store", "remove it")
         if self.schema is not None and not _IDENT_RE.match(self.schema):
             _fail(f"{key}.schema", f"{self.schema!r} is not a schema name", "use letters, digits and _")
 
@@ -404,7 +429,7 @@ class Run:
         if self.end_of_input == "flush" and self.trigger != "available_now":
             _fail(f"{key}.end_of_input", '"flush" only applies to trigger = "available_now"',
                   'remove it or use trigger = "available_now"')
-        if not self.checkpoint_location or not isinstance(self.checkpoint_location, str):
+        if not self.checkpoint_location:
             _fail(f"{key}.checkpoint_location", f"{self.checkpoint_location!r} is not a path",
                   'e.g. ".ematix/checkpoints/<pipeline>"')
         if "://" in self.checkpoint_location and not self.checkpoint_location.startswith("file://"):
@@ -427,10 +452,21 @@ class PipelineSpec:
     metrics_port: int | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "sources", tuple(self.sources))
+        _listed_as_tuple(self, "sources")
 
     def validate(self) -> "PipelineSpec":
-        if not isinstance(self.pipeline_name, str) or not _NAME_RE.match(self.pipeline_name):
+        """Check the types as written, then every value rule on the resolved copy; return ``self``."""
+        _check_types(self)
+        self.resolved()._validate_values()
+        return self
+
+    def resolved(self) -> "PipelineSpec":
+        """This spec with ``${NAME}`` expanded in every string: what sources, stores, targets and
+        checkpoints are opened with. Never dump it or fingerprint it (it may hold passwords)."""
+        return _resolved(self, "")
+
+    def _validate_values(self) -> None:
+        if not _NAME_RE.match(self.pipeline_name):
             _fail("pipeline_name", f"{self.pipeline_name!r} is not a valid name", "use [a-z0-9_-]")
         if not self.sources:
             _fail("sources", "at least one [[sources]] entry is required", "add a [[sources]] table")
@@ -454,15 +490,10 @@ class PipelineSpec:
             _fail("target.same_transaction", "needs a postgres [state_store] in the same database",
                   'set [state_store] kind = "postgres" or remove same_transaction')
         self.run.validate()
-        if self.metrics_port is not None and (not isinstance(self.metrics_port, int) or isinstance(self.metrics_port, bool)
-                                              or not 1 <= self.metrics_port <= 65535):
+        if self.metrics_port is not None and not 1 <= self.metrics_port <= 65535:
             _fail("metrics_port", f"{self.metrics_port!r} is not a TCP port", "use 1..65535")
-        if self.transform_sql is not None and not isinstance(self.transform_sql, str):
-            _fail("transform.sql", f"{self.transform_sql!r} is not a string", 'write sql = "SELECT ... FROM source"')
         if self.transform_sql is not None and not self.transform_sql.strip():
             _fail("transform.sql", "is empty", "remove [transform] sql or write a SELECT")
-        _check_env(self)
-        return self
 
     @property
     def source_names(self) -> tuple[str, ...]:
@@ -510,9 +541,10 @@ def _validate_sink_fields(key: str, kind: str, url: str | None, table: str | Non
     elif kind == "parquet":
         if not path:
             _fail(f"{key}.path", "is required for parquet", "name an output directory")
-        for name, value in (("url", url), ("table", table)):
-            if value is not None:
-                _fail(f"{key}.{name}", f"{name} = {value!r} does not apply to parquet", "remove it")
+        if url is not None:
+            _fail(f"{key}.url", "does not apply to parquet", "remove it")  # never shown: it may hold a password
+        if table is not None:
+            _fail(f"{key}.table", f"table = {table!r} does not apply to parquet", "remove it")
     else:
         if url is not None or table is not None or path is not None:
             _fail(f"{key}.kind", "console takes no url, table or path", "remove them")
@@ -520,10 +552,6 @@ def _validate_sink_fields(key: str, kind: str, url: str | None, table: str | Non
 
 # ---------------------------------------------------------------------------------------------
 # ${ENV} placeholders
-
-
-def env_references(value: str) -> list[str]:
-    return _ENV_RE.findall(value)
 
 
 def resolve_env(value: str | None) -> str | None:
@@ -541,21 +569,140 @@ def resolve_env(value: str | None) -> str | None:
 
 
 _TOML_KEYS = {"window": "transform.window", "transform_sql": "transform.sql", "as_": "as"}
+_T = TypeVar("_T")
 
 
-def _check_env(obj: Any, key: str = "") -> None:
+def _child(key: str, field_name: str) -> str:
+    name = _TOML_KEYS.get(field_name, field_name)
+    return f"{key}.{name}" if key else name
+
+
+def _resolved(obj: _T, key: str) -> _T:
+    # Unset variables are reported with the TOML key that uses them, not just the variable's name.
     if isinstance(obj, str):
-        for name in env_references(obj):
+        for name in _ENV_RE.findall(obj):
             if name not in os.environ:
                 _fail(key or "spec", f"uses ${{{name}}} but the environment variable {name} is not set",
-                      f"export {name}=... before loading the pipeline")
-    elif isinstance(obj, tuple):
-        for i, item in enumerate(obj):
-            _check_env(item, f"{key}[{i}]")
-    elif hasattr(obj, "__dataclass_fields__"):
-        for f in fields(obj):
-            name = _TOML_KEYS.get(f.name, f.name)
-            _check_env(getattr(obj, f.name), f"{key}.{name}" if key else name)
+                      f"export {name}=... where the pipeline is loaded and run")
+        return resolve_env(obj)  # type: ignore[return-value]
+    if isinstance(obj, tuple):
+        return tuple(_resolved(item, f"{key}[{i}]") for i, item in enumerate(obj))  # type: ignore[return-value]
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return replace(obj, **{f.name: _resolved(getattr(obj, f.name), _child(key, f.name)) for f in fields(obj)})
+    return obj
+
+
+def _listed_as_tuple(obj: Any, *names: str) -> None:
+    # Lists (TOML arrays, Python callers) become tuples so specs stay hashable and comparable; any
+    # other value is left for the type check to report instead of being split into characters.
+    for name in names:
+        value = getattr(obj, name)
+        if isinstance(value, list):
+            object.__setattr__(obj, name, tuple(value))
+
+
+# ---------------------------------------------------------------------------------------------
+# Types, from the dataclass annotations
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def _toml_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a float"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (list, tuple)):
+        return "an array"
+    if isinstance(value, Mapping) or is_dataclass(value):
+        return "a table"
+    if isinstance(value, (_dt.date, _dt.time)):
+        return "a date/time"
+    return f"a {type(value).__name__}"
+
+
+def _int_bound(name: str) -> tuple[int, str] | None:
+    if name.endswith("_ms"):
+        return MAX_DURATION_MS, "1000 years: durations become 64-bit microseconds added to event times"
+    return _INT_BOUNDS.get(name)
+
+
+def _check_types(obj: Any, key: str = "") -> None:
+    """Every field of ``obj`` (recursively) against its annotation, so that no rule compares or
+    formats a value of the wrong type, and ``"false"`` is never taken for a true boolean."""
+    hints = _hints(type(obj))
+    for f in fields(obj):
+        _check_type(_child(key, f.name), _TOML_KEYS.get(f.name, f.name), getattr(obj, f.name), hints[f.name])
+
+
+def _check_type(key: str, name: str, value: Any, hint: Any) -> None:
+    if get_origin(hint) in (Union, types.UnionType):  # X | None
+        if value is None:
+            return
+        (hint,) = [a for a in get_args(hint) if a is not type(None)]
+    if value is None:
+        _fail(key, "is mandatory", f"set {name}")
+    if get_origin(hint) is tuple:
+        if not isinstance(value, tuple):
+            example = f'["{value}"]' if isinstance(value, str) else "[...]"
+            _fail(key, f"{value!r} is {_toml_type(value)}, not a list", f"write a list, e.g. {name} = {example}")
+        for i, item in enumerate(value):
+            _check_type(f"{key}[{i}]", name, item, get_args(hint)[0])
+    elif is_dataclass(hint):
+        if not isinstance(value, hint):
+            _fail(key, f"is {_toml_type(value)}, not a {hint.__name__}", f"write the [{key}] table")
+        _check_types(value, key)
+    elif hint is bool:
+        if not isinstance(value, bool):
+            _fail(key, f"{value!r} is {_toml_type(value)}, not a boolean",
+                  f"write {name} = true or {name} = false, without quotes")
+    elif hint is int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            _fail(key, f"{value!r} is {_toml_type(value)}, not an integer", "write a whole number without quotes")
+        bound = _int_bound(name)
+        if bound is not None and value > bound[0]:
+            _fail(key, f"{value} is larger than {bound[0]:_} ({bound[1]})", f"use at most {bound[0]:_}")
+    elif hint is str:
+        if not isinstance(value, str):
+            scalar = isinstance(value, (int, float))
+            _fail(key, f"{value!r} is {_toml_type(value)}, not a string",
+                  f'write it in quotes, e.g. "{value}"' if scalar else "write a string in quotes")
+    else:  # a field whose annotation has no rule here: a programming error, not a config error
+        raise TypeError(f"{key}: no type rule for {hint!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Warnings: valid, but unwise
+
+_URL_USERINFO = re.compile(r"://([^/?#@\s]*)@")
+_QUERY_PASSWORD = re.compile(r"[?&]password=([^&#\s]*)", re.IGNORECASE)
+_KV_PASSWORD = re.compile(r"(?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+
+
+def _literal_password(url: str) -> bool:
+    """Whether ``url`` holds a password typed into the file (not only ``${NAME}`` placeholders)."""
+    found = [m.group(1).partition(":")[2] for m in _URL_USERINFO.finditer(url)]
+    found += [m.group(1) for m in _QUERY_PASSWORD.finditer(url)] + [m.group(1) for m in _KV_PASSWORD.finditer(url)]
+    return any(_ENV_RE.sub("", password).strip("'") for password in found)
+
+
+def spec_warnings(spec: PipelineSpec) -> list[str]:
+    """One line per unwise but valid setting of ``spec`` as written: today, each URL whose password
+    is typed into the file (files are shared, versioned and printed). The password is never shown."""
+    urls = (("target.url", spec.target.url, "EMATIX_TARGET_URL"),
+            ("dead_letter.url", spec.dead_letter.url if spec.dead_letter is not None else None, "EMATIX_DLQ_URL"),
+            ("state_store.url", spec.state_store.url, "EMATIX_STATE_URL"))
+    return [f"{key}: the URL holds a password written in the pipeline file; move the password to an environment "
+            f'variable, e.g. url = "postgresql://user:${{PGPASSWORD}}@host/db" (any string may use ${{NAME}}), '
+            f'or the whole URL, e.g. url = "${{{variable}}}"'
+            for key, url, variable in urls if url and _literal_password(url)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -618,10 +765,6 @@ def spec_from_dict(doc: Mapping[str, Any]) -> PipelineSpec:
         _fail("transform.window.max_groups_per_window", "is mandatory",
               "set the most groups one window may hold, e.g. 1_000_000")
     wdoc["aggregations"] = aggs
-    if "group_by" in wdoc:
-        if not isinstance(wdoc["group_by"], list):
-            _fail("transform.window.group_by", "must be a list of column names", 'e.g. group_by = ["user_id"]')
-        wdoc["group_by"] = tuple(wdoc["group_by"])
     window = _take(wdoc, "transform.window", Window)
     if not isinstance(doc["sources"], list):
         _fail("sources", "must be an array of tables", "write [[sources]]")

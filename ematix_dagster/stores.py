@@ -10,7 +10,10 @@ DEFAULT_SQLITE_PATH = ".ematix/state.db"
 
 
 def make_store(cfg: StateStoreSpec) -> StateStore:
-    """The configured store, not yet opened (opening connects; constructing does not)."""
+    """The configured store, not yet opened (opening connects; constructing does not).
+
+    ``cfg`` comes from :meth:`PipelineSpec.resolved`: stores take URLs and paths as they are.
+    """
     return create_store(cfg.kind, path=cfg.path or DEFAULT_SQLITE_PATH, url=cfg.url, schema=cfg.schema)
 
 

@@ -2,6 +2,8 @@
 
 Everything here is pyarrow and psycopg: no Spark. The engine hands each writer one
 :class:`pyarrow.Table` per micro-batch, together with the batch id from the streaming checkpoint.
+Writers are built from the resolved spec (:meth:`~ematix_dagster.spec.PipelineSpec.resolved`), so
+URLs and paths are used as they are.
 
 Replays and the guarantee (SPEC.md §5)
 --------------------------------------
@@ -79,7 +81,8 @@ for); otherwise it must exist with those columns, which ``open()`` checks.
 
 Errors
 ------
-Connection and I/O failures raise :class:`TargetError` (``terminal = False``: a retry may help)
+Connection and I/O failures raise :class:`TargetError` (``terminal = False``: a retry may help;
+a refused login, a missing role or database is ``terminal = True``)
 naming the pipeline, the table and ``host:port/dbname``, never the password: passwords are
 stripped from every message and raw DSNs are never printed. Data errors raised by PostgreSQL
 (a value that does not fit an existing column, ...) are also :class:`TargetError` but with
@@ -108,7 +111,8 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from ematix_dagster.errors import PipelineConfigError, TargetError
-from ematix_dagster.spec import DeadLetter, Target, resolve_env
+from ematix_dagster.spec import DeadLetter, Target
+from state_store.postgres import access_denied
 
 __all__ = [
     "EMIT_KIND_COLUMN",
@@ -366,8 +370,8 @@ class _PostgresTable:
         self._password: str | None = None
         self._where = "PostgreSQL"
         self._conn: psycopg.Connection | None = None
-        # Resolve eagerly when possible so the description names the host; a missing variable
-        # is reported by open().
+        # Parse eagerly when possible so the description names the host; a URL that does not
+        # parse is reported by open().
         try:
             self._resolve()
         except PipelineConfigError:
@@ -377,8 +381,7 @@ class _PostgresTable:
 
     def _resolve(self) -> str:
         if self._url is None:
-            url = resolve_env(self._raw_url)
-            assert url is not None
+            url = self._raw_url  # resolved by the caller (PipelineSpec.resolved)
             try:
                 info = conninfo_to_dict(url)
             except Exception:
@@ -398,8 +401,9 @@ class _PostgresTable:
     def _fail(self, action: str, exc: BaseException) -> TargetError:
         err = TargetError(f"pipeline {self.pipeline_name!r}: {action} {self.table_text!r} on "
                           f"{self._where} failed: {_error_text(exc, self._secrets())}")
-        # Connection trouble may pass; a value PostgreSQL refuses will be refused again.
-        if isinstance(exc, psycopg.Error) and not isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+        # Connection trouble may pass; a value or a login PostgreSQL refuses will be refused again.
+        if access_denied(exc) or (isinstance(exc, psycopg.Error)
+                                  and not isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError))):
             err.terminal = True
         return err
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from ematix_dagster.errors import CorruptState, LeaseHeld, StateVersionError
 from state_store import codec
 from state_store.base import BatchCommit, PipelineRecord, SourceProgress
+from state_store.migrations import PIPELINES_TABLE
 
 
 def where(pipeline: str | None, store: str) -> str:
@@ -51,28 +52,84 @@ def sources_to_json(sources: dict[str, SourceProgress]) -> str:
     return json.dumps([[name, p.max_event_ts, p.last_arrival] for name, p in sources.items()])
 
 
-def sources_from_json(value: Any) -> dict[str, SourceProgress]:
-    items = json.loads(value) if isinstance(value, str) else value
-    return {name: SourceProgress(max_event_ts=m, last_arrival=a) for name, m, a in (items or [])}
-
-
-def loads(value: Any, default: Any) -> Any:
-    if value is None:
-        return default
-    return json.loads(value) if isinstance(value, str) else value
-
-
 #: The pipelines-table columns a load reads, in the order ``record_from_row`` expects.
 PIPELINE_COLUMNS = ("state_version", "query_id", "last_batch_id", "fingerprint", "fingerprint_doc", "watermark",
                     "sources", "counters", "emitted", "lease_holder", "pending_migration")
 
 
-def record_from_row(pipeline: str, row: tuple, offsets: dict[str, str]) -> PipelineRecord:
-    """The pipelines-table row (in ``PIPELINE_COLUMNS`` order) as a record; JSON as text or jsonb."""
+def _is_int(value: Any) -> bool:
+    return type(value) is int
+
+
+def _is_int_or_none(value: Any) -> bool:
+    return value is None or type(value) is int
+
+
+def _fingerprint_doc_problem(doc: Any) -> str | None:
+    return None if isinstance(doc, dict) else "expected a JSON object"
+
+
+def _sources_problem(items: Any) -> str | None:
+    if not isinstance(items, list):
+        return "expected a JSON array of [source name, max event time, last arrival]"
+    for item in items:
+        if (not isinstance(item, list) or len(item) != 3 or not isinstance(item[0], str)
+                or not _is_int_or_none(item[1]) or not _is_int_or_none(item[2])):
+            return f"entry {item!r:.80} is not [source name, max event time or null, last arrival or null]"
+    return None
+
+
+def _counters_problem(counters: Any) -> str | None:
+    if not isinstance(counters, dict):
+        return "expected a JSON object of counter name -> integer"
+    for name, n in counters.items():
+        if not _is_int(n):
+            return f"counter {name!r:.80} is {n!r:.80}, not an integer"
+    return None
+
+
+def _emitted_problem(emitted: Any) -> str | None:
+    if not isinstance(emitted, list):
+        return "expected a JSON array of window starts"
+    bad = next((start for start in emitted if not _is_int(start)), None)
+    return None if bad is None else f"window start {bad!r:.80} is not an integer"
+
+
+def _json_column(pipeline: str, store: str | None, column: str, value: Any, default: Any,
+                 problem_of: Callable[[Any], str | None]) -> Any:
+    """A JSON column of the pipelines-table row (text in SQLite, jsonb in PostgreSQL), shape-checked."""
+    if value is None:
+        return default
+    try:
+        doc = json.loads(value) if isinstance(value, (str, bytes, bytearray)) else value
+    except (ValueError, TypeError) as exc:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+        problem = f"it is not valid JSON ({exc})"
+    else:
+        problem = problem_of(doc)
+        if problem is None:
+            return doc
+    text = value if isinstance(value, str) else repr(value)
+    raise CorruptState(
+        f"{where(pipeline, store or 'the state store')}: column {column!r} of the pipelines table "
+        f"({PIPELINES_TABLE}) is corrupt: {problem}; it holds {text[:120]!r}{'...' if len(text) > 120 else ''}. "
+        "Restore the state store from a backup, or start over with `ematix-dagster reset PIPELINE.toml --yes`")
+
+
+def record_from_row(pipeline: str, row: tuple, offsets: dict[str, str], store: str | None = None) -> PipelineRecord:
+    """The pipelines-table row (in ``PIPELINE_COLUMNS`` order) as a record; JSON as text or jsonb.
+
+    A JSON column that does not parse, or parses to another shape, raises ``CorruptState``
+    naming the pipeline, ``store`` (the store's description) and the column.
+    """
     record = PipelineRecord(
         pipeline=pipeline, state_version=row[0], query_id=row[1], last_batch_id=row[2], fingerprint=row[3],
-        fingerprint_doc=loads(row[4], {}), watermark=row[5], sources=sources_from_json(row[6]),
-        counters=loads(row[7], {}), emitted=loads(row[8], []), pending_migration=bool(row[10]))
+        fingerprint_doc=_json_column(pipeline, store, "fingerprint_doc", row[4], {}, _fingerprint_doc_problem),
+        watermark=row[5],
+        sources={name: SourceProgress(max_event_ts=m, last_arrival=a) for name, m, a in
+                 _json_column(pipeline, store, "sources", row[6], [], _sources_problem)},
+        counters=_json_column(pipeline, store, "counters", row[7], {}, _counters_problem),
+        emitted=_json_column(pipeline, store, "emitted", row[8], [], _emitted_problem),
+        pending_migration=bool(row[10]))
     record.offsets = ordered_offsets(record.sources, offsets)
     return record
 

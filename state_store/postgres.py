@@ -14,11 +14,13 @@
   write without the lease); a store object that does not hold the lease writes under
   ``pg_try_advisory_xact_lock`` and so never while another run holds it. Session advisory locks
   need a direct connection (or PgBouncer in session mode), not a transaction-pooling proxy.
-* The URL may contain ``${ENV}`` references, resolved when the store opens. The password never
-  appears in ``description``, in logs or in error messages: it is removed from DSNs and from
-  psycopg's texts, and errors are raised without chaining the original exception.
-* Unreachable server / refused credentials -> ``StoreUnavailable``; missing privileges ->
-  ``StorePermissionError``; both name the store (user@host:port/db, schema) and the pipeline.
+* The URL arrives resolved (``PipelineSpec.resolved``: this package does not read pipeline specs)
+  and may hold a password. The password never appears in ``description``, in logs or in error
+  messages: it is removed from DSNs and from psycopg's texts, and errors are raised without
+  chaining the original exception.
+* Unreachable server -> ``StoreUnavailable`` (transient); refused credentials, a missing role or
+  database -> ``StoreAccessDenied``; missing privileges -> ``StorePermissionError`` (both
+  terminal); all name the store (user@host:port/db, schema) and the pipeline.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from ematix_dagster.errors import EmatixError, PipelineConfigError, StorePermissionError, StoreUnavailable
+from ematix_dagster.errors import (EmatixError, PipelineConfigError, StoreAccessDenied, StorePermissionError,
+                                   StoreUnavailable)
 from state_store import codec, migrations
 from state_store._common import (PIPELINE_COLUMNS, bring_forward, check_batch, check_record_version, lease_held, lease_key,
                                  record_from_row, where)
@@ -86,6 +89,20 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+# libpq reports a refused login as text only (no SQLSTATE on a failed connection).
+_ACCESS_DENIED = re.compile(
+    r"password authentication failed|no password supplied|role \S+ does not exist|database \S+ does not exist"
+    r"|no pg_hba\.conf entry|authentication failed|permission denied for database", re.IGNORECASE)
+
+
+def access_denied(exc: BaseException) -> bool:
+    """True when the server refused the login itself: the same settings will be refused again."""
+    if isinstance(exc, psycopg.errors.InvalidAuthorizationSpecification | psycopg.errors.InvalidPassword
+                  | psycopg.errors.InvalidCatalogName):
+        return True
+    return isinstance(exc, psycopg.OperationalError) and bool(_ACCESS_DENIED.search(str(exc)))
+
+
 # ---- the store -------------------------------------------------------------------------------
 
 
@@ -97,7 +114,7 @@ class PostgresStateStore(StateStore):
                  pool_min: int = 1, pool_max: int = 4) -> None:
         if not schema or not isinstance(schema, str):
             raise PipelineConfigError("state_store.schema", "must be a non-empty schema name")
-        self._url = url  # may hold ${ENV} references and a password: never shown as is
+        self._url = url  # may hold a password: never shown as is
         self.schema = schema
         self.connect_timeout = connect_timeout
         self.pool_min, self.pool_max = pool_min, pool_max
@@ -117,12 +134,9 @@ class PostgresStateStore(StateStore):
 
     def _where_db(self) -> str:
         try:
-            from ematix_dagster.spec import resolve_env
-
-            params = conninfo_to_dict(resolve_env(self._url) or "")
-        except Exception:  # noqa: BLE001 - unresolved ${ENV} or unparseable: show no details
-            text = redact(self._url)
-            return text if "${" in text and len(text) < 200 else "<unparseable URL>"
+            params = conninfo_to_dict(self._url)
+        except Exception:  # noqa: BLE001 - its text may echo the password: show no details
+            return "<unparseable URL>"
         host = params.get("host") or params.get("hostaddr") or "localhost"
         port = params.get("port") or "5432"
         user = params.get("user")
@@ -141,6 +155,10 @@ class PostgresStateStore(StateStore):
                 f"{action} failed for {place}: {redact(_one_line(str(exc)))} (grant the store's role USAGE and "
                 f"CREATE on schema {self.schema}, or let an administrator create the tables, and "
                 "SELECT/INSERT/UPDATE/DELETE on them)")
+        if access_denied(exc):
+            return StoreAccessDenied(
+                f"{action} failed for {place}: {redact(_one_line(str(exc)))} (the server refused the login: fix "
+                "the user, password or database name in state_store.url or its environment variable)")
         if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
             return StoreUnavailable(f"{action} failed for {place}: {redact(_one_line(str(exc)))}")
         if isinstance(exc, EmatixError):
@@ -166,9 +184,7 @@ class PostgresStateStore(StateStore):
 
     def _resolve(self) -> str:
         if self._conninfo is None:
-            from ematix_dagster.spec import resolve_env
-
-            url = resolve_env(self._url) or ""
+            url = self._url
             params: dict[str, Any] | None = None
             try:
                 params = conninfo_to_dict(url)
@@ -359,7 +375,7 @@ class PostgresStateStore(StateStore):
                                     "WHERE pipeline_name = %s").format(**n), (pipeline,))
                 with codec.gc_paused():
                     groups = cur.fetchall()
-        record = record_from_row(pipeline, row, offsets)
+        record = record_from_row(pipeline, row, offsets, self.description)
         check_record_version(record, self.description)
         groups, migrated = bring_forward(pipeline, self.description, groups)
         return RecoveredState(record=record, groups=groups, migrated=migrated)

@@ -236,7 +236,7 @@ class SqliteStateStore(StateStore):
                                             "WHERE pipeline_name = ?", (pipeline,)).fetchall()
             finally:
                 conn.execute("COMMIT")
-        record = record_from_row(pipeline, row, offsets)
+        record = record_from_row(pipeline, row, offsets, self.description)
         check_record_version(record, self.description)
         rows, migrated = bring_forward(pipeline, self.description, rows)
         return RecoveredState(record=record, groups=rows, migrated=migrated)

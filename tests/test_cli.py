@@ -80,7 +80,7 @@ starting_offsets = "earliest"
 
 """
     spec = load_pipeline_str(head + "[transform]" + rest)
-    assert kafka_options(spec.sources[0]) == {
+    assert kafka_options(spec.resolved().sources[0]) == {
         "kafka.bootstrap.servers": "127.0.0.1:9092",
         "subscribe": "clicks",
         "startingOffsets": "earliest",

@@ -65,7 +65,7 @@ def _postgres_key_warnings(spec: PipelineSpec, key: list[str]) -> list[str]:
     from ematix_dagster.errors import EmatixError
     from ematix_dagster.targets import _PostgresTable
 
-    target = spec.target
+    target = spec.resolved().target
     keys = ", ".join(key)
     table = _PostgresTable(target.url, target.table, spec.pipeline_name, "target")
     try:
@@ -145,7 +145,7 @@ def evaluate_watermark_lag(pipeline: EmatixPipeline, spec: PipelineSpec, max_lag
         asset_key=pipeline.key, check_name=WATERMARK_LAG_CHECK, passed=passed,
         severity=dg.AssetCheckSeverity.WARN,
         description=(f"watermark lag {lag:.0f} s " + ("<=" if passed else ">") + f" {max_lag_seconds:.0f} s"),
-        metadata={"watermark_lag_seconds": float(lag), "watermark": watermark_us / 1e6,
+        metadata={"watermark_lag_seconds": float(lag), "watermark": dg.MetadataValue.timestamp(watermark_us / 1e6),
                   "max_lag_seconds": float(max_lag_seconds),
                   "last_batch_id": progress["last_batch_id"] if progress["last_batch_id"] is not None else -1})
 

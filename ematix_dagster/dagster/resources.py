@@ -102,7 +102,7 @@ class StateStoreResource(dg.ConfigurableResource):
     and in-memory for local use. One store may hold many pipelines (rows are keyed by name).
 
     >>> StateStoreResource(kind="sqlite", path=".ematix/state.db").state_store_spec()
-    StateStore(kind='sqlite', path='.ematix/state.db', url=None, schema=None, checkpoint_interval_ms=None)
+    StateStore(kind='sqlite', path='.ematix/state.db', schema=None, checkpoint_interval_ms=None)
     """
 
     kind: Optional[str] = Field(default=None, description="in_memory | sqlite | postgres; None keeps the spec's")
@@ -133,10 +133,10 @@ class StateStoreResource(dg.ConfigurableResource):
 
     @contextmanager
     def open_store(self, spec: PipelineSpec) -> Iterator[Any]:
-        """The opened store of ``spec`` (after :meth:`apply`), closed on exit."""
+        """The opened store of ``spec`` (as loaded; after :meth:`apply`), closed on exit."""
         from ematix_dagster.stores import make_store
 
-        store = make_store(self.apply(spec).state_store)
+        store = make_store(self.apply(spec).resolved().state_store)
         store.open()
         try:
             yield store
@@ -151,7 +151,7 @@ class StateStoreResource(dg.ConfigurableResource):
     def description(self, spec: PipelineSpec) -> str:
         from ematix_dagster.stores import make_store
 
-        return make_store(self.apply(spec).state_store).description
+        return make_store(self.apply(spec).resolved().state_store).description
 
 
 class MetricsResource(dg.ConfigurableResource):

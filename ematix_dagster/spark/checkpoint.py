@@ -4,13 +4,24 @@ Inside ``foreachBatch`` the current batch's timestamp and offsets are only in
 ``<checkpoint>/offsets/<batch_id>`` (``query.lastProgress`` describes the previous batch):
 line 1 is the version, line 2 the batch metadata (``batchTimestampMs``, conf), then one JSON
 offset per source in source order (DESIGN.md §3).
+
+A file that is not in Spark's format (missing lines, text that is not JSON, a batch entry of
+``offsets/`` or ``commits/`` that is not a file) raises :class:`CorruptCheckpoint`
+(terminal) naming the file and the way out, never a raw parsing error.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NoReturn
+
+from ematix_dagster.errors import CorruptCheckpoint
+
+_BATCH_NAME = re.compile(r"[0-9]+")
+_VERSION_LINE = re.compile(r"v[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -24,24 +35,74 @@ def local_path(location: str) -> Path:
     return Path(location[len("file://"):] if location.startswith("file://") else location)
 
 
+def _corrupt(location: str, path: Path, problem: str) -> NoReturn:
+    raise CorruptCheckpoint(
+        f"the checkpoint file {path} is not in Spark's format: {problem}. Restore the checkpoint directory "
+        f"{local_path(location)} from a backup, or start over with `ematix-dagster reset PIPELINE.toml --yes` "
+        "(deletes the state and the checkpoint, never the target; the input is then processed again)")
+
+
+def _read_lines(location: str, path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        _corrupt(location, path, "the file is missing")
+    except UnicodeDecodeError as exc:
+        _corrupt(location, path, f"it is not UTF-8 text ({exc.reason} at byte {exc.start})")
+    except IsADirectoryError:
+        _corrupt(location, path, "it is a directory")
+
+
+def _json_line(location: str, path: Path, lines: list[str], index: int, what: str) -> Any:
+    if len(lines) <= index:
+        _corrupt(location, path, f"it has {len(lines)} line(s), so line {index + 1} ({what}) is missing")
+    try:
+        return json.loads(lines[index])
+    except ValueError as exc:
+        _corrupt(location, path, f"line {index + 1} ({what}) is not JSON ({exc}): {lines[index][:80]!r}")
+
+
 def read_offsets(location: str, batch_id: int) -> BatchOffsets:
     path = local_path(location) / "offsets" / str(batch_id)
-    lines = path.read_text().splitlines()
-    meta = json.loads(lines[1])
-    return BatchOffsets(batch_id, int(meta["batchTimestampMs"]), tuple(lines[2:]))
+    lines = _read_lines(location, path)
+    if not lines or not _VERSION_LINE.fullmatch(lines[0].strip()):
+        _corrupt(location, path, f"line 1 is {lines[0][:40]!r}, not a log version such as 'v1'" if lines
+                 else "it is empty")
+    meta = _json_line(location, path, lines, 1, "the batch metadata")
+    stamp = meta.get("batchTimestampMs") if isinstance(meta, dict) else None
+    if type(stamp) is not int:
+        _corrupt(location, path, f"line 2 (the batch metadata) has no integer batchTimestampMs: {lines[1][:80]!r}")
+    if len(lines) < 3:
+        _corrupt(location, path, "it holds no source offsets (line 3 on: one per source)")
+    return BatchOffsets(batch_id, stamp, tuple(lines[2:]))
+
+
+def _batch_ids(location: str, directory: Path) -> list[int]:
+    """Batch numbers of a log directory (``offsets/``, ``commits/``), ascending.
+
+    Entries not named by a number (Spark's ``.N.crc`` checksums and ``.tmp`` files, an operator's
+    ``1.bak``) are ignored, as Spark ignores them: they do not stop a pipeline. A batch entry that
+    is not a file is corrupt.
+    """
+    if not directory.is_dir():
+        return []
+    ids = []
+    for entry in directory.iterdir():
+        if not _BATCH_NAME.fullmatch(entry.name):
+            continue
+        if not entry.is_file():
+            _corrupt(location, entry, f"{directory.name}/{entry.name} is not a file")
+        ids.append(int(entry.name))
+    return sorted(ids)
 
 
 def has_progress(location: str) -> bool:
     """True when the checkpoint has recorded at least one batch."""
-    offsets = local_path(location) / "offsets"
-    return offsets.is_dir() and any(p.name.isdigit() for p in offsets.iterdir())
+    return bool(_batch_ids(location, local_path(location) / "offsets"))
 
 
 def committed_batches(location: str) -> list[int]:
-    commits = local_path(location) / "commits"
-    if not commits.is_dir():
-        return []
-    return sorted(int(p.name) for p in commits.iterdir() if p.name.isdigit())
+    return _batch_ids(location, local_path(location) / "commits")
 
 
 def source_log(location: str, source_index: int, batch_id: int) -> list[str]:
@@ -49,7 +110,15 @@ def source_log(location: str, source_index: int, batch_id: int) -> list[str]:
     path = local_path(location) / "sources" / str(source_index) / str(batch_id)
     if not path.exists():
         return []
-    return [json.loads(line)["path"] for line in path.read_text().splitlines()[1:] if line.strip()]
+    lines = _read_lines(location, path)
+    paths = []
+    for index, line in enumerate(lines[1:], start=1):
+        if line.strip():
+            entry = _json_line(location, path, lines, index, "a file entry")
+            if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+                _corrupt(location, path, f"line {index + 1} (a file entry) has no path: {line[:80]!r}")
+            paths.append(entry["path"])
+    return paths
 
 
 def query_id(location: str) -> str | None:
@@ -57,7 +126,10 @@ def query_id(location: str) -> str | None:
     path = local_path(location) / "metadata"
     if not path.is_file():
         return None
-    return json.loads(path.read_text().splitlines()[0]).get("id")
+    meta = _json_line(location, path, _read_lines(location, path), 0, "the query metadata")
+    if not isinstance(meta, dict) or not isinstance(meta.get("id"), str):
+        _corrupt(location, path, f"line 1 (the query metadata) has no query id: {str(meta)[:80]!r}")
+    return meta["id"]
 
 
 def offsets_exist(location: str, batch_id: int) -> bool:

@@ -25,8 +25,9 @@ from pyspark.sql.streaming import StreamingQuery
 
 from ematix_dagster import faults
 from ematix_dagster.errors import (
-    CheckpointDiverged, EmatixError, FingerprintChanged, StateNotDurableError, first_line,
+    CheckpointDiverged, FingerprintChanged, SparkQueryFailed, StateNotDurableError, first_line,
 )
+from ematix_dagster.failures import classify
 from ematix_dagster.fingerprint import describe_changes, fingerprint, fingerprint_doc
 from ematix_dagster.metrics import StreamingMetrics, default_metrics, serve
 from ematix_dagster.spark import checkpoint
@@ -34,7 +35,7 @@ from ematix_dagster.spark.convert import output_schema, partial_lists, rows_to_a
 from ematix_dagster.spark.partials import BatchFrames, BatchPlan, analyse, build_batch
 from ematix_dagster.spark.session import get_spark
 from ematix_dagster.spark.sources import union_sources
-from ematix_dagster.spec import PipelineSpec, resolve_env
+from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.streaming.micro_batch import BatchInput, BatchResult, Engine, SourceStats
 from ematix_dagster.streaming.windows import format_us
 from ematix_dagster.recovery import named_offsets, validate_checkpoint
@@ -44,12 +45,6 @@ from state_store.base import BatchCommit, PipelineRecord, RecoveredState, Source
 from state_store.codec import STATE_VERSION, decode_groups, encode_key, encode_state
 
 GIB = 1 << 30
-
-
-class SparkQueryFailed(EmatixError):
-    """The streaming query died for a reason outside the engine (a Spark job failure)."""
-
-    terminal = False
 
 
 class _BatchAbandoned(Exception):
@@ -100,13 +95,21 @@ class PipelineRunner:
     :meth:`request_stop`); :meth:`events` yields a report per batch instead, for Dagster.
     """
 
-    def __init__(self, spec: PipelineSpec, spark: SparkSession | None = None,
+    def __init__(self, spec: PipelineSpec, spark: SparkSession | Callable[[], SparkSession] | None = None,
                  metrics: StreamingMetrics | None = None, progress: Callable[[str], None] | None = None,
-                 store: StateStore | None = None, run_label: str | None = None) -> None:
-        self.spec = spec
-        self.spark = spark or get_spark(f"ematix-{spec.pipeline_name}")
+                 store: StateStore | None = None, run_label: str | None = None,
+                 batch_progress: Callable[[BatchReport], None] | None = None) -> None:
+        # Sources, stores, targets and the checkpoint are opened with ``${NAME}`` expanded; the
+        # fingerprint that the state records keeps the placeholders (never a value).
+        self.spec = spec.resolved()
+        # Spark starts only after the lease is held and the state checked, so a run that cannot
+        # proceed is refused in a second instead of after a JVM start.
+        self._spark = spark if spark is not None else (lambda: get_spark(f"ematix-{spec.pipeline_name}"))
         self.metrics = metrics or default_metrics()
         self.progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+        # Hook: a caller that reports batches itself (the Dagster step logs no line for heartbeat-only
+        # batches) receives each report here instead of ``progress`` getting its progress line.
+        self.batch_progress = batch_progress
         self.query: StreamingQuery | None = None
         self._events: queue.Queue[object] = queue.Queue()
         self._lock = threading.Lock()
@@ -114,10 +117,10 @@ class PipelineRunner:
         self._error: BaseException | None = None
         self._last_batch_time = 0
         self.store: StateStore | None = store if store is not None else (
-            make_store(spec.state_store) if spec.state_store.durable else None)
+            make_store(self.spec.state_store) if spec.state_store.durable else None)
         self.run_label = run_label
         self.recovered = RecoveredState(record=None)
-        self.fingerprint_doc = fingerprint_doc(spec)
+        self.fingerprint_doc = fingerprint_doc(spec)  # as written
         self.fingerprint = fingerprint(self.fingerprint_doc)
         self.query_id: str | None = None
         self.target: WindowWriter | None = None
@@ -131,7 +134,7 @@ class PipelineRunner:
         cp = spec.run.checkpoint_location
         name = spec.pipeline_name
         if self.store is None or not self.store.durable:
-            if checkpoint.has_progress(cp):
+            if checkpoint.committed_batches(cp):
                 raise StateNotDurableError(
                     f"pipeline {name}: checkpoint {cp} already holds progress, but window state is kept in memory "
                     "only, so a restart would silently lose the open windows. Delete the checkpoint directory to "
@@ -139,6 +142,8 @@ class PipelineRunner:
                 )
         else:
             self._open_store()
+        if spec.metrics_port:
+            serve(spec.metrics_port, pipeline=name)
         bound = spec.state_upper_bound_bytes()
         if bound > GIB:
             self.progress(f"[{name}] warning: window state may grow to {bound / GIB:.1f} GiB "
@@ -168,35 +173,55 @@ class PipelineRunner:
             problems = validate_checkpoint(spec, record)
             if problems:
                 raise CheckpointDiverged(f"pipeline {name}: " + " | ".join(str(p) for p in problems))
-        except BaseException:
-            self._close_store()
+        except BaseException as exc:
+            self._close_store(failure=exc)
             raise
         if record is not None:
             self.progress(f"[{name}] resuming from {store.description} at batch {record.last_batch_id}")
 
-    def _close_resources(self) -> None:
-        """Release the lease and close the store and the writers (whatever was opened)."""
-        try:
-            self._close_store()
-        finally:
-            for writer in (self.target, self.dead_letter):
-                if writer is not None:
-                    writer.close()
+    def _close_resources(self, failure: BaseException | None = None) -> None:
+        """Release the lease and close the store and the writers (whatever was opened).
 
-    def _close_store(self) -> None:
+        After a ``failure`` the cleanup's own errors (a database that is gone cannot release a
+        lease either) are reported as warnings, so they never replace the error that matters.
+        """
+        steps = [lambda: self._close_store(failure)]
+        steps += [writer.close for writer in (self.target, self.dead_letter) if writer is not None]
+        self._cleanup(steps, failure)
+
+    def _close_store(self, failure: BaseException | None = None) -> None:
         if self.store is not None and self._store_open:
             self._store_open = False
+            store = self.store
+            self._cleanup([lambda: store.release_lease(self.spec.pipeline_name), store.close], failure)
+
+    def _cleanup(self, steps: list[Callable[[], None]], failure: BaseException | None) -> None:
+        """Run every step; raise the first error only when nothing failed before the cleanup."""
+        first: BaseException | None = None
+        for step in steps:
             try:
-                self.store.release_lease(self.spec.pipeline_name)
-            finally:
-                self.store.close()
+                step()
+            except Exception as exc:  # noqa: BLE001 - reported below, never hides ``failure``
+                if failure is None and first is None:
+                    first = exc
+                else:
+                    self.progress(f"[{self.spec.pipeline_name}] warning: cleanup after the error failed too: "
+                                  f"{type(exc).__name__}: {first_line(exc)}")
+        if first is not None:
+            raise first
+
+    @property
+    def spark(self) -> SparkSession:
+        if callable(self._spark):
+            self._spark = self._spark()
+        return self._spark
 
     def start(self) -> StreamingQuery:
-        self._preflight()
         try:
+            self._preflight()
             return self._start_query()
-        except BaseException:
-            self._close_resources()
+        except BaseException as exc:
+            self._close_resources(failure=exc)
             raise
 
     def _start_query(self) -> StreamingQuery:
@@ -212,8 +237,6 @@ class PipelineRunner:
         self.dead_letter = make_dead_letter_writer(spec.dead_letter, spec.pipeline_name) if spec.dead_letter else None
         if self.dead_letter:
             self.dead_letter.open()
-        if spec.metrics_port:
-            serve(spec.metrics_port)
         writer = (stream.writeStream.queryName(spec.pipeline_name.replace("-", "_"))
                   .option("checkpointLocation", spec.run.checkpoint_location)
                   .foreachBatch(self._on_batch))
@@ -228,12 +251,12 @@ class PipelineRunner:
         record = self.recovered.record
         if record is None:
             return
-        windows = decode_groups(self.spec.pipeline_name, self.recovered.groups,
-                                self.store.description if self.store else None)
+        where = self.store.description if self.store else None
+        windows = decode_groups(self.spec.pipeline_name, self.recovered.groups, where)
         groups = [(start, key, accs) for start, by_key in windows.items() for key, accs in by_key.items()]
         self.engine.restore(record.last_batch_id, record.watermark,
                             {n: (p.max_event_ts, p.last_arrival) for n, p in record.sources.items()},
-                            record.counters, record.emitted, groups)
+                            record.counters, record.emitted, groups, store=where)
         self.query_id = record.query_id
         self.recovered = RecoveredState(record=record)  # drop the blobs
 
@@ -283,7 +306,7 @@ class PipelineRunner:
         result = engine.process(batch)
         self._write(batch_id, result, in_transaction)
         faults.point("target_write", batch_id)
-        self._commit(batch_id, named_offsets(spec, offsets.offsets), in_transaction)
+        self._commit(batch_id, batch_id, named_offsets(spec, offsets.offsets), in_transaction)
         faults.point("after_store_commit", batch_id)
         seconds = time.perf_counter() - started
         self.metrics.record(spec.pipeline_name, spec.window.kind, spec.window.late_data, batch, result, seconds)
@@ -320,11 +343,14 @@ class PipelineRunner:
     def _dead_letters_in_store(self) -> bool:
         """Postgres dead letters in the Postgres store's database commit with the state."""
         dl, store = self.spec.dead_letter, self.spec.state_store
-        return (dl is not None and dl.kind == "postgres" and store.kind == "postgres"
-                and resolve_env(dl.url) == resolve_env(store.url))
+        return dl is not None and dl.kind == "postgres" and store.kind == "postgres" and dl.url == store.url
 
-    def _commit(self, batch_id: int, offsets: dict[str, str], in_transaction: list[Callable[[object], None]]) -> None:
-        """One store transaction: changed groups, evicted windows, offsets, watermarks, counters."""
+    def _commit(self, batch_id: int, label: int | str, offsets: dict[str, str],
+                in_transaction: list[Callable[[object], None]]) -> None:
+        """One store transaction: changed groups, evicted windows, offsets, watermarks, counters.
+
+        ``label`` names the batch for fault points: its id, or ``flush`` for the end-of-input flush.
+        """
         store, engine, spec = self.store, self.engine, self.spec
         upserts, evicted = engine.state.take_changes()
         if store is None or not store.durable:
@@ -341,7 +367,7 @@ class PipelineRunner:
             record=record,
             upserts=[(start, encode_key(key), encode_state(accs)) for start, key, accs in upserts],
             deleted_windows=evicted,
-            in_transaction=[*in_transaction, lambda _conn: faults.point("store_commit", batch_id)],
+            in_transaction=[*in_transaction, lambda _conn: faults.point("store_commit", label)],
         ))
         self.recovered = RecoveredState(record=record)
 
@@ -378,10 +404,23 @@ class PipelineRunner:
         self._events.put(None)
 
     def events(self) -> Iterator[BatchReport]:
-        """Start the query and yield a report per micro-batch until it ends or is stopped."""
+        """Start the query and yield a report per micro-batch until it ends or is stopped.
+
+        Whatever fails leaves as an :class:`EmatixError` with the right ``terminal`` flag.
+        """
+        try:
+            yield from self._run_events()
+        except Exception as exc:
+            classified = classify(exc, self.spec.pipeline_name)
+            if classified is exc:
+                raise
+            raise classified from exc
+
+    def _run_events(self) -> Iterator[BatchReport]:
         self.start()
         waiter = threading.Thread(target=self._wait, name=f"ematix-wait-{self.spec.pipeline_name}", daemon=True)
         waiter.start()
+        failure: BaseException | None = None
         try:
             while True:
                 try:
@@ -395,15 +434,21 @@ class PipelineRunner:
                         break
                     self._raise(item)
                 assert isinstance(item, BatchReport)
-                self.progress(item.progress_line(self.spec.pipeline_name))
+                if self.batch_progress is not None:
+                    self.batch_progress(item)
+                else:
+                    self.progress(item.progress_line(self.spec.pipeline_name))
                 yield item
             for report in self._finish():
                 yield report
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
             if self.query is not None and self.query.isActive:
                 self.request_stop()
             waiter.join(timeout=30)
-            self._close_resources()
+            self._close_resources(failure)
 
     def _raise(self, exc: BaseException) -> None:
         if self._error is not None and not isinstance(self._error, _BatchAbandoned):
@@ -421,8 +466,11 @@ class PipelineRunner:
             result = engine.flush(batch_id, self._last_batch_time)
             in_transaction: list[Callable[[object], None]] = []
             self._write(batch_id, result, in_transaction, part="flush")
+            faults.point("target_write", "flush")
             # The flush reads no input: the offsets stay those of the last committed batch.
-            self._commit(batch_id, self.recovered.record.offsets if self.recovered.record else {}, in_transaction)
+            self._commit(batch_id, "flush", self.recovered.record.offsets if self.recovered.record else {},
+                         in_transaction)
+            faults.point("after_store_commit", "flush")
             self.metrics.record_emit(spec.pipeline_name, spec.window.kind, result)
             report = self._report(BatchInput(batch_id, self._last_batch_time, {}), result, 0.0)
             self.progress(report.progress_line(spec.pipeline_name) + " (end-of-input flush)")

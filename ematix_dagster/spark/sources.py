@@ -7,18 +7,26 @@ rate source) is added for ``processing_time`` runs so that idleness is noticed w
 arrives (DESIGN.md §2).
 
 Bad event times never fail a batch: numbers outside the timestamp range and unparseable strings
-become NULL through ``try_*`` functions (ANSI mode is on in Spark 4).
+become NULL through ``try_*`` functions (ANSI mode is on in Spark 4). A file that does not fit the
+declared schema as a whole (a CSV header naming the columns in another order) fails its batch
+instead: reading it by position would put values into the wrong columns without a trace.
+:func:`classify_read_error` turns Spark's error for it into :class:`InputSchemaMismatch`.
+
+The spec given here is resolved (:meth:`PipelineSpec.resolved`): paths and options are used as
+they are.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ematix_dagster.errors import PipelineConfigError, first_line
+from ematix_dagster.errors import EmatixError, InputSchemaMismatch, PipelineConfigError, first_line
 from ematix_dagster.spec import PipelineSpec, Source
 
 CORRUPT = "_corrupt_record"
@@ -75,7 +83,12 @@ def _files(spark: SparkSession, source: Source, key: str) -> DataFrame:
         schema = T.StructType(schema.fields + [T.StructField(CORRUPT, T.StringType())])
         reader = reader.option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT)
         if source.format == "csv":
-            reader = reader.option("header", "true")
+            header = source.header is not False
+            reader = reader.option("header", str(header).lower())
+            if header:
+                # Spark's default (enforceSchema = true) ignores the header's names and reads by
+                # position; false compares them with the schema and fails the batch on a mismatch.
+                reader = reader.option("enforceSchema", "false")
     return reader.schema(schema).load(source.path)
 
 
@@ -85,11 +98,9 @@ def _rate(spark: SparkSession, source: Source) -> DataFrame:
 
 def kafka_options(source: Source) -> dict[str, str]:
     """Reader options for the Kafka source (needs spark-sql-kafka on the cluster)."""
-    from ematix_dagster.spec import resolve_env
-
     options = {
-        "kafka.bootstrap.servers": resolve_env(source.bootstrap_servers) or "",
-        "subscribe": resolve_env(source.topic) or "",
+        "kafka.bootstrap.servers": source.bootstrap_servers or "",
+        "subscribe": source.topic or "",
         "startingOffsets": source.starting_offsets or "latest",
         "failOnDataLoss": "true",
     }
@@ -166,3 +177,84 @@ def union_sources(spark: SparkSession, spec: PipelineSpec) -> DataFrame:
             raise PipelineConfigError(f"sources[{i}]", f"its columns do not line up with the sources before it "
                                       f"({first_line(exc)})", "give same-named columns the same type") from None
     return df
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors from reading input files
+
+# Spark's texts (CSVHeaderChecker, error class FAILED_READ_FILE); the file is a URL.
+_CSV_HEADER_NAMES = re.compile(r"CSV header does not conform to the schema\.\s*Header: (?P<header>[^\n]*)\n"
+                               r"\s*Schema: (?P<schema>[^\n]*)\n(?:Expected: (?P<expected>[^\n]*) but found: "
+                               r"(?P<found>[^\n]*)\n)?.*?CSV file: (?P<file>\S+)", re.DOTALL)
+_CSV_HEADER_LENGTH = re.compile(r"Number of column in CSV header is not equal to number of fields in the schema:"
+                                r"\s*Header length: (?P<header>\d+), schema size: (?P<schema>\d+)\s*"
+                                r"CSV file: (?P<file>\S+)")
+_PARQUET_TYPE = re.compile(r"PARQUET_COLUMN_DATA_TYPE_MISMATCH\] Encountered error while reading file (?P<file>\S+?)\. "
+                           r"Data type mismatches when reading Parquet column (?P<column>.+?)\. Expected Spark type "
+                           r"(?P<expected>.+?), actual Parquet type (?P<actual>[^.\s]+)")
+
+
+def _texts(exc: BaseException) -> list[str]:
+    """The texts of ``exc`` and of every exception it was raised from or while handling."""
+    texts: list[str] = []
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        e = pending.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        try:
+            texts.append(str(e))
+        except Exception:  # noqa: BLE001 - a Py4JJavaError asks the JVM for its text, and the JVM may be gone
+            pass
+        pending += [e.__cause__, e.__context__, getattr(e, "_cause", None)]  # _cause: PySpark's captured cause
+    return texts
+
+
+def _local(url: str) -> str:
+    parts = urlsplit(url)
+    return unquote(parts.path) if parts.scheme == "file" else url
+
+
+def _csv_header(path: str) -> str:
+    """The first line of a local CSV file, for a message (Spark names only the header's length)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.readline().strip()
+    except OSError:
+        return "(unreadable)"
+
+
+_WAY_OUT_CSV = ("fix the file's header (or the declared schema) so that both list the same columns in the same "
+                "order, or set header = false on the source to read every line by position (a header line is then "
+                "read as a row of data)")
+
+
+def classify_read_error(exc: BaseException) -> EmatixError | None:
+    """:class:`InputSchemaMismatch` when ``exc`` (or its cause) is Spark refusing an input file that
+    does not fit the declared schema; None for anything else. Retrying cannot help such a batch: the
+    same file is read again."""
+    for text in _texts(exc):
+        m = _CSV_HEADER_NAMES.search(text)
+        if m:
+            first = ""
+            if m["expected"] is not None:  # they may differ in whitespace only: show them quoted
+                first = f" (first difference: the schema's {m['expected']!r}, the header's {m['found']!r})"
+            return InputSchemaMismatch(
+                f"the header of CSV file {_local(m['file'])} does not match the source's schema: the header has the "
+                f"columns ({m['header']}), the schema ({m['schema'].strip()}){first}; read by position, the values "
+                f"would land in the wrong columns. Way out: {_WAY_OUT_CSV}")
+        m = _CSV_HEADER_LENGTH.search(text)
+        if m:
+            path = _local(m["file"])
+            return InputSchemaMismatch(
+                f"the header of CSV file {path} has {m['header']} columns ({_csv_header(path)}), the source's schema "
+                f"{m['schema']}. Way out: {_WAY_OUT_CSV}")
+        m = _PARQUET_TYPE.search(text)
+        if m:
+            return InputSchemaMismatch(
+                f"Parquet file {_local(m['file'])} holds column {m['column']} as {m['actual']}, but the source's "
+                f"schema declares it {m['expected']}. Way out: rewrite the file with the declared type, or declare "
+                "the column's type as the files hold it")
+    return None

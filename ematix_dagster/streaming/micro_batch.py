@@ -20,13 +20,17 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from operator import itemgetter
+from typing import Any, Iterable, NoReturn, Sequence
 
+from ematix_dagster.errors import CorruptState
 from ematix_dagster.spec import Window
-from ematix_dagster.streaming.aggregators import make_aggregator
+from ematix_dagster.streaming.aggregators import describe_value, make_aggregator
 from ematix_dagster.streaming.watermark import Watermarks
 from ematix_dagster.streaming.window_state import EmittedRow, GroupKey, WindowState
-from ematix_dagster.streaming.windows import MICROS_PER_MS
+from ematix_dagster.streaming.windows import MICROS_PER_MS, format_window
+
+_SECOND, _THIRD = itemgetter(1), itemgetter(2)
 
 
 @dataclass
@@ -88,8 +92,13 @@ class Engine:
     running: bool = False
 
     @classmethod
-    def for_window(cls, pipeline: str, window: Window, sources: Sequence[str], integral: Sequence[bool]) -> "Engine":
-        """``integral[i]`` says whether aggregation i sums integers (BIGINT rules)."""
+    def for_window(cls, pipeline: str, window: Window, sources: Sequence[str],
+                   integral: Sequence[bool | None]) -> "Engine":
+        """``integral[i]`` says whether aggregation i sums integers (BIGINT rules).
+
+        ``None`` (not known without Spark's column types) is for vetting stored state only
+        (``ematix-dagster check``): such a sum accepts integer, float and decimal accumulators.
+        """
         aggs = [make_aggregator(a, integral[i], window.hll_precision) for i, a in enumerate(window.aggregations)]
         state = WindowState(
             pipeline=pipeline,
@@ -108,8 +117,19 @@ class Engine:
 
     def restore(self, last_batch_id: int | None, watermark: int | None,
                 sources: dict[str, tuple[int | None, int | None]], counters: dict[str, int], emitted: Iterable[int],
-                groups: Iterable[tuple[int, GroupKey, list[Any]]]) -> None:
-        """Continue from durable state; ``sources`` maps name -> (max event time, last arrival)."""
+                groups: Iterable[tuple[int, GroupKey, list[Any]]], store: str | None = None,
+                thorough: bool = False) -> None:
+        """Continue from durable state; ``sources`` maps name -> (max event time, last arrival).
+
+        The groups are checked against the window's group_by and aggregations first: state that
+        decodes but has another shape (another number of accumulators, a text where a count
+        belongs, a pair of the wrong length, bytes that are not an HLL sketch) raises
+        :class:`CorruptState` naming the pipeline, ``store``, the window, the group and what is
+        wrong, and nothing is restored. The check is a few C-level scans per aggregation
+        (see ``_check_groups``); ``thorough`` (``ematix-dagster check``) also opens every sketch.
+        """
+        groups = groups if isinstance(groups, list) else list(groups)
+        self._check_groups(groups, store, thorough)
         self.last_batch_id = last_batch_id
         self.watermarks.global_wm = watermark
         for name, (max_ts, last_arrival) in sources.items():
@@ -117,9 +137,68 @@ class Engine:
                 clock = self.watermarks.clocks[name]
                 clock.max_event_ts, clock.last_arrival = max_ts, last_arrival
         self.counters.update(counters)
+        windows = self.state.windows
         for start, key, accs in groups:
-            self.state.windows.setdefault(start, {})[key] = accs
-        self.state.emitted = {s for s in emitted if s in self.state.windows}
+            group = windows.get(start)
+            if group is None:
+                group = windows[start] = {}
+            group[key] = accs
+        self.state.emitted = {s for s in emitted if s in windows}
+
+    def _check_groups(self, groups: list[tuple[int, GroupKey, list[Any]]], store: str | None, thorough: bool) -> None:
+        """Raise ``CorruptState`` for the first group whose key or accumulators do not fit the window.
+
+        Cheap by construction (it runs on every start, for up to millions of groups): a few
+        C-level scans (``map``/``set``) per aggregation over all groups at once, types first, then
+        ``Aggregator.scan_contents`` for pairs and sketches. Only when a scan finds something are
+        the groups walked one by one, to name the first offender. ``thorough`` walks every group
+        with ``Aggregator.check_state`` (which also opens every HLL sketch).
+        """
+        if thorough:
+            self._walk(groups, store, thorough)
+            return
+        aggs = self.state.aggregators
+        width, key_width = len(aggs), len(self.window.group_by)
+        keys, accs = list(map(_SECOND, groups)), list(map(_THIRD, groups))
+        if not (set(map(type, accs)) <= {list} and set(map(len, accs)) <= {width}
+                and set(map(type, keys)) <= {tuple} and set(map(len, keys)) <= {key_width}):
+            self._walk(groups, store, thorough)
+        for i, agg in enumerate(aggs):
+            if not agg.scan_states(list(map(itemgetter(i), accs))):
+                self._walk(groups, store, thorough)
+
+    def _walk(self, groups: list[tuple[int, GroupKey, list[Any]]], store: str | None, thorough: bool) -> None:
+        """Group by group: raise for the first one that does not fit (returns when none is found)."""
+        aggs = self.state.aggregators
+        width, key_width = len(aggs), len(self.window.group_by)
+        for start, key, accs in groups:
+            if type(accs) is not list or len(accs) != width or type(key) is not tuple or len(key) != key_width:
+                self._reject(store, start, key, accs)
+            for i, (agg, acc) in enumerate(zip(aggs, accs)):
+                if (agg.check_state(acc) is not None) if thorough else not agg.scan_states([acc]):
+                    self._reject(store, start, key, accs, i)
+
+    def _reject(self, store: str | None, start: int, key: Any, accs: Any, index: int | None = None) -> NoReturn:
+        """Raise ``CorruptState`` for a restored group whose key or accumulators have the wrong shape."""
+        names = [a.as_ for a in self.window.aggregations]
+        group_by = list(self.window.group_by)
+        if type(key) is not tuple or len(key) != len(group_by):
+            problem = f"the group key does not have one value per group_by column {group_by}"
+        elif type(accs) is not list:
+            problem = f"expected a list of {len(names)} accumulators {names}, got {describe_value(accs)}"
+        elif len(accs) != len(names):
+            problem = f"{len(accs)} accumulators are stored, but the pipeline has {len(names)} aggregations {names}"
+        else:
+            assert index is not None
+            agg, spec = self.state.aggregators[index], self.window.aggregations[index]
+            wrong = agg.check_state(accs[index]) or f"expected {agg.expected}, got {describe_value(accs[index])}"
+            problem = f"aggregation {spec.as_!r} ({spec.agg}): {wrong}"
+        place = f"pipeline {self.state.pipeline!r}" + (f" in {store}" if store else "")
+        window = format_window(start, start + self.state.duration) if type(start) is int else repr(start)
+        raise CorruptState(
+            f"{place}: window {window} (window_start {start!r}), group {key!r:.200}: the stored state does not "
+            f"match the pipeline's aggregations: {problem}. Restore the state store from a backup, or start over "
+            "with `ematix-dagster reset PIPELINE.toml --yes` (deletes the state and the checkpoint, never the target)")
 
     @property
     def retention(self) -> int:
@@ -186,3 +265,18 @@ class Engine:
         self.counters["windows_emitted"] += result.finals
         self.counters["window_corrections"] += result.corrections
         return result
+
+
+def check_groups(pipeline: str, window: Window, groups: Sequence[tuple[int, GroupKey, list[Any]]],
+                 store: str | None = None, integral: Sequence[bool | None] | None = None,
+                 thorough: bool = False) -> None:
+    """Raise ``CorruptState`` for the first decoded group that does not fit ``window`` (what
+    :meth:`Engine.restore` checks), without restoring anything.
+
+    Usable before Spark has analysed the query: with ``integral`` unknown (None), a sum accepts
+    integer, float and decimal accumulators. ``thorough`` also opens every HLL sketch
+    (``ematix-dagster check``).
+    """
+    integral = integral if integral is not None else (None,) * len(window.aggregations)
+    engine = Engine.for_window(pipeline, window, (), integral)
+    engine._check_groups(list(groups), store, thorough)

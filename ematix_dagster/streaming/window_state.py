@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from ematix_dagster.errors import AggregationOverflow, StateCapExceeded
+from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
 from ematix_dagster.streaming.aggregators import Aggregator, order_key
 from ematix_dagster.streaming.windows import format_window
 
@@ -75,7 +75,7 @@ class WindowState:
             for i, agg in aggs:
                 try:
                     accs[i] = agg.merge(accs[i], partials[i][row])
-                except (StateCapExceeded, AggregationOverflow) as exc:
+                except (StateCapExceeded, AggregationOverflow, CorruptState) as exc:
                     raise type(exc)(
                         f"window state cap hit: {exc} on window {format_window(start, start + self.duration)} "
                         f"group {key!r} ({self.aliases[i]}) for pipeline {self.pipeline}"

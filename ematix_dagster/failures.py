@@ -1,0 +1,50 @@
+"""One rule for what a failure means to an operator: every error is an EmatixError.
+
+The CLI prints ``error (terminal)`` or ``error (transient)`` from it and Dagster decides from it
+whether to retry, so an exception from Spark, the database driver or the operating system must
+not reach them raw: a raw exception used to be treated as transient, and a pipeline that fails
+the same way every time was then retried forever.
+"""
+
+from __future__ import annotations
+
+import errno
+
+from ematix_dagster.errors import EmatixError, SparkQueryFailed, TargetError, UnexpectedError, first_line
+
+#: OS errors that go away by themselves (a full disk being cleaned, a network blip).
+_TRANSIENT_ERRNOS = {errno.ENOSPC, errno.EAGAIN, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNREFUSED,
+                     errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EPIPE}
+
+
+def classify(exc: BaseException, pipeline: str) -> EmatixError:
+    """``exc`` itself when it is an EmatixError, else the EmatixError that says what it means."""
+    if isinstance(exc, EmatixError):
+        return exc
+    from ematix_dagster.spark.sources import classify_read_error
+
+    read_error = classify_read_error(exc)
+    if read_error is not None:
+        return read_error
+    text = _clean(first_line(exc))
+    if _is_spark(exc):
+        return SparkQueryFailed(f"pipeline {pipeline}: the streaming query failed: {text}")
+    if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
+        return TargetError(f"pipeline {pipeline}: {type(exc).__name__}: {text} (retrying may help once the "
+                           "cause is gone)")
+    return UnexpectedError(f"pipeline {pipeline}: unexpected {type(exc).__name__}: {text} (no rule classifies "
+                           "this failure, so it is treated as terminal; the traceback shows where it happened)")
+
+
+def _is_spark(exc: BaseException) -> bool:
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
+
+    return isinstance(exc, (PySparkException, Py4JError))
+
+
+def _clean(text: str) -> str:
+    """No password from a database URL in a message, whatever produced it."""
+    from state_store.postgres import redact
+
+    return redact(text)

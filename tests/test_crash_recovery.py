@@ -1,15 +1,21 @@
 """Crash recovery with real process kills: no event lost, none counted twice.
 
 Each pipeline runs as ``ematix-dagster run`` in its own process group. Fault points
-(``EMATIX_FAULT_POINTS``) SIGKILL the whole group, driver and JVM, at three places of three
-different batches: right after the target write, inside the store transaction, and after the
-store commit but before Spark records the batch. The test restarts the run until it finishes,
-checks that no process of a killed group survives, and compares the final Postgres target with
-the pandas oracle fed with the batches Spark actually formed.
+(``EMATIX_FAULT_POINTS``) SIGKILL the whole group, driver and JVM, right after the target write
+(``target_write``), inside the store transaction (``store_commit``) and after the store commit but
+before Spark records the batch (``after_store_commit``). The matrix is a Latin square: every point
+meets batch 0, a middle batch and the end-of-input flush exactly once over three series, and each
+series is one pipeline restarted with a plain ``run`` (never ``reset``) after every kill until it
+exits 0. The series cover tumbling and hopping windows, drop and reopen (late rows in the input),
+SQLite and PostgreSQL stores, effectively-once and exactly-once (``same_transaction``) targets. The
+test checks that every fault fired, that no process of a killed group survives, and that the final
+Postgres target equals the pandas oracle (``tests/oracle.py``) fed with the batches Spark actually
+formed (its ``offsets/N`` and ``sources/0/N``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -27,10 +33,21 @@ from tests.test_lateness_e2e import Feed, at, oracle_params, row
 from ematix_dagster.spec import load_pipeline
 
 ROOT = Path(__file__).resolve().parent.parent
-KILLS = "target_write:1,store_commit:3,after_store_commit:5"
+BATCHES = 5  # input files, one micro-batch each: batches 0..4, then the end-of-input flush
+MIDDLE = 2
+RUN_TIMEOUT_S = 240
+
+TUMBLING_DROP = 'kind = "tumbling"\nduration_ms = 60_000\nlateness_ms = 5_000'
+HOPPING_REOPEN = ('kind = "hopping"\nduration_ms = 120_000\nhop_ms = 60_000\nlate_data = "reopen"\n'
+                  "allowed_lateness_ms = 120_000")
+HOPPING_DROP = 'kind = "hopping"\nduration_ms = 120_000\nhop_ms = 60_000\nlateness_ms = 10_000'
 
 
-def _group_alive(pgid: int) -> list[int]:
+# -- running the CLI -------------------------------------------------------------------------------
+
+
+def group_alive(pgid: int) -> list[int]:
+    """The live (non-zombie) processes of a process group."""
     alive = []
     for proc in psutil.process_iter(["pid"]):
         try:
@@ -41,31 +58,62 @@ def _group_alive(pgid: int) -> list[int]:
     return alive
 
 
-def _run_until_done(toml: Path, fault_dir: Path) -> int:
-    """Run the pipeline CLI, restarting after each kill; returns how many runs were killed."""
-    env = {**os.environ, "EMATIX_FAULT_POINTS": KILLS, "EMATIX_FAULT_DIR": str(fault_dir), "PYTHONUNBUFFERED": "1"}
-    kills = 0
-    for _ in range(6):
-        proc = subprocess.Popen([sys.executable, "-m", "ematix_dagster.cli", "run", str(toml)], cwd=ROOT, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+def wait_group_gone(pgid: int, timeout: float = 10.0) -> list[int]:
+    """Wait for a process group to die out; returns the survivors (killed, so no test leaks them)."""
+    deadline = time.monotonic() + timeout
+    while (alive := group_alive(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if alive:
         try:
-            _, err = proc.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            pytest.fail("a run did not finish within 300 s")
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return alive
+
+
+def start_run(toml: Path, **env: str) -> subprocess.Popen:
+    """``ematix-dagster run TOML`` in a process group of its own (the group id is its pid)."""
+    full = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
+    for name in ("EMATIX_FAULT_POINTS", "EMATIX_FAULT_PAUSE"):
+        if not full.get(name):
+            full.pop(name, None)
+    return subprocess.Popen([sys.executable, "-m", "ematix_dagster.cli", "run", str(toml)], cwd=ROOT, env=full,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = RUN_TIMEOUT_S) -> str:
+    """Wait for a run; returns its stderr. A run past the timeout is killed and fails the test."""
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"a run did not finish within {timeout:.0f} s")
+    return err
+
+
+def run_until_done(toml: Path, fault_dir: Path, kills: str, max_runs: int = 6) -> int:
+    """Run the pipeline, restarting after each kill until it exits 0; returns how many runs were killed."""
+    killed = 0
+    for _ in range(max_runs):
+        proc = start_run(toml, EMATIX_FAULT_POINTS=kills, EMATIX_FAULT_DIR=str(fault_dir))
+        err = finish(proc)
         if proc.returncode == -signal.SIGKILL:
-            kills += 1
-            deadline = time.monotonic() + 10
-            while _group_alive(proc.pid) and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert _group_alive(proc.pid) == [], "a process of the killed group (driver or JVM) survived"
+            killed += 1
+            assert wait_group_gone(proc.pid) == [], "a process of the killed group (driver or JVM) survived"
             continue
         assert proc.returncode == 0, err[-3000:]
-        return kills
-    pytest.fail("the pipeline never finished")
+        assert wait_group_gone(proc.pid) == [], "a process of the finished run survived"
+        return killed
+    pytest.fail(f"the pipeline never finished in {max_runs} runs")
 
 
-def _pipeline(tmp: Path, name: str, dsn: str, schema: str, window: str, same_transaction: bool) -> Path:
+# -- pipelines, input, oracle, target ----------------------------------------------------------------
+
+
+def pipeline_toml(tmp: Path, name: str, window: str, target_url: str, target_schema: str, store: str,
+                  same_transaction: bool = False) -> Path:
+    """A pipeline over ``tmp/in`` (one parquet file per batch) into a Postgres upsert table."""
     text = f"""
 pipeline_name = "{name}"
 [[sources]]
@@ -93,15 +141,14 @@ column = "page"
 as = "pages"
 [target]
 kind = "postgres"
-url = "{dsn}"
-table = "{schema}.{name.replace('-', '_')}"
+url = "{target_url}"
+table = "{target_schema}.{name.replace('-', '_')}"
 create_table = true
 same_transaction = {'true' if same_transaction else 'false'}
 [state_store]
-kind = "postgres"
-url = "{dsn}"
-schema = "{schema}"
+{store}
 [run]
+trigger = "available_now"
 checkpoint_location = "{tmp / 'cp'}"
 end_of_input = "flush"
 """
@@ -110,50 +157,77 @@ end_of_input = "flush"
     return path
 
 
-def _feed(tmp: Path, batch_files, late: bool) -> Feed:
+def feed(batch_files) -> Feed:
+    """Batch b holds six rows in minute b and, from batch 2 on, rows two and three minutes back: late
+    for some or all of their windows (dropped under drop, corrections under reopen)."""
     files = batch_files("in")
-    feed = Feed()
-    for b in range(8):
+    fed = Feed()
+    for b in range(BATCHES):
         rows = [row(10 * b + i, f"k{i % 3}", i + b, at(b, 10 * i), page=f"p{(i * b) % 5}") for i in range(6)]
-        if late and b >= 2:
-            rows.append(row(900 + b, "k1", 100, at(b - 1, 40), page="late"))  # one window back: reopened
-        feed.parquet("a", files, rows)
-    return feed
+        if b >= 2:
+            rows.append(row(900 + b, "k1", 100, at(b - 2, 40), page="late"))
+        if b >= 3:
+            rows.append(row(950 + b, "k2", 1000, at(b - 3, 20), page="later"))
+        fed.parquet("a", files, rows)
+    return fed
 
 
-def _expected(feed: Feed, spec) -> dict[tuple, tuple]:
-    params = oracle_params(spec)
-    params = oracle.Params(**{**params.__dict__, "aggregations": (("count", None, "n"), ("sum", "v", "total"),
-                                                                  ("count_distinct", "page", "pages"))})
-    result = oracle.run(feed.batches(spec.run.checkpoint_location, ["a"]), params)
+def expected_target(fed: Feed, spec) -> dict[tuple, tuple]:
+    """The oracle's last emission per (window start, k): what an upsert target must hold."""
+    batches = fed.batches(spec.run.checkpoint_location, ["a"])
+    assert len(batches) == BATCHES, "one micro-batch per file"
+    result = oracle.run(batches, oracle_params(spec))
+    kept = oracle.run(batches, dataclasses.replace(oracle_params(spec), end_of_input="keep"))
+    assert result.windows_left_open == 0 and kept.windows_left_open > 0, "the flush must emit open windows"
+    if spec.window.late_data == "reopen":
+        assert result.counters["corrections"] > 0, "the late rows must reopen emitted windows"
+    else:
+        assert result.counters["late_rows"] > 0, "some late rows must be dropped"
     final: dict[tuple, tuple] = {}
     for batch_id in sorted(result.emitted):
         for r in result.emitted[batch_id]:
             final[(r["window_start"], r["k"])] = (r["n"], r["total"], r["pages"])
+    assert final, "the oracle emitted nothing: the data does not exercise the pipeline"
     return final
 
 
-def _actual(dsn: str, table: str) -> dict[tuple, tuple]:
+def actual_target(dsn: str, table: str) -> dict[tuple, tuple]:
     with psycopg.connect(dsn) as conn:
         rows = conn.execute(f"SELECT window_start, k, n, total, pages FROM {table}").fetchall()
-    return {(int(pd.Timestamp(ws).value // 1000), k): (n, total, pages) for ws, k, n, total, pages in rows}
+    got = {(int(pd.Timestamp(ws).value // 1000), k): (n, total, pages) for ws, k, n, total, pages in rows}
+    assert len(got) == len(rows), "one target row per (window start, k)"
+    return got
 
 
-@pytest.mark.parametrize("case", [
-    pytest.param(("tumbling-drop", 'kind = "tumbling"\nduration_ms = 60_000\nlateness_ms = 5_000', False, True),
-                 id="tumbling-drop-effectively-once"),
-    pytest.param(("hopping-reopen", 'kind = "hopping"\nduration_ms = 120_000\nhop_ms = 60_000\n'
-                  'late_data = "reopen"\nallowed_lateness_ms = 120_000', True, True), id="hopping-reopen-exactly-once"),
-])
-def test_kills_lose_and_duplicate_nothing(case, tmp_path, batch_files, pg_dsn, pg_schema):
-    name, window, late, same_transaction = case
-    feed = _feed(tmp_path, batch_files, late)
-    toml = _pipeline(tmp_path, name, pg_dsn, pg_schema, window, same_transaction)
-    kills = _run_until_done(toml, tmp_path / "faults")
-    assert kills == 3
-    assert sorted(p.name for p in (tmp_path / "faults").iterdir()) == [
-        "after_store_commit-5.fired", "store_commit-3.fired", "target_write-1.fired"]
+# -- the matrix -------------------------------------------------------------------------------------
+
+# (window, store, same_transaction, kills): each point meets batch 0, MIDDLE and the flush once.
+SERIES = [
+    pytest.param(TUMBLING_DROP, "sqlite", False,
+                 f"target_write:0,store_commit:{MIDDLE},after_store_commit:flush",
+                 id="tumbling-drop-sqlite-effectively-once"),
+    pytest.param(HOPPING_REOPEN, "postgres", True,
+                 f"store_commit:0,after_store_commit:{MIDDLE},target_write:flush",
+                 id="hopping-reopen-postgres-exactly-once"),
+    pytest.param(HOPPING_DROP, "postgres", False,
+                 f"after_store_commit:0,target_write:{MIDDLE},store_commit:flush",
+                 id="hopping-drop-postgres-effectively-once"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("window,store_kind,same_transaction,kills", SERIES)
+def test_kills_lose_and_duplicate_nothing(window, store_kind, same_transaction, kills, tmp_path, batch_files, pg_dsn,
+                                          pg_schema):
+    fed = feed(batch_files)
+    store = (f'kind = "sqlite"\npath = "{tmp_path / "state.db"}"' if store_kind == "sqlite"
+             else f'kind = "postgres"\nurl = "{pg_dsn}"\nschema = "{pg_schema}"')
+    toml = pipeline_toml(tmp_path, "crash", window, pg_dsn, pg_schema, store, same_transaction)
+    fault_dir = tmp_path / "faults"
+
+    assert run_until_done(toml, fault_dir, kills) == 3
+    fired = sorted(p.name for p in fault_dir.iterdir())
+    assert fired == sorted(f"{p.replace(':', '-')}.fired" for p in kills.split(",")), "every fault point was reached"
+
     spec = load_pipeline(toml)
-    expected = _expected(feed, spec)
-    assert expected, "the oracle emitted nothing: the data does not exercise the pipeline"
-    assert _actual(pg_dsn, spec.target.table) == expected
+    assert actual_target(pg_dsn, spec.target.table) == expected_target(fed, spec)

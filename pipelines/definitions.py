@@ -18,6 +18,8 @@ Configuration comes from the environment, with safe local defaults:
 ``EMATIX_MIGRATION_RESTART``      ``1``: the migration terminates running pipelines, migrates, lets
                                   the keep-alive sensor restart them (default ``0``: pending)
 ``EMATIX_CHECKS_CRON``            asset checks schedule (``*/15 * * * *``)
+``EMATIX_KEEP_ALIVE_INTERVAL_S``  keep-alive sensors' minimum interval (``30``)
+``EMATIX_KEEP_ALIVE_BACKOFF_S``   first backoff after a transient failure, doubled per failure (``30``)
 ================================  ===========================================================
 
 Data lives under ``.ematix/`` (inputs in ``.ematix/data``, checkpoints, state, Parquet output);
@@ -44,6 +46,11 @@ def _env_flag(name: str, default: bool) -> bool:
     return default if value is None else value.strip().lower() in ("1", "true", "yes", "on")
 
 
+def _env_seconds(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return default if value is None or not value.strip() else float(value)
+
+
 # -- pipelines: two from TOML files, one from the Python facade --------------------------------------
 clicks_per_minute = EmatixPipeline.load(HERE / "clicks_per_minute.toml")
 clicks_hopping = EmatixPipeline.load(HERE / "clicks_hopping_5min.toml")
@@ -56,7 +63,12 @@ asset_checks = [check for p in PIPELINES for check in pipeline_asset_checks(p)]
 
 # -- jobs, sensors, schedules -----------------------------------------------------------------------
 pipeline_jobs = {p.name: pipeline_job(p) for p in PIPELINES}
-keep_alive_sensors = [keep_alive_sensor(p, pipeline_jobs[p.name]) for p in PIPELINES if p.long_running]
+keep_alive_sensors = [
+    keep_alive_sensor(p, pipeline_jobs[p.name],
+                      minimum_interval_seconds=int(_env_seconds("EMATIX_KEEP_ALIVE_INTERVAL_S", 30)),
+                      backoff_base_seconds=_env_seconds("EMATIX_KEEP_ALIVE_BACKOFF_S", 30.0))
+    for p in PIPELINES if p.long_running
+]
 failure_sensor = run_failure_sensor()
 
 migration_job = state_migration_job(PIPELINES)

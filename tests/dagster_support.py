@@ -1,8 +1,19 @@
-"""Helpers for the Dagster tests: small specs and hand-built states in a real SQLite store."""
+"""Helpers for the Dagster tests: small specs and hand-built states in a real SQLite store, and a real
+``dagster dev`` (process group, GraphQL client, the example clicks pipeline's input and ground truth)."""
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any, Callable, Mapping
 
 from ematix_dagster.fingerprint import fingerprint, fingerprint_doc
 from ematix_dagster.spec import Aggregation, PipelineSpec, Run, Source, StateStore, Target, Window
@@ -63,3 +74,278 @@ class HeldLease:
 
     def __exit__(self, *exc: object) -> None:
         self.store.close()
+
+
+# -- a real ``dagster dev`` driven through GraphQL ---------------------------------------------------
+# Shared by tests/test_dagster_graphql_e2e.py and tests/test_dagster_crash_restart.py.
+
+
+ROOT = Path(__file__).resolve().parent.parent
+CLICKS_TABLE = "public.user_clicks_1min"
+CLICKS_PIPELINE = "clicks-per-minute"
+CLICKS_JOB = "clicks_per_minute_job"
+CLICKS_SENSOR = "clicks_per_minute_keep_alive"
+CLICKS_OP = "public__user_clicks_1min"
+CLICKS_POOL = "ematix-clicks-per-minute"
+LOCATION = "pipelines.definitions"
+CLICKS_T0 = datetime(2025, 3, 1, 9, 0, tzinfo=timezone.utc)
+
+
+def clicks_schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema([("user_id", pa.int64()), ("amount", pa.float64()), ("page", pa.string()),
+                      ("ts", pa.timestamp("us", tz="UTC"))])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_click_file(directory: Path, f: int) -> Any:
+    """Click file ``f`` (0-5: eight clicks 30 s apart per file; 6: one event 13 minutes ahead that
+    closes every window) written atomically with mtime order = file order; returns its rows."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    directory.mkdir(parents=True, exist_ok=True)
+    if f < 6:
+        rows = [{"user_id": i % 3, "amount": float((i * 7 + f) % 11) - 1.0, "page": f"/p{(i + f) % 4}",
+                 "ts": CLICKS_T0 + timedelta(seconds=30 * f + 3 * i)} for i in range(8)]
+    else:
+        rows = [{"user_id": 99, "amount": 1.0, "page": "/close", "ts": CLICKS_T0 + timedelta(minutes=13)}]
+    tmp, final = directory / f".f{f}.tmp", directory / f"part-{f:03d}.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=clicks_schema()), tmp)
+    os.replace(tmp, final)
+    os.utime(final, (1_700_000_000 + f, 1_700_000_000 + f))
+    return pd.DataFrame(rows)
+
+
+def write_click_inputs(directory: Path, files: range = range(7)) -> Any:
+    """Six files of clicks over three minutes, then one event 10 minutes ahead that closes them."""
+    import pandas as pd
+
+    return pd.concat([write_click_file(directory, f) for f in files], ignore_index=True)
+
+
+def clicks_ground_truth(events: Any) -> dict[tuple, tuple]:
+    """Per (minute, user): clicks, amount sum, distinct pages over rows with amount >= 0.
+
+    The closing event's own window never closes, so it is not expected in the target.
+    """
+    kept = events[(events["amount"] >= 0) & (events["user_id"] != 99)].copy()
+    kept["start"] = kept["ts"].dt.floor("1min")
+    out = {}
+    for (start, user), g in kept.groupby(["start", "user_id"]):
+        out[(start.to_pydatetime(), int(user))] = (len(g), round(float(g["amount"].sum()), 6), g["page"].nunique())
+    return out
+
+
+def clicks_target(dsn: str) -> dict[tuple, tuple]:
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        exists = conn.execute("SELECT to_regclass(%s)", (CLICKS_TABLE,)).fetchone()[0]
+        if exists is None:
+            return {}
+        rows = conn.execute(
+            f"SELECT window_start, user_id, clicks, amount_sum, unique_pages FROM {CLICKS_TABLE}").fetchall()
+    return {(ws, int(u)): (int(c), round(float(s), 6), int(p)) for ws, u, c, s, p in rows}
+
+
+def drop_clicks_target(dsn: str) -> None:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {CLICKS_TABLE}")
+
+
+def pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+
+
+def dagster_dev_env(tmp_path: Path, pg_dsn: str, *, instance_overrides: Mapping[str, Mapping[str, Any]] = (),
+                    extra_env: Mapping[str, str] = ()) -> dict[str, str]:
+    """A workspace in ``tmp_path`` loading the example location, a DAGSTER_HOME holding the shipped
+    ``dagster.yaml`` (with ``instance_overrides`` merged into its top-level sections), and the environment."""
+    import yaml
+
+    (tmp_path / "workspace.yaml").write_text(
+        f"load_from:\n  - python_module:\n      module_name: {LOCATION}\n      working_directory: {tmp_path}\n")
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(ROOT / "dagster.yaml", home / "dagster.yaml")
+    if instance_overrides:
+        config = yaml.safe_load((home / "dagster.yaml").read_text())
+        for section, values in dict(instance_overrides).items():
+            config.setdefault(section, {}).update(values)
+        (home / "dagster.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return {**os.environ, "DAGSTER_HOME": str(home), "EMATIX_PG_URL": pg_dsn, "PYTHONPATH": str(ROOT),
+            "EMATIX_STATE_PATH": str(tmp_path / ".ematix" / "state.db"), **dict(extra_env)}
+
+
+class Dagit:
+    """A ``dagster dev`` process group and a GraphQL client for it."""
+
+    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
+        self.port = free_port()
+        self.log = open(cwd / "dagster-dev.log", "w")
+        self.proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "dagster"), "dev", "-w", str(cwd / "workspace.yaml"),
+             "-h", "127.0.0.1", "-p", str(self.port)],
+            cwd=cwd, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        from dagster_graphql import DagsterGraphQLClient
+
+        self.client = DagsterGraphQLClient("127.0.0.1", port_number=self.port, timeout=30)
+
+    def query(self, text: str, variables: dict | None = None) -> dict:
+        return self.client._execute(text, variables or {})
+
+    def wait_ready(self, timeout: float = 180) -> None:
+        import pytest
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, "dagster dev exited; see dagster-dev.log"
+            try:
+                data = self.query("{ workspaceOrError { ... on Workspace { locationEntries { name "
+                                  "locationOrLoadError { __typename } } } } }")
+                entries = data["workspaceOrError"]["locationEntries"]
+                if entries and entries[0]["locationOrLoadError"]["__typename"] == "RepositoryLocation":
+                    return
+                if entries and entries[0]["locationOrLoadError"]["__typename"] == "PythonError":
+                    pytest.fail(f"the code location failed to load: {data}")
+            except Exception:  # noqa: BLE001 - not up yet
+                pass
+            time.sleep(1)
+        pytest.fail("dagster dev did not come up")
+
+    def repository(self) -> dict:
+        return self.query("""{ repositoriesOrError { ... on RepositoryConnection { nodes {
+            name location { name } jobs { name } sensors { name } schedules { name }
+            assetNodes { assetKey { path } } } } } }""")["repositoriesOrError"]["nodes"][0]
+
+    def members(self) -> list[Any]:
+        """Processes still in dagster dev's process group (zombies excluded)."""
+        import psutil
+
+        found = []
+        for p in psutil.process_iter():
+            try:
+                if pgid(p.pid) == self.proc.pid and p.status() != psutil.STATUS_ZOMBIE:
+                    found.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        return found
+
+    def stop(self) -> None:
+        import psutil
+
+        members = self.members()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # dagster dev ignores SIGTERM here
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=30)
+        psutil.wait_procs(members, timeout=30)
+        self.log.close()
+
+
+def run_status(dagit: Dagit, run_id: str) -> str:
+    return dagit.client.get_run_status(run_id).value
+
+
+def run_events(dagit: Dagit, run_id: str) -> list[dict]:
+    """Every event of a run: ``__typename``, ``message``, ``level`` and numeric metadata entries."""
+    data = dagit.query("""query($runId: ID!) { runOrError(runId: $runId) { ... on Run {
+        eventConnection(afterCursor: null) { events { __typename
+            ... on MessageEvent { message level }
+            ... on MaterializationEvent { metadataEntries { label
+                ... on IntMetadataEntry { intValue } ... on FloatMetadataEntry { floatValue } } }
+            ... on ObservationEvent { metadataEntries { label
+                ... on IntMetadataEntry { intValue } ... on FloatMetadataEntry { floatValue } } }
+        } } } } }""", {"runId": run_id})
+    return data["runOrError"]["eventConnection"]["events"]
+
+
+def materializations(dagit: Dagit, run_id: str) -> list[dict]:
+    return [e for e in run_events(dagit, run_id) if e["__typename"] == "MaterializationEvent"]
+
+
+def event_pid(dagit: Dagit, run_id: str, message_pattern: str) -> int | None:
+    """The pid in the first event message matching ``message_pattern`` (one group: the pid)."""
+    for event in run_events(dagit, run_id):
+        match = re.search(message_pattern, event.get("message") or "")
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def pipeline_runs(dagit: Dagit, pipeline: str) -> list[dict]:
+    """Runs tagged ``ematix/pipeline=<pipeline>``, newest first: id, status, tags."""
+    data = dagit.query("""query($filter: RunsFilter) { runsOrError(filter: $filter) { ... on Runs { results {
+        runId status tags { key value } } } } }""", {"filter": {"tags": [{"key": "ematix/pipeline",
+                                                                           "value": pipeline}]}})
+    runs = data["runsOrError"]["results"]
+    return [{"run_id": r["runId"], "status": r["status"], "tags": {t["key"]: t["value"] for t in r["tags"]}}
+            for r in runs]
+
+
+def set_sensor(dagit: Dagit, sensor: str, running: bool) -> None:
+    selector = {"repositoryLocationName": LOCATION, "repositoryName": "__repository__", "sensorName": sensor}
+    if running:
+        data = dagit.query("""mutation($s: SensorSelector!) { startSensor(sensorSelector: $s) {
+            __typename ... on PythonError { message } } }""", {"s": selector})
+        assert data["startSensor"]["__typename"] == "Sensor", data
+    else:
+        data = dagit.query("""query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) {
+            ... on Sensor { jobOriginId sensorState { selectorId } } } }""", {"s": selector})
+        sensor = data["sensorOrError"]
+        data = dagit.query("""mutation($o: String!, $i: String!) { stopSensor(jobOriginId: $o, jobSelectorId: $i) {
+            __typename ... on PythonError { message } } }""",
+                           {"o": sensor["jobOriginId"], "i": sensor["sensorState"]["selectorId"]})
+        assert data["stopSensor"]["__typename"] == "StopSensorMutationResult", data
+
+
+def claimed_slots(dagit: Dagit, pool: str) -> list[str]:
+    """Run ids holding a slot of a concurrency pool."""
+    data = dagit.query("""query($key: String!) { instance { concurrencyLimit(concurrencyKey: $key) {
+        claimedSlots { runId } } } }""", {"key": pool})
+    return [s["runId"] for s in data["instance"]["concurrencyLimit"]["claimedSlots"]]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, step: float = 1.0) -> Any:
+    import pytest
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def terminate(dagit: Dagit, run_id: str) -> float:
+    """Terminate a run; seconds until it is CANCELED (at most 60)."""
+    started = time.monotonic()
+    dagit.client.terminate_run(run_id)
+    wait_for(lambda: run_status(dagit, run_id) == "CANCELED", 60, "the run to reach CANCELED", step=0.5)
+    return time.monotonic() - started
+
+
+def assert_reads_as_a_cancel(dagit: Dagit, run_id: str) -> None:
+    """A terminated pipeline run: CANCELED, the stop logged, no retry request and no step failure."""
+    events = run_events(dagit, run_id)
+    types = [e["__typename"] for e in events]
+    messages = [e.get("message") or "" for e in events]
+    assert "ExecutionStepUpForRetryEvent" not in types and "ExecutionStepFailureEvent" not in types, types
+    assert not any("requested a retry" in m for m in messages)
+    assert any("terminate requested; the streaming query stopped at a batch boundary" in m for m in messages)
+    assert "RunCanceledEvent" in types and "RunFailureEvent" not in types, types[-3:]

@@ -103,13 +103,14 @@ def test_materialize_an_available_now_pipeline_asset_end_to_end(spark, pg_dsn, p
         assert [m.metadata["windows_emitted"].value for m in per_batch] == [3, 3]
         assert [m.metadata["late_rows"].value for m in per_batch] == [0, 1]
         batch2 = per_batch[1].metadata
-        assert isinstance(batch2["watermark"], dg.FloatMetadataValue)
+        assert isinstance(batch2["watermark"], dg.TimestampMetadataValue)
         assert batch2["watermark"].value == (T0 + timedelta(seconds=170)).timestamp()
         assert batch2["watermark/clicks"].value == batch2["watermark"].value
         assert batch2["watermark_lag_seconds"].value > 0
         assert batch2["state_groups"].value == 3  # window [120 s, 180 s) stays open: users 1, 2, 3
-        assert final.metadata["rows_in"].value == 18 and final.metadata["late_rows"].value == 1
-        assert final.metadata["batches"].value == 3
+        # run totals under their own names (a per-batch series never gets a run total as its last point)
+        assert final.metadata["run_rows_in"].value == 18 and final.metadata["run_late_rows"].value == 1
+        assert final.metadata["run_batches"].value == 3 and "rows_in" not in final.metadata
 
         # the Spark resource reused the test session and left it running
         assert not spark_resource.created_session
@@ -121,7 +122,7 @@ def test_materialize_an_available_now_pipeline_asset_end_to_end(spark, pg_dsn, p
         second = dg.materialize([asset], instance=instance, resources=resources, run_config=run_config)
         assert second.success
         last = second.asset_materializations_for_node(asset.op.name)[-1]
-        assert last.metadata["batch_id"].value == 3 and last.metadata["windows_emitted"].value == 3
+        assert last.metadata["batch_id"].value == 3 and last.metadata["run_windows_emitted"].value == 3
 
         expected = ground_truth(FILES_RUN_1 + FILES_RUN_2)
         with psycopg.connect(pg_dsn) as conn:

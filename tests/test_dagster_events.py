@@ -49,17 +49,23 @@ def test_unthrottled_every_batch_with_data_gives_one_event_with_numeric_metadata
     kinds = [type(e).__name__ for e in events]
     assert kinds == ["AssetObservation", "AssetMaterialization", "AssetMaterialization", "MaterializeResult"]
     second = events[1].metadata
-    for name in ("batch_id", "rows_in", "windows_emitted", "late_rows", "watermark", "watermark_lag_seconds",
-                 "watermark/a", "watermark/b", "state_groups", "rows_per_second"):
+    for name in ("batch_id", "rows_in", "windows_emitted", "late_rows", "watermark_lag_seconds", "state_groups",
+                 "rows_per_second"):
         assert isinstance(second[name], (dg.IntMetadataValue, dg.FloatMetadataValue)), name
+    for name in ("watermark", "watermark/a", "watermark/b"):  # shown as times, not numbers
+        assert isinstance(second[name], dg.TimestampMetadataValue), name
     assert second["batch_id"].value == 1 and second["rows_in"].value == 4 and second["late_rows"].value == 1
     assert second["watermark"].value == T0 + 120
     assert second["watermark_lag_seconds"].value == 600 - 120
     assert second["watermark/b"].value == T0 + 115
     assert second["rows_per_second"].value == 4.0  # 4 rows in the 1 s since the previous event
+    assert events[1].description.startswith("batch 1: 4 rows in, 3 windows emitted")
     final = events[-1].metadata
-    assert final["batches"] == 4 and final["rows_in"] == 14 and final["windows_emitted"] == 5
-    assert final["late_rows"] == 1 and final["batch_id"] == 3
+    # run totals under their own names; nothing was held back, so no per-batch counts at the end
+    assert final["run_batches"] == 4 and final["run_idle_batches"] == 1 and final["run_rows_in"] == 14
+    assert final["run_windows_emitted"] == 5 and final["run_late_rows"] == 1 and final["batch_id"] == 3
+    assert "rows_in" not in final and "batches" not in final
+    assert isinstance(final["watermark"], dg.TimestampMetadataValue)
 
 
 def test_throttled_events_carry_the_counts_of_the_batches_in_between():
@@ -75,10 +81,53 @@ def test_throttled_events_carry_the_counts_of_the_batches_in_between():
     assert materializations[1].metadata["rows_per_second"].value == 40 / 12
     final = events[-1]
     assert isinstance(final, dg.MaterializeResult)
-    assert final.metadata["rows_in"] == 100 and final.metadata["late_rows"] == 5 and final.metadata["batch_id"] == 9
+    assert final.metadata["run_rows_in"] == 100 and final.metadata["run_late_rows"] == 5
+    assert final.metadata["batch_id"] == 9
+    # batch 9 was held back by the throttle: the final event reports it under the per-batch names,
+    # so the per-batch series adds up to the run's totals
+    assert final.metadata["batches"] == 1 and final.metadata["rows_in"] == 10
+    assert sum(m.metadata["rows_in"].value for m in materializations) + final.metadata["rows_in"] == 100
 
 
 def test_a_run_of_heartbeats_only_yields_just_the_final_result():
     events = run([report(i, 0) for i in range(5)], Clock(), throttle=0, step=1.0)
     assert len(events) == 1 and isinstance(events[0], dg.MaterializeResult)
-    assert events[0].metadata["rows_in"] == 0 and "watermark" not in events[0].metadata
+    meta = events[0].metadata
+    assert meta["run_rows_in"] == 0 and meta["run_batches"] == 5 and meta["run_idle_batches"] == 5
+    assert "watermark" not in meta and "rows_in" not in meta
+
+
+def test_heartbeat_batches_log_nothing_but_a_periodic_summary_line():
+    clock, lines = Clock(), []
+    # 10 minutes of one batch per second: idle, a burst of data at minute 4, idle again
+    reports = [report(i, 5 if 240 <= i < 243 else 0, emitted=1 if i == 242 else 0, watermark_s=T0 + i)
+               for i in range(600)]
+
+    def ticking():
+        for r in reports:
+            clock.now += 1.0
+            yield r
+
+    it = EmatixEventIterator(ticking(), KEY, throttle_seconds=10.0, clock=clock, wall_clock=lambda: T0 + 900.0,
+                             summary_seconds=300.0, log=lines.append, name="p")
+    events = list(it)
+    # events: the first data batch at once, the rest of the burst (held back by the throttle) 10 s later,
+    # at a heartbeat batch; nothing for the 597 heartbeat-only batches themselves
+    assert [type(e).__name__ for e in events] == ["AssetObservation", "AssetMaterialization", "MaterializeResult"]
+    held = events[1].metadata
+    assert held["batches"].value == 2 and held["rows_in"].value == 10 and held["batch_id"].value == 242
+    assert events[1].description.startswith("batches 241-242: 10 rows in, 1 windows emitted")
+    assert events[-1].metadata["run_batches"] == 600 and events[-1].metadata["run_idle_batches"] == 597
+    assert "rows_in" not in events[-1].metadata
+    # two summary lines in ten minutes, none per batch; each counts the heartbeat-only batches
+    assert len(lines) == 2 and it.summaries_logged == 2
+    assert lines[0].startswith("[p] last 5 min: 300 batches (297 heartbeat-only), 15 rows in, 1 windows emitted")
+    assert lines[1].startswith("[p] last 5 min: 300 batches (300 heartbeat-only), 0 rows in")
+    assert "at batch 599" in lines[1] and "lag 301 s" in lines[1]
+
+
+def test_no_summary_line_without_a_logger_or_with_summary_off():
+    lines = []
+    list(EmatixEventIterator(iter([report(i, 0) for i in range(50)]), KEY, clock=iter(range(0, 10_000, 60)).__next__,
+                             summary_seconds=0, log=lines.append))
+    assert lines == []

@@ -8,8 +8,8 @@ opens no database connection. See ``docs/dagster.md``.
 """
 
 from ematix_dagster.dagster.assets import (
-    DEFAULT_RETRY_POLICY, DEFAULT_THROTTLE_SECONDS, EmatixEventIterator, EmatixTranslator, PipelineRunConfig,
-    run_pipeline_events, streaming_pipeline_asset,
+    DEFAULT_RETRY_POLICY, DEFAULT_SUMMARY_SECONDS, DEFAULT_THROTTLE_SECONDS, EmatixEventIterator, EmatixTranslator,
+    PipelineRunConfig, run_pipeline_events, streaming_pipeline_asset,
 )
 from ematix_dagster.dagster.checks import (
     CHECKPOINT_CHECK, IDEMPOTENT_TARGET_CHECK, LATE_ROW_RATIO_CHECK, WATERMARK_LAG_CHECK, pipeline_asset_checks,
@@ -26,15 +26,16 @@ from ematix_dagster.dagster.resources import (
     METRICS_KEY, SPARK_KEY, STATE_STORE_KEY, EmatixSparkResource, MetricsResource, StateStoreResource,
 )
 from ematix_dagster.dagster.sensors import keep_alive_decision, keep_alive_sensor, run_failure_sensor
+from ematix_dagster.dagster.watcher import RunWatcher
 
 __all__ = [
     "CHECKPOINT_CHECK", "CODE_VERSION_TAG", "CheckIdempotentTargetConfig", "DEFAULT_RETRY_POLICY",
-    "DEFAULT_THROTTLE_SECONDS", "ERROR_TAG", "EmatixEventIterator", "EmatixPipeline", "EmatixSparkResource",
+    "DEFAULT_SUMMARY_SECONDS", "DEFAULT_THROTTLE_SECONDS", "ERROR_TAG", "EmatixEventIterator", "EmatixPipeline", "EmatixSparkResource",
     "EmatixTranslator", "FAILURE_TAG", "IDEMPOTENT_TARGET_CHECK", "LATE_ROW_RATIO_CHECK", "METRICS_KEY",
     "MetricsResource", "MigrateStateConfig", "PIPELINE_TAG", "PipelineRunConfig", "SPARK_KEY", "STATE_STORE_KEY",
     "StateStoreResource", "TERMINATED_BY_TAG", "ValidateCheckpointConfig", "WATERMARK_LAG_CHECK", "asset_run_config",
     "checks_job", "checks_schedule", "keep_alive_decision", "keep_alive_sensor", "maintenance_job",
     "make_check_idempotent_target_op", "make_migrate_state_op", "make_validate_checkpoint_op", "pipeline_asset_checks",
-    "pipeline_job", "pipeline_schedule", "run_failure_sensor", "run_pipeline_events", "state_migration_job",
+    "pipeline_job", "pipeline_schedule", "RunWatcher", "run_failure_sensor", "run_pipeline_events", "state_migration_job",
     "state_migration_schedule", "streaming_pipeline_asset",
 ]

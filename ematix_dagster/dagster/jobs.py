@@ -247,20 +247,35 @@ def maintenance_job(pipelines: Sequence[PipelineLike], name: str = "ematix_valid
 # Asset jobs and schedules
 
 
+#: Run tag read by Dagster's run retries (``run_retries`` in ``dagster.yaml``).
+MAX_RETRIES_TAG = "dagster/max_retries"
+
+
 def pipeline_job(pipeline: PipelineLike, *, name: Optional[str] = None) -> Any:
-    """The job that materializes one pipeline asset; its runs carry ``ematix/pipeline``."""
+    """The job that materializes one pipeline asset; its runs carry ``ematix/pipeline``.
+
+    A long-running pipeline's job also carries ``dagster/max_retries = 0``: its keep-alive sensor is
+    its one restarter, so instance-wide run retries (if someone enables them) never launch a second.
+    """
     p = EmatixPipeline.load(pipeline)
+    tags = {PIPELINE_TAG: p.name}
+    if p.long_running:
+        tags[MAX_RETRIES_TAG] = "0"
     return dg.define_asset_job(name=name or p.job_name, selection=dg.AssetSelection.assets(p.key).without_checks(),
-                               tags={PIPELINE_TAG: p.name},
+                               tags=tags,
                                description=f"Run pipeline {p.name} ({p.spec.run.trigger}).")
 
 
-def asset_run_config(pipeline: PipelineLike, *, throttle_seconds: Optional[float] = None) -> dict[str, Any]:
+def asset_run_config(pipeline: PipelineLike, *, throttle_seconds: Optional[float] = None,
+                     summary_seconds: Optional[float] = None, watch_seconds: Optional[float] = None) -> dict[str, Any]:
     """Run config for a pipeline asset's ``PipelineRunConfig`` (empty: defaults)."""
-    if throttle_seconds is None:
+    values = {"throttle_seconds": throttle_seconds, "summary_seconds": summary_seconds,
+              "watch_seconds": watch_seconds}
+    config = {k: float(v) for k, v in values.items() if v is not None}
+    if not config:
         return {}
     p = EmatixPipeline.load(pipeline)
-    return {"ops": {p.key.to_python_identifier(): {"config": {"throttle_seconds": float(throttle_seconds)}}}}
+    return {"ops": {p.key.to_python_identifier(): {"config": config}}}
 
 
 def pipeline_schedule(pipeline: PipelineLike, job: Any, cron_schedule: str, *, name: Optional[str] = None,

@@ -1,0 +1,127 @@
+"""A streaming run whose worker is killed is restarted by the keep-alive sensor, under ``dagster dev``.
+
+``dagster dev`` (its daemon running, the shipped ``dagster.yaml`` in a temporary DAGSTER_HOME)
+runs the example ``clicks-per-minute`` pipeline (``processing_time``, PostgreSQL target) with its
+keep-alive sensor on. Once the run has consumed input, its run worker gets ``kill -9``. Then:
+
+* the code server marks the run FAILURE;
+* the step process, now an orphan, notices that its parent is gone, stops at a batch boundary,
+  releases the lease and exits, with its Spark JVM;
+* run monitoring frees the pool slot the dead run still claimed (``free_slots_after_run_end_seconds``);
+* the sensor's next run starts within a bounded time and resumes from the state store;
+* the PostgreSQL target ends equal to the pandas ground truth (nothing lost, nothing twice).
+
+To keep it short, only intervals are shortened: the keep-alive sensor's interval and backoff
+(``EMATIX_KEEP_ALIVE_*_S``) and run monitoring's ``poll_interval_seconds`` (5 s instead of 30 s);
+everything else is the shipped configuration.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from ematix_dagster.spec import StateStore
+from ematix_dagster.stores import make_store
+from tests.dagster_support import (
+    CLICKS_PIPELINE, CLICKS_POOL, CLICKS_SENSOR, Dagit, assert_reads_as_a_cancel, claimed_slots, clicks_ground_truth,
+    clicks_target, dagster_dev_env, drop_clicks_target, event_pid, pipeline_runs, run_events, run_status, set_sensor,
+    terminate, wait_for, write_click_file, write_click_inputs,
+)
+
+pytestmark = pytest.mark.slow
+
+WORKER_PID = r"Executing steps using multiprocess executor: parent process \(pid: (\d+)\)"
+RESTART_BOUND_S = 150  # kill -9 -> the sensor's next run STARTED
+
+
+def lease_holder(tmp_path) -> str | None:
+    store = make_store(StateStore(kind="sqlite", path=str(tmp_path / ".ematix" / "state.db")))
+    store.open()
+    try:
+        return store.lease_holder(CLICKS_PIPELINE)
+    finally:
+        store.close()
+
+
+def started_run(dagit: Dagit, exclude: set[str]) -> str | None:
+    for run in pipeline_runs(dagit, CLICKS_PIPELINE):
+        if run["run_id"] not in exclude and run["status"] == "STARTED":
+            return run["run_id"]
+    return None
+
+
+def step_process(worker: psutil.Process) -> psutil.Process | None:
+    """The worker's child that runs the step: the one with a Spark JVM under it."""
+    for child in worker.children():
+        try:
+            if any("java" in (p.name() or "") for p in child.children(recursive=True)):
+                return child
+        except psutil.NoSuchProcess:
+            continue
+    return None
+
+
+def test_a_killed_run_worker_is_replaced_and_its_orphan_stops(tmp_path, pg_dsn):
+    started = time.monotonic()
+    drop_clicks_target(pg_dsn)
+    data = tmp_path / ".ematix" / "data" / "clicks"
+    events = write_click_inputs(data, range(6))  # the closing event comes after the crash
+    env = dagster_dev_env(tmp_path, pg_dsn, instance_overrides={"run_monitoring": {"poll_interval_seconds": 5}},
+                          extra_env={"EMATIX_KEEP_ALIVE_INTERVAL_S": "5", "EMATIX_KEEP_ALIVE_BACKOFF_S": "5"})
+    dagit = Dagit(tmp_path, env)
+    timings: dict[str, float] = {}
+    try:
+        dagit.wait_ready()
+        set_sensor(dagit, CLICKS_SENSOR, True)
+        first = wait_for(lambda: started_run(dagit, set()), 120, "the keep-alive sensor's first run")
+        wait_for(lambda: any(e["__typename"] in ("ObservationEvent", "MaterializationEvent")
+                             for e in run_events(dagit, first)), 240, "the first run to consume input")
+        # the run worker: a process the code server spawned (no run id in its command line); its pid is in
+        # the run's log
+        worker_pid = event_pid(dagit, first, WORKER_PID)
+        assert worker_pid is not None
+        worker = psutil.Process(worker_pid)
+        step = wait_for(lambda: step_process(worker), 60, "the step process and its JVM")
+        orphan_tree = [step, *step.children(recursive=True)]
+        assert claimed_slots(dagit, CLICKS_POOL) == [first]
+
+        os.kill(worker_pid, signal.SIGKILL)
+        killed = time.monotonic()
+        wait_for(lambda: run_status(dagit, first) == "FAILURE", 60, "the crashed run to be marked FAILURE", step=0.5)
+        timings["marked FAILURE"] = time.monotonic() - killed
+
+        # the orphaned step stops itself (and its JVM) and gives the lease back
+        _, alive = psutil.wait_procs(orphan_tree, timeout=90)
+        assert alive == [], f"orphaned step processes still running: {alive}"
+        timings["orphan gone"] = time.monotonic() - killed
+        assert lease_holder(tmp_path) is None
+        messages = [e.get("message") or "" for e in run_events(dagit, first)]
+        assert any(f"its run worker (pid {worker_pid}) is gone" in m for m in messages), messages[-10:]
+
+        write_click_file(data, 6)  # closes every window (its own is never expected in the target)
+        second = wait_for(lambda: started_run(dagit, {first}), RESTART_BOUND_S, "the sensor's next run to start")
+        timings["next run STARTED"] = time.monotonic() - killed
+        assert first not in claimed_slots(dagit, CLICKS_POOL)  # run monitoring freed the dead run's slot
+        runs = {r["run_id"]: r for r in pipeline_runs(dagit, CLICKS_PIPELINE)}
+        assert runs[second]["tags"].get("ematix/launched_by") == "keep_alive_sensor"
+
+        expected = clicks_ground_truth(events)
+        wait_for(lambda: clicks_target(pg_dsn) == expected or None, 240, "the target to hold every closed window")
+        messages = [e.get("message") or "" for e in run_events(dagit, second)]
+        assert any("resuming from SQLite state store" in m for m in messages), messages[:20]
+
+        set_sensor(dagit, CLICKS_SENSOR, False)
+        terminate(dagit, second)
+        assert_reads_as_a_cancel(dagit, second)
+        assert clicks_target(pg_dsn) == expected
+        assert lease_holder(tmp_path) is None
+        assert claimed_slots(dagit, CLICKS_POOL) == []
+    finally:
+        dagit.stop()
+        print(f"crash restart timings (s after kill -9): {timings}; whole test {time.monotonic() - started:.0f} s")
+    assert dagit.members() == [], "run workers or JVMs outlived dagster dev"

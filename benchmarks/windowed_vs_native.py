@@ -57,7 +57,8 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ematix_dagster.spark import runner as runner_mod
+from ematix_dagster.spark import batch as batch_mod
+from ematix_dagster.spark.batch import BatchStep
 from ematix_dagster.spark.runner import PipelineRunner
 from ematix_dagster.spark.session import get_spark
 from ematix_dagster.spec import load_pipeline_str
@@ -214,18 +215,18 @@ class DriverTimer:
 
 def install_timers() -> DriverTimer:
     timer = DriverTimer()
-    timer.wrap(PipelineRunner, "_process", "foreachBatch callback", profile=True)
-    timer.wrap(runner_mod, "build_batch", "build_batch (plan)")
+    timer.wrap(BatchStep, "run", "foreachBatch callback", profile=True)
+    timer.wrap(batch_mod, "build_batch", "build_batch (plan)")
     try:
         from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
     except ImportError:  # pragma: no cover - older PySpark
         from pyspark.sql import DataFrame as ClassicDataFrame
     timer.wrap(ClassicDataFrame, "toArrow", "partials.toArrow (Spark job + Arrow)")
-    timer.wrap(runner_mod, "partial_lists", "convert.partial_lists")
+    timer.wrap(batch_mod, "partial_lists", "convert.partial_lists")
     timer.wrap(Engine, "process", "Engine.process")
-    timer.wrap(runner_mod, "rows_to_arrow", "convert.rows_to_arrow")
-    timer.wrap(PipelineRunner, "_write", "target write (incl. rows_to_arrow)")
-    timer.wrap(PipelineRunner, "_commit", "state store commit (encode + store)")
+    timer.wrap(batch_mod, "rows_to_arrow", "convert.rows_to_arrow")
+    timer.wrap(BatchStep, "_write", "target write (incl. rows_to_arrow)")
+    timer.wrap(BatchStep, "_commit", "state store commit (encode + store)")
     return timer
 
 

@@ -8,12 +8,13 @@ from ematix_dagster.errors import (
 )
 from ematix_dagster.facade import StreamingPipeline, run_streaming_pipeline, streaming_pipeline
 from ematix_dagster.spec import (
-    Aggregation, DeadLetter, PipelineSpec, Run, Source, StateStore, Target, Window, dump_pipeline, load_pipeline,
-    load_pipeline_str,
+    Aggregation, DeadLetter, PipelineSpec, Run, Source, StateStoreConfig, Target, Window, dump_pipeline,
+    load_pipeline, load_pipeline_str,
 )
 
 __all__ = [
     "Aggregation", "AggregationOverflow", "DeadLetter", "EmatixError", "PipelineConfigError", "PipelineSpec", "Run",
-    "Source", "StateCapExceeded", "StateNotDurableError", "StateStore", "StreamingPipeline", "Target", "TargetError",
-    "Window", "dump_pipeline", "load_pipeline", "load_pipeline_str", "run_streaming_pipeline", "streaming_pipeline",
+    "Source", "StateCapExceeded", "StateNotDurableError", "StateStoreConfig", "StreamingPipeline", "Target",
+    "TargetError", "Window", "dump_pipeline", "load_pipeline", "load_pipeline_str", "run_streaming_pipeline",
+    "streaming_pipeline",
 ]

@@ -15,7 +15,7 @@ import traceback
 from pathlib import Path
 from typing import Sequence
 
-from ematix_dagster.errors import PipelineConfigError, UnexpectedError
+from ematix_dagster.errors import ConfigError, UnexpectedError
 from ematix_dagster.failures import classify
 from ematix_dagster.spec import PipelineSpec, load_pipeline, spec_warnings
 
@@ -130,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "reset":
             return cmd_reset(spec, args.yes)
         return {"validate": cmd_validate, "run": cmd_run, "check": cmd_check, "state": cmd_state}[args.command](spec)
-    except PipelineConfigError as exc:
+    except ConfigError as exc:  # the pipeline's (PipelineConfigError) or its store's (StoreConfigError)
         print(f"error: invalid pipeline {args.pipeline}: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - every failure leaves as a classified EmatixError

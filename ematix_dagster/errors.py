@@ -3,9 +3,16 @@
 Each failure is either *terminal* (the operator must act: a config error, a cap hit, a changed
 spec) or *transient* (retrying may help: a database that is briefly unreachable, a Spark job that
 died). Dagster and the CLI use ``terminal`` to decide whether a retry makes sense.
+
+The store's errors and the base class live in the bottom layer (``state_store.errors``) and are
+re-exported here as the same classes, so ``from ematix_dagster.errors import CorruptState`` and
+``except ematix_dagster.errors.EmatixError`` see what ``state_store`` raises.
 """
 
 from __future__ import annotations
+
+from state_store.errors import (ConfigError, CorruptState, EmatixError, LeaseHeld, StateVersionError,
+                                StoreAccessDenied, StoreConfigError, StorePermissionError, StoreUnavailable)
 
 
 def first_line(exc: BaseException) -> str:
@@ -14,22 +21,8 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-class EmatixError(Exception):
-    """Base class of every error this package raises on purpose."""
-
-    terminal: bool = True
-
-
-class PipelineConfigError(EmatixError, ValueError):
+class PipelineConfigError(ConfigError):
     """A pipeline spec that cannot run: names the key, the bad value and the fix."""
-
-    def __init__(self, key: str, message: str, fix: str | None = None) -> None:
-        self.key = key
-        self.fix = fix
-        text = f"{key}: {message}"
-        if fix:
-            text += f" (fix: {fix})"
-        super().__init__(text)
 
 
 class StateCapExceeded(EmatixError):
@@ -48,35 +41,6 @@ class TargetError(EmatixError):
     """A target or dead-letter write failed; retrying may help."""
 
     terminal = False
-
-
-class StoreUnavailable(EmatixError):
-    """The state store cannot be reached (down, restarting, network); retrying may help."""
-
-    terminal = False
-
-
-class StoreAccessDenied(EmatixError):
-    """The database refused the credentials, or the role or database does not exist.
-
-    Terminal: retrying with the same settings fails the same way until someone acts.
-    """
-
-
-class StorePermissionError(EmatixError):
-    """The store's role lacks a privilege it needs (create schema/table, write)."""
-
-
-class LeaseHeld(EmatixError):
-    """Another run already holds this pipeline's lease (one writer per pipeline)."""
-
-
-class StateVersionError(EmatixError):
-    """Stored state is newer than this code, or cannot be migrated (seed 001's Unsupported)."""
-
-
-class CorruptState(EmatixError):
-    """A stored blob or key does not decode."""
 
 
 class FingerprintChanged(EmatixError):
@@ -111,3 +75,10 @@ class CorruptCheckpoint(EmatixError):
 
     Terminal: the file reads the same on every retry; restore the checkpoint or reset.
     """
+
+
+__all__ = ["AggregationOverflow", "CheckpointDiverged", "ConfigError", "CorruptCheckpoint", "CorruptState",
+           "EmatixError", "FingerprintChanged", "InputSchemaMismatch", "LeaseHeld", "PipelineConfigError",
+           "SparkQueryFailed", "StateCapExceeded", "StateNotDurableError", "StateVersionError",
+           "StoreAccessDenied", "StoreConfigError", "StorePermissionError", "StoreUnavailable", "TargetError",
+           "UnexpectedError", "first_line"]

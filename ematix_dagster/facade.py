@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from ematix_dagster.spec import (
-    DeadLetter, PipelineSpec, Run, Source, StateStore, Target, Window, dump_pipeline, load_pipeline,
+    DeadLetter, PipelineSpec, Run, Source, StateStoreConfig, Target, Window, dump_pipeline, load_pipeline,
 )
 
 if TYPE_CHECKING:
@@ -49,12 +49,12 @@ class StreamingPipeline:
 
 def streaming_pipeline(*, name: str, sources: Iterable[Source], window: Window, target: Target, run: Run,
                        transform_sql: str | None = None, dead_letter: DeadLetter | None = None,
-                       state_store: StateStore | None = None,
+                       state_store: StateStoreConfig | None = None,
                        metrics_port: int | None = None) -> Callable[[Callable[[], None]], StreamingPipeline]:
     """Decorate a function to declare a pipeline; the spec is validated at decoration time."""
     spec = PipelineSpec(pipeline_name=name, sources=tuple(sources), window=window, target=target, run=run,
                         transform_sql=transform_sql, dead_letter=dead_letter,
-                        state_store=state_store or StateStore(), metrics_port=metrics_port).validate()
+                        state_store=state_store or StateStoreConfig(), metrics_port=metrics_port).validate()
 
     def wrap(fn: Callable[[], None]) -> StreamingPipeline:
         return StreamingPipeline(spec=spec, description=(fn.__doc__ or "").strip())

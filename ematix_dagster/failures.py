@@ -45,6 +45,6 @@ def _is_spark(exc: BaseException) -> bool:
 
 def _clean(text: str) -> str:
     """No password from a database URL in a message, whatever produced it."""
-    from state_store.postgres import redact
+    from state_store.pg_url import redact
 
     return redact(text)

@@ -12,6 +12,8 @@ import json
 from typing import Any
 
 from ematix_dagster.spec import PipelineSpec
+from ematix_dagster.streaming.aggregators import make_aggregator
+from ematix_dagster.streaming.windows import KINDS
 
 
 def fingerprint_doc(spec: PipelineSpec) -> dict[str, Any]:
@@ -19,11 +21,9 @@ def fingerprint_doc(spec: PipelineSpec) -> dict[str, Any]:
     return {
         "sources": [[s.name, s.kind] for s in spec.sources],
         "window.kind": w.kind,
-        "window.duration_ms": w.duration_ms,
-        "window.hop_ms": w.hop_ms,
+        **KINDS[w.kind].fingerprint(w),
         "window.group_by": list(w.group_by),
-        "window.aggregations": [[a.agg, a.column, a.as_, a.distinct_mode if a.agg == "count_distinct" else None]
-                                for a in w.aggregations],
+        "window.aggregations": [make_aggregator(a, None, w.hll_precision).fingerprint(a) for a in w.aggregations],
         "window.hll_precision": w.hll_precision,
         "window.time_mode": w.time_mode,
         "window.event_time_column": w.event_time_column,

@@ -15,8 +15,8 @@ from typing import Any, Iterator
 
 from ematix_dagster.errors import StateVersionError
 from ematix_dagster.fingerprint import describe_changes, fingerprint, fingerprint_doc
-from ematix_dagster.recovery import Problem, validate_checkpoint
 from ematix_dagster.spark import checkpoint
+from ematix_dagster.spark.recovery import Problem, validate_checkpoint
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.stores import make_store
 from state_store.base import PipelineRecord, StateStore, make_holder
@@ -67,7 +67,7 @@ def check(spec: PipelineSpec) -> CheckReport:
     import re
 
     from ematix_dagster.errors import CorruptCheckpoint, CorruptState
-    from ematix_dagster.recovery import RESET
+    from ematix_dagster.spark.recovery import RESET
     from ematix_dagster.streaming.micro_batch import check_groups
     from state_store.codec import decode_groups
 

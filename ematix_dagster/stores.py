@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from ematix_dagster.spec import PipelineSpec, StateStore as StateStoreSpec
+from ematix_dagster.spec import PipelineSpec, StateStoreConfig
 from state_store import create_store
 from state_store.base import StateStore
 
 DEFAULT_SQLITE_PATH = ".ematix/state.db"
 
 
-def make_store(cfg: StateStoreSpec) -> StateStore:
+def make_store(cfg: StateStoreConfig) -> StateStore:
     """The configured store, not yet opened (opening connects; constructing does not).
 
     ``cfg`` comes from :meth:`PipelineSpec.resolved`: stores take URLs and paths as they are.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from ematix_dagster import Aggregation, Run, Source, StateStore, Target, Window, streaming_pipeline
+from ematix_dagster import Aggregation, Run, Source, StateStoreConfig, Target, Window, streaming_pipeline
 
 #: Safe local defaults (override them in the environment).
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
@@ -17,7 +17,7 @@ os.environ.setdefault("EMATIX_PG_URL", DEFAULT_PG_URL)
 
 CLICKS_SCHEMA = "user_id BIGINT, amount DOUBLE, page STRING, ts TIMESTAMP"
 ORDERS_SCHEMA = "order_id BIGINT, user_id BIGINT, amount DOUBLE, ts TIMESTAMP"
-LOCAL_STATE = StateStore(kind="sqlite", path=".ematix/state.db")
+LOCAL_STATE = StateStoreConfig(kind="sqlite", path=".ematix/state.db")
 
 
 @streaming_pipeline(

@@ -7,9 +7,9 @@ import json
 import re
 from typing import Any, Callable, Iterable
 
-from ematix_dagster.errors import CorruptState, LeaseHeld, StateVersionError
 from state_store import codec
 from state_store.base import BatchCommit, PipelineRecord, SourceProgress
+from state_store.errors import CorruptState, LeaseHeld, StateVersionError
 from state_store.migrations import PIPELINES_TABLE
 
 
@@ -167,8 +167,8 @@ def lease_held(pipeline: str, store: str, holder: str | None) -> LeaseHeld:
     err = LeaseHeld(
         f"pipeline {pipeline!r} is already running: its lease in {store} is held by {text}; "
         "wait for that run to end or stop it (a crashed holder frees the lease when its process ends)")
-    err.pipeline = pipeline  # type: ignore[attr-defined]
-    err.holder = text  # type: ignore[attr-defined]
+    err.pipeline = pipeline
+    err.holder = text
     return err
 
 

@@ -1,7 +1,7 @@
 """Versioned, compact, safe encoding of group keys and accumulator lists.
 
 Everything is msgpack with a few extension types; decoding never runs code (no pickle), and
-every failure to decode is a :class:`~ematix_dagster.errors.CorruptState`.
+every failure to decode is a :class:`~state_store.errors.CorruptState`.
 
 Group keys (:func:`encode_key` / :func:`decode_key`)
     ``KEY_FORMAT`` byte (1) + a msgpack array of the key's values. The encoding is canonical and
@@ -49,7 +49,7 @@ from typing import Any, Callable, Iterable, Iterator
 import msgpack
 from msgpack import ExtType
 
-from ematix_dagster.errors import CorruptState, StateVersionError
+from state_store.errors import CorruptState, StateVersionError
 
 KEY_FORMAT = 1
 STATE_VERSION = 2

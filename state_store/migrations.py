@@ -18,7 +18,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Sequence
 
-from ematix_dagster.errors import StateVersionError
+from state_store.errors import StateVersionError
 
 STATE_TABLE = "ematix_streaming_state"
 OFFSETS_TABLE = "ematix_streaming_offsets"

@@ -16,8 +16,8 @@
   need a direct connection (or PgBouncer in session mode), not a transaction-pooling proxy.
 * The URL arrives resolved (``PipelineSpec.resolved``: this package does not read pipeline specs)
   and may hold a password. The password never appears in ``description``, in logs or in error
-  messages: it is removed from DSNs and from psycopg's texts, and errors are raised without
-  chaining the original exception.
+  messages: it is removed from DSNs and from psycopg's texts (``state_store.pg_url``), and errors
+  are raised without chaining the original exception.
 * Unreachable server -> ``StoreUnavailable`` (transient); refused credentials, a missing role or
   database -> ``StoreAccessDenied``; missing privileges -> ``StorePermissionError`` (both
   terminal); all name the store (user@host:port/db, schema) and the pipeline.
@@ -26,81 +26,26 @@
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, TypeVar
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool
 
-from ematix_dagster.errors import (EmatixError, PipelineConfigError, StoreAccessDenied, StorePermissionError,
-                                   StoreUnavailable)
 from state_store import codec, migrations
 from state_store._common import (PIPELINE_COLUMNS, bring_forward, check_batch, check_record_version, lease_held, lease_key,
                                  record_from_row, where)
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, StateStore
+from state_store.errors import EmatixError, StoreConfigError, StoreUnavailable
+from state_store.pg_url import describe, parse_url, store_error
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _TEMP = sql.Identifier("pg_temp", "ematix_state_upserts")
-
-
-# ---- secrets ---------------------------------------------------------------------------------
-
-_SECRETS: set[str] = set()
-_SECRETS_LOCK = threading.Lock()
-_URL_PASSWORD = re.compile(r"(://[^:/@\s]*):[^@\s]*@")
-_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
-_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&\s]*", re.IGNORECASE)
-
-
-def redact(text: str) -> str:
-    """``text`` without any password this process has seen in a store URL, nor DSN passwords."""
-    with _SECRETS_LOCK:
-        secrets = sorted(_SECRETS, key=len, reverse=True)
-    for secret in secrets:
-        text = text.replace(secret, "***")
-    text = _URL_PASSWORD.sub(r"\1:***@", text)
-    text = _QUERY_PASSWORD.sub(r"\1***", text)
-    return _KV_PASSWORD.sub(r"\1***", text)
-
-
-class _RedactFilter(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        if _SECRETS:
-            message = record.getMessage()
-            clean = redact(message)
-            if clean != message:
-                record.msg, record.args = clean, None
-        return True
-
-
-_FILTER = _RedactFilter()
-for _name in ("psycopg", "psycopg.pool", __name__):
-    logging.getLogger(_name).addFilter(_FILTER)
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-# libpq reports a refused login as text only (no SQLSTATE on a failed connection).
-_ACCESS_DENIED = re.compile(
-    r"password authentication failed|no password supplied|role \S+ does not exist|database \S+ does not exist"
-    r"|no pg_hba\.conf entry|authentication failed|permission denied for database", re.IGNORECASE)
-
-
-def access_denied(exc: BaseException) -> bool:
-    """True when the server refused the login itself: the same settings will be refused again."""
-    if isinstance(exc, psycopg.errors.InvalidAuthorizationSpecification | psycopg.errors.InvalidPassword
-                  | psycopg.errors.InvalidCatalogName):
-        return True
-    return isinstance(exc, psycopg.OperationalError) and bool(_ACCESS_DENIED.search(str(exc)))
 
 
 # ---- the store -------------------------------------------------------------------------------
@@ -113,7 +58,7 @@ class PostgresStateStore(StateStore):
     def __init__(self, url: str, schema: str = "ematix", *, connect_timeout: int = 10,
                  pool_min: int = 1, pool_max: int = 4) -> None:
         if not schema or not isinstance(schema, str):
-            raise PipelineConfigError("state_store.schema", "must be a non-empty schema name")
+            raise StoreConfigError("state_store.schema", "must be a non-empty schema name")
         self._url = url  # may hold a password: never shown as is
         self.schema = schema
         self.connect_timeout = connect_timeout
@@ -130,45 +75,13 @@ class PostgresStateStore(StateStore):
 
     @property
     def description(self) -> str:
-        return f"PostgreSQL state store {self._where_db()} (schema {self.schema})"
-
-    def _where_db(self) -> str:
-        try:
-            params = conninfo_to_dict(self._url)
-        except Exception:  # noqa: BLE001 - its text may echo the password: show no details
-            return "<unparseable URL>"
-        host = params.get("host") or params.get("hostaddr") or "localhost"
-        port = params.get("port") or "5432"
-        user = params.get("user")
-        dbname = params.get("dbname") or user or "postgres"
-        return f"postgresql://{user + '@' if user else ''}{host}:{port}/{dbname}"
+        return f"PostgreSQL state store {describe(self._url)} (schema {self.schema})"
 
     # ---- errors ----------------------------------------------------------------------------------
 
     def _translate(self, exc: BaseException, action: str, pipeline: str | None) -> EmatixError | None:
-        place = where(pipeline, self.description)
-        if isinstance(exc, PoolTimeout):
-            return StoreUnavailable(f"{action} failed for {place}: no database connection within "
-                                    f"{self.connect_timeout} s ({redact(_one_line(str(exc)))})")
-        if isinstance(exc, psycopg.errors.InsufficientPrivilege):
-            return StorePermissionError(
-                f"{action} failed for {place}: {redact(_one_line(str(exc)))} (grant the store's role USAGE and "
-                f"CREATE on schema {self.schema}, or let an administrator create the tables, and "
-                "SELECT/INSERT/UPDATE/DELETE on them)")
-        if access_denied(exc):
-            return StoreAccessDenied(
-                f"{action} failed for {place}: {redact(_one_line(str(exc)))} (the server refused the login: fix "
-                "the user, password or database name in state_store.url or its environment variable)")
-        if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
-            return StoreUnavailable(f"{action} failed for {place}: {redact(_one_line(str(exc)))}")
-        if isinstance(exc, EmatixError):
-            return None
-        if isinstance(exc, psycopg.Error):  # keep the type, lose the password (if a message had one)
-            text = str(exc)
-            clean = redact(text)
-            if clean != text:
-                return StoreUnavailable(f"{action} failed for {place}: {_one_line(clean)}")
-        return None
+        return store_error(exc, f"{action} failed for {where(pipeline, self.description)}", schema=self.schema,
+                           connect_timeout=self.connect_timeout)
 
     def _guard(self, action: str, pipeline: str | None, fn: Callable[[], T]) -> T:
         """Run ``fn``; turn database errors into the package's errors, raised without a chained cause."""
@@ -184,21 +97,8 @@ class PostgresStateStore(StateStore):
 
     def _resolve(self) -> str:
         if self._conninfo is None:
-            url = self._url
-            params: dict[str, Any] | None = None
-            try:
-                params = conninfo_to_dict(url)
-            except Exception:  # noqa: BLE001 - its text may echo the password: not chained below
-                pass
-            if params is None:
-                raise PipelineConfigError(
-                    "state_store.url", "is not a valid PostgreSQL connection URL",
-                    "use postgresql://user@host:port/database with the password in the environment")
-            password = params.get("password")
-            if password:
-                with _SECRETS_LOCK:
-                    _SECRETS.add(str(password))
-            self._conninfo = url
+            parse_url(self._url)  # StoreConfigError when it does not parse; its password is redacted from now on
+            self._conninfo = self._url
         return self._conninfo
 
     def _connect(self, autocommit: bool) -> psycopg.Connection:
@@ -490,4 +390,4 @@ def _sources_doc(record: PipelineRecord) -> list[list[Any]]:
     return [[name, p.max_event_ts, p.last_arrival] for name, p in record.sources.items()]
 
 
-__all__ = ["PostgresStateStore", "redact"]
+__all__ = ["PostgresStateStore"]

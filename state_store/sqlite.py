@@ -26,10 +26,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from ematix_dagster.errors import CorruptState, StorePermissionError, StoreUnavailable
 from state_store import codec, migrations
 from state_store._common import (PIPELINE_COLUMNS, bring_forward, check_batch, check_record_version, file_safe, lease_held, record_from_row, sources_to_json, where)
 from state_store.base import BatchCommit, RecoveredState, StateStore
+from state_store.errors import CorruptState, StorePermissionError, StoreUnavailable
 
 _NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
 _HOLDER_WAIT_S = 1.0  # a lock that is held but has no holder text yet is re-checked for this long

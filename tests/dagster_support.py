@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ematix_dagster.fingerprint import fingerprint, fingerprint_doc
-from ematix_dagster.spec import Aggregation, PipelineSpec, Run, Source, StateStore, Target, Window
+from ematix_dagster.spec import Aggregation, PipelineSpec, Run, Source, StateStoreConfig, Target, Window
 from ematix_dagster.stores import make_store
 from state_store.base import BatchCommit, PipelineRecord, SourceProgress, make_holder
 from state_store.codec import STATE_VERSION
 
 
 def small_spec(tmp_path: Path, name: str = "tiny-clicks", *, target: Target | None = None,
-               trigger: str = "available_now", store: StateStore | None = None) -> PipelineSpec:
+               trigger: str = "available_now", store: StateStoreConfig | None = None) -> PipelineSpec:
     """A one-source tumbling pipeline whose every path lives under ``tmp_path``."""
     (tmp_path / "in").mkdir(parents=True, exist_ok=True)
     return PipelineSpec(
@@ -34,7 +34,7 @@ def small_spec(tmp_path: Path, name: str = "tiny-clicks", *, target: Target | No
         window=Window(kind="tumbling", duration_ms=60_000, group_by=("user_id",), max_groups_per_window=1_000,
                       aggregations=(Aggregation(agg="count", as_="clicks"),)),
         target=target or Target(kind="parquet", path=str(tmp_path / "out")),
-        state_store=store or StateStore(kind="sqlite", path=str(tmp_path / "state.db")),
+        state_store=store or StateStoreConfig(kind="sqlite", path=str(tmp_path / "state.db")),
         run=Run(trigger=trigger, checkpoint_location=str(tmp_path / "checkpoint")),
     ).validate()
 

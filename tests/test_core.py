@@ -27,7 +27,7 @@ from ematix_dagster.streaming.aggregators import (
 from ematix_dagster.streaming.micro_batch import BatchInput, Engine, SourceStats
 from ematix_dagster.streaming.watermark import Watermarks
 from ematix_dagster.streaming.window_state import WindowState
-from ematix_dagster.streaming.windows import format_us, format_window, window_starts
+from ematix_dagster.streaming.windows import FixedWindows, format_us, format_window, window_starts
 
 NAN = float("nan")
 MS = 1_000  # µs per ms
@@ -620,7 +620,8 @@ def test_engine_reopen_corrections_only_for_touched_groups_and_eviction() -> Non
 
 
 def test_window_state_direct_emit_and_retention() -> None:
-    st = WindowState(pipeline="p", duration=10, aggregators=[Count()], aliases=["n"], max_groups_per_window=5)
+    st = WindowState(pipeline="p", window_kind=FixedWindows(10, 10), aggregators=[Count()], aliases=["n"],
+                     max_groups_per_window=5)
     touched = st.merge([0, 0, 10, 0], [("a",), (None,), ("a",), ("a",)], [[1, 2, 3, 4]])
     assert touched == {0: {("a",), (None,)}, 10: {("a",)}}
     out = st.emit(watermark=9, touched=touched, retention=0)
@@ -786,7 +787,7 @@ def test_engine_idle_sources_and_processing_time() -> None:
 
 def _doctest_modules() -> list[str]:
     names = [f"ematix_dagster.streaming.{m.name}" for m in pkgutil.iter_modules(ematix_dagster.streaming.__path__)]
-    return ["ematix_dagster.streaming", *sorted(names), "ematix_dagster.spec"]
+    return ["ematix_dagster.streaming", *sorted(names), "ematix_dagster.spec.window"]
 
 
 @pytest.mark.parametrize("module", _doctest_modules())

@@ -25,11 +25,12 @@ from ematix_dagster.fingerprint import fingerprint, fingerprint_doc
 from ematix_dagster.operations import check
 from ematix_dagster.spark import checkpoint
 from ematix_dagster.spec import PipelineSpec, load_pipeline_str
+from ematix_dagster.streaming.durable import restore_engine
 from ematix_dagster.streaming.micro_batch import BatchInput, Engine, SourceStats
 from ematix_dagster.stores import make_store
 from state_store import migrations
 from state_store.base import BatchCommit, PipelineRecord, SourceProgress, StateStore
-from state_store.codec import STATE_VERSION, decode_groups, encode_key, encode_state
+from state_store.codec import STATE_VERSION, encode_key, encode_state
 
 S = 1_000_000
 PIPELINE = "corrupt-inputs"
@@ -200,15 +201,8 @@ class Setup:
     def restore(self) -> Engine:
         """What ``PipelineRunner._restore`` does after the store's load."""
         store = self.store()
-        recovered = store.load(PIPELINE)
-        record = recovered.record
-        windows = decode_groups(PIPELINE, recovered.groups, store.description)
         engine = Engine.for_window(PIPELINE, self.spec.window, self.spec.source_names, INTEGRAL)
-        engine.restore(record.last_batch_id, record.watermark,
-                       {n: (p.max_event_ts, p.last_arrival) for n, p in record.sources.items()},
-                       record.counters, record.emitted,
-                       [(start, key, accs) for start, by_key in windows.items() for key, accs in by_key.items()],
-                       store=store.description)
+        restore_engine(engine, store.load(PIPELINE), store.description)
         return engine
 
     def close(self) -> None:

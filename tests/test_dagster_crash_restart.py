@@ -25,7 +25,7 @@ import time
 import psutil
 import pytest
 
-from ematix_dagster.spec import StateStore
+from ematix_dagster.spec import StateStoreConfig
 from ematix_dagster.stores import make_store
 from tests.dagster_support import (
     CLICKS_PIPELINE, CLICKS_POOL, CLICKS_SENSOR, Dagit, assert_reads_as_a_cancel, claimed_slots, clicks_ground_truth,
@@ -40,7 +40,7 @@ RESTART_BOUND_S = 150  # kill -9 -> the sensor's next run STARTED
 
 
 def lease_holder(tmp_path) -> str | None:
-    store = make_store(StateStore(kind="sqlite", path=str(tmp_path / ".ematix" / "state.db")))
+    store = make_store(StateStoreConfig(kind="sqlite", path=str(tmp_path / ".ematix" / "state.db")))
     store.open()
     try:
         return store.lease_holder(CLICKS_PIPELINE)

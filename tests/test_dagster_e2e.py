@@ -21,7 +21,7 @@ from ematix_dagster.dagster import (
     asset_run_config, checks_job, keep_alive_decision, pipeline_asset_checks, streaming_pipeline_asset,
 )
 from ematix_dagster.operations import summary
-from ematix_dagster.spec import Aggregation, PipelineSpec, Run, Source, StateStore, Target, Window
+from ematix_dagster.spec import Aggregation, PipelineSpec, Run, Source, StateStoreConfig, Target, Window
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 SCHEMA = pa.schema([("user_id", pa.int64()), ("amount", pa.float64()), ("ts", pa.timestamp("us", tz="UTC"))])
@@ -72,7 +72,7 @@ def test_materialize_an_available_now_pipeline_asset_end_to_end(spark, pg_dsn, p
                       aggregations=(Aggregation(agg="count", as_="clicks"),
                                     Aggregation(agg="sum", column="amount", as_="amount_sum"))),
         target=Target(kind="postgres", url=pg_dsn, table=f"{pg_schema}.clicks_1min", create_table=True),
-        state_store=StateStore(kind="sqlite", path=str(tmp_path / "never-used.db")),  # the resource overrides it
+        state_store=StateStoreConfig(kind="sqlite", path=str(tmp_path / "never-used.db")),  # the resource overrides it
         run=Run(trigger="available_now", checkpoint_location=str(tmp_path / "checkpoint")),
     ).validate()
     asset = streaming_pipeline_asset(spec)

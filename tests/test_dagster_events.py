@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from ematix_dagster.dagster.assets import EmatixEventIterator
+from ematix_dagster.dagster.events import EmatixEventIterator
 from ematix_dagster.spark.runner import BatchReport
 
 KEY = dg.AssetKey(["ematix", "t"])

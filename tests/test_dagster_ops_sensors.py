@@ -17,7 +17,7 @@ from ematix_dagster.dagster import (
     MetricsResource, StateStoreResource, checks_job, keep_alive_sensor, maintenance_job, pipeline_asset_checks,
     pipeline_job, run_failure_sensor, state_migration_job, streaming_pipeline_asset,
 )
-from ematix_dagster.spec import StateStore, Target
+from ematix_dagster.spec import StateStoreConfig, Target
 from ematix_dagster.stores import make_store
 from state_store import codec
 from tests.dagster_support import HeldLease, commit_state, small_spec
@@ -36,7 +36,7 @@ def _dispose_instances():
 class Location:
     """One pipeline with its asset, checks, jobs and sensor, in an ephemeral instance."""
 
-    def __init__(self, tmp_path: Path, *, target: Target | None = None, store: StateStore | None = None,
+    def __init__(self, tmp_path: Path, *, target: Target | None = None, store: StateStoreConfig | None = None,
                  name: str = "tiny-clicks", backoff: float = 3600.0) -> None:
         self.spec = small_spec(tmp_path, name, target=target, store=store, trigger="processing_time")
         self.asset = streaming_pipeline_asset(self.spec)

@@ -13,9 +13,8 @@ import random
 import pytest
 
 from ematix_dagster.spec import Aggregation, Window
+from ematix_dagster.streaming.durable import batch_commit, restore_engine
 from ematix_dagster.streaming.micro_batch import BatchInput, Engine, SourceStats
-from state_store.base import BatchCommit, PipelineRecord, SourceProgress
-from state_store.codec import STATE_VERSION, decode_groups, encode_key, encode_state
 from state_store.sqlite import SqliteStateStore
 
 S = 1_000_000
@@ -57,24 +56,12 @@ def _engine() -> Engine:
 
 
 def _commit(store: SqliteStateStore, engine: Engine) -> None:
-    upserts, evicted = engine.state.take_changes()
-    marks = engine.watermarks
-    store.commit(BatchCommit(
-        record=PipelineRecord(pipeline="replay", state_version=STATE_VERSION, last_batch_id=engine.last_batch_id,
-                              watermark=marks.global_wm,
-                              sources={n: SourceProgress(c.max_event_ts, c.last_arrival) for n, c in marks.clocks.items()},
-                              counters=dict(engine.counters), emitted=sorted(engine.state.emitted)),
-        upserts=[(s, encode_key(k), encode_state(a)) for s, k, a in upserts], deleted_windows=evicted))
+    store.commit(batch_commit(engine, "replay"))
 
 
 def _restore(store: SqliteStateStore) -> Engine:
-    recovered = store.load("replay")
-    record = recovered.record
     engine = _engine()
-    windows = decode_groups("replay", recovered.groups)
-    engine.restore(record.last_batch_id, record.watermark,
-                   {n: (p.max_event_ts, p.last_arrival) for n, p in record.sources.items()}, record.counters,
-                   record.emitted, [(s, k, a) for s, by_key in windows.items() for k, a in by_key.items()])
+    restore_engine(engine, store.load("replay"))
     return engine
 
 

@@ -24,7 +24,7 @@ from ematix_dagster.spec import (
     PipelineSpec,
     Run,
     Source,
-    StateStore,
+    StateStoreConfig,
     Target,
     Window,
     dump_pipeline,
@@ -214,7 +214,7 @@ def test_full_spec_loads_with_every_value(full: PipelineSpec) -> None:
     assert w.aggregations[0].distinct_mode == "approximate"
     assert full.target == Target(kind="parquet", path="data/out/user-clicks-per-minute")
     assert full.dead_letter == DeadLetter(kind="parquet", path="data/dlq/user-clicks-per-minute")
-    assert full.state_store == StateStore(kind="sqlite", path=".ematix/state.db")
+    assert full.state_store == StateStoreConfig(kind="sqlite", path=".ematix/state.db")
     assert full.state_store.durable
     assert full.run == Run(checkpoint_location=".ematix/checkpoints/user-clicks-per-minute")
 
@@ -235,7 +235,7 @@ def test_minimal_spec_gets_defaults_and_round_trips() -> None:
     assert (w.crash_recovery, w.on_state_cap) == ("at_least_once", "fail")
     assert (w.window_start_column, w.window_end_column) == ("window_start", "window_end")
     assert spec.transform_sql is None and spec.dead_letter is None and spec.metrics_port is None
-    assert spec.state_store == StateStore() and spec.state_store.kind == "sqlite" and spec.state_store.durable
+    assert spec.state_store == StateStoreConfig() and spec.state_store.kind == "sqlite" and spec.state_store.durable
     assert spec.run == Run(checkpoint_location="/tmp/ckpt", trigger="available_now",
                            trigger_interval_ms=1_000, end_of_input="keep")
     assert spec.target == Target(kind="console")
@@ -278,7 +278,7 @@ def python_spec() -> PipelineSpec:
                       table="public.orders_5m", create_table=True, same_transaction=True),
         dead_letter=DeadLetter(kind="postgres", url="postgresql://ematix@127.0.0.1:5432/ematix",
                                table="dlq", create_table=True),
-        state_store=StateStore(kind="postgres", url="postgresql://ematix@127.0.0.1:5432/ematix", schema="ematix"),
+        state_store=StateStoreConfig(kind="postgres", url="postgresql://ematix@127.0.0.1:5432/ematix", schema="ematix"),
         run=Run(checkpoint_location="file:///tmp/ckpt", trigger="processing_time", trigger_interval_ms=500),
         metrics_port=9200,
     ).validate()
@@ -299,11 +299,11 @@ def test_python_built_spec_round_trips() -> None:
 
 def test_validate_returns_the_spec_and_with_overrides_revalidates(full: PipelineSpec) -> None:
     assert full.validate() is full
-    moved = with_overrides(full, state_store=StateStore(kind="sqlite", path="/tmp/other.db"))
+    moved = with_overrides(full, state_store=StateStoreConfig(kind="sqlite", path="/tmp/other.db"))
     assert moved.state_store.path == "/tmp/other.db"
-    assert with_overrides(full, state_store=StateStore(kind="sqlite")).state_store.path is None  # default path
+    assert with_overrides(full, state_store=StateStoreConfig(kind="sqlite")).state_store.path is None  # default path
     with pytest.raises(PipelineConfigError) as info:
-        with_overrides(full, state_store=StateStore(kind="postgres"))
+        with_overrides(full, state_store=StateStoreConfig(kind="postgres"))
     assert_names(info.value, "state_store.url", "postgres")
 
 

@@ -576,7 +576,7 @@ def test_parquet_dead_letters(tmp_path):
 
 def test_json_payload_is_valid_json():
     # The payload of every row is JSON PostgreSQL accepts (no NaN literals, no NUL escapes).
-    from ematix_dagster.targets import _json_value
+    from ematix_dagster.targets.pg_types import _json_value
 
     payload = {c: _json_value(v) for c, v in dead_rows(0, 1).slice(0, 1).to_pylist()[0].items()}
     text = json.dumps(payload, allow_nan=False)

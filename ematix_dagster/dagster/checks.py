@@ -63,11 +63,11 @@ def idempotency_warnings(spec: PipelineSpec) -> list[str]:
 
 def _postgres_key_warnings(spec: PipelineSpec, key: list[str]) -> list[str]:
     from ematix_dagster.errors import EmatixError
-    from ematix_dagster.targets import _PostgresTable
+    from ematix_dagster.targets import PostgresTable
 
     target = spec.resolved().target
     keys = ", ".join(key)
-    table = _PostgresTable(target.url, target.table, spec.pipeline_name, "target")
+    table = PostgresTable(target.url, target.table, spec.pipeline_name, "target")
     try:
         conn = table.connect()
     except EmatixError as exc:

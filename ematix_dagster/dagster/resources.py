@@ -16,7 +16,7 @@ import dagster as dg
 from dagster_pyspark import PySparkResource
 from pydantic import Field, PrivateAttr
 
-from ematix_dagster.spec import STATE_STORE_KINDS, PipelineSpec, StateStore as StateStoreSpec, with_overrides
+from ematix_dagster.spec import STATE_STORE_KINDS, PipelineSpec, StateStoreConfig, with_overrides
 
 log = logging.getLogger("ematix_dagster")
 
@@ -102,7 +102,7 @@ class StateStoreResource(dg.ConfigurableResource):
     and in-memory for local use. One store may hold many pipelines (rows are keyed by name).
 
     >>> StateStoreResource(kind="sqlite", path=".ematix/state.db").state_store_spec()
-    StateStore(kind='sqlite', path='.ematix/state.db', schema=None, checkpoint_interval_ms=None)
+    StateStoreConfig(kind='sqlite', path='.ematix/state.db', schema=None, checkpoint_interval_ms=None)
     """
 
     kind: Optional[str] = Field(default=None, description="in_memory | sqlite | postgres; None keeps the spec's")
@@ -110,7 +110,7 @@ class StateStoreResource(dg.ConfigurableResource):
     url: Optional[str] = Field(default=None, description="PostgreSQL URL; pass dg.EnvVar('EMATIX_STATE_URL')")
     db_schema: Optional[str] = Field(default=None, description="PostgreSQL schema (default ematix)")
 
-    def state_store_spec(self) -> Optional[StateStoreSpec]:
+    def state_store_spec(self) -> Optional[StateStoreConfig]:
         """The ``[state_store]`` dataclass this resource stands for (None: keep the spec's)."""
         if self.kind is None:
             return None
@@ -119,10 +119,10 @@ class StateStoreResource(dg.ConfigurableResource):
 
             raise PipelineConfigError("resources.state_store.kind", f"unknown state store {self.kind!r}",
                                       'use "in_memory", "sqlite" or "postgres"')
-        cfg = StateStoreSpec(kind=self.kind,
-                             path=(self.path or ".ematix/state.db") if self.kind == "sqlite" else None,
-                             url=self.url if self.kind == "postgres" else None,
-                             schema=self.db_schema if self.kind == "postgres" else None)
+        cfg = StateStoreConfig(kind=self.kind,
+                               path=(self.path or ".ematix/state.db") if self.kind == "sqlite" else None,
+                               url=self.url if self.kind == "postgres" else None,
+                               schema=self.db_schema if self.kind == "postgres" else None)
         cfg.validate("resources.state_store")
         return cfg
 

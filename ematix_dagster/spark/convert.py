@@ -13,7 +13,7 @@ import pyarrow as pa
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_type
 
-from ematix_dagster.spark.partials import INTEGRAL, BatchPlan
+from ematix_dagster.spark.partials import BatchPlan
 from ematix_dagster.streaming.window_state import EmittedRow
 
 UTC_MICROS = pa.timestamp("us", tz="UTC")
@@ -23,18 +23,9 @@ def output_schema(plan: BatchPlan) -> pa.Schema:
     window, types = plan.spec.window, plan.output_types
     fields = [pa.field(window.window_start_column, UTC_MICROS), pa.field(window.window_end_column, UTC_MICROS)]
     fields += [pa.field(g, _arrow(types[g])) for g in window.group_by]
-    for a in window.aggregations:
-        if a.agg in ("count", "count_col", "count_distinct"):
-            t = pa.int64()
-        elif a.agg == "avg":
-            t = pa.float64()
-        elif a.agg == "sum":
-            dtype = types[a.column]  # type: ignore[index]
-            t = pa.int64() if isinstance(dtype, INTEGRAL) else \
-                pa.decimal128(38, dtype.scale) if isinstance(dtype, T.DecimalType) else pa.float64()
-        else:
-            t = _arrow(types[a.column])  # type: ignore[index]
-        fields.append(pa.field(a.as_, t))
+    for a, agg in zip(window.aggregations, plan.aggregators):
+        input_type = _arrow(types[a.column]) if agg.reads_input_type else None  # type: ignore[index]
+        fields.append(pa.field(a.as_, agg.output_type(input_type)))
     fields.append(pa.field("_emit_kind", pa.string()))
     return pa.schema(fields)
 
@@ -51,14 +42,8 @@ def partial_lists(plan: BatchPlan, table: pa.Table) -> tuple[list[int], list[tup
     starts = table.column("_ws").to_pylist()
     group_cols = [table.column(g).to_pylist() for g in window.group_by]
     keys = list(zip(*group_cols)) if group_cols else [()] * len(starts)
-    partials: list[list[Any]] = []
-    for i, a in enumerate(window.aggregations):
-        values = table.column(f"_p{i}").to_pylist()
-        if a.agg == "avg":
-            values = list(zip(values, table.column(f"_p{i}_n").to_pylist()))
-        elif a.agg in ("first", "last"):
-            values = [None if v is None else (v["t"], v["v"]) for v in values]
-        partials.append(values)
+    partials = [agg.from_arrow([table.column(name).to_pylist() for name in agg.partial_names(f"_p{i}")])
+                for i, agg in enumerate(plan.aggregators)]
     return starts, keys, partials
 
 

@@ -4,27 +4,28 @@ Given the batch's union of sources, this builds (lazily) three things that run a
 
 * per-source statistics measured *before* the SQL (rows, max valid event time, invalid /
   future / malformed counts), collected with ``DataFrame.observe`` so no extra pass is needed;
-* the SQL's output with each row's open window assignments exploded, and lateness counters;
-* one partial aggregate per (window start, group key).
+* the SQL's output with each row's open window assignments, and lateness counters;
+* one partial aggregate per (window, group key).
 
-Lateness is decided per (row, window) against the watermark before the batch (SPEC.md §3): with
-``thr`` = the end at or below which windows are closed, a row's open starts are the multiples of
-the hop in ``(max(t - D, thr - D), t]``; a row with none is late.
+The last two follow the window kind's rules: its plan in ``ematix_dagster.spark.windows``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from functools import cached_property
 
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ematix_dagster.errors import PipelineConfigError, first_line
+from ematix_dagster.spark.observed import Observed
 from ematix_dagster.spark.sources import CORRUPT, HEARTBEAT
-from ematix_dagster.spec import Aggregation, PipelineSpec
-from ematix_dagster.streaming.windows import MICROS_PER_MS, first_start
+from ematix_dagster.spark.windows import partial_plan
+from ematix_dagster.spec import PipelineSpec
+from ematix_dagster.streaming.aggregators import Aggregator, make_aggregator
+from ematix_dagster.streaming.windows import MICROS_PER_MS
 
 INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 NUMERIC = INTEGRAL + (T.FloatType, T.DoubleType, T.DecimalType)
@@ -65,6 +66,44 @@ def _hll_input(col: Column, dtype: T.DataType) -> Column:
 
 
 @dataclass(frozen=True)
+class AggregationInput:
+    """One aggregation's input column as :class:`~ematix_dagster.streaming.aggregators.SparkInput`."""
+
+    column: Column | None
+    dtype: T.DataType | None
+    functions = F
+
+    @property
+    def integral(self) -> bool:
+        return isinstance(self.dtype, INTEGRAL)
+
+    @property
+    def decimal(self) -> bool:
+        return isinstance(self.dtype, T.DecimalType)
+
+    @property
+    def numeric(self) -> bool:
+        return isinstance(self.dtype, NUMERIC)
+
+    @property
+    def orderable(self) -> bool:
+        return not isinstance(self.dtype, (T.MapType, T.BinaryType))
+
+    @property
+    def type_name(self) -> str:
+        assert self.dtype is not None
+        return self.dtype.simpleString()
+
+    def canonical(self) -> Column:
+        assert self.column is not None and self.dtype is not None
+        return canonical(self.column, self.dtype)
+
+    def hll_input(self) -> Column:
+        assert self.column is not None and self.dtype is not None
+        return _hll_input(self.column, self.dtype)
+
+
+@dataclass(frozen=True)
 class BatchPlan:
     """Static facts about a pipeline's batches, checked once at start against the SQL output."""
 
@@ -76,40 +115,19 @@ class BatchPlan:
         return tuple(a.agg == "sum" and isinstance(self.output_types[a.column], INTEGRAL)  # type: ignore[index]
                      for a in self.spec.window.aggregations)
 
-    def partial_columns(self) -> list[Column]:
+    @cached_property
+    def aggregators(self) -> list[Aggregator]:
         window = self.spec.window
+        return [make_aggregator(a, self.integral[i], window.hll_precision) for i, a in enumerate(window.aggregations)]
+
+    def partial_columns(self) -> list[Column]:
+        """Every aggregation's partial expressions, named ``_p<i>`` (and the aggregator's suffixes)."""
         cols: list[Column] = []
-        for i, a in enumerate(window.aggregations):
-            cols.extend(_partial(a, i, self.output_types, window.hll_precision))
+        for i, (a, agg) in enumerate(zip(self.spec.window.aggregations, self.aggregators)):
+            spark = AggregationInput(None, None) if a.column is None else \
+                AggregationInput(F.col(a.column), self.output_types[a.column])
+            cols += [expr.alias(name) for expr, name in zip(agg.spark_partials(spark), agg.partial_names(f"_p{i}"))]
         return cols
-
-
-def _partial(a: Aggregation, i: int, types: dict[str, T.DataType], lg_k: int) -> list[Column]:
-    name = f"_p{i}"
-    if a.agg == "count":
-        return [F.count(F.lit(1)).alias(name)]
-    col, dtype = F.col(a.column), types[a.column]  # type: ignore[arg-type,index]
-    if a.agg == "count_col":
-        return [F.count(col).alias(name)]
-    if a.agg == "sum":
-        if isinstance(dtype, INTEGRAL):
-            # DECIMAL(38,0) cannot overflow here; the driver checks the BIGINT range with the window named.
-            return [F.sum(col.cast("decimal(38,0)")).alias(name)]
-        if isinstance(dtype, T.DecimalType):
-            return [F.sum(col).alias(name)]
-        return [F.sum(col.cast("double")).alias(name)]
-    if a.agg == "min":
-        return [F.min(col).alias(name)]
-    if a.agg == "max":
-        return [F.max(col).alias(name)]
-    if a.agg == "avg":
-        return [F.sum(col.cast("double")).alias(name), F.count(col).alias(name + "_n")]
-    if a.agg in ("first", "last"):
-        pair = F.when(col.isNotNull(), F.struct(F.col("_ts").alias("t"), col.alias("v")))
-        return [(F.min(pair) if a.agg == "first" else F.max(pair)).alias(name)]
-    if a.distinct_mode == "approximate":
-        return [F.hll_sketch_agg(_hll_input(col, dtype), lg_k).alias(name)]
-    return [F.collect_set(canonical(col, dtype)).alias(name)]
 
 
 def analyse(spark: SparkSession, spec: PipelineSpec, stream: DataFrame) -> BatchPlan:
@@ -141,12 +159,10 @@ def analyse(spark: SparkSession, spec: PipelineSpec, stream: DataFrame) -> Batch
         if a.column not in types:
             raise PipelineConfigError(key, f"{a.column!r} is not a column of the input "
                                       f"(columns: {', '.join(sorted(types))})", "aggregate an existing column")
-        if a.agg in ("sum", "avg") and not isinstance(types[a.column], NUMERIC):
-            raise PipelineConfigError(key, f"{a.agg} needs a number, {a.column!r} is {types[a.column].simpleString()}",
-                                      "cast it in [transform] sql or use another aggregator")
-        if a.agg in ("min", "max", "first", "last") and isinstance(types[a.column], (T.MapType, T.BinaryType)):
-            raise PipelineConfigError(key, f"{a.agg} cannot order {types[a.column].simpleString()} values",
-                                      "aggregate an orderable column")
+        aggregator = make_aggregator(a, None, window.hll_precision)
+        problem = aggregator.input_problem(a, AggregationInput(F.col(a.column), types[a.column]))
+        if problem is not None:
+            raise PipelineConfigError(key, *problem)
     return BatchPlan(spec=spec, output_types=types)
 
 
@@ -159,29 +175,6 @@ def apply_sql(spark: SparkSession, spec: PipelineSpec, df: DataFrame) -> DataFra
     except Exception as exc:
         raise PipelineConfigError("transform.sql", f"does not run: {first_line(exc)}",
                                   f"query the view named {VIEW!r}, which holds each source's columns, _event_ts and _source") from None
-
-
-@dataclass
-class Observed:
-    """Aggregates collected while another action runs, with a direct fallback.
-
-    Spark drops an ``observe`` node when the optimiser proves its input empty (an empty
-    micro-batch), and the observation is then never filled; the fallback computes the same
-    aggregates explicitly in that case.
-    """
-
-    observation: Observation
-    frame: DataFrame
-    exprs: list[Column]
-
-    def values(self) -> dict[str, Any]:
-        try:
-            values = self.observation.get
-        except Exception:  # noqa: BLE001 - the observation was pruned with an empty plan
-            values = {}
-        if not values:
-            values = self.frame.agg(*self.exprs).collect()[0].asDict()
-        return values
 
 
 @dataclass
@@ -224,36 +217,5 @@ def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: i
                 .withColumn("_batch_id", F.lit(batch_id).cast("bigint")))
     valid = observed.filter(F.col("_reason").isNull()).drop("_ts", "_future_after", "_reason", CORRUPT)
     out = apply_sql(spark, spec, valid)
-
-    duration = window.duration_ms * MICROS_PER_MS
-    hop = window.hop * MICROS_PER_MS
-    ts = F.unix_micros("_event_ts")
-    # Integer arithmetic throughout (pmod is a floor modulo): doubles would misplace rows near a
-    # window bound once timestamps exceed 2^53 µs.
-    last = ts - F.pmod(ts, F.lit(hop))
-    start_of_first = ts - F.lit(duration)
-    first = start_of_first - F.pmod(start_of_first, F.lit(hop)) + F.lit(hop)
-    if closed_before is None:
-        first_open = first
-    else:
-        first_open = F.greatest(first, F.lit(first_start(closed_before, duration, hop)))
-    out = (out.withColumn("_ts", ts).withColumn("_last", last.cast("bigint")).withColumn("_first", first.cast("bigint"))
-           .withColumn("_first_open", first_open.cast("bigint"))
-           .withColumn("_late", F.col("_first_open") > F.col("_last")))
-    reopened = F.lit(False) if emitted_before is None or window.late_data != "reopen" else \
-        (~F.col("_late")) & (F.col("_first_open") + duration <= F.lit(emitted_before))
-    late_rows = (out.filter(F.col("_late")).drop("_ts", "_last", "_first", "_first_open", "_late")
-                 .withColumn("_batch_id", F.lit(batch_id).cast("bigint")).withColumn("_reason", F.lit("late")))
-    late_exprs = [
-        F.count_if(F.col("_late")).alias("late_rows"),
-        F.coalesce(F.sum(F.when(~F.col("_late"), F.expr(f"(_first_open - _first) div {hop}"))), F.lit(0))
-        .cast("bigint").alias("late_assignments"),
-        F.count_if(reopened).alias("reopened_rows"),
-    ]
-    late_stats = Observed(Observation(f"late_{batch_id}"), out, late_exprs)
-    out = out.observe(late_stats.observation, *late_exprs)
-    assigned = (out.filter(~F.col("_late"))
-                .withColumn("_ws", F.explode(F.sequence(F.col("_first_open"), F.col("_last"), F.lit(hop).cast("bigint")))))
-    keys = [F.col("_ws")] + [F.col(g) for g in window.group_by]
-    partials = assigned.groupBy(*keys).agg(*plan.partial_columns())
-    return BatchFrames(partials, source_stats, late_stats, bad_rows, late_rows)
+    windowed = partial_plan(window)(out, window, plan.partial_columns(), batch_id, closed_before, emitted_before)
+    return BatchFrames(windowed.partials, source_stats, windowed.late_stats, bad_rows, windowed.late_rows)

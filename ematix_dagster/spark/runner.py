@@ -1,9 +1,8 @@
 """Run a pipeline as a Spark Structured Streaming query with a ``foreachBatch`` sink.
 
-The flow of one micro-batch (DESIGN.md §1): read the batch time from ``offsets/N``, build the
-Spark frames (``partials.build_batch``), pull the partials to the driver as Arrow, let the pure
-:class:`~ematix_dagster.streaming.micro_batch.Engine` merge and emit, write the target and the
-dead letters, record metrics, report progress.
+This module owns the query's lifetime: preflight (lease, fingerprint, checkpoint checks), start,
+the ``foreachBatch`` callback's locking, stop and cleanup. What one micro-batch does is
+:class:`~ematix_dagster.spark.batch.BatchStep`.
 
 Blocking py4j calls (waiting for the query) run on a background thread and batch reports travel
 through a queue, so the caller's thread (the CLI, or a Dagster step that may be interrupted)
@@ -15,15 +14,12 @@ from __future__ import annotations
 import queue
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from ematix_dagster import faults
 from ematix_dagster.errors import (
     CheckpointDiverged, FingerprintChanged, SparkQueryFailed, StateNotDurableError, first_line,
 )
@@ -31,49 +27,24 @@ from ematix_dagster.failures import classify
 from ematix_dagster.fingerprint import describe_changes, fingerprint, fingerprint_doc
 from ematix_dagster.metrics import StreamingMetrics, default_metrics, serve
 from ematix_dagster.spark import checkpoint
-from ematix_dagster.spark.convert import output_schema, partial_lists, rows_to_arrow
-from ematix_dagster.spark.partials import BatchFrames, BatchPlan, analyse, build_batch
+from ematix_dagster.spark.batch import BatchReport, BatchStep
+from ematix_dagster.spark.convert import output_schema
+from ematix_dagster.spark.partials import analyse
+from ematix_dagster.spark.recovery import validate_checkpoint
 from ematix_dagster.spark.session import get_spark
 from ematix_dagster.spark.sources import union_sources
 from ematix_dagster.spec import PipelineSpec
-from ematix_dagster.streaming.micro_batch import BatchInput, BatchResult, Engine, SourceStats
-from ematix_dagster.streaming.windows import format_us
-from ematix_dagster.recovery import named_offsets, validate_checkpoint
+from ematix_dagster.streaming.durable import Provenance, restore_engine
+from ematix_dagster.streaming.micro_batch import Engine
 from ematix_dagster.stores import guarantee, make_store
 from ematix_dagster.targets import DeadLetterWriter, WindowWriter, make_dead_letter_writer, make_window_writer
-from state_store.base import BatchCommit, PipelineRecord, RecoveredState, SourceProgress, StateStore, make_holder
-from state_store.codec import STATE_VERSION, decode_groups, encode_key, encode_state
+from state_store.base import RecoveredState, StateStore, make_holder
 
 GIB = 1 << 30
 
 
 class _BatchAbandoned(Exception):
     """Raised in a batch that starts after a stop was requested, so Spark does not commit it."""
-
-
-@dataclass(frozen=True)
-class BatchReport:
-    """What one micro-batch did, for progress lines, metrics and Dagster metadata."""
-
-    batch_id: int
-    batch_time: int
-    rows_in: int
-    rows_by_source: dict[str, int]
-    windows_emitted: int
-    corrections: int
-    late_rows: int
-    dead_letter_rows: int
-    watermark: int | None
-    source_watermarks: dict[str, int | None]
-    idle_sources: list[str]
-    state_groups: int
-    windows_open: int
-    seconds: float
-
-    def progress_line(self, pipeline: str) -> str:
-        return (f"[{pipeline}] batch {self.batch_id}: rows in {self.rows_in}, windows emitted {self.windows_emitted}"
-                f" (+{self.corrections} corrections), watermark {format_us(self.watermark)}, late rows {self.late_rows},"
-                f" state groups {self.state_groups}, {self.seconds:.2f}s")
 
 
 @dataclass
@@ -115,14 +86,12 @@ class PipelineRunner:
         self._lock = threading.Lock()
         self._stopping = False
         self._error: BaseException | None = None
-        self._last_batch_time = 0
         self.store: StateStore | None = store if store is not None else (
             make_store(self.spec.state_store) if spec.state_store.durable else None)
         self.run_label = run_label
         self.recovered = RecoveredState(record=None)
         self.fingerprint_doc = fingerprint_doc(spec)  # as written
         self.fingerprint = fingerprint(self.fingerprint_doc)
-        self.query_id: str | None = None
         self.target: WindowWriter | None = None
         self.dead_letter: DeadLetterWriter | None = None
         self._store_open = False
@@ -227,16 +196,20 @@ class PipelineRunner:
     def _start_query(self) -> StreamingQuery:
         spec = self.spec
         stream = union_sources(self.spark, spec)
-        self.plan: BatchPlan = analyse(self.spark, spec, stream)
-        self.engine = Engine.for_window(spec.pipeline_name, spec.window, spec.source_names, self.plan.integral)
-        self._restore()
-        self.schema = output_schema(self.plan)
+        plan = analyse(self.spark, spec, stream)
+        self.engine = Engine.for_window(spec.pipeline_name, spec.window, spec.source_names, plan.integral)
+        record = restore_engine(self.engine, self.recovered, self.store.description if self.store else None)
+        self.recovered = RecoveredState(record=record)  # drop the blobs
+        schema = output_schema(plan)
         key = [spec.window.window_start_column, *spec.window.group_by]
-        self.target = make_window_writer(spec.target, spec.pipeline_name, self.schema, key)
+        self.target = make_window_writer(spec.target, spec.pipeline_name, schema, key)
         self.target.open()
         self.dead_letter = make_dead_letter_writer(spec.dead_letter, spec.pipeline_name) if spec.dead_letter else None
         if self.dead_letter:
             self.dead_letter.open()
+        provenance = Provenance(record.query_id if record else None, self.fingerprint, self.fingerprint_doc)
+        self.step = BatchStep(spec, plan, self.engine, schema, self.target, self.dead_letter, self.store,
+                              self.metrics, self.progress, provenance, record)
         writer = (stream.writeStream.queryName(spec.pipeline_name.replace("-", "_"))
                   .option("checkpointLocation", spec.run.checkpoint_location)
                   .foreachBatch(self._on_batch))
@@ -247,19 +220,6 @@ class PipelineRunner:
         self.query = writer.start()
         return self.query
 
-    def _restore(self) -> None:
-        record = self.recovered.record
-        if record is None:
-            return
-        where = self.store.description if self.store else None
-        windows = decode_groups(self.spec.pipeline_name, self.recovered.groups, where)
-        groups = [(start, key, accs) for start, by_key in windows.items() for key, accs in by_key.items()]
-        self.engine.restore(record.last_batch_id, record.watermark,
-                            {n: (p.max_event_ts, p.last_arrival) for n, p in record.sources.items()},
-                            record.counters, record.emitted, groups, store=where)
-        self.query_id = record.query_id
-        self.recovered = RecoveredState(record=record)  # drop the blobs
-
     # -- one micro-batch -----------------------------------------------------------------------
 
     def _on_batch(self, df: DataFrame, batch_id: int) -> None:
@@ -267,120 +227,12 @@ class PipelineRunner:
             if self._stopping:
                 raise _BatchAbandoned(f"stop requested before batch {batch_id}")
             try:
-                report = self._process(df, batch_id)
+                report = self.step.run(df, batch_id)
             except BaseException as exc:
                 self._error = exc
                 raise
         if report is not None:
             self._events.put(report)
-
-    def _process(self, df: DataFrame, batch_id: int) -> BatchReport | None:
-        started = time.perf_counter()
-        spec, engine = self.spec, self.engine
-        if engine.last_batch_id is not None and batch_id <= engine.last_batch_id:
-            if self.store is None or not self.store.durable:
-                raise StateNotDurableError(f"pipeline {spec.pipeline_name}: Spark replayed batch {batch_id} "
-                                           "but in-memory state already holds it")
-            # The store committed this batch but Spark did not record it: already counted, skip.
-            self.progress(f"[{spec.pipeline_name}] batch {batch_id} is already in the state store: replay skipped")
-            return None
-        if self.query_id is None:
-            self.query_id = checkpoint.query_id(spec.run.checkpoint_location)
-        offsets = checkpoint.read_offsets(spec.run.checkpoint_location, batch_id)
-        batch_time = offsets.batch_timestamp_ms * 1_000
-        self._last_batch_time = batch_time
-        frames = build_batch(df.sparkSession, self.plan, df, batch_id, batch_time,
-                             engine.closed_before(), engine.emitted_before())
-        partials = frames.partials.toArrow()
-        src = frames.source_stats.values()
-        late = frames.late_stats.values()
-        stats = {s.name: SourceStats(rows=src[f"rows_{i}"], max_event_ts=src[f"max_{i}"], invalid=src[f"invalid_{i}"],
-                                     future=src[f"future_{i}"], malformed=src[f"malformed_{i}"])
-                 for i, s in enumerate(spec.sources)}
-        in_transaction: list[Callable[[object], None]] = []
-        dead = self._write_dead_letters(batch_id, frames, stats, late["late_rows"], in_transaction)
-        starts, keys, values = partial_lists(self.plan, partials)
-        batch = BatchInput(batch_id=batch_id, batch_time=batch_time, sources=stats, starts=starts, keys=keys,
-                           partials=values, late_rows=late["late_rows"], late_assignments=late["late_assignments"],
-                           reopened_rows=late["reopened_rows"], dead_letters=dead)
-        result = engine.process(batch)
-        self._write(batch_id, result, in_transaction)
-        faults.point("target_write", batch_id)
-        self._commit(batch_id, batch_id, named_offsets(spec, offsets.offsets), in_transaction)
-        faults.point("after_store_commit", batch_id)
-        seconds = time.perf_counter() - started
-        self.metrics.record(spec.pipeline_name, spec.window.kind, spec.window.late_data, batch, result, seconds)
-        return self._report(batch, result, seconds)
-
-    def _write_dead_letters(self, batch_id: int, frames: BatchFrames, stats: dict[str, SourceStats], late_rows: int,
-                            in_transaction: list[Callable[[object], None]]) -> dict[str, int]:
-        if self.dead_letter is None:
-            return {}
-        tables: list[pa.Table] = []
-        if any(s.invalid or s.future or s.malformed for s in stats.values()):
-            tables.append(frames.bad_rows.toArrow())
-        if late_rows and self.spec.window.late_data == "dlq":
-            tables.append(frames.late_rows.toArrow())
-        if not tables:
-            return {}
-        rows = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
-        if self._dead_letters_in_store:
-            in_transaction.append(lambda conn: self.dead_letter.write_in_transaction(conn, batch_id, rows))
-        else:
-            self.dead_letter.write(batch_id, rows)
-        reasons = rows.column("_reason").to_pylist()
-        return {r: reasons.count(r) for r in sorted(set(reasons))}
-
-    def _write(self, batch_id: int, result: BatchResult, in_transaction: list[Callable[[object], None]],
-               part: str = "part-0") -> None:
-        table = rows_to_arrow(self.schema, result.rows, len(self.spec.window.group_by))
-        if self.spec.target.same_transaction:
-            in_transaction.append(lambda conn: self.target.write_in_transaction(conn, batch_id, table))
-        else:
-            self.target.write(batch_id, table, part)
-
-    @property
-    def _dead_letters_in_store(self) -> bool:
-        """Postgres dead letters in the Postgres store's database commit with the state."""
-        dl, store = self.spec.dead_letter, self.spec.state_store
-        return dl is not None and dl.kind == "postgres" and store.kind == "postgres" and dl.url == store.url
-
-    def _commit(self, batch_id: int, label: int | str, offsets: dict[str, str],
-                in_transaction: list[Callable[[object], None]]) -> None:
-        """One store transaction: changed groups, evicted windows, offsets, watermarks, counters.
-
-        ``label`` names the batch for fault points: its id, or ``flush`` for the end-of-input flush.
-        """
-        store, engine, spec = self.store, self.engine, self.spec
-        upserts, evicted = engine.state.take_changes()
-        if store is None or not store.durable:
-            return
-        marks = engine.watermarks
-        record = PipelineRecord(
-            pipeline=spec.pipeline_name, state_version=STATE_VERSION, query_id=self.query_id,
-            last_batch_id=engine.last_batch_id, fingerprint=self.fingerprint, fingerprint_doc=self.fingerprint_doc,
-            watermark=marks.global_wm,
-            sources={n: SourceProgress(c.max_event_ts, c.last_arrival) for n, c in marks.clocks.items()},
-            counters=dict(engine.counters), emitted=sorted(engine.state.emitted), offsets=offsets,
-        )
-        store.commit(BatchCommit(
-            record=record,
-            upserts=[(start, encode_key(key), encode_state(accs)) for start, key, accs in upserts],
-            deleted_windows=evicted,
-            in_transaction=[*in_transaction, lambda _conn: faults.point("store_commit", label)],
-        ))
-        self.recovered = RecoveredState(record=record)
-
-    def _report(self, batch: BatchInput, result: BatchResult, seconds: float) -> BatchReport:
-        return BatchReport(
-            batch_id=batch.batch_id, batch_time=batch.batch_time,
-            rows_in=sum(s.rows for s in batch.sources.values()),
-            rows_by_source={k: s.rows for k, s in batch.sources.items()},
-            windows_emitted=result.finals, corrections=result.corrections, late_rows=batch.late_rows,
-            dead_letter_rows=sum(batch.dead_letters.values()), watermark=result.watermark,
-            source_watermarks=result.source_watermarks, idle_sources=result.idle_sources,
-            state_groups=result.groups, windows_open=result.windows_open, seconds=seconds,
-        )
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -461,18 +313,7 @@ class PipelineRunner:
         if spec.run.trigger != "available_now" or self._stopping:
             return
         if spec.run.end_of_input == "flush" and self._not_emitted():
-            # Written beside the last real batch (its own file), so a later run's next batch id is free.
-            batch_id = engine.last_batch_id if engine.last_batch_id is not None else 0
-            result = engine.flush(batch_id, self._last_batch_time)
-            in_transaction: list[Callable[[object], None]] = []
-            self._write(batch_id, result, in_transaction, part="flush")
-            faults.point("target_write", "flush")
-            # The flush reads no input: the offsets stay those of the last committed batch.
-            self._commit(batch_id, "flush", self.recovered.record.offsets if self.recovered.record else {},
-                         in_transaction)
-            faults.point("after_store_commit", "flush")
-            self.metrics.record_emit(spec.pipeline_name, spec.window.kind, result)
-            report = self._report(BatchInput(batch_id, self._last_batch_time, {}), result, 0.0)
+            report = self.step.flush()
             self.progress(report.progress_line(spec.pipeline_name) + " (end-of-input flush)")
             yield report
         elif self._not_emitted() and self.store is not None and self.store.durable:

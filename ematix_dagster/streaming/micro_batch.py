@@ -28,7 +28,7 @@ from ematix_dagster.spec import Window
 from ematix_dagster.streaming.aggregators import describe_value, make_aggregator
 from ematix_dagster.streaming.watermark import Watermarks
 from ematix_dagster.streaming.window_state import EmittedRow, GroupKey, WindowState
-from ematix_dagster.streaming.windows import MICROS_PER_MS, format_window
+from ematix_dagster.streaming.windows import MICROS_PER_MS, window_kind
 
 _SECOND, _THIRD = itemgetter(1), itemgetter(2)
 
@@ -102,7 +102,7 @@ class Engine:
         aggs = [make_aggregator(a, integral[i], window.hll_precision) for i, a in enumerate(window.aggregations)]
         state = WindowState(
             pipeline=pipeline,
-            duration=window.duration_ms * MICROS_PER_MS,
+            window_kind=window_kind(window),
             aggregators=aggs,
             aliases=[a.as_ for a in window.aggregations],
             max_groups_per_window=window.max_groups_per_window,
@@ -194,7 +194,7 @@ class Engine:
             wrong = agg.check_state(accs[index]) or f"expected {agg.expected}, got {describe_value(accs[index])}"
             problem = f"aggregation {spec.as_!r} ({spec.agg}): {wrong}"
         place = f"pipeline {self.state.pipeline!r}" + (f" in {store}" if store else "")
-        window = format_window(start, start + self.state.duration) if type(start) is int else repr(start)
+        window = self.state.describe(start) if type(start) is int else repr(start)
         raise CorruptState(
             f"{place}: window {window} (window_start {start!r}), group {key!r:.200}: the stored state does not "
             f"match the pipeline's aggregations: {problem}. Restore the state store from a backup, or start over "
@@ -205,12 +205,12 @@ class Engine:
         return self.window.retention_ms * MICROS_PER_MS
 
     def closed_before(self) -> int | None:
-        """Assignments to windows with end <= this value are closed (late) in the next batch."""
+        """The threshold the next batch judges lateness against (the window kind's late rule)."""
         w = self.watermarks.global_wm
         return None if w is None else w - self.retention
 
     def emitted_before(self) -> int | None:
-        """Windows with end <= this value have already been emitted."""
+        """The watermark the windows already emitted were judged final against."""
         return self.watermarks.global_wm
 
     def process(self, batch: BatchInput) -> BatchResult:
@@ -222,7 +222,8 @@ class Engine:
         if before is not None:
             # A window whose end W had passed is emitted (closed) even if it held no rows then: rows
             # that reach it now (reopen, within allowance) make corrections, never a late "final".
-            self.state.emitted.update(s for s in touched if s + self.state.duration <= before)
+            rules = self.state.window_kind
+            self.state.emitted.update(s for s in touched if rules.is_final(rules.bounds(s), before))
         for name, stats in batch.sources.items():
             self.watermarks.observe(name, stats.rows, stats.max_event_ts, batch.batch_time)
             self._count(name, stats)

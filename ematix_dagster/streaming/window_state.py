@@ -1,8 +1,9 @@
 """Window state on the driver: accumulators per (window start, group key), caps and emission.
 
 State is a dict of windows, each a dict of groups, so the per-window group cap and "emit every
-window with end <= W" are both cheap. Windows that were emitted but are retained for ``reopen``
-are remembered in ``emitted`` so late rows for them produce corrections, not second finals.
+final window" are both cheap. Windows that were emitted but are retained for ``reopen`` are
+remembered in ``emitted`` so late rows for them produce corrections, not second finals. When a
+window is final and when it is evicted is its kind's rule (``ematix_dagster.streaming.windows``).
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
-from ematix_dagster.streaming.aggregators import Aggregator, order_key
-from ematix_dagster.streaming.windows import format_window
+from ematix_dagster.errors import StateCapExceeded
+from ematix_dagster.streaming.aggregators import Aggregator, PartialRowError, order_key
+from ematix_dagster.streaming.windows import WindowKind
 
 GroupKey = tuple[Any, ...]
 
@@ -37,30 +38,38 @@ class WindowState:
     """All open (and, under ``reopen``, retained) windows of one pipeline."""
 
     pipeline: str
-    duration: int
     aggregators: Sequence[Aggregator]
     aliases: Sequence[str]
     max_groups_per_window: int
+    window_kind: WindowKind
     windows: dict[int, dict[GroupKey, list[Any]]] = field(default_factory=dict)
     emitted: set[int] = field(default_factory=set)
     # Changes since the last durable commit: groups to upsert, windows evicted whole.
     dirty: set[tuple[int, GroupKey]] = field(default_factory=set)
     evicted: set[int] = field(default_factory=set)
 
+    def describe(self, start: int) -> str:
+        """The window that starts at ``start``, for messages."""
+        return self.window_kind.describe(self.window_kind.bounds(start))
+
     @property
     def max_end(self) -> int | None:
-        return max(self.windows) + self.duration if self.windows else None
+        return max(self.window_kind.bounds(s).end for s in self.windows) if self.windows else None
 
     @property
     def group_count(self) -> int:
         return sum(len(groups) for groups in self.windows.values())
 
     def merge(self, starts: Sequence[int], keys: Sequence[GroupKey], partials: Sequence[Sequence[Any]]) -> dict[int, set[GroupKey]]:
-        """Fold one batch of partials in; returns the groups touched per window."""
+        """Fold one batch of partials in; returns the groups touched per window.
+
+        Groups are found (or created, within the cap) row by row, then each aggregator merges its
+        whole column of partials at once.
+        """
         touched: dict[int, set[GroupKey]] = {}
-        aggs = list(enumerate(self.aggregators))
-        cap = self.max_groups_per_window
-        for row, (start, key) in enumerate(zip(starts, keys)):
+        width, cap = len(self.aggregators), self.max_groups_per_window
+        states: list[list[Any]] = []
+        for start, key in zip(starts, keys):
             groups = self.windows.get(start)
             if groups is None:
                 groups = self.windows[start] = {}
@@ -69,22 +78,26 @@ class WindowState:
                 if len(groups) >= cap:
                     raise StateCapExceeded(
                         f"window state cap hit: max_groups_per_window={cap} reached on window "
-                        f"{format_window(start, start + self.duration)} for pipeline {self.pipeline}"
+                        f"{self.describe(start)} for pipeline {self.pipeline}"
                     )
-                accs = groups[key] = [None] * len(aggs)
-            for i, agg in aggs:
-                try:
-                    accs[i] = agg.merge(accs[i], partials[i][row])
-                except (StateCapExceeded, AggregationOverflow, CorruptState) as exc:
-                    raise type(exc)(
-                        f"window state cap hit: {exc} on window {format_window(start, start + self.duration)} "
-                        f"group {key!r} ({self.aliases[i]}) for pipeline {self.pipeline}"
-                        if isinstance(exc, StateCapExceeded)
-                        else f"{exc}: {self.aliases[i]} on window {format_window(start, start + self.duration)} "
-                        f"group {key!r} for pipeline {self.pipeline}"
-                    ) from None
+                accs = groups[key] = [None] * width
+            states.append(accs)
             touched.setdefault(start, set()).add(key)
             self.dirty.add((start, key))
+        if not states:  # a batch without partials may come with no partial columns at all
+            return touched
+        for i, agg in enumerate(self.aggregators):
+            try:
+                agg.merge_batch(states, i, partials[i])
+            except PartialRowError as failed:
+                exc, start, key = failed.error, starts[failed.row], keys[failed.row]
+                raise type(exc)(
+                    f"window state cap hit: {exc} on window {self.describe(start)} "
+                    f"group {key!r} ({self.aliases[i]}) for pipeline {self.pipeline}"
+                    if isinstance(exc, StateCapExceeded)
+                    else f"{exc}: {self.aliases[i]} on window {self.describe(start)} "
+                    f"group {key!r} for pipeline {self.pipeline}"
+                ) from None
         return touched
 
     def take_changes(self) -> tuple[list[tuple[int, GroupKey, list[Any]]], list[int]]:
@@ -96,28 +109,26 @@ class WindowState:
 
     def _rows(self, start: int, keys: Iterable[GroupKey], kind: str) -> list[EmittedRow]:
         groups = self.windows[start]
-        end = start + self.duration
+        end = self.window_kind.bounds(start).end
         return [
             EmittedRow(start, end, key, tuple(a.result(acc) for a, acc in zip(self.aggregators, groups[key])), kind)
             for key in sorted(keys, key=_key_order)
         ]
 
     def emit(self, watermark: int | None, touched: dict[int, set[GroupKey]], retention: int) -> list[EmittedRow]:
-        """Finals for windows whose end <= W, corrections for retained windows touched again.
-
-        State is evicted at ``end + retention <= W``.
-        """
+        """Finals for windows that became final at ``watermark``, corrections for retained windows
+        touched again; emitted windows are evicted by the kind's rule."""
         out: list[EmittedRow] = []
+        rules = self.window_kind
         for start in sorted(self.windows):
-            end = start + self.duration
             if start in self.emitted:
                 if start in touched:
                     out.extend(self._rows(start, touched[start], "correction"))
-            elif watermark is not None and end <= watermark:
+            elif rules.is_final(rules.bounds(start), watermark):
                 out.extend(self._rows(start, self.windows[start].keys(), "final"))
                 self.emitted.add(start)
         for start in [s for s in self.windows if s in self.emitted]:
-            if watermark is not None and start + self.duration + retention <= watermark:
+            if rules.is_evicted(rules.bounds(start), watermark, retention):
                 del self.windows[start]
                 self.emitted.discard(start)
                 self.evicted.add(start)

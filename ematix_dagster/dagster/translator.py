@@ -1,0 +1,78 @@
+"""A pipeline's ``AssetSpec``, built by a translator users subclass (dagster-sling's
+``DagsterSlingTranslator`` seam)."""
+
+from typing import Any, Mapping, Optional, Sequence
+
+import dagster as dg
+
+from ematix_dagster.dagster.pipeline import (
+    NAME_METADATA_KEY, PIPELINE_TAG, TOML_METADATA_KEY, EmatixPipeline, toml_metadata,
+)
+
+
+class EmatixTranslator:
+    """Maps a pipeline to its ``AssetSpec``; subclass and override a ``get_*`` method to customise.
+
+    Mirrors dagster-sling's ``DagsterSlingTranslator``.
+    """
+
+    def get_asset_key(self, pipeline: EmatixPipeline) -> dg.AssetKey:
+        return pipeline.key
+
+    def get_description(self, pipeline: EmatixPipeline) -> str:
+        spec = pipeline.spec
+        w = spec.window
+        size = f"{w.duration_ms // 1000} s" if w.duration_ms % 1000 == 0 else f"{w.duration_ms} ms"
+        shape = f"{w.kind} windows of {size}" + (f" every {w.hop // 1000} s" if w.kind == "hopping" else "")
+        by = f" per {', '.join(w.group_by)}" if w.group_by else ""
+        sources = ", ".join(s.name for s in spec.sources)
+        target = spec.target.table or spec.target.path or spec.target.kind
+        head = pipeline.description.strip()
+        line = (f"Streaming pipeline `{spec.pipeline_name}`: {shape}{by} over {sources} into {spec.target.kind} "
+                f"`{target}` (trigger {spec.run.trigger}).")
+        return f"{head}\n\n{line}" if head else line
+
+    def get_owners(self, pipeline: EmatixPipeline) -> Sequence[str]:
+        return []
+
+    def get_tags(self, pipeline: EmatixPipeline) -> Mapping[str, str]:
+        spec = pipeline.spec
+        return {PIPELINE_TAG: spec.pipeline_name, "ematix/trigger": spec.run.trigger,
+                "ematix/window": spec.window.kind, "ematix/target": spec.target.kind}
+
+    def get_kinds(self, pipeline: EmatixPipeline) -> set[str]:
+        kinds = {"spark"}
+        if pipeline.spec.target.kind in ("postgres", "parquet"):
+            kinds.add(pipeline.spec.target.kind)
+        return kinds
+
+    def get_code_version(self, pipeline: EmatixPipeline) -> str:
+        return pipeline.code_version
+
+    def get_group_name(self, pipeline: EmatixPipeline) -> Optional[str]:
+        return "ematix"
+
+    def get_metadata(self, pipeline: EmatixPipeline) -> Mapping[str, Any]:
+        spec = pipeline.spec
+        meta: dict[str, Any] = {
+            NAME_METADATA_KEY: spec.pipeline_name,
+            TOML_METADATA_KEY: toml_metadata(spec),
+            "ematix/trigger": spec.run.trigger,
+            "ematix/checkpoint": spec.run.checkpoint_location,
+        }
+        if pipeline.source_path is not None:
+            meta["ematix/toml_path"] = dg.MetadataValue.path(str(pipeline.source_path))
+        if spec.target.kind == "postgres" and spec.target.table:
+            meta["dagster/table_name"] = spec.target.table
+        return meta
+
+    def get_asset_spec(self, pipeline: EmatixPipeline) -> dg.AssetSpec:
+        return dg.AssetSpec(
+            key=self.get_asset_key(pipeline), description=self.get_description(pipeline),
+            owners=list(self.get_owners(pipeline)), tags=dict(self.get_tags(pipeline)),
+            kinds=self.get_kinds(pipeline), code_version=self.get_code_version(pipeline),
+            group_name=self.get_group_name(pipeline), metadata=dict(self.get_metadata(pipeline)),
+        )
+
+
+__all__ = ["EmatixTranslator"]

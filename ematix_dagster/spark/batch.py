@@ -1,0 +1,193 @@
+"""One micro-batch, end to end: plan, collect, engine, write, commit (DESIGN.md §1, steps 1-7).
+
+Kept apart from the runner, which owns the query's lifecycle and threads, so that what a batch
+does can be read in one place and the order of its side effects (target, dead letters, store
+transaction, fault points) cannot be disturbed by lifecycle code.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+
+from ematix_dagster import faults
+from ematix_dagster.errors import StateNotDurableError
+from ematix_dagster.metrics import StreamingMetrics
+from ematix_dagster.spark import checkpoint
+from ematix_dagster.spark.convert import partial_lists, rows_to_arrow
+from ematix_dagster.spark.partials import BatchFrames, BatchPlan, build_batch
+from ematix_dagster.spark.recovery import named_offsets
+from ematix_dagster.spec import PipelineSpec
+from ematix_dagster.streaming.durable import Provenance, batch_commit
+from ematix_dagster.streaming.micro_batch import BatchInput, BatchResult, Engine, SourceStats
+from ematix_dagster.streaming.windows import format_us
+from ematix_dagster.targets import DeadLetterWriter, WindowWriter
+from state_store.base import PipelineRecord, StateStore
+
+InTransaction = list[Callable[[object], None]]
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    """What one micro-batch did, for progress lines, metrics and Dagster metadata."""
+
+    batch_id: int
+    batch_time: int
+    rows_in: int
+    rows_by_source: dict[str, int]
+    windows_emitted: int
+    corrections: int
+    late_rows: int
+    dead_letter_rows: int
+    watermark: int | None
+    source_watermarks: dict[str, int | None]
+    idle_sources: list[str]
+    state_groups: int
+    windows_open: int
+    seconds: float
+
+    def progress_line(self, pipeline: str) -> str:
+        return (f"[{pipeline}] batch {self.batch_id}: rows in {self.rows_in}, windows emitted {self.windows_emitted}"
+                f" (+{self.corrections} corrections), watermark {format_us(self.watermark)}, late rows {self.late_rows},"
+                f" state groups {self.state_groups}, {self.seconds:.2f}s")
+
+
+@dataclass
+class BatchStep:
+    """Everything a batch needs, opened by the runner before the query starts.
+
+    ``record`` is the last committed pipeline record: the end-of-input flush reads no input and
+    commits that record's offsets again.
+    """
+
+    spec: PipelineSpec
+    plan: BatchPlan
+    engine: Engine
+    schema: pa.Schema
+    target: WindowWriter
+    dead_letter: DeadLetterWriter | None
+    store: StateStore | None
+    metrics: StreamingMetrics
+    progress: Callable[[str], None]
+    provenance: Provenance
+    record: PipelineRecord | None = None
+    last_batch_time: int = 0
+
+    def run(self, df: DataFrame, batch_id: int) -> BatchReport | None:
+        """Process Spark's batch ``batch_id``; None when the store already holds it (a replay)."""
+        started = time.perf_counter()
+        spec, engine = self.spec, self.engine
+        if engine.last_batch_id is not None and batch_id <= engine.last_batch_id:
+            if self.store is None or not self.store.durable:
+                raise StateNotDurableError(f"pipeline {spec.pipeline_name}: Spark replayed batch {batch_id} "
+                                           "but in-memory state already holds it")
+            # The store committed this batch but Spark did not record it: already counted, skip.
+            self.progress(f"[{spec.pipeline_name}] batch {batch_id} is already in the state store: replay skipped")
+            return None
+        if self.provenance.query_id is None:
+            self.provenance = Provenance(checkpoint.query_id(spec.run.checkpoint_location),
+                                         self.provenance.fingerprint, self.provenance.fingerprint_doc)
+        offsets = checkpoint.read_offsets(spec.run.checkpoint_location, batch_id)
+        batch_time = offsets.batch_timestamp_ms * 1_000
+        self.last_batch_time = batch_time
+        frames = build_batch(df.sparkSession, self.plan, df, batch_id, batch_time,
+                             engine.closed_before(), engine.emitted_before())
+        partials = frames.partials.toArrow()
+        src = frames.source_stats.values()
+        late = frames.late_stats.values()
+        stats = {s.name: SourceStats(rows=src[f"rows_{i}"], max_event_ts=src[f"max_{i}"], invalid=src[f"invalid_{i}"],
+                                     future=src[f"future_{i}"], malformed=src[f"malformed_{i}"])
+                 for i, s in enumerate(spec.sources)}
+        in_transaction: InTransaction = []
+        dead = self._write_dead_letters(batch_id, frames, stats, late["late_rows"], in_transaction)
+        starts, keys, values = partial_lists(self.plan, partials)
+        batch = BatchInput(batch_id=batch_id, batch_time=batch_time, sources=stats, starts=starts, keys=keys,
+                           partials=values, late_rows=late["late_rows"], late_assignments=late["late_assignments"],
+                           reopened_rows=late["reopened_rows"], dead_letters=dead)
+        result = engine.process(batch)
+        self._write(batch_id, result, in_transaction)
+        faults.point("target_write", batch_id)
+        self._commit(batch_id, batch_id, named_offsets(spec, offsets.offsets), in_transaction)
+        faults.point("after_store_commit", batch_id)
+        seconds = time.perf_counter() - started
+        self.metrics.record(spec.pipeline_name, spec.window.kind, spec.window.late_data, batch, result, seconds)
+        return self._report(batch, result, seconds)
+
+    def flush(self) -> BatchReport:
+        """``end_of_input = "flush"``: emit every open window, written beside the last real batch.
+
+        It takes the last batch's id (its own file part), so a later run's next batch id stays free.
+        """
+        spec, engine = self.spec, self.engine
+        batch_id = engine.last_batch_id if engine.last_batch_id is not None else 0
+        result = engine.flush(batch_id, self.last_batch_time)
+        in_transaction: InTransaction = []
+        self._write(batch_id, result, in_transaction, part="flush")
+        faults.point("target_write", "flush")
+        # The flush reads no input: the offsets stay those of the last committed batch.
+        self._commit(batch_id, "flush", self.record.offsets if self.record else {}, in_transaction)
+        faults.point("after_store_commit", "flush")
+        self.metrics.record_emit(spec.pipeline_name, spec.window.kind, result)
+        return self._report(BatchInput(batch_id, self.last_batch_time, {}), result, 0.0)
+
+    def _write_dead_letters(self, batch_id: int, frames: BatchFrames, stats: dict[str, SourceStats], late_rows: int,
+                            in_transaction: InTransaction) -> dict[str, int]:
+        dead_letter = self.dead_letter
+        if dead_letter is None:
+            return {}
+        tables: list[pa.Table] = []
+        if any(s.invalid or s.future or s.malformed for s in stats.values()):
+            tables.append(frames.bad_rows.toArrow())
+        if late_rows and self.spec.window.late_data == "dlq":
+            tables.append(frames.late_rows.toArrow())
+        if not tables:
+            return {}
+        rows = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+        if self._dead_letters_in_store:
+            in_transaction.append(lambda conn: dead_letter.write_in_transaction(conn, batch_id, rows))
+        else:
+            dead_letter.write(batch_id, rows)
+        reasons = rows.column("_reason").to_pylist()
+        return {r: reasons.count(r) for r in sorted(set(reasons))}
+
+    def _write(self, batch_id: int, result: BatchResult, in_transaction: InTransaction, part: str = "part-0") -> None:
+        table = rows_to_arrow(self.schema, result.rows, len(self.spec.window.group_by))
+        if self.spec.target.same_transaction:
+            in_transaction.append(lambda conn: self.target.write_in_transaction(conn, batch_id, table))
+        else:
+            self.target.write(batch_id, table, part)
+
+    @property
+    def _dead_letters_in_store(self) -> bool:
+        """Postgres dead letters in the Postgres store's database commit with the state."""
+        dl, store = self.spec.dead_letter, self.spec.state_store
+        return dl is not None and dl.kind == "postgres" and store.kind == "postgres" and dl.url == store.url
+
+    def _commit(self, batch_id: int, label: int | str, offsets: dict[str, str], in_transaction: InTransaction) -> None:
+        """One store transaction: changed groups, evicted windows, offsets, watermarks, counters.
+
+        ``label`` names the batch for fault points: its id, or ``flush`` for the end-of-input flush.
+        """
+        store = self.store
+        if store is None or not store.durable:
+            self.engine.state.take_changes()  # nothing keeps them: forget them
+            return
+        commit = batch_commit(self.engine, self.spec.pipeline_name, self.provenance, offsets,
+                              [*in_transaction, lambda _conn: faults.point("store_commit", label)])
+        store.commit(commit)
+        self.record = commit.record
+
+    def _report(self, batch: BatchInput, result: BatchResult, seconds: float) -> BatchReport:
+        return BatchReport(
+            batch_id=batch.batch_id, batch_time=batch.batch_time,
+            rows_in=sum(s.rows for s in batch.sources.values()),
+            rows_by_source={k: s.rows for k, s in batch.sources.items()},
+            windows_emitted=result.finals, corrections=result.corrections, late_rows=batch.late_rows,
+            dead_letter_rows=sum(batch.dead_letters.values()), watermark=result.watermark,
+            source_watermarks=result.source_watermarks, idle_sources=result.idle_sources,
+            state_groups=result.groups, windows_open=result.windows_open, seconds=seconds,
+        )

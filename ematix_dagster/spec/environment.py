@@ -1,0 +1,72 @@
+"""``${NAME}`` placeholders: resolution at the point of use, and the warnings on the spec as written."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import fields, is_dataclass, replace
+from typing import TYPE_CHECKING, TypeVar
+
+from ematix_dagster.errors import PipelineConfigError
+from ematix_dagster.spec.rules import _child, _fail
+
+if TYPE_CHECKING:
+    from ematix_dagster.spec.model import PipelineSpec
+
+_ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_T = TypeVar("_T")
+
+
+def resolve_env(value: str | None) -> str | None:
+    """Expand ``${NAME}`` from the environment at the point of use."""
+    if value is None:
+        return None
+
+    def sub(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name not in os.environ:
+            raise PipelineConfigError(f"${{{name}}}", "environment variable is not set", f"export {name}=...")
+        return os.environ[name]
+
+    return _ENV_RE.sub(sub, value)
+
+
+def _resolved(obj: _T, key: str) -> _T:
+    # Unset variables are reported with the TOML key that uses them, not just the variable's name.
+    if isinstance(obj, str):
+        for name in _ENV_RE.findall(obj):
+            if name not in os.environ:
+                _fail(key or "spec", f"uses ${{{name}}} but the environment variable {name} is not set",
+                      f"export {name}=... where the pipeline is loaded and run")
+        return resolve_env(obj)  # type: ignore[return-value]
+    if isinstance(obj, tuple):
+        return tuple(_resolved(item, f"{key}[{i}]") for i, item in enumerate(obj))  # type: ignore[return-value]
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return replace(obj, **{f.name: _resolved(getattr(obj, f.name), _child(key, f.name)) for f in fields(obj)})
+    return obj
+
+
+# Warnings: valid, but unwise
+
+_URL_USERINFO = re.compile(r"://([^/?#@\s]*)@")
+_QUERY_PASSWORD = re.compile(r"[?&]password=([^&#\s]*)", re.IGNORECASE)
+_KV_PASSWORD = re.compile(r"(?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+
+
+def _literal_password(url: str) -> bool:
+    """Whether ``url`` holds a password typed into the file (not only ``${NAME}`` placeholders)."""
+    found = [m.group(1).partition(":")[2] for m in _URL_USERINFO.finditer(url)]
+    found += [m.group(1) for m in _QUERY_PASSWORD.finditer(url)] + [m.group(1) for m in _KV_PASSWORD.finditer(url)]
+    return any(_ENV_RE.sub("", password).strip("'") for password in found)
+
+
+def spec_warnings(spec: PipelineSpec) -> list[str]:
+    """One line per unwise but valid setting of ``spec`` as written: today, each URL whose password
+    is typed into the file (files are shared, versioned and printed). The password is never shown."""
+    urls = (("target.url", spec.target.url, "EMATIX_TARGET_URL"),
+            ("dead_letter.url", spec.dead_letter.url if spec.dead_letter is not None else None, "EMATIX_DLQ_URL"),
+            ("state_store.url", spec.state_store.url, "EMATIX_STATE_URL"))
+    return [f"{key}: the URL holds a password written in the pipeline file; move the password to an environment "
+            f'variable, e.g. url = "postgresql://user:${{PGPASSWORD}}@host/db" (any string may use ${{NAME}}), '
+            f'or the whole URL, e.g. url = "${{{variable}}}"'
+            for key, url, variable in urls if url and _literal_password(url)]

@@ -1,0 +1,286 @@
+"""The pipeline spec's dataclasses besides the window, and the rules between its tables.
+
+:meth:`PipelineSpec.validate` checks the types on the spec as written and the values on its resolved
+copy (see the package docstring).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ematix_dagster.spec.environment import _resolved
+from ematix_dagster.spec.rules import (
+    _IDENT_RE, _NAME_RE, DEAD_LETTER_KINDS, END_OF_INPUT, FILE_FORMATS, SOURCE_KINDS, STATE_STORE_KINDS, TARGET_KINDS,
+    TIME_UNITS, TRIGGERS, _fail, _listed_as_tuple, _non_negative, _positive,
+)
+from ematix_dagster.spec.type_checks import _check_types
+from ematix_dagster.spec.window import Window
+
+
+@dataclass(frozen=True)
+class Source:
+    """One ``[[sources]]`` entry; its ``name`` becomes the ``_source`` value of its rows."""
+
+    name: str
+    kind: str
+    format: str | None = None
+    path: str | None = None
+    schema: str | None = None
+    event_time_column: str | None = None
+    event_time_unit: str = "ms"
+    max_files_per_trigger: int | None = None
+    max_future_skew_ms: int = 3_600_000
+    rows_per_second: int | None = None
+    bootstrap_servers: str | None = None
+    topic: str | None = None
+    max_offsets_per_trigger: int | None = None
+    starting_offsets: str | None = None
+    header: bool | None = None
+
+    def validate(self, key: str) -> None:
+        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
+            _fail(f"{key}.name", f"{self.name!r} is not a valid source name", "use [a-z0-9_-]")
+        if self.name == "_heartbeat":
+            _fail(f"{key}.name", '"_heartbeat" is reserved for the engine', "pick another name")
+        if self.kind not in SOURCE_KINDS:
+            _fail(f"{key}.kind", f"unknown source kind {self.kind!r}", 'use "files", "rate" or "kafka"')
+        if self.event_time_unit not in TIME_UNITS:
+            _fail(f"{key}.event_time_unit", f"unknown unit {self.event_time_unit!r}", 'use "ms", "us" or "s"')
+        _non_negative(f"{key}.max_future_skew_ms", self.max_future_skew_ms)
+        allowed = {
+            "files": {"format", "path", "schema", "event_time_column", "max_files_per_trigger", "header"},
+            "rate": {"rows_per_second"},
+            "kafka": {"bootstrap_servers", "topic", "max_offsets_per_trigger", "starting_offsets"},
+        }[self.kind]
+        optional = {"format", "path", "schema", "event_time_column", "max_files_per_trigger", "rows_per_second",
+                    "bootstrap_servers", "topic", "max_offsets_per_trigger", "starting_offsets", "header"}
+        for f in sorted(optional - allowed):
+            if getattr(self, f) is not None:
+                _fail(f"{key}.{f}", f"does not apply to a {self.kind} source", "remove it")
+        if self.kind == "files":
+            if self.format not in FILE_FORMATS:
+                _fail(f"{key}.format", f"{self.format!r} is not a file format", 'use "parquet", "json" or "csv"')
+            if not self.path:
+                _fail(f"{key}.path", "is required for a files source", "name the directory to watch")
+            if not self.schema:
+                _fail(f"{key}.schema", "is required for a files source (streaming reads infer nothing)",
+                      'give a DDL schema such as "user_id BIGINT, ts TIMESTAMP"')
+            if not self.event_time_column:
+                _fail(f"{key}.event_time_column", "is required for a files source",
+                      "name the column that holds each row's event time")
+            if self.max_files_per_trigger is not None:
+                _positive(f"{key}.max_files_per_trigger", self.max_files_per_trigger)
+            if self.header is not None and self.format != "csv":
+                _fail(f"{key}.header", f"header = {str(self.header).lower()} only applies to csv files, "
+                      f"not {self.format}", "remove it")
+        elif self.kind == "rate":
+            if self.rows_per_second is not None:
+                _positive(f"{key}.rows_per_second", self.rows_per_second)
+        else:
+            if not self.bootstrap_servers:
+                _fail(f"{key}.bootstrap_servers", "is required for a kafka source", 'e.g. "127.0.0.1:9092"')
+            if not self.topic:
+                _fail(f"{key}.topic", "is required for a kafka source", "name the topic to read")
+            if self.max_offsets_per_trigger is not None:
+                _positive(f"{key}.max_offsets_per_trigger", self.max_offsets_per_trigger)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where closed windows go (``[target]``)."""
+
+    kind: str
+    url: str | None = field(default=None, repr=False)  # resolved, it may hold a password
+    table: str | None = None
+    create_table: bool = False
+    same_transaction: bool = False
+    path: str | None = None
+
+    def validate(self, key: str = "target") -> None:
+        if self.kind not in TARGET_KINDS:
+            _fail(f"{key}.kind", f"unknown target kind {self.kind!r}", 'use "postgres", "parquet" or "console"')
+        _validate_sink_fields(key, self.kind, self.url, self.table, self.path)
+        if self.same_transaction and self.kind != "postgres":
+            _fail(f"{key}.same_transaction", "only a postgres target can share the store's transaction", "remove it")
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """Where late, invalid, future and malformed rows go (``[dead_letter]``)."""
+
+    kind: str
+    path: str | None = None
+    url: str | None = field(default=None, repr=False)  # resolved, it may hold a password
+    table: str | None = None
+    create_table: bool = False
+
+    def validate(self, key: str = "dead_letter") -> None:
+        if self.kind not in DEAD_LETTER_KINDS:
+            _fail(f"{key}.kind", f"unknown dead-letter kind {self.kind!r}", 'use "parquet" or "postgres"')
+        _validate_sink_fields(key, self.kind, self.url, self.table, self.path)
+
+
+@dataclass(frozen=True)
+class StateStoreConfig:
+    """Where window state lives between batches (``[state_store]``; absent: SQLite).
+
+    ``checkpoint_interval_ms`` (seed 001) is accepted and has no effect: every micro-batch commits
+    its state, which is stricter than any interval.
+    """
+
+    kind: str = "sqlite"
+    path: str | None = None
+    url: str | None = field(default=None, repr=False)  # resolved, it may hold a password
+    schema: str | None = None
+    checkpoint_interval_ms: int | None = None
+
+    def validate(self, key: str = "state_store") -> None:
+        if self.kind not in STATE_STORE_KINDS:
+            _fail(f"{key}.kind", f"unknown state store {self.kind!r}", 'use "in_memory", "sqlite" or "postgres"')
+        if self.checkpoint_interval_ms is not None:
+            _positive(f"{key}.checkpoint_interval_ms", self.checkpoint_interval_ms)
+        if self.kind == "postgres" and not self.url:
+            _fail(f"{key}.url", "is required for a postgres store", 'use url = "${EMATIX_STATE_URL}"')
+        if self.kind != "sqlite" and self.path is not None:
+            _fail(f"{key}.path", f"does not apply to a {self.kind} store", "remove it")
+        if self.kind != "postgres":
+            if self.url is not None:  # never shown: it may hold a password
+                _fail(f"{key}.url", f"does not apply to a {self.kind} store", "remove it")
+            if self.schema is not None:
+                _fail(f"{key}.schema", f"schema = {self.schema!r} does not apply to a {self.kind} store", "remove it")
+        if self.schema is not None and not _IDENT_RE.match(self.schema):
+            _fail(f"{key}.schema", f"{self.schema!r} is not a schema name", "use letters, digits and _")
+
+    @property
+    def durable(self) -> bool:
+        return self.kind != "in_memory"
+
+
+@dataclass(frozen=True)
+class Run:
+    """How the streaming query is triggered and where its checkpoint lives (``[run]``)."""
+
+    checkpoint_location: str
+    trigger: str = "available_now"
+    trigger_interval_ms: int = 1_000
+    end_of_input: str = "keep"
+
+    def validate(self, key: str = "run") -> None:
+        if self.trigger not in TRIGGERS:
+            _fail(f"{key}.trigger", f"unknown trigger {self.trigger!r}", 'use "available_now" or "processing_time"')
+        _positive(f"{key}.trigger_interval_ms", self.trigger_interval_ms)
+        if self.end_of_input not in END_OF_INPUT:
+            _fail(f"{key}.end_of_input", f"unknown value {self.end_of_input!r}", 'use "keep" or "flush"')
+        if self.end_of_input == "flush" and self.trigger != "available_now":
+            _fail(f"{key}.end_of_input", '"flush" only applies to trigger = "available_now"',
+                  'remove it or use trigger = "available_now"')
+        if not self.checkpoint_location:
+            _fail(f"{key}.checkpoint_location", f"{self.checkpoint_location!r} is not a path",
+                  'e.g. ".ematix/checkpoints/<pipeline>"')
+        if "://" in self.checkpoint_location and not self.checkpoint_location.startswith("file://"):
+            _fail(f"{key}.checkpoint_location", "must be a local path (the engine reads its offsets log)",
+                  "use a local directory")
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """A whole pipeline: sources -> optional row-wise SQL -> window -> target."""
+
+    pipeline_name: str
+    sources: tuple[Source, ...]
+    window: Window
+    target: Target
+    run: Run
+    transform_sql: str | None = None
+    dead_letter: DeadLetter | None = None
+    state_store: StateStoreConfig = field(default_factory=StateStoreConfig)
+    metrics_port: int | None = None
+
+    def __post_init__(self) -> None:
+        _listed_as_tuple(self, "sources")
+
+    def validate(self) -> "PipelineSpec":
+        """Check the types as written, then every value rule on the resolved copy; return ``self``."""
+        _check_types(self)
+        self.resolved()._validate_values()
+        return self
+
+    def resolved(self) -> "PipelineSpec":
+        """This spec with ``${NAME}`` expanded in every string: what sources, stores, targets and
+        checkpoints are opened with. Never dump it or fingerprint it (it may hold passwords)."""
+        return _resolved(self, "")
+
+    def _validate_values(self) -> None:
+        if not _NAME_RE.match(self.pipeline_name):
+            _fail("pipeline_name", f"{self.pipeline_name!r} is not a valid name", "use [a-z0-9_-]")
+        if not self.sources:
+            _fail("sources", "at least one [[sources]] entry is required", "add a [[sources]] table")
+        names: set[str] = set()
+        for i, src in enumerate(self.sources):
+            src.validate(f"sources[{i}]")
+            if src.name in names:
+                _fail(f"sources[{i}].name", f"{src.name!r} is used twice", "give every source a unique name")
+            names.add(src.name)
+        self.window.validate()
+        self.target.validate()
+        if self.dead_letter is not None:
+            self.dead_letter.validate()
+        if self.window.late_data == "dlq" and self.dead_letter is None:
+            _fail("dead_letter", 'is required with late_data = "dlq"', "add a [dead_letter] table (parquet or postgres)")
+        self.state_store.validate()
+        if self.window.crash_recovery == "persisted" and not self.state_store.durable:
+            _fail("transform.window.crash_recovery", '"persisted" needs a durable [state_store]',
+                  'add [state_store] kind = "sqlite" or "postgres", or use "at_least_once"')
+        if self.target.same_transaction and self.state_store.kind != "postgres":
+            _fail("target.same_transaction", "needs a postgres [state_store] in the same database",
+                  'set [state_store] kind = "postgres" or remove same_transaction')
+        self.run.validate()
+        if self.metrics_port is not None and not 1 <= self.metrics_port <= 65535:
+            _fail("metrics_port", f"{self.metrics_port!r} is not a TCP port", "use 1..65535")
+        if self.transform_sql is not None and not self.transform_sql.strip():
+            _fail("transform.sql", "is empty", "remove [transform] sql or write a SELECT")
+
+    @property
+    def source_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.sources)
+
+    def state_upper_bound_bytes(self) -> int:
+        """Seed 000's sizing formula: active windows x max groups x per-group state."""
+        w = self.window
+        # A window stays open until the watermark (max event time - lateness_ms) passes its end, then
+        # is retained for allowed_lateness_ms under reopen; with lateness 0 this is seed 000's formula.
+        active = math.ceil((w.duration_ms + w.lateness_ms + w.retention_ms) / w.hop)
+        per_group = 64 + 16 * len(w.group_by)
+        for a in w.aggregations:
+            if a.agg == "count_distinct":
+                per_group += (1 << w.hll_precision) if a.distinct_mode == "approximate" \
+                    else 48 * (a.max_distinct_values_per_group or 0)
+            elif a.agg in ("first", "last", "avg"):
+                per_group += 32
+            else:
+                per_group += 16
+        return active * w.max_groups_per_window * per_group
+
+
+def _validate_sink_fields(key: str, kind: str, url: str | None, table: str | None, path: str | None) -> None:
+    if kind == "postgres":
+        if not url:
+            _fail(f"{key}.url", "is required for postgres", 'use url = "${EMATIX_TARGET_URL}"')
+        if not table:
+            _fail(f"{key}.table", "is required for postgres", 'e.g. table = "public.user_clicks_1min"')
+        parts = table.split(".")
+        if len(parts) > 2 or not all(_IDENT_RE.match(p) for p in parts):
+            _fail(f"{key}.table", f"{table!r} is not schema.table", 'e.g. "public.user_clicks_1min"')
+        if path is not None:
+            _fail(f"{key}.path", "does not apply to postgres", "remove it")
+    elif kind == "parquet":
+        if not path:
+            _fail(f"{key}.path", "is required for parquet", "name an output directory")
+        if url is not None:
+            _fail(f"{key}.url", "does not apply to parquet", "remove it")  # never shown: it may hold a password
+        if table is not None:
+            _fail(f"{key}.table", f"table = {table!r} does not apply to parquet", "remove it")
+    else:
+        if url is not None or table is not None or path is not None:
+            _fail(f"{key}.kind", "console takes no url, table or path", "remove them")

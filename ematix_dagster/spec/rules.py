@@ -1,0 +1,79 @@
+"""What every part of the spec shares: the accepted values, the bounds, and how a rule fails.
+
+A failure names the TOML key (not the Python field), so :data:`_TOML_KEYS` lives here for the
+value rules, the type checks and the ``${NAME}`` resolution alike.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ematix_dagster.errors import PipelineConfigError
+
+WINDOW_KINDS = ("tumbling", "hopping")
+RESERVED_WINDOW_KINDS = ("session", "sliding")
+AGG_KINDS = ("count", "count_col", "sum", "min", "max", "avg", "first", "last", "count_distinct")
+AGGS_WITH_COLUMN = tuple(a for a in AGG_KINDS if a != "count")
+LATE_POLICIES = ("drop", "reopen", "dlq")
+TIME_MODES = ("event", "processing")
+TIME_UNITS = ("ms", "us", "s")
+SOURCE_KINDS = ("files", "rate", "kafka")
+FILE_FORMATS = ("parquet", "json", "csv")
+TARGET_KINDS = ("postgres", "parquet", "console")
+DEAD_LETTER_KINDS = ("parquet", "postgres")
+STATE_STORE_KINDS = ("in_memory", "sqlite", "postgres")
+TRIGGERS = ("available_now", "processing_time")
+END_OF_INPUT = ("keep", "flush")
+
+#: Columns the engine adds or reserves; user names may not take them.
+RESERVED_COLUMNS = ("_event_ts", "_source", "_batch_id", "_reason", "_emit_kind", "_corrupt_record")
+
+#: Largest ``*_ms`` duration: 1000 years (of 365 days). Times are 64-bit microseconds; a duration in
+#: microseconds (x 1000) added to an event time as late as year 9999 (about 2.5e17 us) stays far
+#: below 2**63.
+MAX_DURATION_MS = 1000 * 365 * 86_400 * 1000
+JAVA_INT_MAX = 2**31 - 1
+JAVA_LONG_MAX = 2**63 - 1
+
+_NAME_RE = re.compile(r"^[a-z0-9_-]+$")
+_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+_TOML_KEYS = {"window": "transform.window", "transform_sql": "transform.sql", "as_": "as"}
+
+
+def _child(key: str, field_name: str) -> str:
+    name = _TOML_KEYS.get(field_name, field_name)
+    return f"{key}.{name}" if key else name
+
+
+def _fail(key: str, message: str, fix: str | None = None) -> None:
+    raise PipelineConfigError(key, message, fix)
+
+
+def _is_ident(value: Any) -> bool:
+    return isinstance(value, str) and bool(_IDENT_RE.match(value))
+
+
+def _is_reserved(name: str) -> bool:
+    # Spark resolves column names case-insensitively, so "_EVENT_TS" clashes with "_event_ts".
+    return name.lower() in RESERVED_COLUMNS
+
+
+def _positive(key: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        _fail(key, f"{value!r} must be a positive integer", "use a value > 0")
+
+
+def _non_negative(key: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        _fail(key, f"{value!r} must be an integer >= 0", "use a value >= 0")
+
+
+def _listed_as_tuple(obj: Any, *names: str) -> None:
+    # Lists (TOML arrays, Python callers) become tuples so specs stay hashable and comparable; any
+    # other value is left for the type check to report instead of being split into characters.
+    for name in names:
+        value = getattr(obj, name)
+        if isinstance(value, list):
+            object.__setattr__(obj, name, tuple(value))

@@ -1,0 +1,165 @@
+"""TOML <-> dataclasses: unknown keys and seed-001 spellings are refused, dumps omit defaults."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import MISSING as _MISSING
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+import tomli_w
+
+from ematix_dagster.errors import PipelineConfigError
+from ematix_dagster.spec.model import DeadLetter, PipelineSpec, Run, Source, StateStoreConfig, Target
+from ematix_dagster.spec.rules import _fail
+from ematix_dagster.spec.window import Aggregation, Window
+
+# Seed 001 spellings: refused with the canonical key, so copied configs get a precise hint.
+_SEED_001_SPELLINGS = {
+    "kind": "agg",
+    "input_column": "column",
+    "output_name": "as",
+    "width_ms": "duration_ms",
+}
+
+_TOP_KEYS = {"pipeline_name", "metrics_port", "sources", "transform", "target", "dead_letter", "state_store", "run"}
+
+
+def _take(table: Mapping[str, Any], key: str, cls: type, renames: Mapping[str, str] | None = None) -> Any:
+    """Build ``cls`` from a TOML table, refusing unknown keys and seed-001 spellings."""
+    if not isinstance(table, Mapping):
+        _fail(key, f"must be a table, got {type(table).__name__}", f"write [{key}]")
+    renames = dict(renames or {})
+    known = {renames.get(f.name, f.name): f.name for f in fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for k, v in table.items():
+        if k not in known:
+            canonical = _SEED_001_SPELLINGS.get(k)
+            if canonical and canonical in known:
+                _fail(f"{key}.{k}", f"{k} = {v!r} is seed 001's spelling", f"use {canonical!r} instead of {k!r}")
+            _fail(f"{key}.{k}", "unknown key", f"known keys: {', '.join(sorted(known))}")
+        kwargs[known[k]] = v
+    required = [f.name for f in fields(cls) if f.default is _MISSING and f.default_factory is _MISSING]
+    for name in required:
+        if name not in kwargs:
+            _fail(f"{key}.{renames.get(name, name)}", "is required", f"add {renames.get(name, name)} = ...")
+    return cls(**kwargs)
+
+
+
+def spec_from_dict(doc: Mapping[str, Any]) -> PipelineSpec:
+    """Build and validate a spec from parsed TOML."""
+    for k in doc:
+        if k not in _TOP_KEYS:
+            _fail(k, "unknown top-level key", f"known keys: {', '.join(sorted(_TOP_KEYS))}")
+    for k in ("pipeline_name", "sources", "transform", "target", "run"):
+        if k not in doc:
+            _fail(k, "is required", f"add {k}")
+    transform = doc["transform"]
+    if not isinstance(transform, Mapping):
+        _fail("transform", "must be a table", "write [transform]")
+    for k in transform:
+        if k not in ("sql", "window"):
+            _fail(f"transform.{k}", "unknown key", "known keys: sql, window")
+    if "window" not in transform:
+        _fail("transform.window", "is required", "add [transform.window]")
+    if not isinstance(transform["window"], Mapping):
+        _fail("transform.window", "must be a table", "write [transform.window]")
+    wdoc = dict(transform["window"])
+    aggs_doc = wdoc.pop("aggregations", None)
+    if aggs_doc is not None and not isinstance(aggs_doc, list):
+        _fail("transform.window.aggregations", "must be an array of tables",
+              "write [[transform.window.aggregations]] (double brackets)")
+    if not aggs_doc:
+        _fail("transform.window.aggregations", "at least one aggregation is required",
+              'add [[transform.window.aggregations]] with agg = "count", as = "n"')
+    aggs = tuple(_take(a, f"transform.window.aggregations[{i}]", Aggregation, {"as_": "as"})
+                 for i, a in enumerate(aggs_doc))
+    if "max_groups_per_window" not in wdoc:
+        _fail("transform.window.max_groups_per_window", "is mandatory",
+              "set the most groups one window may hold, e.g. 1_000_000")
+    wdoc["aggregations"] = aggs
+    window = _take(wdoc, "transform.window", Window)
+    if not isinstance(doc["sources"], list):
+        _fail("sources", "must be an array of tables", "write [[sources]]")
+    sources = tuple(_take(s, f"sources[{i}]", Source) for i, s in enumerate(doc["sources"]))
+    spec = PipelineSpec(
+        pipeline_name=doc["pipeline_name"],
+        metrics_port=doc.get("metrics_port"),
+        sources=sources,
+        transform_sql=transform.get("sql"),
+        window=window,
+        target=_take(doc["target"], "target", Target),
+        dead_letter=_take(doc["dead_letter"], "dead_letter", DeadLetter) if "dead_letter" in doc else None,
+        state_store=(_take(doc["state_store"], "state_store", StateStoreConfig) if "state_store" in doc
+                     else StateStoreConfig()),
+        run=_take(doc["run"], "run", Run),
+    )
+    return spec.validate()
+
+
+def load_pipeline_str(text: str) -> PipelineSpec:
+    """Parse TOML text into a validated spec."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PipelineConfigError("toml", f"not valid TOML: {exc}", "fix the syntax at the position shown") from None
+    return spec_from_dict(doc)
+
+
+def load_pipeline(path: str | os.PathLike[str]) -> PipelineSpec:
+    """Load a pipeline TOML file."""
+    p = Path(path)
+    if not p.is_file():
+        raise PipelineConfigError("path", f"{str(p)!r} does not exist", "pass the path of a pipeline TOML file")
+    return load_pipeline_str(p.read_text())
+
+
+def _table(obj: Any, renames: Mapping[str, str] | None = None, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Dataclass -> TOML table with defaults omitted, so dumps stay short and stable."""
+    renames = renames or {}
+    out: dict[str, Any] = {}
+    for f in fields(obj):
+        if f.name in skip:
+            continue
+        v = getattr(obj, f.name)
+        default = f.default if f.default is not _MISSING else _MISSING
+        if v is None or (default is not _MISSING and v == default):
+            continue
+        out[renames.get(f.name, f.name)] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def spec_to_dict(spec: PipelineSpec) -> dict[str, Any]:
+    doc: dict[str, Any] = {"pipeline_name": spec.pipeline_name}
+    if spec.metrics_port is not None:
+        doc["metrics_port"] = spec.metrics_port
+    doc["sources"] = [_table(s) for s in spec.sources]
+    transform: dict[str, Any] = {}
+    if spec.transform_sql is not None:
+        transform["sql"] = spec.transform_sql
+    window = _table(spec.window, skip=("aggregations",))
+    window["group_by"] = list(spec.window.group_by)
+    window["max_groups_per_window"] = spec.window.max_groups_per_window
+    window["aggregations"] = [_table(a, {"as_": "as"}) for a in spec.window.aggregations]
+    transform["window"] = window
+    doc["transform"] = transform
+    doc["target"] = _table(spec.target)
+    if spec.dead_letter is not None:
+        doc["dead_letter"] = _table(spec.dead_letter)
+    if spec.state_store != StateStoreConfig():
+        doc["state_store"] = _table(spec.state_store) | {"kind": spec.state_store.kind}
+    doc["run"] = _table(spec.run)
+    return doc
+
+
+def dump_pipeline(spec: PipelineSpec) -> str:
+    """Serialise a spec to TOML; ``load_pipeline_str(dump_pipeline(s)) == s``."""
+    return tomli_w.dumps(spec_to_dict(spec))
+
+
+def with_overrides(spec: PipelineSpec, **changes: Any) -> PipelineSpec:
+    """A validated copy of ``spec`` with top-level fields replaced (used by Dagster resources)."""
+    return replace(spec, **changes).validate()

@@ -1,0 +1,193 @@
+"""``[transform.window]`` and its aggregations, with their value rules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ematix_dagster.spec.rules import (
+    AGG_KINDS, LATE_POLICIES, RESERVED_WINDOW_KINDS, TIME_MODES, TIME_UNITS, WINDOW_KINDS, _fail, _is_ident,
+    _is_reserved, _listed_as_tuple, _non_negative, _positive,
+)
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """One output column of a window: ``agg`` over ``column``, named ``as_``.
+
+    >>> Aggregation(agg="sum", column="amount", as_="amount_sum").as_
+    'amount_sum'
+    """
+
+    agg: str
+    as_: str
+    column: str | None = None
+    mode: str | None = None
+    max_distinct_values_per_group: int | None = None
+
+    def validate(self, key: str) -> None:
+        if self.agg not in AGG_KINDS:
+            _fail(f"{key}.agg", f"unknown aggregator {self.agg!r}", f"use one of {', '.join(AGG_KINDS)}")
+        if not _is_ident(self.as_):
+            _fail(f"{key}.as", f"{self.as_!r} is not a valid column name", "use letters, digits and _")
+        if _is_reserved(self.as_):
+            _fail(f"{key}.as", f"{self.as_!r} is reserved by the engine", "pick another alias")
+        if self.agg == "count":
+            if self.column is not None:
+                _fail(f"{key}.column", f"count counts every row and takes no column (got {self.column!r})",
+                      'use agg = "count_col" to count non-null values of a column')
+        elif not self.column:
+            _fail(f"{key}.column", f"{self.agg} needs a column", 'add column = "<input column>"')
+        if self.agg == "count_distinct":
+            mode = self.mode or "approximate"
+            if mode not in ("approximate", "exact"):
+                _fail(f"{key}.mode", f"unknown mode {mode!r}", 'use "approximate" or "exact"')
+            if mode == "exact":
+                if self.max_distinct_values_per_group is None:
+                    _fail(f"{key}.max_distinct_values_per_group", "is required with mode = \"exact\"",
+                          "set a cap on distinct values per (window, group), e.g. 100_000")
+                _positive(f"{key}.max_distinct_values_per_group", self.max_distinct_values_per_group)
+            elif self.max_distinct_values_per_group is not None:
+                _fail(f"{key}.max_distinct_values_per_group", "only applies to mode = \"exact\"",
+                      "remove it, or set mode = \"exact\"")
+        else:
+            if self.mode is not None:
+                _fail(f"{key}.mode", f"mode = {self.mode!r} given, but only count_distinct has a mode, not {self.agg}",
+                      "remove mode")
+            if self.max_distinct_values_per_group is not None:
+                _fail(f"{key}.max_distinct_values_per_group", "only applies to count_distinct",
+                      "remove it")
+
+    @property
+    def distinct_mode(self) -> str:
+        return self.mode or "approximate"
+
+
+@dataclass(frozen=True)
+class Window:
+    """The window, its watermark rules and its aggregations (``[transform.window]``).
+
+    >>> w = Window(kind="tumbling", duration_ms=60_000, group_by=("user_id",),
+    ...            max_groups_per_window=1_000, aggregations=(Aggregation("count", "n"),))
+    >>> w.kind, w.late_data
+    ('tumbling', 'drop')
+    """
+
+    kind: str
+    duration_ms: int
+    max_groups_per_window: int
+    aggregations: tuple[Aggregation, ...]
+    group_by: tuple[str, ...] = ()
+    hop_ms: int | None = None
+    event_time_column: str = "_event_ts"
+    event_time_unit: str = "ms"
+    time_mode: str = "event"
+    lateness_ms: int = 0
+    source_idleness_ms: int = 60_000
+    late_data: str = "drop"
+    allowed_lateness_ms: int | None = None
+    hll_precision: int = 14
+    crash_recovery: str = "at_least_once"
+    on_state_cap: str = "fail"
+    window_start_column: str = "window_start"
+    window_end_column: str = "window_end"
+
+    def __post_init__(self) -> None:
+        _listed_as_tuple(self, "group_by", "aggregations")
+
+    def validate(self, key: str = "transform.window") -> None:
+        if self.kind in RESERVED_WINDOW_KINDS:
+            _fail(f"{key}.kind", f"{self.kind!r} windows are not available in this version",
+                  'use "tumbling" or "hopping"')
+        if self.kind not in WINDOW_KINDS:
+            _fail(f"{key}.kind", f"unknown window kind {self.kind!r}", 'use "tumbling" or "hopping"')
+        _positive(f"{key}.duration_ms", self.duration_ms)
+        if self.kind == "hopping":
+            if self.hop_ms is None:
+                _fail(f"{key}.hop_ms", "is required for hopping windows",
+                      "set hop_ms (the distance between window starts), <= duration_ms")
+            _positive(f"{key}.hop_ms", self.hop_ms)
+            if self.hop_ms > self.duration_ms:
+                _fail(f"{key}.hop_ms", f"{self.hop_ms} is larger than duration_ms={self.duration_ms}",
+                      "use hop_ms <= duration_ms (gaps between windows would drop rows)")
+        elif self.hop_ms is not None:
+            _fail(f"{key}.hop_ms", f"hop_ms = {self.hop_ms!r} only applies to hopping windows, not {self.kind!r}",
+                  'remove it or use kind = "hopping"')
+        if self.event_time_unit not in TIME_UNITS:
+            _fail(f"{key}.event_time_unit", f"unknown unit {self.event_time_unit!r}", 'use "ms", "us" or "s"')
+        if self.time_mode not in TIME_MODES:
+            _fail(f"{key}.time_mode", f"unknown time mode {self.time_mode!r}", 'use "event" or "processing"')
+        _non_negative(f"{key}.lateness_ms", self.lateness_ms)
+        _positive(f"{key}.source_idleness_ms", self.source_idleness_ms)
+        if self.late_data not in LATE_POLICIES:
+            _fail(f"{key}.late_data", f"unknown policy {self.late_data!r}", 'use "drop", "reopen" or "dlq"')
+        if self.late_data == "reopen":
+            if self.allowed_lateness_ms is None:
+                _fail(f"{key}.allowed_lateness_ms", 'is required with late_data = "reopen"',
+                      "set how long (ms past window end) emitted windows accept corrections")
+            _positive(f"{key}.allowed_lateness_ms", self.allowed_lateness_ms)
+        elif self.allowed_lateness_ms is not None:
+            _fail(f"{key}.allowed_lateness_ms",
+                  f'allowed_lateness_ms = {self.allowed_lateness_ms!r} only applies to late_data = "reopen", '
+                  f"not {self.late_data!r}",
+                  "remove it or use late_data = \"reopen\"")
+        if self.max_groups_per_window is None:
+            _fail(f"{key}.max_groups_per_window", "is mandatory", "set the most groups one window may hold")
+        _positive(f"{key}.max_groups_per_window", self.max_groups_per_window)
+        if not isinstance(self.hll_precision, int) or isinstance(self.hll_precision, bool) \
+                or not 4 <= self.hll_precision <= 21:
+            _fail(f"{key}.hll_precision", f"{self.hll_precision!r} is outside 4..21", "use 14 (~0.8 % error)")
+        if self.crash_recovery == "kafka_eos":
+            _fail(f"{key}.crash_recovery", '"kafka_eos" is reserved and not available',
+                  'use "at_least_once" or "persisted"')
+        if self.crash_recovery not in ("at_least_once", "persisted"):
+            _fail(f"{key}.crash_recovery", f"unknown value {self.crash_recovery!r}",
+                  'use "at_least_once" or "persisted"')
+        if self.on_state_cap in ("drop_new_groups", "backpressure"):
+            _fail(f"{key}.on_state_cap", f"{self.on_state_cap!r} is reserved and not available",
+                  'use "fail" (the only accepted value)')
+        if self.on_state_cap != "fail":
+            _fail(f"{key}.on_state_cap", f"unknown value {self.on_state_cap!r}", 'use "fail"')
+        if not self.aggregations:
+            _fail(f"{key}.aggregations", "at least one aggregation is required",
+                  'add [[transform.window.aggregations]] with agg = "count", as = "n"')
+        for col_key, col in (("window_start_column", self.window_start_column),
+                             ("window_end_column", self.window_end_column)):
+            if not _is_ident(col):
+                _fail(f"{key}.{col_key}", f"{col!r} is not a valid column name", "use letters, digits and _")
+            if _is_reserved(col):
+                _fail(f"{key}.{col_key}", f"{col!r} is reserved by the engine", "pick another column name")
+        if self.window_start_column.lower() == self.window_end_column.lower():
+            _fail(f"{key}.window_end_column", "equals window_start_column", "give the two window columns different names")
+        if self.event_time_column != "_event_ts" and not _is_ident(self.event_time_column):
+            _fail(f"{key}.event_time_column", f"{self.event_time_column!r} is not a column name", "name a payload column")
+        seen: dict[str, str] = {}
+        for i, g in enumerate(self.group_by):
+            if not _is_ident(g):
+                _fail(f"{key}.group_by[{i}]", f"{g!r} is not a valid column name", "name a column of the input")
+            if _is_reserved(g):
+                _fail(f"{key}.group_by[{i}]", f"{g!r} is reserved by the engine", "group by a payload column")
+            if g.lower() in seen:
+                _fail(f"{key}.group_by[{i}]", f"{g!r} appears twice", "list each group column once")
+            seen[g.lower()] = "group_by column"
+        # Output column names are compared case-insensitively, as Spark and unquoted SQL do.
+        for name, what in ((self.window_start_column, "window_start_column"),
+                           (self.window_end_column, "window_end_column")):
+            if name.lower() in seen:
+                _fail(f"{key}.{what}", f"{name!r} collides with a {seen[name.lower()]}", "rename one of them")
+            seen[name.lower()] = what
+        for i, agg in enumerate(self.aggregations):
+            akey = f"{key}.aggregations[{i}]"
+            agg.validate(akey)
+            if agg.as_.lower() in seen:
+                _fail(f"{akey}.as", f"{agg.as_!r} collides with the {seen[agg.as_.lower()]}", "pick a unique alias")
+            seen[agg.as_.lower()] = "alias of another aggregation"
+
+    @property
+    def hop(self) -> int:
+        """Distance between window starts (the duration for tumbling windows)."""
+        return self.hop_ms if self.kind == "hopping" else self.duration_ms  # type: ignore[return-value]
+
+    @property
+    def retention_ms(self) -> int:
+        """How long past its end a window stays in state (0 unless ``reopen``)."""
+        return (self.allowed_lateness_ms or 0) if self.late_data == "reopen" else 0

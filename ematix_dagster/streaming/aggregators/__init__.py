@@ -1,0 +1,57 @@
+"""Aggregators, one class per aggregation (see ``base.Aggregator`` for the interface).
+
+Spark computes one *partial* per (window, group) and batch on the executors; these classes fold
+partials into an accumulator that lives in window state and turn it into the output value.
+A new aggregator is one class (``basic`` or its own module) and one line in ``_FACTORIES``;
+the spec's validation of its name and column type is the spec's.
+
+>>> Sum(integral=True).result(Sum(integral=True).merge(3, 4))
+7
+>>> First().merge((5, "b"), (5, "a"))
+(5, 'a')
+>>> states = [[None], [2]]
+>>> Count().merge_batch(states, 0, [3, 4])
+>>> states
+[[3], [6]]
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ematix_dagster.spec import Aggregation
+from ematix_dagster.streaming.aggregators.base import (
+    SCALAR_TYPES, Aggregator, PartialRowError, SparkInput, describe_value, order_key,
+)
+from ematix_dagster.streaming.aggregators.basic import Avg, Count, First, Last, Max, Min, Sum
+from ematix_dagster.streaming.aggregators.distinct import ApproxDistinct, ExactDistinct
+
+#: spec ``agg`` -> (the spec entry, whether a sum is integral, hll_precision) -> its aggregator
+_FACTORIES: dict[str, Callable[[Aggregation, bool | None, int], Aggregator]] = {
+    "count": lambda a, integral, lg_k: Count(),
+    "count_col": lambda a, integral, lg_k: Count(),
+    "sum": lambda a, integral, lg_k: Sum(integral),
+    "min": lambda a, integral, lg_k: Min(),
+    "max": lambda a, integral, lg_k: Max(),
+    "avg": lambda a, integral, lg_k: Avg(),
+    "first": lambda a, integral, lg_k: First(),
+    "last": lambda a, integral, lg_k: Last(),
+    "count_distinct": lambda a, integral, lg_k: ApproxDistinct(lg_k) if a.distinct_mode == "approximate"
+    else ExactDistinct(a.max_distinct_values_per_group or 0),
+}
+
+
+def make_aggregator(agg: Aggregation, integral: bool | None, hll_precision: int) -> Aggregator:
+    """The aggregator for one spec entry; ``integral`` tells sum which arithmetic to use.
+
+    ``integral=None`` (not known without Spark's column types) is for vetting stored state and for
+    the fingerprint: such a sum accepts integer, float and decimal accumulators.
+    """
+    return _FACTORIES[agg.agg](agg, integral, hll_precision)
+
+
+__all__ = [
+    "Aggregator", "Count", "Sum", "Min", "Max", "Avg", "First", "Last", "ApproxDistinct",
+    "ExactDistinct", "PartialRowError", "SparkInput", "make_aggregator", "order_key", "describe_value",
+    "SCALAR_TYPES",
+]

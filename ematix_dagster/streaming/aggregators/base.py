@@ -1,0 +1,185 @@
+"""The aggregator interface: everything one aggregation needs, in one class.
+
+Modelled on quix-streams' ``Aggregator`` (start / agg / result), extended for a split engine:
+Spark pre-aggregates a *partial* per (window, group) and batch on the executors, the driver folds
+partials into an accumulator that lives in window state. Each class therefore holds its Spark
+partial expressions, the Arrow shape they reach the driver in, the merge (one batch of partials at
+a time, so it can be vectorised later), the result, the output type, the state size estimate and
+the checks of restored state. ``None`` is the empty accumulator.
+
+The Spark half receives the pyspark side through :class:`SparkInput` instead of importing it, so
+the driver engine stays importable and testable without Spark.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
+
+import pyarrow as pa
+
+from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
+from ematix_dagster.spec import Aggregation
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
+
+BIGINT_MIN, BIGINT_MAX = -(2**63), 2**63 - 1
+
+#: Types of a single column value in stored state (state_store.codec's value types, no containers).
+SCALAR_TYPES = frozenset({bool, int, float, str, bytes, Decimal, datetime, date, time, timedelta})
+NONE = type(None)
+PAIR_TYPES = frozenset({NONE, tuple})
+
+
+def describe_value(value: Any) -> str:
+    """A short, safe description of a stored value for messages (type and the start of its repr)."""
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
+
+
+def order_key(value: Any) -> Any:
+    """Sort key that matches Spark's ordering of non-null values (NaN is the largest float)."""
+    if isinstance(value, float):
+        return (1, 0.0) if math.isnan(value) else (0, value)
+    return value
+
+
+def not_none(states: list[Any], types: set[type]) -> list[Any]:
+    """``states`` without its None entries (``types``: the types present in ``states``)."""
+    return states if NONE not in types else [s for s in states if s is not None]
+
+
+class SparkInput(Protocol):
+    """One aggregation's input column on the Spark side, as the batch plan hands it over."""
+
+    @property
+    def functions(self) -> Any:
+        """``pyspark.sql.functions``."""
+
+    @property
+    def column(self) -> Column | None:
+        """The aggregated column (None for ``count(*)``)."""
+
+    @property
+    def integral(self) -> bool:
+        """The column is BYTE, SHORT, INT or BIGINT."""
+
+    @property
+    def decimal(self) -> bool:
+        """The column is a DECIMAL."""
+
+    @property
+    def numeric(self) -> bool:
+        """The column is an integer, floating point or DECIMAL number."""
+
+    @property
+    def orderable(self) -> bool:
+        """Spark can order the column's values (min/max)."""
+
+    @property
+    def type_name(self) -> str:
+        """The column's Spark SQL type, for messages."""
+
+    def canonical(self) -> Column:
+        """SPEC.md §4's cast for distinct counting: BIGINT or canonical string."""
+
+    def hll_input(self) -> Column:
+        """The canonical value in a form ``hll_sketch_agg`` takes (the empty string counted)."""
+
+
+class PartialRowError(Exception):
+    """A merge failed on row ``row`` of a batch of partials, so the caller can name its window and group."""
+
+    def __init__(self, row: int, error: StateCapExceeded | AggregationOverflow | CorruptState) -> None:
+        super().__init__(str(error))
+        self.row = row
+        self.error = error
+
+
+class Aggregator:
+    """Base class of the aggregators; subclasses override what differs.
+
+    Restored state decodes to plain values; whether they are this aggregator's accumulators is
+    checked in two ways. ``scan_states`` looks at one aggregation's accumulators of every group at
+    once with C-level scans (``map`` and ``set``: types, tuple lengths, sketch headers), cheap
+    enough for a restore of a million groups. ``check_state`` looks at one accumulator as closely
+    as it can and says what is wrong; it names the group a scan rejected, and ``ematix-dagster
+    check`` runs it on every accumulator. Every accumulator may be ``None`` (nothing merged yet).
+    """
+
+    #: the accumulator types allowed; for most aggregators the type decides alone, the others
+    #: (``looks_inside``) check the contents of accumulators of these types in ``scan_contents``
+    state_types: frozenset[type] = frozenset({NONE})
+    looks_inside = False
+    expected = "an accumulator"
+    #: bytes one accumulator adds to a group, for the worst-case state estimate at start
+    state_bytes = 16
+    #: whether ``output_type`` needs the input column's Arrow type
+    reads_input_type = False
+
+    # -- Spark: the input, the partial and its Arrow shape ------------------------------------
+
+    def input_problem(self, spec: Aggregation, spark: SparkInput) -> tuple[str, str] | None:
+        """(what is wrong, the way out) when the SQL's column cannot feed this aggregator."""
+        return None
+
+    def spark_partials(self, spark: SparkInput) -> list[Column]:
+        """The partial's aggregate expressions, one per name in ``partial_names``."""
+        raise NotImplementedError
+
+    def partial_names(self, name: str) -> tuple[str, ...]:
+        """The partial's column names in the partials table, given the aggregation's base name."""
+        return (name,)
+
+    def from_arrow(self, columns: Sequence[list[Any]]) -> list[Any]:
+        """The partial values of a batch from its columns (``partial_names`` order, as Python lists)."""
+        return columns[0]
+
+    # -- driver: merge, result, output -------------------------------------------------------
+
+    def merge(self, acc: Any, partial: Any) -> Any:
+        raise NotImplementedError
+
+    def merge_batch(self, states: Sequence[list[Any]], slot: int, partials: Sequence[Any]) -> None:
+        """Fold a batch's partials in: ``states[r][slot]`` (row r's group's accumulators) takes ``partials[r]``.
+
+        Rows that share a group share its list and fold in row order. A merge that fails raises
+        :class:`PartialRowError` naming the row.
+        """
+        merge = self.merge
+        for row, (accs, partial) in enumerate(zip(states, partials)):
+            try:
+                accs[slot] = merge(accs[slot], partial)
+            except (StateCapExceeded, AggregationOverflow, CorruptState) as exc:
+                raise PartialRowError(row, exc) from None
+
+    def result(self, acc: Any) -> Any:
+        return acc
+
+    def output_type(self, input_type: pa.DataType | None) -> pa.DataType:
+        """The output column's Arrow type (``input_type``: the input's, when ``reads_input_type``)."""
+        return pa.int64()
+
+    def fingerprint(self, spec: Aggregation) -> list[Any]:
+        """What of ``spec`` the stored accumulators depend on (SPEC.md §7's fingerprint)."""
+        return [spec.agg, spec.column, spec.as_, None]
+
+    # -- restored state ----------------------------------------------------------------------
+
+    def check_state(self, acc: Any) -> str | None:
+        """None when ``acc`` is a valid accumulator of this aggregator, else what is wrong with it."""
+        if type(acc) in self.state_types:
+            return None
+        return f"expected {self.expected}, got {describe_value(acc)}"
+
+    def scan_states(self, states: list[Any]) -> bool:
+        """True when every accumulator in ``states`` passes the cheap checks (a restore's bulk check)."""
+        types = set(map(type, states))
+        return types <= self.state_types and (not self.looks_inside or self.scan_contents(states, types))
+
+    def scan_contents(self, states: list[Any], types: set[type]) -> bool:
+        """The cheap look inside accumulators whose types (``types``) are all in ``state_types``."""
+        return True

@@ -1,0 +1,64 @@
+"""Engine state <-> the state store's commit and recovery objects.
+
+A restart is only a continuation if what a batch commits and what a restore reads back are exact
+inverses. Both directions live here, free of Spark and of any store connection, so the runner and
+the replay tests use one mapping instead of two copies that could drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from ematix_dagster.streaming.micro_batch import Engine
+from state_store.base import BatchCommit, PipelineRecord, RecoveredState, SourceProgress
+from state_store.codec import STATE_VERSION, decode_groups, encode_key, encode_state
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What produced the state, recorded beside it so a later start can refuse a mismatch."""
+
+    query_id: str | None = None
+    fingerprint: str | None = None
+    fingerprint_doc: dict[str, Any] = field(default_factory=dict)
+
+
+def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provenance(),
+                 offsets: dict[str, str] | None = None,
+                 in_transaction: Sequence[Callable[[Any], None]] = ()) -> BatchCommit:
+    """The store transaction for everything the engine changed since the last commit.
+
+    Takes the engine's pending changes, so call it once per commit.
+    """
+    upserts, evicted = engine.state.take_changes()
+    marks = engine.watermarks
+    record = PipelineRecord(
+        pipeline=pipeline, state_version=STATE_VERSION, query_id=provenance.query_id,
+        last_batch_id=engine.last_batch_id, fingerprint=provenance.fingerprint,
+        fingerprint_doc=provenance.fingerprint_doc, watermark=marks.global_wm,
+        sources={n: SourceProgress(c.max_event_ts, c.last_arrival) for n, c in marks.clocks.items()},
+        counters=dict(engine.counters), emitted=sorted(engine.state.emitted), offsets=dict(offsets or {}),
+    )
+    return BatchCommit(
+        record=record,
+        upserts=[(start, encode_key(key), encode_state(accs)) for start, key, accs in upserts],
+        deleted_windows=evicted,
+        in_transaction=list(in_transaction),
+    )
+
+
+def restore_engine(engine: Engine, recovered: RecoveredState, store: str | None = None) -> PipelineRecord | None:
+    """Continue ``engine`` from what a store loaded; returns the record (None: nothing committed yet).
+
+    ``store`` names the store in the messages of state that does not decode or fit.
+    """
+    record = recovered.record
+    if record is None:
+        return None
+    windows = decode_groups(engine.state.pipeline, recovered.groups, store)
+    groups = [(start, key, accs) for start, by_key in windows.items() for key, accs in by_key.items()]
+    engine.restore(record.last_batch_id, record.watermark,
+                   {n: (p.max_event_ts, p.last_arrival) for n, p in record.sources.items()},
+                   record.counters, record.emitted, groups, store=store)
+    return record

@@ -1,0 +1,42 @@
+"""Window kinds: which windows a row or a partial updates, when they close, finish and go.
+
+One module per kind behind :class:`WindowKind` (``base``): ``fixed`` (tumbling, hopping). Times
+are microseconds since the epoch (UTC).
+
+>>> list(window_starts(125, duration=100, hop=40))
+[40, 80, 120]
+>>> list(window_starts(60, duration=60, hop=60))
+[60]
+>>> hopping = FixedWindows(duration=100, hop=40)
+>>> hopping.row_windows(125, closed_before=None)
+[WindowBounds(start=40, end=140), WindowBounds(start=80, end=180), WindowBounds(start=120, end=220)]
+>>> hopping.row_windows(125, closed_before=150)  # [40, 140) is closed
+[WindowBounds(start=80, end=180), WindowBounds(start=120, end=220)]
+>>> hopping.is_final(hopping.bounds(40), watermark=140), hopping.is_evicted(hopping.bounds(40), 140, retention=5)
+(True, False)
+"""
+
+from __future__ import annotations
+
+from ematix_dagster.spec import Window
+from ematix_dagster.streaming.windows.base import WindowBounds, WindowKind
+from ematix_dagster.streaming.windows.fixed import FixedWindows, first_start, last_start, window_starts
+from ematix_dagster.streaming.windows.units import MICROS_PER_MS, format_us, format_window
+
+
+#: spec ``kind`` -> the class of its rules (a new kind adds its line here)
+KINDS: dict[str, type[WindowKind]] = {
+    "tumbling": FixedWindows,
+    "hopping": FixedWindows,
+}
+
+
+def window_kind(window: Window) -> WindowKind:
+    """The rules of ``window``'s kind, in microseconds."""
+    return KINDS[window.kind].for_window(window)
+
+
+__all__ = [
+    "KINDS", "MICROS_PER_MS", "FixedWindows", "WindowBounds", "WindowKind", "first_start", "format_us", "format_window",
+    "last_start", "window_kind", "window_starts",
+]

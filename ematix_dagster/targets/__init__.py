@@ -1,0 +1,114 @@
+"""Writers for closed windows (``[target]``) and dead-letter rows (``[dead_letter]``).
+
+Everything here is pyarrow and psycopg: no Spark. The engine hands each writer one
+:class:`pyarrow.Table` per micro-batch, together with the batch id from the streaming checkpoint.
+Writers are built from the resolved spec (:meth:`~ematix_dagster.spec.PipelineSpec.resolved`), so
+URLs and paths are used as they are.
+
+Replays and the guarantee (SPEC.md §5)
+--------------------------------------
+Spark re-runs the last micro-batch after a crash with the same batch id and the same input, and a
+durable state store makes it emit the same rows again. Every durable writer is therefore written
+so that *writing batch N twice leaves exactly what writing it once left*, which turns the
+at-least-once delivery of Spark into effectively-once output:
+
+* **postgres target**: an upsert on ``(window_start, group columns...)``. The rows are COPYed into a
+  temporary table and merged with ``INSERT ... SELECT ... ON CONFLICT (key) DO UPDATE`` in one
+  transaction, so a replay rewrites identical values (rows whose values did not change are not
+  touched at all) and a later correction replaces the earlier row of the same key. Within one
+  batch the last row of a key wins. The key constraint is ``UNIQUE NULLS NOT DISTINCT`` so that
+  NULL group keys form one group (PostgreSQL >= 15). ``_emit_kind`` is not stored: the table
+  always holds the latest row per key. :meth:`PostgresWindowWriter.write_in_transaction` does the
+  same on a caller's connection without committing, so a Postgres state store in the same
+  database can commit state and output together (exactly-once).
+* **parquet target / parquet dead letters**: each batch goes to ``<path>/batch_id=<N>/part-0.parquet``
+  (the end-of-input flush writes ``flush.parquet`` beside the last batch's file). Each file is
+  written (and fsynced) under a hidden temporary name and renamed into place, so readers see the
+  old or the new complete file, never a partial one, and a replay replaces it. Temporary files
+  left by a crash are removed by ``open()``. The parquet target keeps ``_emit_kind``
+  (``final`` | ``correction``): readers keep the latest row per key by ``batch_id`` then emit kind.
+  Only local paths (or ``file://``) are supported.
+* **postgres dead letters**: ``DELETE`` the rows of the batch id, then COPY the new ones, in one
+  transaction (``write_in_transaction`` likewise commits nothing). A dead-letter table therefore
+  belongs to one pipeline: a second pipeline writing the same table would delete the first one's
+  rows of the same batch id.
+* **console**: prints each batch; a replay prints it again, so the console target is
+  at-least-once (``idempotent = False``; the engine warns at start).
+
+Empty batches are a no-op for every writer (nothing is written, nothing is deleted).
+
+Errors
+------
+Connection and I/O failures raise :class:`TargetError` (``terminal = False``: a retry may help;
+a refused login, a missing role or database is ``terminal = True``)
+naming the pipeline, the table and ``host:port/dbname``, never the password: passwords are
+stripped from every message and raw DSNs are never printed. Data errors raised by PostgreSQL
+(a value that does not fit an existing column, ...) are also :class:`TargetError` but with
+``terminal = True``. A table that does not fit is a :class:`PipelineConfigError`.
+
+:mod:`.base` holds the writer protocols, :mod:`.postgres`, :mod:`.parquet` and :mod:`.console` the
+writers, :mod:`.pg_table` the PostgreSQL connection and catalog they share with the Dagster checks,
+and :mod:`.pg_types` the Arrow -> PostgreSQL type mapping and value conversion.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from ematix_dagster.errors import PipelineConfigError
+from ematix_dagster.spec import DeadLetter, Target
+from ematix_dagster.targets.base import DEAD_LETTER_COLUMNS, EMIT_KIND_COLUMN, DeadLetterWriter, WindowWriter
+from ematix_dagster.targets.console import ConsoleWindowWriter
+from ematix_dagster.targets.parquet import ParquetWriter
+from ematix_dagster.targets.pg_table import PostgresTable, redact_url
+from ematix_dagster.targets.pg_types import postgres_type
+from ematix_dagster.targets.postgres import PostgresDeadLetterWriter, PostgresWindowWriter
+
+__all__ = [
+    "EMIT_KIND_COLUMN",
+    "DEAD_LETTER_COLUMNS",
+    "WindowWriter",
+    "DeadLetterWriter",
+    "PostgresTable",
+    "PostgresWindowWriter",
+    "ParquetWriter",
+    "ConsoleWindowWriter",
+    "PostgresDeadLetterWriter",
+    "make_window_writer",
+    "make_dead_letter_writer",
+    "postgres_type",
+    "redact_url",
+]
+
+
+def make_window_writer(target: Target, pipeline_name: str, schema: pa.Schema,
+                       key_columns: list[str]) -> WindowWriter:
+    """The writer for ``[target]``.
+
+    ``schema`` is the output schema including the trailing ``_emit_kind`` column; ``key_columns``
+    is ``[window start column] + group columns`` (the upsert key).
+    """
+    names = list(schema.names)
+    if EMIT_KIND_COLUMN not in names:
+        raise ValueError(f"the output schema has no {EMIT_KIND_COLUMN} column: {names}")
+    missing = [k for k in key_columns if k not in names]
+    if not key_columns or missing:
+        raise ValueError(f"key columns {missing or key_columns} are not output columns {names}")
+    if target.kind == "postgres":
+        return PostgresWindowWriter(target, pipeline_name, schema, key_columns)
+    if target.kind == "parquet":
+        return ParquetWriter(target.path, pipeline_name, "target")
+    if target.kind == "console":
+        return ConsoleWindowWriter(pipeline_name)
+    raise PipelineConfigError("target.kind", f"unknown target kind {target.kind!r}",
+                              'use "postgres", "parquet" or "console"')
+
+
+def make_dead_letter_writer(dead_letter: DeadLetter, pipeline_name: str) -> DeadLetterWriter:
+    """The writer for ``[dead_letter]``."""
+    if dead_letter.kind == "postgres":
+        return PostgresDeadLetterWriter(dead_letter, pipeline_name)
+    if dead_letter.kind == "parquet":
+        return ParquetWriter(dead_letter.path, pipeline_name, "dead_letter")
+    raise PipelineConfigError("dead_letter.kind", f"unknown dead-letter kind {dead_letter.kind!r}",
+                              'use "parquet" or "postgres"')

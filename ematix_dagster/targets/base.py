@@ -1,0 +1,39 @@
+"""What the engine asks of a writer, and the columns every writer knows by name."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import pyarrow as pa
+
+EMIT_KIND_COLUMN = "_emit_kind"
+#: Envelope columns of dead-letter rows, in the order of the Postgres dead-letter table.
+DEAD_LETTER_COLUMNS = ("_batch_id", "_source", "_event_ts", "_reason")
+
+
+@runtime_checkable
+class WindowWriter(Protocol):
+    """Writes the closed windows of one micro-batch."""
+
+    idempotent: bool
+    description: str
+
+    def open(self) -> None: ...
+
+    def write(self, batch_id: int, rows: pa.Table, part: str = "part-0") -> None: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class DeadLetterWriter(Protocol):
+    """Writes the dead-letter rows of one micro-batch (rows of any schema)."""
+
+    idempotent: bool
+    description: str
+
+    def open(self) -> None: ...
+
+    def write(self, batch_id: int, rows: pa.Table, part: str = "part-0") -> None: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,195 @@
+"""One PostgreSQL table a writer or a Dagster check works on: its URL, connection and catalog.
+
+Shared so that both name the table and ``host:port/dbname`` alike and never show a password.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from typing import Any, Iterable
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from ematix_dagster.errors import PipelineConfigError, TargetError
+from ematix_dagster.targets.pg_types import _canonical_type
+from state_store.pg_url import access_denied
+
+log = logging.getLogger(__name__)
+
+_MIN_SERVER_VERSION = 150000  # UNIQUE NULLS NOT DISTINCT
+_CONNECT_TIMEOUT_S = 10
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password removed (``postgresql://u:***@h/db``; ``password=***``)."""
+    out = re.sub(r"(://[^:/?#@\s]*):[^@/?#\s]*@", r"\1:***@", url)
+    out = re.sub(r"(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", out)
+    return out
+
+
+def _scrub(text: str, secrets: Iterable[str | None]) -> str:
+    """Remove passwords from an error text; withhold it when a short password cannot be removed."""
+    text = redact_url(text)
+    for secret in secrets:
+        if not secret or secret not in text:
+            continue
+        if len(secret) >= 4:
+            text = text.replace(secret, "***")
+        else:
+            return "(details withheld: they may contain the password)"
+    return text
+
+
+def _error_text(exc: BaseException, secrets: Iterable[str | None]) -> str:
+    diag = getattr(exc, "diag", None)
+    primary = getattr(diag, "message_primary", None) if diag is not None else None
+    text = primary or str(exc) or type(exc).__name__
+    text = " ".join(text.split())
+    return _scrub(text, secrets)
+
+
+class PostgresTable:
+    """Connection handling shared by the postgres writers and the Dagster target-key check."""
+
+    def __init__(self, url: str | None, table: str | None, pipeline_name: str, key: str) -> None:
+        if not url or not table:
+            raise PipelineConfigError(f"{key}.url", "url and table are required for postgres",
+                                      'e.g. url = "${EMATIX_TARGET_URL}", table = "public.t"')
+        self.pipeline_name = pipeline_name
+        self.key = key
+        self._raw_url = url
+        parts = table.split(".")
+        if len(parts) > 2 or not all(parts):
+            raise PipelineConfigError(f"{key}.table", f"{table!r} is not schema.table", 'e.g. "public.t"')
+        self.schema_name: str | None = parts[0] if len(parts) == 2 else None
+        self.table_name = parts[-1]
+        self.table_text = table
+        self.ident = (sql.Identifier(self.schema_name, self.table_name) if self.schema_name
+                      else sql.Identifier(self.table_name))
+        self._url: str | None = None
+        self._password: str | None = None
+        self.where = "PostgreSQL"
+        self._conn: psycopg.Connection | None = None
+        # Parse eagerly when possible so the description names the host; a URL that does not
+        # parse is reported by open().
+        try:
+            self._resolve()
+        except PipelineConfigError:
+            pass
+
+    # -- url
+
+    def _resolve(self) -> str:
+        if self._url is None:
+            url = self._raw_url  # resolved by the caller (PipelineSpec.resolved)
+            try:
+                info = conninfo_to_dict(url)
+            except Exception:
+                raise PipelineConfigError(f"{self.key}.url", "is not a valid PostgreSQL connection URL",
+                                          'use "postgresql://user@host:port/dbname" (password from the environment)') from None
+            self._password = info.get("password")
+            host = info.get("host") or info.get("hostaddr") or "localhost"
+            port = info.get("port") or "5432"
+            db = info.get("dbname") or info.get("user") or "?"
+            self.where = f"{host}:{port}/{db}"
+            self._url = url
+        return self._url
+
+    def _secrets(self) -> list[str | None]:
+        return [self._password, os.environ.get("PGPASSWORD")]
+
+    def error(self, action: str, exc: BaseException) -> TargetError:
+        err = TargetError(f"pipeline {self.pipeline_name!r}: {action} {self.table_text!r} on "
+                          f"{self.where} failed: {_error_text(exc, self._secrets())}")
+        # Connection trouble may pass; a value or a login PostgreSQL refuses will be refused again.
+        if access_denied(exc) or (isinstance(exc, psycopg.Error)
+                                  and not isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError))):
+            err.terminal = True
+        return err
+
+    # -- connection
+
+    def connect(self) -> psycopg.Connection:
+        if self._conn is not None and not self._conn.closed:
+            return self._conn
+        url = self._resolve()
+        kwargs: dict[str, Any] = {"autocommit": False}
+        if "connect_timeout" not in conninfo_to_dict(url):
+            kwargs["connect_timeout"] = _CONNECT_TIMEOUT_S
+        try:
+            conn = psycopg.connect(url, **kwargs)
+        except Exception as exc:  # psycopg.OperationalError, socket errors, ...
+            raise self.error("connecting for table", exc) from None
+        if conn.info.server_version < _MIN_SERVER_VERSION:
+            version = conn.info.server_version
+            conn.close()
+            raise PipelineConfigError(f"{self.key}.url", f"PostgreSQL {version // 10000} on {self.where} is too old",
+                                      "use PostgreSQL 15 or later (UNIQUE NULLS NOT DISTINCT)")
+        self._conn = conn
+        return conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None
+
+    def drop_broken_connection(self) -> None:
+        conn = self._conn
+        if conn is None:
+            return
+        try:
+            if conn.closed or conn.broken:
+                self._conn = None
+            else:
+                conn.rollback()
+        except Exception:
+            self.close()
+
+    # -- catalog
+
+    def qualified_text(self, conn: psycopg.Connection) -> str:
+        return self.ident.as_string(conn)
+
+    def table_oid(self, conn: psycopg.Connection) -> int | None:
+        with conn.cursor() as cur:
+            cur.execute("SELECT to_regclass(%s)::oid", (self.qualified_text(conn),))
+            row = cur.fetchone()
+        return row[0] if row and row[0] is not None else None
+
+    def ensure_schema(self, conn: psycopg.Connection) -> None:
+        if not self.schema_name:
+            return
+        with conn.cursor() as cur:
+            cur.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema_name,))
+            if cur.fetchone() is None:
+                cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema_name)))
+
+    def columns(self, conn: psycopg.Connection, oid: int) -> dict[str, str]:
+        with conn.cursor() as cur:
+            cur.execute("SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+                        "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum", (oid,))
+            return {name: typ for name, typ in cur.fetchall()}
+
+    def check_columns(self, conn: psycopg.Connection, oid: int, wanted: dict[str, str]) -> None:
+        have = self.columns(conn, oid)
+        missing = [c for c in wanted if c not in have]
+        if missing:
+            raise PipelineConfigError(
+                f"{self.key}.table",
+                f"table {self.table_text!r} on {self.where} lacks column(s) {', '.join(missing)} "
+                f"(it has {', '.join(have) or 'none'})",
+                "add the columns, or drop the table and set create_table = true to create it")
+        for col, typ in wanted.items():
+            if _canonical_type(have[col]) != _canonical_type(typ):
+                log.warning("pipeline %r: column %r of %s is %s, the output type maps to %s; PostgreSQL will cast",
+                            self.pipeline_name, col, self.table_text, have[col], typ)
+
+    def missing_table_error(self) -> PipelineConfigError:
+        return PipelineConfigError(f"{self.key}.table", f"table {self.table_text!r} does not exist on {self.where}",
+                                   "set create_table = true, or create the table first")

@@ -1,0 +1,255 @@
+"""The postgres target (an upsert per batch) and postgres dead letters (replaced per batch id).
+
+Dead-letter table
+-----------------
+A fixed shape that survives schema drift of the payload::
+
+    _batch_id bigint NOT NULL, _source text, _event_ts timestamptz, _reason text, payload jsonb NOT NULL
+
+plus an index on ``_batch_id`` (for the replay delete). ``payload`` is a JSON object of every
+column other than ``_source``, ``_event_ts``, ``_batch_id`` and ``_reason``
+(:mod:`~ematix_dagster.targets.pg_types` says how each value is written). ``_batch_id`` is always
+the batch id passed to ``write``. The table is created only with ``create_table = true`` (as for the
+target: DDL is never run without being asked for); otherwise it must exist with those columns,
+which ``open()`` checks.
+"""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+import pyarrow as pa
+from psycopg import sql
+
+from ematix_dagster.errors import PipelineConfigError
+from ematix_dagster.spec import DeadLetter, Target
+from ematix_dagster.targets.base import DEAD_LETTER_COLUMNS, EMIT_KIND_COLUMN
+from ematix_dagster.targets.pg_table import PostgresTable
+from ematix_dagster.targets.pg_types import _json_value, _normalize_column, _python_columns, _text, postgres_type
+
+_PAYLOAD_COLUMN = "payload"
+_ORD_COLUMN = "__ematix_row_ord"
+_STAGE_TABLE = "ematix_stage_rows"
+
+
+class PostgresWindowWriter:
+    """Upserts closed windows into a PostgreSQL table (see :mod:`ematix_dagster.targets`)."""
+
+    idempotent = True
+
+    def __init__(self, target: Target, pipeline_name: str, schema: pa.Schema, key_columns: list[str]) -> None:
+        self._pg = PostgresTable(target.url, target.table, pipeline_name, "target")
+        self.create_table = bool(target.create_table)
+        self.pipeline_name = pipeline_name
+        self.columns = [n for n in schema.names if n != EMIT_KIND_COLUMN]
+        self.key_columns = list(key_columns)
+        self.value_columns = [c for c in self.columns if c not in self.key_columns]
+        if len(set(self.columns)) != len(self.columns):
+            raise ValueError(f"duplicate output column names: {self.columns}")
+        self.types = {n: postgres_type(schema.field(n).type, n, "target") for n in self.columns}
+        self._opened = False
+
+    @property
+    def description(self) -> str:
+        return f"postgres table {self._pg.table_text} on {self._pg.where} (upsert on {', '.join(self.key_columns)})"
+
+    @property
+    def table(self) -> str:
+        return self._pg.table_text
+
+    def open(self) -> None:
+        conn = self._pg.connect()
+        try:
+            if self.create_table:
+                self._pg.ensure_schema(conn)
+                col_defs = [sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(self.types[c]))
+                            for c in self.columns]
+                ddl = sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, UNIQUE NULLS NOT DISTINCT ({}))").format(
+                    self._pg.ident, sql.SQL(", ").join(col_defs),
+                    sql.SQL(", ").join(sql.Identifier(k) for k in self.key_columns))
+                with conn.cursor() as cur:
+                    cur.execute(ddl)
+            oid = self._pg.table_oid(conn)
+            if oid is None:
+                raise self._pg.missing_table_error()
+            self._pg.check_columns(conn, oid, self.types)
+            self._check_unique_key(conn, oid)
+            conn.commit()
+        except PipelineConfigError:
+            self._pg.drop_broken_connection()
+            raise
+        except psycopg.Error as exc:
+            self._pg.drop_broken_connection()
+            raise self._pg.error("preparing table", exc) from None
+        self._opened = True
+
+    def _check_unique_key(self, conn: psycopg.Connection, oid: int) -> None:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT i.indnullsnotdistinct, "
+                "       array(SELECT a.attname::text FROM unnest(i.indkey) k "
+                "             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k) "
+                "FROM pg_index i WHERE i.indrelid = %s AND i.indisunique AND i.indisvalid "
+                "AND i.indpred IS NULL AND i.indexprs IS NULL", (oid,))
+            indexes = cur.fetchall()
+        wanted = set(self.key_columns)
+        matching = [nnd for nnd, cols in indexes if set(cols) == wanted and len(cols) == len(wanted)]
+        keys = ", ".join(self.key_columns)
+        if not matching:
+            raise PipelineConfigError(
+                "target.table", f"table {self.table!r} on {self._pg.where} has no unique key on ({keys})",
+                f"ALTER TABLE ... ADD UNIQUE NULLS NOT DISTINCT ({keys}), or let create_table = true create the table")
+        if len(self.key_columns) > 1 and not any(matching):
+            raise PipelineConfigError(
+                "target.table", f"the unique key ({keys}) of {self.table!r} treats NULLs as distinct, "
+                "so NULL group keys would duplicate rows",
+                f"recreate it as UNIQUE NULLS NOT DISTINCT ({keys})")
+
+    def write(self, batch_id: int, rows: pa.Table, part: str = "part-0") -> None:
+        _commit_write(self, batch_id, rows, f"writing batch {batch_id} to")
+
+    def write_in_transaction(self, conn: psycopg.Connection, batch_id: int, rows: pa.Table) -> None:
+        """Upsert ``rows`` using ``conn``'s current transaction; the caller commits.
+
+        ``conn`` must not be in autocommit mode (the staging table lives until commit). psycopg
+        errors propagate unchanged so that the caller can roll back its whole transaction.
+        """
+        if rows.num_rows == 0:
+            return
+        if conn.autocommit:
+            raise ValueError("write_in_transaction needs a connection with autocommit = False")
+        missing = [c for c in self.columns if c not in rows.column_names]
+        if missing:
+            raise ValueError(f"batch {batch_id} lacks output column(s) {missing}")
+        cols = [sql.Identifier(c) for c in self.columns]
+        keys = [sql.Identifier(c) for c in self.key_columns]
+        stage = sql.Identifier(_STAGE_TABLE)
+        ord_col = sql.Identifier(_ORD_COLUMN)
+        col_list = sql.SQL(", ").join(cols)
+        key_list = sql.SQL(", ").join(keys)
+        values = [sql.Identifier(c) for c in self.value_columns]
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL("DROP TABLE IF EXISTS pg_temp.{}").format(stage))
+            cur.execute(sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {}, 0::bigint AS {} FROM {} WITH NO DATA")
+                        .format(stage, col_list, ord_col, self._pg.ident))
+            data = _python_columns(rows, self.columns)
+            with cur.copy(sql.SQL("COPY {} ({}, {}) FROM STDIN").format(stage, col_list, ord_col)) as copy:
+                for i, row in enumerate(zip(*data)):
+                    copy.write_row((*row, i))
+            cur.execute(sql.SQL(
+                "INSERT INTO {target} AS t ({cols}) "
+                "SELECT {cols} FROM (SELECT DISTINCT ON ({keys}) {cols} FROM {stage} ORDER BY {keys}, {ord} DESC) s "
+                "ON CONFLICT ({keys}) DO UPDATE SET {sets} WHERE ({old}) IS DISTINCT FROM ({new})").format(
+                    target=self._pg.ident, cols=col_list, keys=key_list, stage=stage, ord=ord_col,
+                    sets=sql.SQL(", ").join(sql.SQL("{} = EXCLUDED.{}").format(v, v) for v in values),
+                    old=sql.SQL(", ").join(sql.SQL("t.{}").format(v) for v in values),
+                    new=sql.SQL(", ").join(sql.SQL("EXCLUDED.{}").format(v) for v in values)))
+            cur.execute(sql.SQL("DROP TABLE {}").format(stage))
+
+    def close(self) -> None:
+        self._pg.close()
+        self._opened = False
+
+
+def _commit_write(writer: "PostgresWindowWriter | PostgresDeadLetterWriter", batch_id: int, rows: pa.Table,
+                  action: str) -> None:
+    """``write_in_transaction`` on the writer's own connection, committed; failures reconnect next time."""
+    if rows.num_rows == 0:
+        return
+    conn = writer._pg.connect()
+    if not writer._opened:
+        writer.open()
+    try:
+        writer.write_in_transaction(conn, batch_id, rows)
+        conn.commit()
+    except psycopg.Error as exc:
+        writer._pg.drop_broken_connection()
+        raise writer._pg.error(action, exc) from None
+    except BaseException:
+        writer._pg.drop_broken_connection()
+        raise
+
+
+class PostgresDeadLetterWriter:
+    """Dead-letter rows into a fixed-shape PostgreSQL table, replaced per batch id on replay."""
+
+    idempotent = True
+
+    def __init__(self, dead_letter: DeadLetter, pipeline_name: str) -> None:
+        self._pg = PostgresTable(dead_letter.url, dead_letter.table, pipeline_name, "dead_letter")
+        self.create_table = bool(dead_letter.create_table)
+        self.pipeline_name = pipeline_name
+        self._opened = False
+
+    _TYPES = {"_batch_id": "bigint", "_source": "text", "_event_ts": "timestamptz", "_reason": "text",
+              _PAYLOAD_COLUMN: "jsonb"}
+
+    @property
+    def description(self) -> str:
+        return f"postgres dead-letter table {self._pg.table_text} on {self._pg.where}"
+
+    @property
+    def table(self) -> str:
+        return self._pg.table_text
+
+    def open(self) -> None:
+        conn = self._pg.connect()
+        try:
+            if self.create_table:
+                self._pg.ensure_schema(conn)
+                index = sql.Identifier(f"{self._pg.table_name}_batch_id_idx"[:63])
+                with conn.cursor() as cur:
+                    cur.execute(sql.SQL(
+                        "CREATE TABLE IF NOT EXISTS {} (_batch_id bigint NOT NULL, _source text, "
+                        "_event_ts timestamptz, _reason text, payload jsonb NOT NULL)").format(self._pg.ident))
+                    cur.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (_batch_id)").format(index, self._pg.ident))
+            oid = self._pg.table_oid(conn)
+            if oid is None:
+                raise self._pg.missing_table_error()
+            self._pg.check_columns(conn, oid, self._TYPES)
+            conn.commit()
+        except PipelineConfigError:
+            self._pg.drop_broken_connection()
+            raise
+        except psycopg.Error as exc:
+            self._pg.drop_broken_connection()
+            raise self._pg.error("preparing dead-letter table", exc) from None
+        self._opened = True
+
+    def write(self, batch_id: int, rows: pa.Table, part: str = "part-0") -> None:
+        _commit_write(self, batch_id, rows, f"writing dead letters of batch {batch_id} to")
+
+    def write_in_transaction(self, conn: psycopg.Connection, batch_id: int, rows: pa.Table) -> None:
+        """Replace the batch's dead letters using ``conn``'s transaction; the caller commits."""
+        if rows.num_rows == 0:
+            return
+        if conn.autocommit:
+            raise ValueError("write_in_transaction needs a connection with autocommit = False")
+        for c in ("_source", "_reason"):
+            if c not in rows.column_names:
+                raise ValueError(f"dead-letter rows of batch {batch_id} lack the {c} column")
+        n = rows.num_rows
+        sources = _python_columns(rows, ["_source"])[0]
+        reasons = _python_columns(rows, ["_reason"])[0]
+        if "_event_ts" in rows.column_names:
+            ts = rows.column("_event_ts")
+            if not pa.types.is_timestamp(ts.type):
+                raise ValueError(f"_event_ts of batch {batch_id} is {ts.type}, not a timestamp")
+            event_ts = _normalize_column(ts).to_pylist()
+        else:
+            event_ts = [None] * n
+        payload_cols = [c for c in rows.column_names if c not in DEAD_LETTER_COLUMNS]
+        payload_data = [rows.column(c).to_pylist() for c in payload_cols]
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL("DELETE FROM {} WHERE _batch_id = %s").format(self._pg.ident), (batch_id,))
+            with cur.copy(sql.SQL("COPY {} (_batch_id, _source, _event_ts, _reason, payload) FROM STDIN")
+                          .format(self._pg.ident)) as copy:
+                for i in range(n):
+                    payload = {c: _json_value(col[i]) for c, col in zip(payload_cols, payload_data)}
+                    copy.write_row((batch_id, _text(sources[i]), event_ts[i], _text(reasons[i]),
+                                    json.dumps(payload, allow_nan=False, ensure_ascii=False)))
+
+    def close(self) -> None:
+        self._pg.close()
+        self._opened = False

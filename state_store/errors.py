@@ -1,0 +1,78 @@
+"""The error types of the state store, and the base class of every error this project raises.
+
+``state_store`` is the bottom layer: it defines these and imports nothing of ``ematix_dagster``,
+which re-exports them (``ematix_dagster.errors.CorruptState is state_store.errors.CorruptState``)
+and adds the pipeline's own errors on top of ``EmatixError``.
+
+Each failure is either *terminal* (the operator must act: a config error, a cap hit, a changed
+spec) or *transient* (retrying may help: a database that is briefly unreachable, a Spark job that
+died). Dagster and the CLI use ``terminal`` to decide whether a retry makes sense.
+"""
+
+from __future__ import annotations
+
+
+class EmatixError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+    terminal: bool = True
+
+
+class ConfigError(EmatixError, ValueError):
+    """A setting that cannot work: names the key, the bad value and the fix.
+
+    Terminal, and raised before anything ran. The CLI exits 2 for every ``ConfigError``: the
+    pipeline's (``ematix_dagster.errors.PipelineConfigError``) and the store's
+    (:class:`StoreConfigError`).
+    """
+
+    def __init__(self, key: str, message: str, fix: str | None = None) -> None:
+        self.key = key
+        self.fix = fix
+        text = f"{key}: {message}"
+        if fix:
+            text += f" (fix: {fix})"
+        super().__init__(text)
+
+
+class StoreConfigError(ConfigError):
+    """A store setting that cannot work (an empty schema name, a URL that does not parse)."""
+
+
+class StoreUnavailable(EmatixError):
+    """The state store cannot be reached (down, restarting, network); retrying may help."""
+
+    terminal = False
+
+
+class StoreAccessDenied(EmatixError):
+    """The database refused the credentials, or the role or database does not exist.
+
+    Terminal: retrying with the same settings fails the same way until someone acts.
+    """
+
+
+class StorePermissionError(EmatixError):
+    """The store's role lacks a privilege it needs (create schema/table, write)."""
+
+
+class LeaseHeld(EmatixError):
+    """Another run already holds this pipeline's lease (one writer per pipeline).
+
+    A store sets ``pipeline`` and ``holder`` (the holder's text, as in the message).
+    """
+
+    pipeline: str | None = None
+    holder: str | None = None
+
+
+class StateVersionError(EmatixError):
+    """Stored state is newer than this code, or cannot be migrated (seed 001's Unsupported)."""
+
+
+class CorruptState(EmatixError):
+    """A stored blob or key does not decode."""
+
+
+__all__ = ["ConfigError", "CorruptState", "EmatixError", "LeaseHeld", "StateVersionError", "StoreAccessDenied",
+           "StoreConfigError", "StorePermissionError", "StoreUnavailable"]

@@ -27,14 +27,14 @@ from state_store.sqlite import SqliteStateStore  # noqa: E402
 WINDOW_US = 60_000_000
 
 
-def make_groups(n: int, start_window: int = 0, version: int = 0) -> list[tuple[int, bytes, bytes]]:
+def make_groups(n: int, start_window: int = 0, version: int = 0) -> list[tuple[int, int, bytes, bytes]]:
     rows = []
     for i in range(n):
         window = start_window + (i % 10) * WINDOW_US
         key = codec.encode_key((i, f"user-{i % 977}"))
         accs = [i % 13 + version, i * 7, (1_700_000_000_000_000 + i, f"page-{i % 50}"), (i * 0.5, 3),
                 {f"p{i % 5}", f"p{i % 7}"}]
-        rows.append((window, key, codec.encode_state(accs)))
+        rows.append((window, window + WINDOW_US, key, codec.encode_state(accs)))
     return rows
 
 

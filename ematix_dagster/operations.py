@@ -119,7 +119,7 @@ def summary(spec: PipelineSpec, windows: bool = True) -> dict[str, Any]:
     record = recovered.record
     per_window: dict[int, int] = {}
     size = 0
-    for start, key, blob in recovered.groups:
+    for start, _end, key, blob in recovered.groups:
         per_window[start] = per_window.get(start, 0) + 1
         size += len(key) + len(blob)
     return {

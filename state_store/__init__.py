@@ -1,10 +1,11 @@
 """Durable window state: in-memory, SQLite (the embedded default) and PostgreSQL stores.
 
 A store keeps, per pipeline, the window state (one row per (window start, group key) holding the
-encoded accumulators), the source offsets of the last committed micro-batch and one pipeline row
-(batch id, query id, fingerprint, watermarks, counters, lease holder). A micro-batch commits all
-of it in one transaction (``StateStore.commit``), so after a crash the store is at batch N or
-N-1, never in between. ``state_store.codec`` encodes keys and accumulators (versioned, no pickle).
+window's end and the encoded accumulators), the source offsets of the last committed micro-batch
+and one pipeline row (batch id, query id, fingerprint, watermarks, counters, lease holder). A
+micro-batch commits all of it in one transaction (``StateStore.commit``), so after a crash the
+store is at batch N or N-1, never in between. ``state_store.codec`` encodes keys and
+accumulators (versioned, no pickle).
 
 Decisions shared by the three stores:
 
@@ -13,13 +14,15 @@ Decisions shared by the three stores:
   offsets replace the pipeline's previous offsets. ``in_transaction`` callbacks run last, inside
   the transaction, with the connection (psycopg ``Connection`` / ``sqlite3.Connection`` / ``None``
   in memory); an exception in one rolls everything back; a callback must not commit itself.
-* ``load`` reads the record, offsets and groups in one snapshot and returns groups as bytes
-  (decode them with ``codec.decode_groups``). Blobs of an older state version are migrated in
-  memory on load and are *not* written back (a load needs no lease, and the ``state`` command
-  only reads); ``RecoveredState.migrated`` counts them. They turn current as soon as a commit
-  rewrites them, or all at once with ``migrate_state`` (the migration job). A blob whose version
-  byte is invalid (CorruptState) or newer than the code (StateVersionError) fails the load,
-  naming the pipeline; a body that does not decode fails in ``codec.decode_groups``.
+* ``load`` reads the record, offsets and groups in one snapshot and returns groups as
+  ``(window_start, window_end, key bytes, blob bytes)`` (decode them with ``codec.decode_groups``;
+  the caller checks the ends against its window kind). Blobs of an older state version are
+  migrated in memory on load and are *not* written back (a load needs no lease, and the
+  ``state`` command only reads); ``RecoveredState.migrated`` counts them. They turn current as
+  soon as a commit rewrites them, or all at once with ``migrate_state`` (the migration job). A
+  blob whose version byte is invalid (CorruptState) or newer than the code (StateVersionError)
+  fails the load, naming the pipeline; a body that does not decode fails in
+  ``codec.decode_groups``.
 * Leases: one writer per pipeline. The holder text is the caller's (``make_holder(label)`` gives
   ``host=<host> pid=<pid> run=<label> since=<UTC>``); ``LeaseHeld`` carries it in its message and
   in ``.holder``. A store object that writes (commit / reset / migrate_state) without holding the

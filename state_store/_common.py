@@ -24,27 +24,45 @@ def check_record_version(record: PipelineRecord, store: str) -> None:
             f"({codec.STATE_VERSION}); upgrade ematix-dagster")
 
 
-def bring_forward(pipeline: str, store: str, rows: list[tuple[int, bytes, bytes]]) -> tuple[list[tuple[int, bytes, bytes]], int]:
+def bring_forward(pipeline: str, store: str, rows: list[tuple[int, int | None, bytes, bytes]]
+                  ) -> tuple[list[tuple[int, int | None, bytes, bytes]], int]:
     """Check every blob's version byte; migrate older blobs in memory (the rows are not rewritten).
 
-    A blob whose version byte is not a state version raises ``CorruptState``, a newer one
-    ``StateVersionError``, both naming the pipeline, the window and the store. Bodies of
-    current-version blobs are decoded later by the caller (``codec.decode_groups``).
+    ``rows`` are ``(window_start, window_end, key, blob)``. A blob whose version byte is not a
+    state version raises ``CorruptState``, a newer one ``StateVersionError``, both naming the
+    pipeline, the window and the store. Bodies of current-version blobs are decoded later by the
+    caller (``codec.decode_groups``).
     """
     current = codec.STATE_VERSION
-    stale = [i for i, row in enumerate(rows) if not row[2] or row[2][0] != current]
+    stale = [i for i, row in enumerate(rows) if not row[3] or row[3][0] != current]
     if not stale:
         return rows, 0
     rows = list(rows)
     for i in stale:
-        start, key, blob = rows[i]
+        start, end, key, blob = rows[i]
         try:
             version = codec.state_version(blob)
             blob = codec.migrate(bytes(blob), version, current)
         except (CorruptState, StateVersionError) as exc:
             raise type(exc)(f"{where(pipeline, store)}: window {start}, key {bytes(key).hex()}: {exc}") from None
-        rows[i] = (start, key, blob)
+        rows[i] = (start, end, key, blob)
     return rows, len(stale)
+
+
+def fill_window_ends(rows: list[tuple[int, int | None, bytes, bytes]], record: PipelineRecord
+                     ) -> list[tuple[int, int | None, bytes, bytes]]:
+    """Rows stored before schema step 3 whose end the step could not fill: ``start + duration``.
+
+    The duration is the one the state was written with (the record's ``fingerprint_doc``); without
+    one the end stays None and the engine takes it from its window kind.
+    """
+    if all(row[1] is not None for row in rows):
+        return rows
+    duration_ms = record.fingerprint_doc.get("window.duration_ms")
+    if type(duration_ms) is not int:
+        return rows
+    size = duration_ms * 1_000
+    return [(start, start + size if end is None else end, key, blob) for start, end, key, blob in rows]
 
 
 def sources_to_json(sources: dict[str, SourceProgress]) -> str:
@@ -147,9 +165,10 @@ def check_batch(batch: BatchCommit) -> None:
     if not isinstance(batch.record, PipelineRecord) or not batch.record.pipeline:
         raise TypeError("BatchCommit.record must be a PipelineRecord with a pipeline name")
     for row in batch.upserts:
-        start, key, blob = row
-        if type(start) is not int or not isinstance(key, bytes) or not isinstance(blob, bytes):
-            raise TypeError(f"an upsert must be (int window_start, bytes key, bytes blob), got {row!r:.200}")
+        start, end, key, blob = row if isinstance(row, tuple) and len(row) == 4 else (None, None, None, None)
+        if type(start) is not int or type(end) is not int or not isinstance(key, bytes) or not isinstance(blob, bytes):
+            raise TypeError("an upsert must be (int window_start, int window_end, bytes key, bytes blob), "
+                            f"got {row!r:.200}")
     for row in batch.deletes:
         start, key = row
         if type(start) is not int or not isinstance(key, bytes):

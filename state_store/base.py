@@ -6,7 +6,10 @@ that after a crash the store is either at batch N or at N-1, never in between. A
 store also runs ``in_transaction`` callbacks inside the same transaction, which is how a Postgres
 target and Postgres dead letters become exactly-once (``[target] same_transaction = true``).
 
-Keys and blobs are opaque bytes here; ``state_store.codec`` makes them.
+Keys and blobs are opaque bytes here; ``state_store.codec`` makes them. A stored group is
+``(window_start, window_end, key, blob)``: the window is named by its bounds (µs, end exclusive
+as the window kind defines it), so kinds whose end is not ``start + duration`` (sessions) fit.
+Rows are unique on ``(window_start, key)`` per pipeline (see ``state_store.migrations``, step 3).
 """
 
 from __future__ import annotations
@@ -48,7 +51,9 @@ class PipelineRecord:
 @dataclass
 class RecoveredState:
     record: PipelineRecord | None  # None: the pipeline never committed
-    groups: list[tuple[int, bytes, bytes]] = field(default_factory=list)  # (window_start, key, blob)
+    #: (window_start, window_end, key, blob); window_end is None only for a row stored before schema step 3
+    #: whose pipeline record names no window duration
+    groups: list[tuple[int, int | None, bytes, bytes]] = field(default_factory=list)
     migrated: int = 0  # blobs of an older state version brought forward by this load (not written back)
 
 
@@ -57,8 +62,8 @@ class BatchCommit:
     """One micro-batch's unit of work."""
 
     record: PipelineRecord  # the new per-pipeline row (last_batch_id = this batch)
-    upserts: list[tuple[int, bytes, bytes]] = field(default_factory=list)
-    deletes: list[tuple[int, bytes]] = field(default_factory=list)
+    upserts: list[tuple[int, int, bytes, bytes]] = field(default_factory=list)  # (start, end, key, blob)
+    deletes: list[tuple[int, bytes]] = field(default_factory=list)  # (window_start, key)
     deleted_windows: list[int] = field(default_factory=list)  # every group of these windows
     in_transaction: list[Callable[[Any], None]] = field(default_factory=list)  # called with the DB connection
 

@@ -307,9 +307,11 @@ def migrate(blob: bytes, from_version: int, to_version: int = STATE_VERSION) -> 
 # ---- helpers for stores and the engine --------------------------------------------------------
 
 
-def decode_groups(pipeline: str, groups: Iterable[tuple[int, bytes, bytes]],
+def decode_groups(pipeline: str, groups: Iterable[tuple[int, int | None, bytes, bytes]],
                   store: str | None = None) -> dict[int, dict[tuple, list]]:
-    """``RecoveredState.groups`` decoded into ``{window_start: {key: accumulators}}``.
+    """``RecoveredState.groups`` (``(start, end, key, blob)``) decoded into ``{window_start: {key: accumulators}}``.
+
+    Window ends are not part of the result: the caller checks them against its window kind.
 
     A key or blob that does not decode raises :class:`CorruptState` naming the pipeline, the
     window and (where it decodes) the group. Fast path: one ``unpackb`` per key and per blob;
@@ -322,7 +324,7 @@ def decode_groups(pipeline: str, groups: Iterable[tuple[int, bytes, bytes]],
         except Exception:  # noqa: BLE001 - redo carefully: migrate old blobs, name the exact failure
             pass
     windows = {}
-    for start, key_bytes, blob in groups:
+    for start, _end, key_bytes, blob in groups:
         try:
             key = decode_key(key_bytes)
         except CorruptState as exc:
@@ -338,11 +340,11 @@ def decode_groups(pipeline: str, groups: Iterable[tuple[int, bytes, bytes]],
     return windows
 
 
-def _decode_groups_fast(groups: list[tuple[int, bytes, bytes]]) -> dict[int, dict[tuple, list]]:
+def _decode_groups_fast(groups: list[tuple[int, int | None, bytes, bytes]]) -> dict[int, dict[tuple, list]]:
     windows: dict[int, dict[tuple, list]] = {}
     keys: dict[bytes, tuple] = {}  # a group seen in several windows decodes (and is stored) once
     unpackb, hook, version, key_format = msgpack.unpackb, _ext_hook, STATE_VERSION, KEY_FORMAT
-    for start, key_bytes, blob in groups:
+    for start, _end, key_bytes, blob in groups:
         key = keys.get(key_bytes)
         if key is None:
             if key_bytes[0] != key_format:

@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class _Pipeline:
     record: PipelineRecord | None = None
-    windows: dict[int, dict[bytes, bytes]] = field(default_factory=dict)  # window start -> key -> blob
+    #: window start -> key -> (window end, blob)
+    windows: dict[int, dict[bytes, tuple[int | None, bytes]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -109,8 +110,8 @@ class InMemoryStateStore(StateStore):
             if data is None or data.record is None:
                 return RecoveredState(record=None)
             record = copy.deepcopy(data.record)
-            rows = [(start, key, blob) for start, by_key in data.windows.items() for key, blob in by_key.items()] \
-                if groups else []
+            rows = [(start, end, key, blob) for start, by_key in data.windows.items()
+                    for key, (end, blob) in by_key.items()] if groups else []
         check_record_version(record, self.description)
         rows, migrated = bring_forward(pipeline, self.description, rows)
         return RecoveredState(record=record, groups=rows, migrated=migrated)
@@ -128,11 +129,11 @@ class InMemoryStateStore(StateStore):
                 callback(None)
             data = space.pipelines.setdefault(pipeline, _Pipeline())
             windows = data.windows
-            for start, key, blob in batch.upserts:
+            for start, end, key, blob in batch.upserts:
                 groups = windows.get(start)
                 if groups is None:
                     groups = windows[start] = {}
-                groups[key] = blob
+                groups[key] = (end, blob)
             for start, key in batch.deletes:
                 groups = windows.get(start)
                 if groups is not None:
@@ -156,11 +157,12 @@ class InMemoryStateStore(StateStore):
             data = space.pipelines.get(pipeline)
             if data is None:
                 return 0
-            rows = [(start, key, blob) for start, by_key in data.windows.items() for key, blob in by_key.items()]
+            rows = [(start, end, key, blob) for start, by_key in data.windows.items()
+                    for key, (end, blob) in by_key.items()]
             rows, migrated = bring_forward(pipeline, self.description, rows)
             if migrated:
-                for start, key, blob in rows:
-                    data.windows[start][key] = blob
+                for start, end, key, blob in rows:
+                    data.windows[start][key] = (end, blob)
             return migrated
 
     def close(self) -> None:

@@ -10,6 +10,26 @@ without CREATE privileges can use tables an administrator created (or migrated) 
 
 Steps are append-only: a released step is never edited, a change is a new step.
 State *blobs* are versioned separately (``state_store.codec.STATE_VERSION``).
+
+Step 3 (``window_end``): a stored window is named by its bounds, ``(pipeline, window_start,
+window_end, group_key)`` in meaning, so window kinds whose end is not ``start + duration``
+(session windows, SPEC.md §8) fit. Layout decision:
+
+* ``window_end`` is a plain, nullable column; the PRIMARY KEY stays ``(pipeline_name,
+  window_start, group_key)``. Uniqueness on start and key holds for every planned kind: tumbling,
+  hopping and KIP-450 sliding windows have one fixed size, so the start fixes the end; a key's
+  session windows never overlap, so no two share a start. A session that grows at its end (or
+  absorbs a later one) rewrites its row's end in place with an upsert; one whose start moves
+  earlier, or that is merged away, is a delete by (start, key) plus an upsert, as today.
+  Keeping the key also avoids rebuilding the table (SQLite cannot alter a WITHOUT ROWID table's
+  key or add a NOT NULL column without a default; PostgreSQL would rewrite the table and its
+  index under an exclusive lock) on stores that hold millions of rows.
+* Nullable because the column is added to existing rows. The step fills it in the same
+  transaction from the pipeline row's stored spec: ``window_end = window_start +
+  fingerprint_doc["window.duration_ms"] * 1000`` (µs; hopping windows have the duration as their
+  size, not the hop). A row whose pipeline has no recorded duration keeps NULL and is filled when
+  loaded (``state_store._common.fill_window_ends``), or by the engine from its window kind.
+  Stores always write the end from this step on, so new rows are never NULL.
 """
 
 from __future__ import annotations
@@ -106,6 +126,26 @@ STEPS: tuple[SchemaStep, ...] = (
         2, "state pages half empty (fillfactor 50): a rewritten group stays an in-page (HOT) update",
         postgres=("ALTER TABLE {state} SET (fillfactor = 50)",),
         sqlite=(),  # nothing to tune: SQLite rewrites the b-tree cell in place
+    ),
+    SchemaStep(
+        3, "window_end on every state row (nullable, not in the key), filled from the stored window duration",
+        postgres=(
+            "ALTER TABLE {state} ADD COLUMN window_end bigint",
+            """UPDATE {state} AS s
+                SET window_end = s.window_start + 1000 * (p.fingerprint_doc ->> 'window.duration_ms')::bigint
+                FROM {pipelines} AS p
+                WHERE p.pipeline_name = s.pipeline_name AND s.window_end IS NULL
+                  AND jsonb_typeof(p.fingerprint_doc -> 'window.duration_ms') = 'number'""",
+        ),
+        sqlite=(
+            "ALTER TABLE {state} ADD COLUMN window_end INTEGER",
+            """UPDATE {state} SET window_end = window_start + 1000 * (
+                SELECT json_extract(p.fingerprint_doc, '$."window.duration_ms"') FROM {pipelines} AS p
+                WHERE p.pipeline_name = {state}.pipeline_name
+                  AND CASE WHEN json_valid(p.fingerprint_doc)
+                      THEN json_type(p.fingerprint_doc, '$."window.duration_ms"') END = 'integer')
+                WHERE window_end IS NULL""",
+        ),
     ),
 )
 

@@ -36,17 +36,15 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from state_store import codec, migrations
-from state_store._common import (PIPELINE_COLUMNS, bring_forward, check_batch, check_record_version, lease_held, lease_key,
-                                 record_from_row, where)
+from state_store._common import (PIPELINE_COLUMNS, bring_forward, check_batch, check_record_version, fill_window_ends,
+                                 lease_held, lease_key, record_from_row, where)
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, StateStore
 from state_store.errors import EmatixError, StoreConfigError, StoreUnavailable
+from state_store.pg_rows import select_groups, upsert_groups
 from state_store.pg_url import describe, parse_url, store_error
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-_TEMP = sql.Identifier("pg_temp", "ematix_state_upserts")
-
 
 # ---- the store -------------------------------------------------------------------------------
 
@@ -271,13 +269,12 @@ class PostgresStateStore(StateStore):
             groups = []
             if with_groups:
                 cur = conn.cursor(binary=True)
-                cur.execute(sql.SQL("SELECT window_start, group_key, state_blob FROM {state} "
-                                    "WHERE pipeline_name = %s").format(**n), (pipeline,))
+                cur.execute(select_groups(n), (pipeline,))
                 with codec.gc_paused():
                     groups = cur.fetchall()
         record = record_from_row(pipeline, row, offsets, self.description)
         check_record_version(record, self.description)
-        groups, migrated = bring_forward(pipeline, self.description, groups)
+        groups, migrated = bring_forward(pipeline, self.description, fill_window_ends(groups, record))
         return RecoveredState(record=record, groups=groups, migrated=migrated)
 
     def commit(self, batch: BatchCommit) -> None:
@@ -322,25 +319,9 @@ class PostgresStateStore(StateStore):
             for callback in batch.in_transaction:
                 callback(conn)
 
-    def _upsert(self, conn: psycopg.Connection, pipeline: str, upserts: list[tuple[int, bytes, bytes]]) -> None:
-        """COPY into a temp table, then one INSERT ... ON CONFLICT (the last upsert of a key wins)."""
-        latest = {(start, key): blob for start, key, blob in upserts}
-        rows: Any = upserts if len(latest) == len(upserts) else [(s, k, b) for (s, k), b in latest.items()]
-        conn.execute(sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {temp} (window_start bigint, group_key bytea, "
-                             "state_blob bytea, state_version integer) ON COMMIT DELETE ROWS").format(temp=_TEMP))
-        with conn.cursor() as cur:
-            with cur.copy(sql.SQL("COPY {temp} (window_start, group_key, state_blob, state_version) "
-                                  "FROM STDIN (FORMAT BINARY)").format(temp=_TEMP)) as copy:
-                copy.set_types(["int8", "bytea", "bytea", "int4"])
-                write = copy.write_row
-                for start, key, blob in rows:
-                    write((start, key, blob, blob[0] if blob else 0))
-            cur.execute(sql.SQL(
-                "INSERT INTO {state} (pipeline_name, window_start, group_key, state_blob, state_version, updated_at) "
-                "SELECT %s, window_start, group_key, state_blob, state_version, now() FROM {temp} "
-                "ON CONFLICT (pipeline_name, window_start, group_key) DO UPDATE SET state_blob = EXCLUDED.state_blob, "
-                "state_version = EXCLUDED.state_version, updated_at = EXCLUDED.updated_at").format(
-                temp=_TEMP, **self._names), (pipeline,))
+    def _upsert(self, conn: psycopg.Connection, pipeline: str,
+                upserts: list[tuple[int, int | None, bytes, bytes]]) -> None:
+        upsert_groups(conn, self._names, pipeline, upserts)
 
     def reset(self, pipeline: str) -> None:
         self._guard("resetting state", pipeline, lambda: self._reset(pipeline))
@@ -362,9 +343,7 @@ class PostgresStateStore(StateStore):
         with self._connection() as conn, conn.transaction():
             self._check_writer(conn, pipeline)
             cur = conn.cursor(binary=True)
-            cur.execute(sql.SQL("SELECT window_start, group_key, state_blob FROM {state} "
-                                "WHERE pipeline_name = %s AND state_version <> %s").format(**self._names),
-                        (pipeline, codec.STATE_VERSION))
+            cur.execute(select_groups(self._names, stale_only=True), (pipeline, codec.STATE_VERSION))
             rows, _ = bring_forward(pipeline, self.description, cur.fetchall())
             if rows:
                 self._upsert(conn, pipeline, rows)

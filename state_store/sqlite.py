@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Iterator
 
 from state_store import codec, migrations
-from state_store._common import (PIPELINE_COLUMNS, bring_forward, check_batch, check_record_version, file_safe, lease_held, record_from_row, sources_to_json, where)
+from state_store._common import (PIPELINE_COLUMNS, bring_forward, check_batch, check_record_version, file_safe,
+                                 fill_window_ends, lease_held, record_from_row, sources_to_json, where)
 from state_store.base import BatchCommit, RecoveredState, StateStore
 from state_store.errors import CorruptState, StorePermissionError, StoreUnavailable
 
@@ -35,9 +36,11 @@ _NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
 _HOLDER_WAIT_S = 1.0  # a lock that is held but has no holder text yet is re-checked for this long
 
 _N = migrations.sqlite_names()
-_UPSERT = (f"INSERT INTO {_N['state']} (pipeline_name, window_start, group_key, state_blob, state_version, updated_at) "
-           "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (pipeline_name, window_start, group_key) DO UPDATE SET "
-           "state_blob = excluded.state_blob, state_version = excluded.state_version, updated_at = excluded.updated_at")
+_UPSERT = (f"INSERT INTO {_N['state']} (pipeline_name, window_start, window_end, group_key, state_blob, state_version, "
+           "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (pipeline_name, window_start, group_key) DO UPDATE SET "
+           "window_end = excluded.window_end, state_blob = excluded.state_blob, "
+           "state_version = excluded.state_version, updated_at = excluded.updated_at")
+_GROUPS = f"SELECT window_start, window_end, group_key, state_blob FROM {_N['state']} WHERE pipeline_name = ?"
 _DELETE_KEY = f"DELETE FROM {_N['state']} WHERE pipeline_name = ? AND window_start = ? AND group_key = ?"
 _DELETE_WINDOW = f"DELETE FROM {_N['state']} WHERE pipeline_name = ? AND window_start = ?"
 _PIPELINE_COLUMNS = ", ".join(PIPELINE_COLUMNS)
@@ -232,13 +235,12 @@ class SqliteStateStore(StateStore):
                 rows = []
                 if groups:
                     with codec.gc_paused():
-                        rows = conn.execute(f"SELECT window_start, group_key, state_blob FROM {_N['state']} "
-                                            "WHERE pipeline_name = ?", (pipeline,)).fetchall()
+                        rows = conn.execute(_GROUPS, (pipeline,)).fetchall()
             finally:
                 conn.execute("COMMIT")
         record = record_from_row(pipeline, row, offsets, self.description)
         check_record_version(record, self.description)
-        rows, migrated = bring_forward(pipeline, self.description, rows)
+        rows, migrated = bring_forward(pipeline, self.description, fill_window_ends(rows, record))
         return RecoveredState(record=record, groups=rows, migrated=migrated)
 
     def commit(self, batch: BatchCommit) -> None:
@@ -249,8 +251,8 @@ class SqliteStateStore(StateStore):
             with self._transaction() as conn:
                 now = conn.execute(f"SELECT {_NOW}").fetchone()[0]
                 if batch.upserts:
-                    conn.executemany(_UPSERT, ((pipeline, start, key, blob, blob[0] if blob else 0, now)
-                                               for start, key, blob in batch.upserts))
+                    conn.executemany(_UPSERT, ((pipeline, start, end, key, blob, blob[0] if blob else 0, now)
+                                               for start, end, key, blob in batch.upserts))
                 if batch.deletes:
                     conn.executemany(_DELETE_KEY, ((pipeline, start, key) for start, key in batch.deletes))
                 if batch.deleted_windows:
@@ -287,12 +289,11 @@ class SqliteStateStore(StateStore):
     def migrate_state(self, pipeline: str) -> int:
         with self._lock, self._errors("migrating state", pipeline), self._writer(pipeline):
             with self._transaction() as conn:
-                rows = conn.execute(f"SELECT window_start, group_key, state_blob FROM {_N['state']} "
-                                    "WHERE pipeline_name = ? AND state_version <> ?",
-                                    (pipeline, codec.STATE_VERSION)).fetchall()
+                rows = conn.execute(_GROUPS + " AND state_version <> ?", (pipeline, codec.STATE_VERSION)).fetchall()
                 rows, migrated = bring_forward(pipeline, self.description, rows)
                 now = conn.execute(f"SELECT {_NOW}").fetchone()[0]
-                conn.executemany(_UPSERT, ((pipeline, start, key, blob, blob[0], now) for start, key, blob in rows))
+                conn.executemany(_UPSERT, ((pipeline, start, end, key, blob, blob[0], now)
+                                           for start, end, key, blob in rows))
                 return len(rows)
 
     def close(self) -> None:

@@ -40,7 +40,7 @@ def small_spec(tmp_path: Path, name: str = "tiny-clicks", *, target: Target | No
 
 
 def commit_state(spec: PipelineSpec, *, batch_id: int = 3, watermark_us: int | None = None,
-                 counters: dict[str, int] | None = None, upserts: list[tuple[int, bytes, bytes]] | None = None,
+                 counters: dict[str, int] | None = None, upserts: list[tuple[int, int, bytes, bytes]] | None = None,
                  state_version: int = STATE_VERSION) -> None:
     """Write one committed batch for ``spec`` straight into its store (no Spark)."""
     doc = fingerprint_doc(spec)

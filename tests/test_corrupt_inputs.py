@@ -153,8 +153,9 @@ class Setup:
             sources={"a": SourceProgress(max_event_ts=90 * S, last_arrival=1_000 * S)},
             counters=counters if counters is not None else {"rows_consumed:a": 9, "late_rows_dropped": 0},
             emitted=[0], offsets={"a": OFFSET})
+        size = self.spec.window.duration_ms * 1_000
         self.store().commit(BatchCommit(record=record, upserts=[
-            (start, encode_key(key), encode_state(accs)) for (start, key), accs in groups.items()]))
+            (start, start + size, encode_key(key), encode_state(accs)) for (start, key), accs in groups.items()]))
         self.write_checkpoint()
 
     def write_checkpoint(self) -> Path:

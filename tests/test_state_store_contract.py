@@ -76,6 +76,11 @@ def blob(*accs) -> bytes:
     return codec.encode_state(list(accs))
 
 
+def end(start: int) -> int:
+    """A window end for a stored group (stores keep it as given; one minute here)."""
+    return start + 60_000_000
+
+
 def record(pipeline: str, batch_id: int, **extra) -> PipelineRecord:
     fields = dict(
         query_id="6f1c2b9e-query", last_batch_id=batch_id, fingerprint="fp-1",
@@ -90,7 +95,7 @@ def record(pipeline: str, batch_id: int, **extra) -> PipelineRecord:
 
 
 def groups_of(state) -> dict[tuple[int, bytes], bytes]:
-    return {(start, k): b for start, k, b in state.groups}
+    return {(start, k): b for start, _end, k, b in state.groups}
 
 
 def same_state(a, b) -> bool:
@@ -113,8 +118,9 @@ def test_empty_load(make_store):
 def test_commit_then_load_round_trips(make_store):
     store = make_store()
     rec = record("clicks-1m", 7, pending_migration=True)
-    upserts = [(0, key(1, "a"), blob(3, 2.5, (1, "x"))), (0, key(2, None), blob(None, None, None)),
-               (60_000_000, key(1, "a"), blob(1, float("nan"), (9, {"s"}))), (-60_000_000, key(), blob(2**70))]
+    upserts = [(0, end(0), key(1, "a"), blob(3, 2.5, (1, "x"))), (0, end(0), key(2, None), blob(None, None, None)),
+               (60_000_000, end(60_000_000), key(1, "a"), blob(1, float("nan"), (9, {"s"}))),
+               (-60_000_000, end(-60_000_000), key(), blob(2**70))]
     store.commit(BatchCommit(record=rec, upserts=upserts))
     # a restarted process sees the same
     for s in (store, make_store()):
@@ -124,7 +130,7 @@ def test_commit_then_load_round_trips(make_store):
         assert list(state.record.offsets) == ["views", "clicks"]
         assert state.record.emitted == [120_000_000, 0]
         assert sorted(state.groups) == sorted(upserts)
-        assert all(isinstance(k, bytes) and isinstance(b, bytes) for _, k, b in state.groups)
+        assert all(isinstance(k, bytes) and isinstance(b, bytes) for _, _, k, b in state.groups)
     windows = codec.decode_groups("clicks-1m", state.groups)
     assert windows[60_000_000][(1, "a")][2] == (9, {"s"})
     assert windows[-60_000_000][()] == [2**70]
@@ -134,12 +140,13 @@ def test_upserts_overwrite_and_deletes_remove(make_store):
     store = make_store()
     p = "upserts"
     store.commit(BatchCommit(record(p, 0), upserts=[
-        (0, key("a"), blob(1)), (0, key("b"), blob(2)), (0, key("c"), blob(3)),
-        (60, key("a"), blob(4)), (60, key("b"), blob(5)), (120, key("a"), blob(6))]))
+        (0, end(0), key("a"), blob(1)), (0, end(0), key("b"), blob(2)), (0, end(0), key("c"), blob(3)),
+        (60, end(60), key("a"), blob(4)), (60, end(60), key("b"), blob(5)), (120, end(120), key("a"), blob(6))]))
     store.commit(BatchCommit(
         record(p, 1, watermark=99, offsets={"views": "{}"}),
-        upserts=[(0, key("a"), blob(10)), (0, key("d"), blob(11)), (0, key("d"), blob(12)),  # last upsert wins
-                 (120, key("b"), blob(13)), (0, key("c"), blob(14))],
+        upserts=[(0, end(0), key("a"), blob(10)), (0, end(0), key("d"), blob(11)),
+                 (0, end(0), key("d"), blob(12)),  # last upsert wins
+                 (120, end(120), key("b"), blob(13)), (0, end(0), key("c"), blob(14))],
         deletes=[(0, key("b")), (0, key("c")), (0, key("zz")), (999, key("a"))],  # c: updated and deleted
         deleted_windows=[60, 12345]))
     state = store.load(p)
@@ -154,7 +161,7 @@ def test_upserts_overwrite_and_deletes_remove(make_store):
 def test_a_failing_commit_leaves_the_previous_state(make_store, kind):
     store = make_store()
     p = "atomic"
-    before = BatchCommit(record(p, 4), upserts=[(0, key(i), blob(i)) for i in range(50)])
+    before = BatchCommit(record(p, 4), upserts=[(0, end(0), key(i), blob(i)) for i in range(50)])
     store.commit(before)
     expected = store.load(p)
 
@@ -165,20 +172,21 @@ def test_a_failing_commit_leaves_the_previous_state(make_store, kind):
             conn.execute("CREATE TABLE atomic_probe (x INTEGER)")
         raise RuntimeError("target write failed")
 
-    failing = BatchCommit(record(p, 5, watermark=1), upserts=[(0, key(i), blob(-i)) for i in range(100)],
+    failing = BatchCommit(record(p, 5, watermark=1), upserts=[(0, end(0), key(i), blob(-i)) for i in range(100)],
                           deletes=[(0, key(1))], deleted_windows=[0], in_transaction=[lambda c: None, boom])
     with pytest.raises(RuntimeError, match="target write failed"):
         store.commit(failing)
     assert same_state(store.load(p), expected)
     assert same_state(make_store().load(p), expected)
     # malformed input is refused before anything is written
-    bad = BatchCommit(record(p, 5), upserts=[(0, key(i), blob(-i)) for i in range(10)] + [(0, key("x"), None)])
+    bad = BatchCommit(record(p, 5), upserts=[(0, end(0), key(i), blob(-i)) for i in range(10)]
+                      + [(0, end(0), key("x"), None)])
     with pytest.raises(TypeError):
         store.commit(bad)  # type: ignore[arg-type]
     assert same_state(store.load(p), expected)
     if kind != "in_memory":  # a failure after the state rows went in: the pipeline row cannot be written
         late = BatchCommit(record(p, 5, fingerprint_doc={"not json": {1, 2}}),
-                           upserts=[(0, key(i), blob(-i)) for i in range(100)], deleted_windows=[0])
+                           upserts=[(0, end(0), key(i), blob(-i)) for i in range(100)], deleted_windows=[0])
         with pytest.raises(Exception):
             store.commit(late)
         assert same_state(store.load(p), expected)
@@ -188,7 +196,7 @@ def test_a_failing_commit_leaves_the_previous_state(make_store, kind):
     elif kind == "sqlite":
         assert store._db().execute("SELECT count(*) FROM sqlite_master WHERE name = 'atomic_probe'").fetchone()[0] == 0
     # the store still works after the failures
-    store.commit(BatchCommit(record(p, 5), upserts=[(0, key(1), blob(100))]))
+    store.commit(BatchCommit(record(p, 5), upserts=[(0, end(0), key(1), blob(100))]))
     assert store.load(p).record.last_batch_id == 5
 
 
@@ -215,8 +223,9 @@ def test_in_transaction_callbacks_commit_with_the_state(make_store, kind):
 
 def test_pipelines_stay_separate(make_store):
     store = make_store()
-    store.commit(BatchCommit(record("p1", 3), upserts=[(0, key("a"), blob(1)), (60, key("a"), blob(2))]))
-    store.commit(BatchCommit(record("p2", 9, query_id="other"), upserts=[(0, key("a"), blob(3))]))
+    store.commit(BatchCommit(record("p1", 3), upserts=[(0, end(0), key("a"), blob(1)),
+                                                       (60, end(60), key("a"), blob(2))]))
+    store.commit(BatchCommit(record("p2", 9, query_id="other"), upserts=[(0, end(0), key("a"), blob(3))]))
     store.commit(BatchCommit(record("p2", 10, query_id="other"), deleted_windows=[60], deletes=[(0, key("b"))]))
     one, two = store.load("p1"), store.load("p2")
     assert groups_of(one) == {(0, key("a")): blob(1), (60, key("a")): blob(2)}
@@ -242,7 +251,7 @@ def test_lease_within_one_process(make_store):
                    lambda: b.migrate_state("leased")):
         with pytest.raises(LeaseHeld, match="run-a"):
             action()
-    a.commit(BatchCommit(record("leased", 0), upserts=[(0, key(1), blob(1))]))
+    a.commit(BatchCommit(record("leased", 0), upserts=[(0, end(0), key(1), blob(1))]))
     assert b.load("leased").record.last_batch_id == 0  # reading needs no lease
     assert b.lease_holder("other-pipeline") is None
     b.acquire_lease("other-pipeline", make_holder("run-b"))  # leases are per pipeline
@@ -260,29 +269,31 @@ def test_lease_within_one_process(make_store):
 
 def test_reset(make_store):
     store = make_store()
-    store.commit(BatchCommit(record("gone", 1), upserts=[(0, key(1), blob(1))]))
-    store.commit(BatchCommit(record("kept", 1), upserts=[(0, key(1), blob(1))]))
+    store.commit(BatchCommit(record("gone", 1), upserts=[(0, end(0), key(1), blob(1))]))
+    store.commit(BatchCommit(record("kept", 1), upserts=[(0, end(0), key(1), blob(1))]))
     store.reset("gone")
     store.reset("never-existed")
     assert store.load("gone").record is None and store.load("gone").groups == []
     assert store.load("kept").record is not None
-    store.commit(BatchCommit(record("gone", 0), upserts=[(0, key(2), blob(2))]))  # starts over cleanly
+    store.commit(BatchCommit(record("gone", 0), upserts=[(0, end(0), key(2), blob(2))]))  # starts over cleanly
     assert groups_of(store.load("gone")) == {(0, key(2)): blob(2)}
 
 
 def test_corrupt_and_newer_blobs_name_the_pipeline(make_store):
     store = make_store()
-    store.commit(BatchCommit(record("broken", 1), upserts=[(0, key(1), b"\x00not state")]))
+    store.commit(BatchCommit(record("broken", 1), upserts=[(0, end(0), key(1), b"\x00not state")]))
     with pytest.raises(CorruptState, match="pipeline 'broken'.*window 0"):
         store.load("broken")
-    store.commit(BatchCommit(record("broken", 2), upserts=[(0, key(1), bytes([codec.STATE_VERSION]) + b"\xc1")]))
+    store.commit(BatchCommit(record("broken", 2),
+                             upserts=[(0, end(0), key(1), bytes([codec.STATE_VERSION]) + b"\xc1")]))
     state = store.load("broken")  # the version byte is fine; the body is decoded by the caller
     with pytest.raises(CorruptState, match="pipeline 'broken'"):
         codec.decode_groups("broken", state.groups, store.description)
-    store.commit(BatchCommit(record("broken", 3), upserts=[(0, key(1), b"\x01\xc1")]))  # old version, bad body
+    store.commit(BatchCommit(record("broken", 3), upserts=[(0, end(0), key(1), b"\x01\xc1")]))  # old version, bad body
     with pytest.raises(CorruptState, match="pipeline 'broken'"):
         store.load("broken")
-    store.commit(BatchCommit(record("broken", 4), upserts=[(0, key(1), bytes([codec.STATE_VERSION + 1, 0x90]))]))
+    store.commit(BatchCommit(record("broken", 4),
+                             upserts=[(0, end(0), key(1), bytes([codec.STATE_VERSION + 1, 0x90]))]))
     with pytest.raises(StateVersionError, match="pipeline 'broken'.*newer than this code"):
         store.load("broken")
     store.commit(BatchCommit(record("newer", 1, state_version=codec.STATE_VERSION + 1)))
@@ -293,12 +304,13 @@ def test_corrupt_and_newer_blobs_name_the_pipeline(make_store):
 def test_older_blobs_are_migrated_on_load_and_by_migrate_state(make_store):
     store = make_store()
     v1 = {name: (FIXTURES / f"{name}.state.bin").read_bytes() for name in ("counts", "first_last", "exact_sets")}
-    upserts = [(i * 60, key(name), b) for i, (name, b) in enumerate(v1.items())] + [(999, key("new"), blob(1))]
+    upserts = [(i * 60, end(i * 60), key(name), b) for i, (name, b) in enumerate(v1.items())]
+    upserts += [(999, end(999), key("new"), blob(1))]
     store.commit(BatchCommit(record("old", 1), upserts=upserts))
     for _ in range(2):  # lazily: the rows stay at version 1 until rewritten
         state = store.load("old")
         assert state.migrated == 3
-        assert all(b[0] == codec.STATE_VERSION for _, _, b in state.groups)
+        assert all(b[0] == codec.STATE_VERSION for _, _, _, b in state.groups)
     windows = codec.decode_groups("old", state.groups)
     assert windows[0][("counts",)] == [5, 0, None]
     assert windows[120][("exact_sets",)][0] == {"a", "b", ""}
@@ -320,7 +332,7 @@ def test_state_survives_a_new_store_object_and_threads(make_store):
 
     def commit_in_thread():
         try:  # Spark calls foreachBatch from a py4j thread, not the one that opened the store
-            store.commit(BatchCommit(record("threaded", 1), upserts=[(0, key("t"), blob(1))]))
+            store.commit(BatchCommit(record("threaded", 1), upserts=[(0, end(0), key("t"), blob(1))]))
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
 
@@ -506,7 +518,7 @@ def test_postgres_missing_privileges(pg_dsn, pg_schema, limited_role):
     # an administrator created the tables: a role with read access only can open and load...
     admin = PostgresStateStore(pg_dsn, pg_schema)
     admin.open()
-    admin.commit(BatchCommit(record("shared", 1), upserts=[(0, key(1), blob(1))]))
+    admin.commit(BatchCommit(record("shared", 1), upserts=[(0, end(0), key(1), blob(1))]))
     admin.close()
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(pg_schema), sql.Identifier(role)))
@@ -578,7 +590,7 @@ def test_schema_versions_are_recorded_and_newer_schemas_refused(schema_store):
     store.close()
     conn = connect()
     rows = conn.execute("SELECT version, description FROM ematix_streaming_schema_version ORDER BY version").fetchall()
-    assert [r[0] for r in rows] == [s.version for s in migrations.STEPS] == [1, 2]
+    assert [r[0] for r in rows] == [s.version for s in migrations.STEPS] == [1, 2, 3]
     conn.execute("INSERT INTO ematix_streaming_schema_version (version, description, applied_at) "
                  "VALUES (99, 'from the future', '2030-01-01')")
     if kind == "sqlite":
@@ -591,12 +603,12 @@ def test_schema_versions_are_recorded_and_newer_schemas_refused(schema_store):
 def test_schema_steps_apply_in_order_each_in_its_own_transaction(schema_store):
     kind, build, connect = schema_store
     store = build()
-    store.open()  # steps 1..2
+    store.open()  # steps 1..3
     store.close()
     extra = [
-        migrations.SchemaStep(3, "a probe table", postgres=("CREATE TABLE {schema}.probe_three (x int)",),
+        migrations.SchemaStep(4, "a probe table", postgres=("CREATE TABLE {schema}.probe_three (x int)",),
                               sqlite=("CREATE TABLE probe_three (x INTEGER)",)),
-        migrations.SchemaStep(4, "a step that fails half way",
+        migrations.SchemaStep(5, "a step that fails half way",
                               postgres=("CREATE TABLE {schema}.probe_four (x int)", "SELECT 1/0"),
                               sqlite=("CREATE TABLE probe_four (x INTEGER)", "INSERT INTO no_such_table VALUES (1)")),
     ]
@@ -613,12 +625,12 @@ def test_schema_steps_apply_in_order_each_in_its_own_transaction(schema_store):
         conn.close()
     check = connect()
     versions = [r[0] for r in check.execute("SELECT version FROM ematix_streaming_schema_version ORDER BY 1")]
-    assert versions == [1, 2, 3]  # step 3 committed, step 4 rolled back whole
+    assert versions == [1, 2, 3, 4]  # step 4 committed, step 5 rolled back whole
     tables = ("SELECT count(*) FROM sqlite_master WHERE name = %s" if kind == "sqlite" else
               "SELECT count(*) FROM information_schema.tables WHERE table_schema = current_schema() AND table_name = %s")
     tables = tables.replace("%s", "?") if kind == "sqlite" else tables
     assert check.execute(tables, ("probe_three",)).fetchone()[0] == 1
     assert check.execute(tables, ("probe_four",)).fetchone()[0] == 0
     check.close()
-    with pytest.raises(StateVersionError, match="schema version 3 is newer"):
-        build().open()  # this code knows 2 steps
+    with pytest.raises(StateVersionError, match="schema version 4 is newer"):
+        build().open()  # this code knows 3 steps

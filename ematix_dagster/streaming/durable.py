@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 from ematix_dagster.streaming.micro_batch import Engine
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, SourceProgress
 from state_store.codec import STATE_VERSION, decode_groups, encode_key, encode_state
+from state_store.errors import CorruptState
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
     Takes the engine's pending changes, so call it once per commit.
     """
     upserts, evicted = engine.state.take_changes()
+    bounds = engine.state.window_kind.bounds
     marks = engine.watermarks
     record = PipelineRecord(
         pipeline=pipeline, state_version=STATE_VERSION, query_id=provenance.query_id,
@@ -42,7 +44,7 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
     )
     return BatchCommit(
         record=record,
-        upserts=[(start, encode_key(key), encode_state(accs)) for start, key, accs in upserts],
+        upserts=[(start, bounds(start).end, encode_key(key), encode_state(accs)) for start, key, accs in upserts],
         deleted_windows=evicted,
         in_transaction=list(in_transaction),
     )
@@ -56,9 +58,32 @@ def restore_engine(engine: Engine, recovered: RecoveredState, store: str | None 
     record = recovered.record
     if record is None:
         return None
+    _check_window_ends(engine, recovered.groups, store)
     windows = decode_groups(engine.state.pipeline, recovered.groups, store)
     groups = [(start, key, accs) for start, by_key in windows.items() for key, accs in by_key.items()]
     engine.restore(record.last_batch_id, record.watermark,
                    {n: (p.max_event_ts, p.last_arrival) for n, p in record.sources.items()},
                    record.counters, record.emitted, groups, store=store)
     return record
+
+
+def _check_window_ends(engine: Engine, groups: list[tuple[int, int | None, bytes, bytes]], store: str | None) -> None:
+    """Every stored window end is the one the engine's window kind gives its start.
+
+    A mismatch means the state was written for other windows (the spec's fingerprint catches a
+    changed spec first) or the store's ``window_end`` was filled wrongly; continuing would emit
+    rows with the wrong bounds. A None end (an old row with no recorded duration) is the kind's.
+    """
+    bounds = engine.state.window_kind.bounds
+    checked: dict[int, int] = {}
+    for start, end, _key, _blob in groups:
+        if end is None:
+            continue
+        expected = checked.get(start)
+        if expected is None:
+            expected = checked[start] = bounds(start).end
+        if end != expected:
+            where = f"pipeline {engine.state.pipeline!r}" + (f" in {store}" if store else "")
+            raise CorruptState(f"{where}: window {start} is stored with end {end}, but its window kind gives "
+                               f"{expected}. Restore the state store from a backup, or start over with "
+                               "`ematix-dagster reset PIPELINE.toml --yes`")

@@ -68,8 +68,8 @@ def check(spec: PipelineSpec) -> CheckReport:
 
     from ematix_dagster.errors import CorruptCheckpoint, CorruptState
     from ematix_dagster.spark.recovery import RESET
+    from ematix_dagster.streaming.durable import decoded_groups
     from ematix_dagster.streaming.micro_batch import check_groups
-    from state_store.codec import decode_groups
 
     def corrupt_state(exc: CorruptState) -> Problem:
         cause = re.split(r"[.;] [Rr]estore the state store from a backup", str(exc), maxsplit=1)[0].rstrip(".")
@@ -101,11 +101,9 @@ def check(spec: PipelineSpec) -> CheckReport:
                                        f"written: {changes}.", "revert the change, or reset the pipeline"))
     if record is not None:
         try:
-            windows = decode_groups(spec.pipeline_name, recovered.groups, report.store)
+            groups = decoded_groups(spec.pipeline_name, recovered, report.store)
             if not changed:  # state of another window shape is reported as fingerprint_changed, not corrupt
-                check_groups(spec.pipeline_name, spec.window, [
-                    (start, key, accs) for start, by_key in windows.items() for key, accs in by_key.items()],
-                    report.store, thorough=True)
+                check_groups(spec.pipeline_name, spec.window, groups, report.store, thorough=True)
         except CorruptState as exc:
             report.problems.append(corrupt_state(exc))
     return report

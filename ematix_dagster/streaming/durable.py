@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ematix_dagster.streaming.micro_batch import Engine
+from ematix_dagster.streaming.window_state import GroupKey
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, SourceProgress
 from state_store.codec import STATE_VERSION, decode_groups, encode_key, encode_state
 from state_store.errors import CorruptState
@@ -59,12 +60,18 @@ def restore_engine(engine: Engine, recovered: RecoveredState, store: str | None 
     if record is None:
         return None
     _check_window_ends(engine, recovered.groups, store)
-    windows = decode_groups(engine.state.pipeline, recovered.groups, store)
-    groups = [(start, key, accs) for start, by_key in windows.items() for key, accs in by_key.items()]
+    groups = decoded_groups(engine.state.pipeline, recovered, store)
     engine.restore(record.last_batch_id, record.watermark,
                    {n: (p.max_event_ts, p.last_arrival) for n, p in record.sources.items()},
                    record.counters, record.emitted, groups, store=store)
     return record
+
+
+def decoded_groups(pipeline: str, recovered: RecoveredState,
+                   store: str | None = None) -> list[tuple[int, GroupKey, list[Any]]]:
+    """The loaded groups as (window start, group key, accumulators), in the shape ``Engine.restore`` takes."""
+    windows = decode_groups(pipeline, recovered.groups, store)
+    return [(start, key, accs) for start, by_key in windows.items() for key, accs in by_key.items()]
 
 
 def _check_window_ends(engine: Engine, groups: list[tuple[int, int | None, bytes, bytes]], store: str | None) -> None:

@@ -64,16 +64,14 @@ def check(spec: PipelineSpec) -> CheckReport:
     would, and closer: every HLL sketch is opened), so corrupt state is reported here
     (``corrupt_state``) rather than found by the next run.
     """
-    import re
-
     from ematix_dagster.errors import CorruptCheckpoint, CorruptState
     from ematix_dagster.spark.recovery import RESET
-    from ematix_dagster.streaming.durable import decoded_groups
+    from ematix_dagster.streaming.durable import check_window_ends, decoded_groups
     from ematix_dagster.streaming.micro_batch import check_groups
+    from ematix_dagster.streaming.windows import window_kind
 
     def corrupt_state(exc: CorruptState) -> Problem:
-        cause = re.split(r"[.;] [Rr]estore the state store from a backup", str(exc), maxsplit=1)[0].rstrip(".")
-        return Problem("corrupt_state", f"the stored state cannot be used: {cause}.",
+        return Problem("corrupt_state", f"the stored state cannot be used: {exc.cause.rstrip('.')}.",
                        f"restore the state store from its backup, {RESET}")
 
     with opened(spec) as store:
@@ -90,8 +88,7 @@ def check(spec: PipelineSpec) -> CheckReport:
     try:
         report.problems = validate_checkpoint(spec.resolved(), record)
     except CorruptCheckpoint as exc:
-        cause = str(exc).split(". Restore the checkpoint directory", 1)[0]
-        report.problems = [Problem("corrupt_checkpoint", f"{cause}.",
+        report.problems = [Problem("corrupt_checkpoint", f"{exc.cause.rstrip('.')}.",
                                    f"restore the checkpoint directory from its backup, {RESET}")]
     changed = bool(record is not None and record.fingerprint
                    and record.fingerprint != fingerprint(fingerprint_doc(spec)))
@@ -103,6 +100,7 @@ def check(spec: PipelineSpec) -> CheckReport:
         try:
             groups = decoded_groups(spec.pipeline_name, recovered, report.store)
             if not changed:  # state of another window shape is reported as fingerprint_changed, not corrupt
+                check_window_ends(spec.pipeline_name, window_kind(spec.window), recovered.groups, report.store)
                 check_groups(spec.pipeline_name, spec.window, groups, report.store, thorough=True)
         except CorruptState as exc:
             report.problems.append(corrupt_state(exc))

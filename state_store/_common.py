@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable
 
 from state_store import codec
 from state_store.base import BatchCommit, PipelineRecord, SourceProgress
-from state_store.errors import CorruptState, LeaseHeld, StateVersionError
+from state_store.errors import RESTORE_OR_RESET, CorruptState, LeaseHeld, StateVersionError
 from state_store.migrations import PIPELINES_TABLE
 
 
@@ -72,7 +72,7 @@ def sources_to_json(sources: dict[str, SourceProgress]) -> str:
 
 #: The pipelines-table columns a load reads, in the order ``record_from_row`` expects.
 PIPELINE_COLUMNS = ("state_version", "query_id", "last_batch_id", "fingerprint", "fingerprint_doc", "watermark",
-                    "sources", "counters", "emitted", "lease_holder", "pending_migration")
+                    "sources", "counters", "lease_holder", "pending_migration")
 
 
 def _is_int(value: Any) -> bool:
@@ -106,13 +106,6 @@ def _counters_problem(counters: Any) -> str | None:
     return None
 
 
-def _emitted_problem(emitted: Any) -> str | None:
-    if not isinstance(emitted, list):
-        return "expected a JSON array of window starts"
-    bad = next((start for start in emitted if not _is_int(start)), None)
-    return None if bad is None else f"window start {bad!r:.80} is not an integer"
-
-
 def _json_column(pipeline: str, store: str | None, column: str, value: Any, default: Any,
                  problem_of: Callable[[Any], str | None]) -> Any:
     """A JSON column of the pipelines-table row (text in SQLite, jsonb in PostgreSQL), shape-checked."""
@@ -129,8 +122,8 @@ def _json_column(pipeline: str, store: str | None, column: str, value: Any, defa
     text = value if isinstance(value, str) else repr(value)
     raise CorruptState(
         f"{where(pipeline, store or 'the state store')}: column {column!r} of the pipelines table "
-        f"({PIPELINES_TABLE}) is corrupt: {problem}; it holds {text[:120]!r}{'...' if len(text) > 120 else ''}. "
-        "Restore the state store from a backup, or start over with `ematix-dagster reset PIPELINE.toml --yes`")
+        f"({PIPELINES_TABLE}) is corrupt: {problem}; it holds {text[:120]!r}{'...' if len(text) > 120 else ''}",
+        way_out=RESTORE_OR_RESET)
 
 
 def record_from_row(pipeline: str, row: tuple, offsets: dict[str, str], store: str | None = None) -> PipelineRecord:
@@ -146,8 +139,7 @@ def record_from_row(pipeline: str, row: tuple, offsets: dict[str, str], store: s
         sources={name: SourceProgress(max_event_ts=m, last_arrival=a) for name, m, a in
                  _json_column(pipeline, store, "sources", row[6], [], _sources_problem)},
         counters=_json_column(pipeline, store, "counters", row[7], {}, _counters_problem),
-        emitted=_json_column(pipeline, store, "emitted", row[8], [], _emitted_problem),
-        pending_migration=bool(row[10]))
+        pending_migration=bool(row[9]))
     record.offsets = ordered_offsets(record.sources, offsets)
     return record
 

@@ -43,7 +43,6 @@ class PipelineRecord:
     watermark: int | None = None
     sources: dict[str, SourceProgress] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
-    emitted: list[int] = field(default_factory=list)  # retained window starts already emitted
     offsets: dict[str, str] = field(default_factory=dict)  # source name -> offset JSON of last_batch_id
     pending_migration: bool = False
 

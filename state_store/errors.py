@@ -12,10 +12,27 @@ died). Dagster and the CLI use ``terminal`` to decide whether a retry makes sens
 from __future__ import annotations
 
 
+#: The way out of state that cannot be used, as the stores and the engine say it.
+RESTORE_OR_RESET = ("Restore the state store from a backup, or start over with "
+                    "`ematix-dagster reset PIPELINE.toml --yes`")
+
+
 class EmatixError(Exception):
-    """Base class of every error this package raises on purpose."""
+    """Base class of every error this package raises on purpose.
+
+    ``way_out`` (what the operator can do about it) is kept apart from ``cause`` (what is wrong),
+    so a report such as ``ematix-dagster check`` can state the cause and give its own advice
+    without cutting the message apart; ``str()`` is both.
+    """
 
     terminal: bool = True
+
+    def __init__(self, *args: object, way_out: str | None = None) -> None:
+        self.cause = str(args[0]) if args else ""
+        self.way_out = way_out
+        if way_out is not None:
+            args = (f"{self.cause.rstrip('.')}. {way_out}", *args[1:])
+        super().__init__(*args)
 
 
 class ConfigError(EmatixError, ValueError):
@@ -74,5 +91,5 @@ class CorruptState(EmatixError):
     """A stored blob or key does not decode."""
 
 
-__all__ = ["ConfigError", "CorruptState", "EmatixError", "LeaseHeld", "StateVersionError", "StoreAccessDenied",
+__all__ = ["RESTORE_OR_RESET", "ConfigError", "CorruptState", "EmatixError", "LeaseHeld", "StateVersionError", "StoreAccessDenied",
            "StoreConfigError", "StorePermissionError", "StoreUnavailable"]

@@ -30,6 +30,12 @@ window_end, group_key)`` in meaning, so window kinds whose end is not ``start + 
   size, not the hop). A row whose pipeline has no recorded duration keeps NULL and is filled when
   loaded (``state_store._common.fill_window_ends``), or by the engine from its window kind.
   Stores always write the end from this step on, so new rows are never NULL.
+
+Step 4 drops the pipelines row's ``emitted`` list (window starts already emitted). It was rewritten
+whole on every commit, which a kind with 100,000 open windows (sessions) cannot afford; a fixed
+window's emission follows from its bounds and the committed watermark (see
+``ematix_dagster.streaming.window_state``), and a kind whose windows can be emitted and still
+change keeps that flag on its own rows.
 """
 
 from __future__ import annotations
@@ -146,6 +152,11 @@ STEPS: tuple[SchemaStep, ...] = (
                       THEN json_type(p.fingerprint_doc, '$."window.duration_ms"') END = 'integer')
                 WHERE window_end IS NULL""",
         ),
+    ),
+    SchemaStep(
+        4, "no emitted list on the pipelines row: emission follows from each window's bounds and the watermark",
+        postgres=("ALTER TABLE {pipelines} DROP COLUMN emitted",),
+        sqlite=("ALTER TABLE {pipelines} DROP COLUMN emitted",),
     ),
 )
 

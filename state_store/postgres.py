@@ -307,7 +307,7 @@ class PostgresStateStore(StateStore):
                          for source, offset in record.offsets.items()])
             values = (record.state_version, record.query_id, record.last_batch_id, record.fingerprint,
                       Jsonb(record.fingerprint_doc), record.watermark, Jsonb(_sources_doc(record)),
-                      Jsonb(record.counters), Jsonb(list(record.emitted)), self._leases.get(pipeline),
+                      Jsonb(record.counters), self._leases.get(pipeline),
                       bool(record.pending_migration))
             conn.execute(sql.SQL(
                 "INSERT INTO {pipelines} (pipeline_name, {columns}, updated_at) VALUES (%s, {params}, now()) "

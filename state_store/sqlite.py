@@ -267,12 +267,12 @@ class SqliteStateStore(StateStore):
                 holder = self._leases.get(pipeline, (None, None))[1]
                 conn.execute(
                     f"INSERT INTO {_N['pipelines']} (pipeline_name, {_PIPELINE_COLUMNS}, updated_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (pipeline_name) DO UPDATE SET "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (pipeline_name) DO UPDATE SET "
                     + ", ".join(f"{c.strip()} = excluded.{c.strip()}" for c in _PIPELINE_COLUMNS.split(","))
                     + ", updated_at = excluded.updated_at",
                     (pipeline, record.state_version, record.query_id, record.last_batch_id, record.fingerprint,
                      json.dumps(record.fingerprint_doc), record.watermark, sources_to_json(record.sources),
-                     json.dumps(record.counters), json.dumps(list(record.emitted)), holder,
+                     json.dumps(record.counters), holder,
                      int(bool(record.pending_migration)), now))
                 for callback in batch.in_transaction:
                     callback(conn)

@@ -48,7 +48,7 @@ def commit_state(spec: PipelineSpec, *, batch_id: int = 3, watermark_us: int | N
         pipeline=spec.pipeline_name, state_version=state_version, query_id="query-0", last_batch_id=batch_id,
         fingerprint=fingerprint(doc), fingerprint_doc=doc, watermark=watermark_us,
         sources={"clicks": SourceProgress(max_event_ts=watermark_us, last_arrival=watermark_us)},
-        counters=dict(counters or {}), emitted=[], offsets={"clicks": '{"logOffset": %d}' % batch_id})
+        counters=dict(counters or {}), offsets={"clicks": '{"logOffset": %d}' % batch_id})
     store = make_store(spec.state_store)
     store.open()
     try:

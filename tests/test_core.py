@@ -624,17 +624,20 @@ def test_window_state_direct_emit_and_retention() -> None:
                      max_groups_per_window=5)
     touched = st.merge([0, 0, 10, 0], [("a",), (None,), ("a",), ("a",)], [[1, 2, 3, 4]])
     assert touched == {0: {("a",), (None,)}, 10: {("a",)}}
-    out = st.emit(watermark=9, touched=touched, retention=0)
-    assert out == [] and st.emitted == set()
-    out = st.emit(watermark=10, touched={}, retention=3)
+    out = st.emit(before=None, watermark=9, touched=touched, retention=0)
+    assert out == [] and st.open_windows(9) == 2
+    out = st.emit(before=9, watermark=10, touched={}, retention=3)
     # NULL group keys are a group of their own and sort first
     assert [(r.start, r.end, r.key, r.values, r.kind) for r in out] == [
         (0, 10, (None,), (2,), "final"), (0, 10, ("a",), (5,), "final")]
-    assert st.emitted == {0} and set(st.windows) == {0, 10}
-    assert st.emit(watermark=12, touched={}, retention=3) == []  # emitted once only; 10 + 3 > 12
+    assert st.open_windows(10) == 1 and set(st.windows) == {0, 10}
+    assert st.emit(before=10, watermark=12, touched={}, retention=3) == []  # emitted once only; 10 + 3 > 12
     assert set(st.windows) == {0, 10}
-    assert st.emit(watermark=13, touched={}, retention=3) == []  # 10 + 3 <= 13: evicted
-    assert set(st.windows) == {10} and st.emitted == set()
+    # a retained window touched again makes corrections for the touched groups only
+    out = st.emit(before=12, watermark=12, touched={0: {("a",)}}, retention=3)
+    assert [(r.start, r.key, r.kind) for r in out] == [(0, ("a",), "correction")]
+    assert st.emit(before=12, watermark=13, touched={}, retention=3) == []  # 10 + 3 <= 13: evicted
+    assert set(st.windows) == {10} and st.open_windows(13) == 1
     assert st.max_end == 20 and st.group_count == 1
 
 

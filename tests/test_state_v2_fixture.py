@@ -19,6 +19,7 @@ import pytest
 import tomli_w
 
 from ematix_dagster.spec import load_pipeline_str
+from state_store import migrations
 from tests.test_lateness_e2e import DDL, at, files_source, row
 
 FIXTURES = Path(__file__).parent / "fixtures" / "state_v2"
@@ -126,7 +127,7 @@ def test_sqlite_store_at_schema_2_migrates_and_the_run_continues_exactly(spark, 
     finally:
         store.close()
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT max(version) FROM ematix_streaming_schema_version").fetchone()[0] == 3
+        assert conn.execute("SELECT max(version) FROM ematix_streaming_schema_version").fetchone()[0] == migrations.SCHEMA_VERSION
         after = sorted(conn.execute(
             "SELECT window_start, window_end, group_key, state_blob FROM ematix_streaming_state"))
     conn.close()
@@ -164,7 +165,6 @@ OLD_STEPS = 2  # the schema before window_end (steps are append-only: these are 
 
 def _old_store(kind: str, tmp_path: Path, request):
     """A store at schema version 2 holding rows of three pipelines, written with plain SQL."""
-    from state_store import migrations
 
     docs = {"tumbling": {"window.kind": "tumbling", "window.duration_ms": 60_000},
             "hopping": {"window.kind": "hopping", "window.duration_ms": 300_000, "window.hop_ms": 60_000},
@@ -219,7 +219,7 @@ def _old_store(kind: str, tmp_path: Path, request):
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
-def test_schema_step_3_fills_window_end_from_the_stored_duration(kind, tmp_path, request):
+def test_schema_steps_fill_window_end_and_drop_the_emitted_list(kind, tmp_path, request):
     from state_store.base import BatchCommit, PipelineRecord
 
     build, query = _old_store(kind, tmp_path, request)
@@ -227,7 +227,12 @@ def test_schema_step_3_fills_window_end_from_the_stored_duration(kind, tmp_path,
     store = build()
     store.open()
     try:
-        assert query("SELECT max(version) FROM ematix_streaming_schema_version") == [(3,)]
+        assert query("SELECT max(version) FROM ematix_streaming_schema_version") == [(migrations.SCHEMA_VERSION,)]
+        columns = {c for (c,) in query(
+            "SELECT name FROM pragma_table_info('ematix_streaming_pipelines')" if kind == "sqlite" else
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() "
+            "AND table_name = 'ematix_streaming_pipelines'")}
+        assert "emitted" not in columns and "watermark" in columns  # step 4
         ends = {(p, s): e for p, s, e in query(
             "SELECT pipeline_name, window_start, window_end FROM ematix_streaming_state")}
         assert len(ends) == 9
@@ -253,7 +258,7 @@ def test_schema_step_3_fills_window_end_from_the_stored_duration(kind, tmp_path,
     finally:
         store.close()
     build().open()  # a second open applies nothing
-    assert query("SELECT max(version) FROM ematix_streaming_schema_version") == [(3,)]
+    assert query("SELECT max(version) FROM ematix_streaming_schema_version") == [(migrations.SCHEMA_VERSION,)]
 
 
 def test_a_stored_end_that_is_not_the_window_kinds_is_refused_on_restore(tmp_path):
@@ -281,3 +286,9 @@ def test_a_stored_end_that_is_not_the_window_kinds_is_refused_on_restore(tmp_pat
     conn.close()
     with pytest.raises(CorruptState, match="pipeline 'v2_fixture'.*stored with end .* its window kind gives"):
         restore()
+    # `ematix-dagster check` reports the same, with its own way out and without running anything
+    from ematix_dagster.operations import check
+
+    problems = check(spec_).problems
+    assert [p.code for p in problems] == ["corrupt_state"]
+    assert "stored with end" in problems[0].message and "Restore the state store" not in problems[0].message

@@ -37,9 +37,10 @@ def local_path(location: str) -> Path:
 
 def _corrupt(location: str, path: Path, problem: str) -> NoReturn:
     raise CorruptCheckpoint(
-        f"the checkpoint file {path} is not in Spark's format: {problem}. Restore the checkpoint directory "
-        f"{local_path(location)} from a backup, or start over with `ematix-dagster reset PIPELINE.toml --yes` "
-        "(deletes the state and the checkpoint, never the target; the input is then processed again)")
+        f"the checkpoint file {path} is not in Spark's format: {problem}",
+        way_out=f"Restore the checkpoint directory {local_path(location)} from a backup, or start over with "
+        "`ematix-dagster reset PIPELINE.toml --yes` (deletes the state and the checkpoint, never the target; "
+        "the input is then processed again)")
 
 
 def _read_lines(location: str, path: Path) -> list[str]:

@@ -338,9 +338,7 @@ class PipelineRunner:
         return summary
 
     def _not_emitted(self) -> int:
-        """Windows still open (never emitted); retained windows under reopen were emitted already."""
-        state = self.engine.state
-        return sum(1 for start in state.windows if start not in state.emitted)
+        return self.engine.state.open_windows(self.engine.watermarks.global_wm)
 
 
 def run_pipeline(spec: PipelineSpec, spark: SparkSession | None = None) -> RunSummary:

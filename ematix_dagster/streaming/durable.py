@@ -12,9 +12,10 @@ from typing import Any, Callable, Sequence
 
 from ematix_dagster.streaming.micro_batch import Engine
 from ematix_dagster.streaming.window_state import GroupKey
+from ematix_dagster.streaming.windows import WindowKind
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, SourceProgress
 from state_store.codec import STATE_VERSION, decode_groups, encode_key, encode_state
-from state_store.errors import CorruptState
+from state_store.errors import RESTORE_OR_RESET, CorruptState
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
         last_batch_id=engine.last_batch_id, fingerprint=provenance.fingerprint,
         fingerprint_doc=provenance.fingerprint_doc, watermark=marks.global_wm,
         sources={n: SourceProgress(c.max_event_ts, c.last_arrival) for n, c in marks.clocks.items()},
-        counters=dict(engine.counters), emitted=sorted(engine.state.emitted), offsets=dict(offsets or {}),
+        counters=dict(engine.counters), offsets=dict(offsets or {}),
     )
     return BatchCommit(
         record=record,
@@ -59,11 +60,11 @@ def restore_engine(engine: Engine, recovered: RecoveredState, store: str | None 
     record = recovered.record
     if record is None:
         return None
-    _check_window_ends(engine, recovered.groups, store)
+    check_window_ends(engine.state.pipeline, engine.state.window_kind, recovered.groups, store)
     groups = decoded_groups(engine.state.pipeline, recovered, store)
     engine.restore(record.last_batch_id, record.watermark,
                    {n: (p.max_event_ts, p.last_arrival) for n, p in record.sources.items()},
-                   record.counters, record.emitted, groups, store=store)
+                   record.counters, groups, store=store)
     return record
 
 
@@ -74,14 +75,15 @@ def decoded_groups(pipeline: str, recovered: RecoveredState,
     return [(start, key, accs) for start, by_key in windows.items() for key, accs in by_key.items()]
 
 
-def _check_window_ends(engine: Engine, groups: list[tuple[int, int | None, bytes, bytes]], store: str | None) -> None:
+def check_window_ends(pipeline: str, kind: WindowKind, groups: list[tuple[int, int | None, bytes, bytes]],
+                      store: str | None = None) -> None:
     """Every stored window end is the one the engine's window kind gives its start.
 
     A mismatch means the state was written for other windows (the spec's fingerprint catches a
     changed spec first) or the store's ``window_end`` was filled wrongly; continuing would emit
     rows with the wrong bounds. A None end (an old row with no recorded duration) is the kind's.
     """
-    bounds = engine.state.window_kind.bounds
+    bounds = kind.bounds
     checked: dict[int, int] = {}
     for start, end, _key, _blob in groups:
         if end is None:
@@ -90,7 +92,6 @@ def _check_window_ends(engine: Engine, groups: list[tuple[int, int | None, bytes
         if expected is None:
             expected = checked[start] = bounds(start).end
         if end != expected:
-            where = f"pipeline {engine.state.pipeline!r}" + (f" in {store}" if store else "")
+            where = f"pipeline {pipeline!r}" + (f" in {store}" if store else "")
             raise CorruptState(f"{where}: window {start} is stored with end {end}, but its window kind gives "
-                               f"{expected}. Restore the state store from a backup, or start over with "
-                               "`ematix-dagster reset PIPELINE.toml --yes`")
+                               f"{expected}", way_out=RESTORE_OR_RESET)

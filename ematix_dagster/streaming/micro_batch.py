@@ -24,6 +24,7 @@ from operator import itemgetter
 from typing import Any, Iterable, NoReturn, Sequence
 
 from ematix_dagster.errors import CorruptState
+from state_store.errors import RESTORE_OR_RESET
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.aggregators import describe_value, make_aggregator
 from ematix_dagster.streaming.watermark import Watermarks
@@ -116,7 +117,7 @@ class Engine:
         return cls(window=window, state=state, watermarks=marks)
 
     def restore(self, last_batch_id: int | None, watermark: int | None,
-                sources: dict[str, tuple[int | None, int | None]], counters: dict[str, int], emitted: Iterable[int],
+                sources: dict[str, tuple[int | None, int | None]], counters: dict[str, int],
                 groups: Iterable[tuple[int, GroupKey, list[Any]]], store: str | None = None,
                 thorough: bool = False) -> None:
         """Continue from durable state; ``sources`` maps name -> (max event time, last arrival).
@@ -143,7 +144,6 @@ class Engine:
             if group is None:
                 group = windows[start] = {}
             group[key] = accs
-        self.state.emitted = {s for s in emitted if s in windows}
 
     def _check_groups(self, groups: list[tuple[int, GroupKey, list[Any]]], store: str | None, thorough: bool) -> None:
         """Raise ``CorruptState`` for the first group whose key or accumulators do not fit the window.
@@ -197,8 +197,8 @@ class Engine:
         window = self.state.describe(start) if type(start) is int else repr(start)
         raise CorruptState(
             f"{place}: window {window} (window_start {start!r}), group {key!r:.200}: the stored state does not "
-            f"match the pipeline's aggregations: {problem}. Restore the state store from a backup, or start over "
-            "with `ematix-dagster reset PIPELINE.toml --yes` (deletes the state and the checkpoint, never the target)")
+            f"match the pipeline's aggregations: {problem}",
+            way_out=f"{RESTORE_OR_RESET} (deletes the state and the checkpoint, never the target)")
 
     @property
     def retention(self) -> int:
@@ -218,17 +218,14 @@ class Engine:
             self.watermarks.start_run(batch.batch_time)
             self.running = True
         before = self.watermarks.global_wm
+        # A window final at ``before`` counts as emitted even if it held no rows then: rows that
+        # reach it now (reopen, within allowance) make corrections, never a late "final".
         touched = self.state.merge(batch.starts, batch.keys, batch.partials)
-        if before is not None:
-            # A window whose end W had passed is emitted (closed) even if it held no rows then: rows
-            # that reach it now (reopen, within allowance) make corrections, never a late "final".
-            rules = self.state.window_kind
-            self.state.emitted.update(s for s in touched if rules.is_final(rules.bounds(s), before))
         for name, stats in batch.sources.items():
             self.watermarks.observe(name, stats.rows, stats.max_event_ts, batch.batch_time)
             self._count(name, stats)
         self.watermarks.advance(batch.batch_time)
-        rows = self.state.emit(self.watermarks.global_wm, touched, self.retention)
+        rows = self.state.emit(before, self.watermarks.global_wm, touched, self.retention)
         self.counters["late_rows_dropped"] += batch.late_rows
         self.counters["late_assignments_dropped"] += batch.late_assignments
         self.counters["late_rows_reopened"] += batch.reopened_rows
@@ -242,7 +239,7 @@ class Engine:
         end = self.state.max_end
         if end is not None:
             self.watermarks.raise_to(end)
-        rows = self.state.emit(self.watermarks.global_wm, {}, self.retention)
+        rows = self.state.emit(before, self.watermarks.global_wm, {}, self.retention)
         return self._result(batch_id, rows, before, batch_time)
 
     def _count(self, name: str, stats: SourceStats) -> None:

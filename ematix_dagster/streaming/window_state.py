@@ -1,9 +1,14 @@
 """Window state on the driver: accumulators per (window start, group key), caps and emission.
 
 State is a dict of windows, each a dict of groups, so the per-window group cap and "emit every
-final window" are both cheap. Windows that were emitted but are retained for ``reopen`` are
-remembered in ``emitted`` so late rows for them produce corrections, not second finals. When a
-window is final and when it is evicted is its kind's rule (``ematix_dagster.streaming.windows``).
+final window" are both cheap. When a window is final and when it is evicted is its kind's rule
+(``ematix_dagster.streaming.windows``).
+
+Whether a window was already emitted is not stored: for fixed-size windows it is exactly "final
+at the watermark before this batch" (the watermark never goes back, and every window that became
+final was emitted in that batch), so late rows reaching a retained window make corrections, not
+second finals, and a restart knows the same from the committed watermark alone. Nothing
+per-window is rewritten on a commit except the groups that changed.
 """
 
 from __future__ import annotations
@@ -43,7 +48,6 @@ class WindowState:
     max_groups_per_window: int
     window_kind: WindowKind
     windows: dict[int, dict[GroupKey, list[Any]]] = field(default_factory=dict)
-    emitted: set[int] = field(default_factory=set)
     # Changes since the last durable commit: groups to upsert, windows evicted whole.
     dirty: set[tuple[int, GroupKey]] = field(default_factory=set)
     evicted: set[int] = field(default_factory=set)
@@ -115,21 +119,26 @@ class WindowState:
             for key in sorted(keys, key=_key_order)
         ]
 
-    def emit(self, watermark: int | None, touched: dict[int, set[GroupKey]], retention: int) -> list[EmittedRow]:
-        """Finals for windows that became final at ``watermark``, corrections for retained windows
-        touched again; emitted windows are evicted by the kind's rule."""
+    def emit(self, before: int | None, watermark: int | None, touched: dict[int, set[GroupKey]],
+             retention: int) -> list[EmittedRow]:
+        """Finals for windows that became final between the watermarks ``before`` and ``watermark``,
+        corrections for windows emitted earlier (final at ``before``) and touched again; emitted
+        windows are evicted by the kind's rule."""
         out: list[EmittedRow] = []
         rules = self.window_kind
         for start in sorted(self.windows):
-            if start in self.emitted:
+            bounds = rules.bounds(start)
+            if rules.is_final(bounds, before):
                 if start in touched:
                     out.extend(self._rows(start, touched[start], "correction"))
-            elif rules.is_final(rules.bounds(start), watermark):
+            elif rules.is_final(bounds, watermark):
                 out.extend(self._rows(start, self.windows[start].keys(), "final"))
-                self.emitted.add(start)
-        for start in [s for s in self.windows if s in self.emitted]:
-            if rules.is_evicted(rules.bounds(start), watermark, retention):
-                del self.windows[start]
-                self.emitted.discard(start)
-                self.evicted.add(start)
+        for start in [s for s in self.windows if rules.is_evicted(rules.bounds(s), watermark, retention)]:
+            del self.windows[start]
+            self.evicted.add(start)
         return out
+
+    def open_windows(self, watermark: int | None) -> int:
+        """Windows not emitted yet at ``watermark`` (retained windows under reopen were)."""
+        rules = self.window_kind
+        return sum(1 for start in self.windows if not rules.is_final(rules.bounds(start), watermark))

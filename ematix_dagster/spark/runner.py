@@ -36,11 +36,11 @@ from ematix_dagster.spark.sources import union_sources
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.streaming.durable import Provenance, restore_engine
 from ematix_dagster.streaming.micro_batch import Engine
+from ematix_dagster.streaming.state_size import GIB, estimate_state
 from ematix_dagster.stores import guarantee, make_store
 from ematix_dagster.targets import DeadLetterWriter, WindowWriter, make_dead_letter_writer, make_window_writer
 from state_store.base import RecoveredState, StateStore, make_holder
 
-GIB = 1 << 30
 
 
 class _BatchAbandoned(Exception):
@@ -113,11 +113,10 @@ class PipelineRunner:
             self._open_store()
         if spec.metrics_port:
             serve(spec.metrics_port, pipeline=name)
-        bound = spec.state_upper_bound_bytes()
-        if bound > GIB:
-            self.progress(f"[{name}] warning: window state may grow to {bound / GIB:.1f} GiB "
-                          "(active windows x max_groups_per_window x per-group state); lower max_groups_per_window "
-                          "or hll_precision if that is more than this machine has")
+        expected = estimate_state(spec.window)
+        if expected.total_bytes > GIB:
+            self.progress(f"[{name}] warning: window state is expected to reach {expected.describe()}; lower "
+                          "max_groups_per_window or hll_precision if that is more than this machine has")
         if spec.target.kind == "console":
             self.progress(f"[{name}] warning: the console target is not idempotent: output is "
                           "at-least-once and a restart may print windows again")

@@ -2,6 +2,10 @@
 
 Spark binds to 127.0.0.1 with its UI off (SPEC.md §7), works in UTC and uses few shuffle
 partitions: on a small machine the default 200 costs ~10x in scheduling (DESIGN.md §1).
+
+Against a cluster master (``spark://``, ``yarn``, ``k8s://``) the driver is not pinned to
+127.0.0.1: executors on other hosts must reach it, so its address comes from Spark's own
+settings (``SPARK_LOCAL_IP``, ``spark.driver.host`` in ``spark-defaults.conf`` or ``conf``).
 """
 
 from __future__ import annotations
@@ -10,9 +14,13 @@ import os
 
 from pyspark.sql import SparkSession
 
-DEFAULT_CONF: dict[str, str] = {
+#: Only for ``local[...]`` masters: a driver bound to loopback is unreachable from remote executors.
+LOOPBACK_CONF: dict[str, str] = {
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.driver.host": "127.0.0.1",
+}
+
+DEFAULT_CONF: dict[str, str] = {
     "spark.ui.enabled": "false",
     "spark.sql.shuffle.partitions": "2",
     "spark.sql.session.timeZone": "UTC",
@@ -30,10 +38,12 @@ def get_spark(app_name: str = "ematix-dagster", master: str | None = None,
     """Return the active session or build a local one with our defaults.
 
     ``conf`` overrides the defaults (a Dagster resource passes its own); ``EMATIX_SPARK_MASTER``
-    overrides ``local[2]``.
+    overrides ``local[2]``. Only a local master binds the driver to 127.0.0.1.
     """
-    builder = SparkSession.builder.appName(app_name).master(master or os.environ.get("EMATIX_SPARK_MASTER", "local[2]"))
-    for key, value in {**DEFAULT_CONF, **(conf or {})}.items():
+    master = master or os.environ.get("EMATIX_SPARK_MASTER") or "local[2]"
+    builder = SparkSession.builder.appName(app_name).master(master)
+    loopback = LOOPBACK_CONF if master.strip().lower().startswith("local") else {}
+    for key, value in {**loopback, **DEFAULT_CONF, **(conf or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     # A session created elsewhere keeps its own settings; these two the engine relies on.

@@ -6,7 +6,6 @@ copy (see the package docstring).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from ematix_dagster.spec.environment import _resolved
@@ -244,23 +243,6 @@ class PipelineSpec:
     @property
     def source_names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.sources)
-
-    def state_upper_bound_bytes(self) -> int:
-        """Seed 000's sizing formula: active windows x max groups x per-group state."""
-        w = self.window
-        # A window stays open until the watermark (max event time - lateness_ms) passes its end, then
-        # is retained for allowed_lateness_ms under reopen; with lateness 0 this is seed 000's formula.
-        active = math.ceil((w.duration_ms + w.lateness_ms + w.retention_ms) / w.hop)
-        per_group = 64 + 16 * len(w.group_by)
-        for a in w.aggregations:
-            if a.agg == "count_distinct":
-                per_group += (1 << w.hll_precision) if a.distinct_mode == "approximate" \
-                    else 48 * (a.max_distinct_values_per_group or 0)
-            elif a.agg in ("first", "last", "avg"):
-                per_group += 32
-            else:
-                per_group += 16
-        return active * w.max_groups_per_window * per_group
 
 
 def _validate_sink_fields(key: str, kind: str, url: str | None, table: str | None, path: str | None) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ematix_dagster.spec.rules import (
-    AGG_KINDS, LATE_POLICIES, RESERVED_WINDOW_KINDS, TIME_MODES, TIME_UNITS, WINDOW_KINDS, _fail, _is_ident,
+    LATE_POLICIES, RESERVED_WINDOW_KINDS, TIME_MODES, TIME_UNITS, _fail, _is_ident,
     _is_reserved, _listed_as_tuple, _non_negative, _positive,
 )
 
@@ -25,8 +25,10 @@ class Aggregation:
     max_distinct_values_per_group: int | None = None
 
     def validate(self, key: str) -> None:
-        if self.agg not in AGG_KINDS:
-            _fail(f"{key}.agg", f"unknown aggregator {self.agg!r}", f"use one of {', '.join(AGG_KINDS)}")
+        from ematix_dagster.streaming.aggregators import AGGREGATORS  # the registry imports this module
+
+        if self.agg not in AGGREGATORS:
+            _fail(f"{key}.agg", f"unknown aggregator {self.agg!r}", f"use one of {', '.join(AGGREGATORS)}")
         if not _is_ident(self.as_):
             _fail(f"{key}.as", f"{self.as_!r} is not a valid column name", "use letters, digits and _")
         if _is_reserved(self.as_):
@@ -95,11 +97,13 @@ class Window:
         _listed_as_tuple(self, "group_by", "aggregations")
 
     def validate(self, key: str = "transform.window") -> None:
+        from ematix_dagster.streaming.windows import KINDS  # the registry imports this module
+
+        kinds = " or ".join(f'"{k}"' for k in KINDS)
         if self.kind in RESERVED_WINDOW_KINDS:
-            _fail(f"{key}.kind", f"{self.kind!r} windows are not available in this version",
-                  'use "tumbling" or "hopping"')
-        if self.kind not in WINDOW_KINDS:
-            _fail(f"{key}.kind", f"unknown window kind {self.kind!r}", 'use "tumbling" or "hopping"')
+            _fail(f"{key}.kind", f"{self.kind!r} windows are not available in this version", f"use {kinds}")
+        if self.kind not in KINDS:
+            _fail(f"{key}.kind", f"unknown window kind {self.kind!r}", f"use {kinds}")
         _positive(f"{key}.duration_ms", self.duration_ms)
         if self.kind == "hopping":
             if self.hop_ms is None:

@@ -2,8 +2,8 @@
 
 Spark computes one *partial* per (window, group) and batch on the executors; these classes fold
 partials into an accumulator that lives in window state and turn it into the output value.
-A new aggregator is one class (``basic`` or its own module) and one line in ``_FACTORIES``;
-the spec's validation of its name and column type is the spec's.
+A new aggregator is one class (``basic`` or its own module) and one line in ``AGGREGATORS``,
+which the spec's validation reads; the class checks its input column (``input_problem``).
 
 >>> Sum(integral=True).result(Sum(integral=True).merge(3, 4))
 7
@@ -27,7 +27,7 @@ from ematix_dagster.streaming.aggregators.basic import Avg, Count, First, Last, 
 from ematix_dagster.streaming.aggregators.distinct import ApproxDistinct, ExactDistinct
 
 #: spec ``agg`` -> (the spec entry, whether a sum is integral, hll_precision) -> its aggregator
-_FACTORIES: dict[str, Callable[[Aggregation, bool | None, int], Aggregator]] = {
+AGGREGATORS: dict[str, Callable[[Aggregation, bool | None, int], Aggregator]] = {
     "count": lambda a, integral, lg_k: Count(),
     "count_col": lambda a, integral, lg_k: Count(),
     "sum": lambda a, integral, lg_k: Sum(integral),
@@ -47,11 +47,11 @@ def make_aggregator(agg: Aggregation, integral: bool | None, hll_precision: int)
     ``integral=None`` (not known without Spark's column types) is for vetting stored state and for
     the fingerprint: such a sum accepts integer, float and decimal accumulators.
     """
-    return _FACTORIES[agg.agg](agg, integral, hll_precision)
+    return AGGREGATORS[agg.agg](agg, integral, hll_precision)
 
 
 __all__ = [
-    "Aggregator", "Count", "Sum", "Min", "Max", "Avg", "First", "Last", "ApproxDistinct",
+    "AGGREGATORS", "Aggregator", "Count", "Sum", "Min", "Max", "Avg", "First", "Last", "ApproxDistinct",
     "ExactDistinct", "PartialRowError", "SparkInput", "make_aggregator", "order_key", "describe_value",
     "SCALAR_TYPES",
 ]

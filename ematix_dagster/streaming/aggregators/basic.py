@@ -140,7 +140,7 @@ class First(Min):
 
     state_types = PAIR_TYPES
     looks_inside = True
-    state_bytes = 32
+    state_bytes = 145  # an (event time, value) pair
 
     def spark_partials(self, spark: SparkInput) -> list[Column]:
         F, col = spark.functions, spark.column
@@ -179,7 +179,7 @@ class Avg(Aggregator):
 
     state_types = PAIR_TYPES
     looks_inside = True
-    state_bytes = 32
+    state_bytes = 110  # a (sum, count) pair
 
     def input_problem(self, spec: Aggregation, spark: SparkInput) -> tuple[str, str] | None:
         return _needs_number(spec, spark)

@@ -37,7 +37,7 @@ class ApproxDistinct(_Distinct):
 
     def __init__(self, lg_k: int) -> None:
         self.lg_k = lg_k
-        self.state_bytes = 1 << lg_k
+        self.state_bytes = 80 + (1 << lg_k)  # the dense image, the most a sketch grows to
         # A DataSketches HLL image starts with: preamble ints (2 list, 3 set, 10 HLL mode), serial
         # version 1, family 7 (HLL), lg_k; every image has at least 8 bytes.
         self._headers = frozenset(bytes([pre, 1, 7, lg_k]) for pre in (2, 3, 10))
@@ -96,10 +96,11 @@ class ExactDistinct(_Distinct):
     # The cap is not checked here: caps may be lowered between runs (the next merge enforces it).
     state_types = frozenset({NONE, set, frozenset})
     expected = "a set of distinct values"
+    state_bytes = 220  # the empty set
+    bytes_per_value = 140  # a set slot and a short canonical string
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
-        self.state_bytes = 48 * cap
 
     def spark_partials(self, spark: SparkInput) -> list[Column]:
         return [spark.functions.collect_set(spark.canonical())]

@@ -58,6 +58,11 @@ class WindowKind(ABC):
     def is_evicted(self, window: WindowBounds, watermark: int | None, retention: int) -> bool:
         """An emitted ``window`` is dropped from state (``retention``: how long ``reopen`` keeps it)."""
 
+    @abstractmethod
+    def expected_open_windows(self, lateness: int, retention: int) -> int:
+        """How many windows of one group are held at once in steady state: open until the watermark
+        (``lateness`` behind the newest event) passes them, then ``retention`` longer."""
+
     def describe(self, window: WindowBounds) -> str:
         """The window for messages a human reads."""
         return format_window(window.start, window.end)

@@ -60,3 +60,6 @@ class FixedWindows(WindowKind):
 
     def is_evicted(self, window: WindowBounds, watermark: int | None, retention: int) -> bool:
         return watermark is not None and window.end + retention <= watermark
+
+    def expected_open_windows(self, lateness: int, retention: int) -> int:
+        return -(-(self.duration + lateness + retention) // self.hop)

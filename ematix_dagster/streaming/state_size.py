@@ -1,0 +1,62 @@
+"""How much driver memory a pipeline's window state is expected to take, said before it runs.
+
+The estimate multiplies the window kind's steady-state number of open windows by the group cap
+and by bytes per group measured for the real in-memory layout (``tests/test_state_size.py``
+measures them with tracemalloc). Exact distinct sets grow with their data, which no spec can
+predict, so their per-value cost is stated as a rate instead of assuming every set is full:
+multiplying two caps gave warnings such as "894.1 GiB" for pipelines that hold a few hundred MB.
+
+>>> from ematix_dagster.spec import Aggregation, Window
+>>> w = Window(kind="tumbling", duration_ms=60_000, max_groups_per_window=100_000, group_by=("k",),
+...            aggregations=(Aggregation("count", "n"),))
+>>> estimate_state(w).total_bytes
+25000000
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ematix_dagster.spec import Window
+from ematix_dagster.streaming.aggregators import make_aggregator
+from ematix_dagster.streaming.windows import MICROS_PER_MS, window_kind
+
+#: one group without its accumulators: the window's dict slot, the key tuple, the accumulator list
+GROUP_BYTES = 150
+#: each group_by value in the key tuple (a slot and a short string)
+KEY_VALUE_BYTES = 60
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class StateEstimate:
+    open_windows: int
+    groups_per_window: int
+    bytes_per_group: int
+    bytes_per_distinct_value: int  # added per value an exact distinct set holds
+
+    @property
+    def total_bytes(self) -> int:
+        """Expected driver memory with every window at its group cap, distinct sets empty."""
+        return self.open_windows * self.groups_per_window * self.bytes_per_group
+
+    def describe(self) -> str:
+        text = (f"{self.total_bytes / GIB:.1f} GiB ({self.open_windows} open windows x "
+                f"max_groups_per_window={self.groups_per_window} x {self.bytes_per_group} bytes per group)")
+        if self.bytes_per_distinct_value:
+            text += f", plus {self.bytes_per_distinct_value} bytes per value an exact distinct set holds"
+        return text
+
+
+def estimate_state(window: Window) -> StateEstimate:
+    kind = window_kind(window)
+    aggregators = [make_aggregator(a, None, window.hll_precision) for a in window.aggregations]
+    per_group = GROUP_BYTES + KEY_VALUE_BYTES * len(window.group_by) + sum(a.state_bytes for a in aggregators)
+    return StateEstimate(
+        open_windows=kind.expected_open_windows(window.lateness_ms * MICROS_PER_MS,
+                                                window.retention_ms * MICROS_PER_MS),
+        groups_per_window=window.max_groups_per_window,
+        bytes_per_group=per_group,
+        bytes_per_distinct_value=sum(a.bytes_per_value for a in aggregators),
+    )

@@ -1,0 +1,104 @@
+"""The start-up state estimate against driver memory measured with tracemalloc.
+
+The estimate's bytes per group (``ematix_dagster.streaming.state_size``, each aggregator's
+``state_bytes`` and ``bytes_per_value``) are constants; these tests measure the real layout,
+20,000 groups merged into ``WindowState`` the way a batch does, and fail when a constant drifts
+more than a third from what Python allocates.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+from typing import Any, Callable
+
+import pytest
+from datasketches import hll_sketch
+
+from ematix_dagster.spec import Aggregation, Window
+from ematix_dagster.streaming.state_size import estimate_state
+from ematix_dagster.streaming.window_state import WindowState
+from ematix_dagster.streaming.windows import window_kind
+from ematix_dagster.streaming.aggregators import make_aggregator
+
+GROUPS = 20_000
+
+
+def _sketch(i: int) -> bytes:
+    s = hll_sketch(12)
+    for j in range(3000):  # dense enough to be a full HLL image
+        s.update(f"{i}-{j}")
+    return s.serialize_compact()
+
+
+# aggregation -> one partial per group (as the batch's Arrow column delivers it)
+CASES: dict[str, tuple[Aggregation, Callable[[int], Any]]] = {
+    "count": (Aggregation("count", "n"), lambda i: 3),
+    "sum": (Aggregation("sum", "s", column="x"), lambda i: i * 1_000_003),
+    "min": (Aggregation("min", "m", column="x"), lambda i: i * 1_000_003),
+    "avg": (Aggregation("avg", "a", column="x"), lambda i: (i * 1.5, 3)),
+    "first": (Aggregation("first", "f", column="x"), lambda i: (1_700_000_000_000_000 + i, f"v{i}")),
+    "exact_distinct": (Aggregation("count_distinct", "d", column="x", mode="exact",
+                                   max_distinct_values_per_group=100), lambda i: [f"value-{i}"]),
+}
+
+
+def _window(*aggs: Aggregation, hll_precision: int = 12) -> Window:
+    return Window(kind="tumbling", duration_ms=60_000, max_groups_per_window=GROUPS, group_by=("user",),
+                  aggregations=aggs, hll_precision=hll_precision)
+
+
+def _measured_bytes_per_group(window: Window, make_partials: Callable[[], list[list[Any]]]) -> float:
+    """Driver memory that stays allocated after one batch of ``GROUPS`` new groups is merged.
+
+    Keys and partials are made inside the measurement, as the batch's Arrow conversion makes them;
+    what the state keeps of them (key tuples, pairs, sets, sketch bytes) is then the state's.
+    """
+    state = WindowState(pipeline="p", window_kind=window_kind(window), aliases=["a"] * len(window.aggregations),
+                        aggregators=[make_aggregator(a, True, window.hll_precision) for a in window.aggregations],
+                        max_groups_per_window=GROUPS)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        keys = [(f"user-{i:06d}",) for i in range(GROUPS)]
+        partials = make_partials()
+        state.merge([0] * GROUPS, keys, partials)
+        del keys, partials
+        state.dirty.clear()  # the commit's bookkeeping, not the state
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    return grown / GROUPS
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bytes_per_group_match_the_measured_layout(case: str) -> None:
+    agg, partial = CASES[case]
+    window = _window(agg)
+    measured = _measured_bytes_per_group(window, lambda: [[partial(i) for i in range(GROUPS)]])
+    estimate = estimate_state(window)
+    expected = estimate.bytes_per_group + estimate.bytes_per_distinct_value  # exact sets hold one value here
+    assert abs(expected - measured) <= measured / 3, (case, expected, measured)
+
+
+def test_a_full_hll_sketch_and_several_aggregations_at_once() -> None:
+    aggs = [CASES[c][0] for c in ("count", "sum", "avg")] + [Aggregation("count_distinct", "h", column="x")]
+    window = _window(*aggs)
+    images = [_sketch(i) for i in range(100)]  # made outside: sketching is slow; each group gets a copy
+
+    def partials() -> list[list[Any]]:
+        return [[CASES[c][1](i) for i in range(GROUPS)] for c in ("count", "sum", "avg")] + [
+            [bytearray(images[i % 100]) for i in range(GROUPS)]]  # merge keeps bytes(partial): its own copy
+
+    measured = _measured_bytes_per_group(window, partials)
+    expected = estimate_state(window).bytes_per_group
+    assert abs(expected - measured) <= measured / 3, (expected, measured)
+
+
+def test_exact_distinct_values_cost_the_stated_rate() -> None:
+    agg = CASES["exact_distinct"][0]
+    window = _window(agg)
+    one = _measured_bytes_per_group(window, lambda: [[[f"value-{i}"] for i in range(GROUPS)]])
+    many = _measured_bytes_per_group(window, lambda: [[[f"value-{i}-{j}" for j in range(21)] for i in range(GROUPS)]])
+    rate = estimate_state(window).bytes_per_distinct_value
+    measured = (many - one) / 20
+    assert abs(rate - measured) <= measured / 3, (rate, measured)

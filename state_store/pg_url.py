@@ -20,6 +20,7 @@ its failure texts; this module imports nothing of it.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 from typing import Any
@@ -41,12 +42,23 @@ _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&\s]*", re.IGNORECASE)
 REDACTED_LOGGERS = ("psycopg", "psycopg.pool", "state_store.postgres")
 
 
+#: a password this short cannot be cut out of a text without garbling it: the text is withheld
+_SHORTEST_REPLACEABLE = 4
+WITHHELD = "(details withheld: they may contain the password)"
+
+
 def redact(text: str) -> str:
-    """``text`` without any password this process has seen in a store URL, nor DSN passwords."""
+    """``text`` without any password this process has seen in a URL (or in ``PGPASSWORD``), nor
+    DSN passwords; withheld whole when a password too short to replace occurs in it."""
     with _SECRETS_LOCK:
-        secrets = sorted(_SECRETS, key=len, reverse=True)
-    for secret in secrets:
-        text = text.replace(secret, "***")
+        secrets = set(_SECRETS)
+    if os.environ.get("PGPASSWORD"):
+        secrets.add(os.environ["PGPASSWORD"])
+    for secret in sorted(secrets, key=len, reverse=True):
+        if secret in text:
+            if len(secret) < _SHORTEST_REPLACEABLE:
+                return WITHHELD
+            text = text.replace(secret, "***")
     text = _URL_PASSWORD.sub(r"\1:***@", text)
     text = _QUERY_PASSWORD.sub(r"\1***", text)
     return _KV_PASSWORD.sub(r"\1***", text)
@@ -58,8 +70,13 @@ def one_line(text: str) -> str:
 
 
 def error_text(exc: BaseException) -> str:
-    """An exception's text on one line, without passwords: what an error message may quote."""
-    return redact(one_line(str(exc)))
+    """An exception's text on one line, without passwords: what an error message may quote.
+
+    PostgreSQL's own primary message is preferred when the driver has one (its ``str`` adds
+    context lines that say the same again)."""
+    diag = getattr(exc, "diag", None)
+    primary = getattr(diag, "message_primary", None) if diag is not None else None
+    return redact(one_line(primary or str(exc) or type(exc).__name__))
 
 
 class _RedactFilter(logging.Filter):

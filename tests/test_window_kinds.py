@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
-from pathlib import Path
-
 import pytest
 
 from ematix_dagster.errors import AggregationOverflow
-from ematix_dagster.spec import Aggregation, load_pipeline
 from ematix_dagster.streaming.aggregators import (
-    Avg, Count, ExactDistinct, First, PartialRowError, Sum, make_aggregator,
+    Avg, Count, ExactDistinct, First, PartialRowError, Sum,
 )
 from ematix_dagster.streaming.windows import FixedWindows, WindowBounds, window_starts
-
-PIPELINES = Path(__file__).resolve().parent.parent / "pipelines"
 
 
 @pytest.mark.parametrize("duration, hop", [(100, 40), (100, 100), (10, 3), (7, 7)])
@@ -64,20 +58,3 @@ def test_arrow_shapes() -> None:
     assert Avg().from_arrow([[2.0, None], [1, 0]]) == [(2.0, 1), (None, 0)]
     assert First().partial_names("_p0") == ("_p0",)
     assert First().from_arrow([[{"t": 5, "v": "x"}, None]]) == [(5, "x"), None]
-
-
-@pytest.mark.parametrize("toml", sorted(p.name for p in PIPELINES.glob("*.toml")))
-def test_state_bytes_match_the_startup_estimate(toml: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The spec's estimate and the aggregators' sizes must agree until the spec reads them."""
-    monkeypatch.setenv("EMATIX_PG_URL", "postgresql://u@localhost/db")
-    spec = load_pipeline(PIPELINES / toml)
-    extra = [Aggregation("count_distinct", "d1", "x"),
-             Aggregation("count_distinct", "d2", "x", mode="exact", max_distinct_values_per_group=7),
-             Aggregation("avg", "a", "x"), Aggregation("last", "l", "x"), Aggregation("min", "m", "x")]
-    window = dataclasses.replace(spec.window, aggregations=spec.window.aggregations + tuple(extra))
-    spec = dataclasses.replace(spec, window=window)
-    w = spec.window
-    active = -(-(w.duration_ms + w.lateness_ms + w.retention_ms) // w.hop)
-    per_group = 64 + 16 * len(w.group_by) + sum(make_aggregator(a, None, w.hll_precision).state_bytes
-                                                 for a in w.aggregations)
-    assert spec.state_upper_bound_bytes() == active * w.max_groups_per_window * per_group

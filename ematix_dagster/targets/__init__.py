@@ -60,7 +60,8 @@ from ematix_dagster.spec import DeadLetter, Target
 from ematix_dagster.targets.base import DEAD_LETTER_COLUMNS, EMIT_KIND_COLUMN, DeadLetterWriter, WindowWriter
 from ematix_dagster.targets.console import ConsoleWindowWriter
 from ematix_dagster.targets.parquet import ParquetWriter
-from ematix_dagster.targets.pg_table import PostgresTable, redact_url
+from ematix_dagster.targets.pg_table import PostgresTable
+from state_store.pg_url import redact as redact_url
 from ematix_dagster.targets.pg_types import postgres_type
 from ematix_dagster.targets.postgres import PostgresDeadLetterWriter, PostgresWindowWriter
 

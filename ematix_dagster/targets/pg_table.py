@@ -6,50 +6,20 @@ Shared so that both name the table and ``host:port/dbname`` alike and never show
 from __future__ import annotations
 
 import logging
-import os
-import re
-from typing import Any, Iterable
+from typing import Any, Callable
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from ematix_dagster.errors import PipelineConfigError, TargetError
+from ematix_dagster.errors import PipelineConfigError, StoreConfigError, TargetError
 from ematix_dagster.targets.pg_types import _canonical_type
-from state_store.pg_url import access_denied
+from state_store.pg_url import access_denied, error_text, parse_url
 
 log = logging.getLogger(__name__)
 
 _MIN_SERVER_VERSION = 150000  # UNIQUE NULLS NOT DISTINCT
 _CONNECT_TIMEOUT_S = 10
-
-
-def redact_url(url: str) -> str:
-    """``url`` with any password removed (``postgresql://u:***@h/db``; ``password=***``)."""
-    out = re.sub(r"(://[^:/?#@\s]*):[^@/?#\s]*@", r"\1:***@", url)
-    out = re.sub(r"(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", out)
-    return out
-
-
-def _scrub(text: str, secrets: Iterable[str | None]) -> str:
-    """Remove passwords from an error text; withhold it when a short password cannot be removed."""
-    text = redact_url(text)
-    for secret in secrets:
-        if not secret or secret not in text:
-            continue
-        if len(secret) >= 4:
-            text = text.replace(secret, "***")
-        else:
-            return "(details withheld: they may contain the password)"
-    return text
-
-
-def _error_text(exc: BaseException, secrets: Iterable[str | None]) -> str:
-    diag = getattr(exc, "diag", None)
-    primary = getattr(diag, "message_primary", None) if diag is not None else None
-    text = primary or str(exc) or type(exc).__name__
-    text = " ".join(text.split())
-    return _scrub(text, secrets)
 
 
 class PostgresTable:
@@ -71,7 +41,6 @@ class PostgresTable:
         self.ident = (sql.Identifier(self.schema_name, self.table_name) if self.schema_name
                       else sql.Identifier(self.table_name))
         self._url: str | None = None
-        self._password: str | None = None
         self.where = "PostgreSQL"
         self._conn: psycopg.Connection | None = None
         # Parse eagerly when possible so the description names the host; a URL that does not
@@ -87,11 +56,10 @@ class PostgresTable:
         if self._url is None:
             url = self._raw_url  # resolved by the caller (PipelineSpec.resolved)
             try:
-                info = conninfo_to_dict(url)
-            except Exception:
+                info = parse_url(url)  # from here on its password is cut out of every text
+            except StoreConfigError:
                 raise PipelineConfigError(f"{self.key}.url", "is not a valid PostgreSQL connection URL",
                                           'use "postgresql://user@host:port/dbname" (password from the environment)') from None
-            self._password = info.get("password")
             host = info.get("host") or info.get("hostaddr") or "localhost"
             port = info.get("port") or "5432"
             db = info.get("dbname") or info.get("user") or "?"
@@ -99,12 +67,9 @@ class PostgresTable:
             self._url = url
         return self._url
 
-    def _secrets(self) -> list[str | None]:
-        return [self._password, os.environ.get("PGPASSWORD")]
-
     def error(self, action: str, exc: BaseException) -> TargetError:
         err = TargetError(f"pipeline {self.pipeline_name!r}: {action} {self.table_text!r} on "
-                          f"{self.where} failed: {_error_text(exc, self._secrets())}")
+                          f"{self.where} failed: {error_text(exc)}")
         # Connection trouble may pass; a value or a login PostgreSQL refuses will be refused again.
         if access_denied(exc) or (isinstance(exc, psycopg.Error)
                                   and not isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError))):
@@ -189,6 +154,30 @@ class PostgresTable:
             if _canonical_type(have[col]) != _canonical_type(typ):
                 log.warning("pipeline %r: column %r of %s is %s, the output type maps to %s; PostgreSQL will cast",
                             self.pipeline_name, col, self.table_text, have[col], typ)
+
+    def prepare(self, create: Callable[[psycopg.Cursor], None] | None, types: dict[str, str], what: str,
+                check: Callable[[psycopg.Connection, int], None] | None = None) -> None:
+        """Create the table (``create``, when the spec asks) and check its columns and (``check``)
+        its key, in one transaction; any failure drops the connection so the next try starts clean."""
+        conn = self.connect()
+        try:
+            if create is not None:
+                self.ensure_schema(conn)
+                with conn.cursor() as cur:
+                    create(cur)
+            oid = self.table_oid(conn)
+            if oid is None:
+                raise self.missing_table_error()
+            self.check_columns(conn, oid, types)
+            if check is not None:
+                check(conn, oid)
+            conn.commit()
+        except PipelineConfigError:
+            self.drop_broken_connection()
+            raise
+        except psycopg.Error as exc:
+            self.drop_broken_connection()
+            raise self.error(f"preparing {what}", exc) from None
 
     def missing_table_error(self) -> PipelineConfigError:
         return PipelineConfigError(f"{self.key}.table", f"table {self.table_text!r} does not exist on {self.where}",

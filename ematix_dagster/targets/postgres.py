@@ -59,30 +59,14 @@ class PostgresWindowWriter:
         return self._pg.table_text
 
     def open(self) -> None:
-        conn = self._pg.connect()
-        try:
-            if self.create_table:
-                self._pg.ensure_schema(conn)
-                col_defs = [sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(self.types[c]))
-                            for c in self.columns]
-                ddl = sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, UNIQUE NULLS NOT DISTINCT ({}))").format(
-                    self._pg.ident, sql.SQL(", ").join(col_defs),
-                    sql.SQL(", ").join(sql.Identifier(k) for k in self.key_columns))
-                with conn.cursor() as cur:
-                    cur.execute(ddl)
-            oid = self._pg.table_oid(conn)
-            if oid is None:
-                raise self._pg.missing_table_error()
-            self._pg.check_columns(conn, oid, self.types)
-            self._check_unique_key(conn, oid)
-            conn.commit()
-        except PipelineConfigError:
-            self._pg.drop_broken_connection()
-            raise
-        except psycopg.Error as exc:
-            self._pg.drop_broken_connection()
-            raise self._pg.error("preparing table", exc) from None
+        self._pg.prepare(self._create if self.create_table else None, self.types, "table", self._check_unique_key)
         self._opened = True
+
+    def _create(self, cur: psycopg.Cursor) -> None:
+        col_defs = [sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(self.types[c])) for c in self.columns]
+        cur.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, UNIQUE NULLS NOT DISTINCT ({}))").format(
+            self._pg.ident, sql.SQL(", ").join(col_defs),
+            sql.SQL(", ").join(sql.Identifier(k) for k in self.key_columns)))
 
     def _check_unique_key(self, conn: psycopg.Connection, oid: int) -> None:
         with conn.cursor() as cur:
@@ -194,28 +178,14 @@ class PostgresDeadLetterWriter:
         return self._pg.table_text
 
     def open(self) -> None:
-        conn = self._pg.connect()
-        try:
-            if self.create_table:
-                self._pg.ensure_schema(conn)
-                index = sql.Identifier(f"{self._pg.table_name}_batch_id_idx"[:63])
-                with conn.cursor() as cur:
-                    cur.execute(sql.SQL(
-                        "CREATE TABLE IF NOT EXISTS {} (_batch_id bigint NOT NULL, _source text, "
-                        "_event_ts timestamptz, _reason text, payload jsonb NOT NULL)").format(self._pg.ident))
-                    cur.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (_batch_id)").format(index, self._pg.ident))
-            oid = self._pg.table_oid(conn)
-            if oid is None:
-                raise self._pg.missing_table_error()
-            self._pg.check_columns(conn, oid, self._TYPES)
-            conn.commit()
-        except PipelineConfigError:
-            self._pg.drop_broken_connection()
-            raise
-        except psycopg.Error as exc:
-            self._pg.drop_broken_connection()
-            raise self._pg.error("preparing dead-letter table", exc) from None
+        self._pg.prepare(self._create if self.create_table else None, self._TYPES, "dead-letter table")
         self._opened = True
+
+    def _create(self, cur: psycopg.Cursor) -> None:
+        index = sql.Identifier(f"{self._pg.table_name}_batch_id_idx"[:63])
+        cur.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (_batch_id bigint NOT NULL, _source text, "
+                            "_event_ts timestamptz, _reason text, payload jsonb NOT NULL)").format(self._pg.ident))
+        cur.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (_batch_id)").format(index, self._pg.ident))
 
     def write(self, batch_id: int, rows: pa.Table, part: str = "part-0") -> None:
         _commit_write(self, batch_id, rows, f"writing dead letters of batch {batch_id} to")

@@ -31,6 +31,7 @@ from ematix_dagster.stores import make_store
 from state_store import migrations
 from state_store.base import BatchCommit, PipelineRecord, SourceProgress, StateStore
 from state_store.codec import STATE_VERSION, encode_key, encode_state
+from tests.pipeline_toml import postgres_store, sqlite_store, windowed_pipeline_toml
 
 S = 1_000_000
 PIPELINE = "corrupt-inputs"
@@ -39,62 +40,20 @@ OFFSET = '{"logOffset":0}'
 KINDS = ["sqlite", "postgres"]
 
 
-def _toml(tmp: Path, store: str, hll_precision: int = 12) -> str:
-    return f"""
-pipeline_name = "{PIPELINE}"
-[[sources]]
-name = "a"
-kind = "files"
-format = "parquet"
-path = "{tmp / 'in'}"
-schema = "k STRING, v BIGINT, page STRING, ts TIMESTAMP"
-event_time_column = "ts"
-[transform.window]
-kind = "tumbling"
-duration_ms = 60000
-group_by = ["k"]
-max_groups_per_window = 100
-hll_precision = {hll_precision}
-[[transform.window.aggregations]]
-agg = "count"
-as = "n"
-[[transform.window.aggregations]]
-agg = "sum"
-column = "v"
-as = "total"
-[[transform.window.aggregations]]
-agg = "avg"
-column = "v"
-as = "mean"
-[[transform.window.aggregations]]
-agg = "first"
-column = "page"
-as = "first_page"
-[[transform.window.aggregations]]
-agg = "last"
-column = "page"
-as = "last_page"
-[[transform.window.aggregations]]
-agg = "max"
-column = "v"
-as = "top"
-[[transform.window.aggregations]]
-agg = "count_distinct"
-column = "page"
-as = "pages"
-mode = "exact"
-max_distinct_values_per_group = 100
-[[transform.window.aggregations]]
-agg = "count_distinct"
-column = "page"
-as = "approx_pages"
-[target]
-kind = "parquet"
-path = "{tmp / 'out'}"
-{store}
-[run]
-checkpoint_location = "{tmp / 'cp'}"
-"""
+# Every aggregator's state shape, both count_distinct modes: one accumulator per alias in AGGS.
+AGGREGATIONS = [
+    {"agg": "count", "as": "n"}, {"agg": "sum", "column": "v", "as": "total"}, {"agg": "avg", "column": "v", "as": "mean"},
+    {"agg": "first", "column": "page", "as": "first_page"}, {"agg": "last", "column": "page", "as": "last_page"},
+    {"agg": "max", "column": "v", "as": "top"},
+    {"agg": "count_distinct", "column": "page", "as": "pages", "mode": "exact", "max_distinct_values_per_group": 100},
+    {"agg": "count_distinct", "column": "page", "as": "approx_pages"},
+]
+
+
+def _toml(tmp: Path, store: dict[str, Any], hll_precision: int = 12) -> str:
+    return windowed_pipeline_toml(PIPELINE, tmp, columns="k STRING, v BIGINT, page STRING",
+                                  max_files_per_trigger=None, hll_precision=hll_precision,
+                                  aggregations=AGGREGATIONS, state_store=store)
 
 
 AGGS = ["n", "total", "mean", "first_page", "last_page", "top", "pages", "approx_pages"]
@@ -130,13 +89,12 @@ class Setup:
         self.kind, self.tmp = kind, tmp
         if kind == "sqlite":
             self.db = tmp / "state.db"
-            store_toml = f'[state_store]\nkind = "sqlite"\npath = "{self.db}"'
+            self.state_store = sqlite_store(self.db)
         else:
             self.dsn, self.schema = request.getfixturevalue("pg_dsn"), request.getfixturevalue("pg_schema")
-            store_toml = f'[state_store]\nkind = "postgres"\nurl = "{self.dsn}"\nschema = "{self.schema}"'
+            self.state_store = postgres_store(self.dsn, self.schema)
         (tmp / "in").mkdir()
-        self.spec: PipelineSpec = load_pipeline_str(_toml(tmp, store_toml))
-        self.store_toml = store_toml
+        self.spec: PipelineSpec = load_pipeline_str(_toml(tmp, self.state_store))
         self.stores: list[StateStore] = []
 
     def store(self) -> StateStore:
@@ -355,7 +313,7 @@ def test_check_reports_corrupt_state(setup, damage, fragments):
 def test_check_does_not_call_state_of_another_window_shape_corrupt(setup):
     """A changed spec is fingerprint_changed; its aggregations are not held against the stored blobs."""
     setup.write()
-    changed = load_pipeline_str(_toml(setup.tmp, setup.store_toml, hll_precision=14))
+    changed = load_pipeline_str(_toml(setup.tmp, setup.state_store, hll_precision=14))
     assert _codes(changed) == ["fingerprint_changed"]  # the stored sketches have lg_k 12, not 14
     setup.set_accs(_with(0, "3"))
     assert _codes(setup.spec) == ["corrupt_state"]

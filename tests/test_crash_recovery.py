@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import psutil
@@ -29,6 +30,7 @@ import psycopg
 import pytest
 
 from tests import oracle
+from tests.pipeline_toml import postgres_store, postgres_target, sqlite_store, windowed_pipeline_toml
 from tests.test_lateness_e2e import Feed, at, oracle_params, row
 from ematix_dagster.spec import load_pipeline
 
@@ -37,10 +39,12 @@ BATCHES = 5  # input files, one micro-batch each: batches 0..4, then the end-of-
 MIDDLE = 2
 RUN_TIMEOUT_S = 240
 
-TUMBLING_DROP = 'kind = "tumbling"\nduration_ms = 60_000\nlateness_ms = 5_000'
-HOPPING_REOPEN = ('kind = "hopping"\nduration_ms = 120_000\nhop_ms = 60_000\nlate_data = "reopen"\n'
-                  "allowed_lateness_ms = 120_000")
-HOPPING_DROP = 'kind = "hopping"\nduration_ms = 120_000\nhop_ms = 60_000\nlateness_ms = 10_000'
+# the window of each series: keyword arguments of windowed_pipeline_toml
+TUMBLING_DROP: dict[str, Any] = {"window_kind": "tumbling", "duration_ms": 60_000, "lateness_ms": 5_000}
+HOPPING_REOPEN: dict[str, Any] = {"window_kind": "hopping", "duration_ms": 120_000, "hop_ms": 60_000,
+                                  "late_data": "reopen", "allowed_lateness_ms": 120_000}
+HOPPING_DROP: dict[str, Any] = {"window_kind": "hopping", "duration_ms": 120_000, "hop_ms": 60_000,
+                                "lateness_ms": 10_000}
 
 
 # -- running the CLI -------------------------------------------------------------------------------
@@ -111,47 +115,14 @@ def run_until_done(toml: Path, fault_dir: Path, kills: str, max_runs: int = 6) -
 # -- pipelines, input, oracle, target ----------------------------------------------------------------
 
 
-def pipeline_toml(tmp: Path, name: str, window: str, target_url: str, target_schema: str, store: str,
-                  same_transaction: bool = False) -> Path:
+def pipeline_toml(tmp: Path, name: str, window: dict[str, Any], target_url: str, target_schema: str,
+                  store: dict[str, Any], same_transaction: bool = False) -> Path:
     """A pipeline over ``tmp/in`` (one parquet file per batch) into a Postgres upsert table."""
-    text = f"""
-pipeline_name = "{name}"
-[[sources]]
-name = "a"
-kind = "files"
-format = "parquet"
-path = "{tmp / 'in'}"
-schema = "id BIGINT, k STRING, v BIGINT, page STRING, ts TIMESTAMP"
-event_time_column = "ts"
-max_files_per_trigger = 1
-[transform.window]
-{window}
-group_by = ["k"]
-max_groups_per_window = 1000
-[[transform.window.aggregations]]
-agg = "count"
-as = "n"
-[[transform.window.aggregations]]
-agg = "sum"
-column = "v"
-as = "total"
-[[transform.window.aggregations]]
-agg = "count_distinct"
-column = "page"
-as = "pages"
-[target]
-kind = "postgres"
-url = "{target_url}"
-table = "{target_schema}.{name.replace('-', '_')}"
-create_table = true
-same_transaction = {'true' if same_transaction else 'false'}
-[state_store]
-{store}
-[run]
-trigger = "available_now"
-checkpoint_location = "{tmp / 'cp'}"
-end_of_input = "flush"
-"""
+    text = windowed_pipeline_toml(
+        name, tmp, **window, max_groups_per_window=1000, distinct_mode=None,
+        target=postgres_target(target_url, f"{target_schema}.{name.replace('-', '_')}",
+                               same_transaction=same_transaction),
+        state_store=store, trigger="available_now", end_of_input="flush")
     path = tmp / f"{name}.toml"
     path.write_text(text)
     return path
@@ -220,8 +191,7 @@ SERIES = [
 def test_kills_lose_and_duplicate_nothing(window, store_kind, same_transaction, kills, tmp_path, batch_files, pg_dsn,
                                           pg_schema):
     fed = feed(batch_files)
-    store = (f'kind = "sqlite"\npath = "{tmp_path / "state.db"}"' if store_kind == "sqlite"
-             else f'kind = "postgres"\nurl = "{pg_dsn}"\nschema = "{pg_schema}"')
+    store = sqlite_store(tmp_path / "state.db") if store_kind == "sqlite" else postgres_store(pg_dsn, pg_schema)
     toml = pipeline_toml(tmp_path, "crash", window, pg_dsn, pg_schema, store, same_transaction)
     fault_dir = tmp_path / "faults"
 

@@ -14,7 +14,7 @@ import socket
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -27,44 +27,18 @@ from ematix_dagster.spark.runner import PipelineRunner
 from ematix_dagster.spec import load_pipeline_str
 from state_store.sqlite import SqliteStateStore
 from tests.conftest import BatchFiles
+from tests.pipeline_toml import postgres_store, postgres_target, windowed_pipeline_toml
 from tests.test_lateness_e2e import at, row
 
 SECRET = "s3cret-pw"
 
 
-def _toml(tmp: Path, *, target: str = "", state: str = "", top: str = "") -> str:
-    target = target or f'kind = "parquet"\npath = "{tmp / "out"}"'
-    state = state or f'kind = "sqlite"\npath = "{tmp / "state.db"}"'
-    return f"""
-pipeline_name = "failures"
-{top}
-[[sources]]
-name = "a"
-kind = "files"
-format = "parquet"
-path = "{tmp / 'in'}"
-schema = "id BIGINT, k STRING, v BIGINT, page STRING, ts TIMESTAMP"
-event_time_column = "ts"
-max_files_per_trigger = 1
-[transform.window]
-kind = "tumbling"
-duration_ms = 60_000
-group_by = ["k"]
-max_groups_per_window = 100
-[[transform.window.aggregations]]
-agg = "count"
-as = "n"
-[[transform.window.aggregations]]
-agg = "avg"
-column = "v"
-as = "mean"
-[target]
-{target}
-[state_store]
-{state}
-[run]
-checkpoint_location = "{tmp / 'cp'}"
-"""
+def _toml(tmp: Path, *, target: dict[str, Any] | None = None, state: dict[str, Any] | None = None,
+          extra: dict[str, Any] | None = None) -> str:
+    """A parquet target in ``tmp/out`` and a SQLite store in ``tmp/state.db`` unless given; count and avg."""
+    aggregations = [{"agg": "count", "as": "n"}, {"agg": "avg", "column": "v", "as": "mean"}]
+    return windowed_pipeline_toml("failures", tmp, aggregations=aggregations, target=target, state_store=state,
+                                  extra=extra)
 
 
 def _no_spark():
@@ -116,7 +90,7 @@ def _metrics_port_in_use(tmp, _committed, _spark):
     sock.listen()
     port = sock.getsockname()[1]
     (tmp / "in").mkdir()
-    spec = load_pipeline_str(_toml(tmp, top=f"metrics_port = {port}"))
+    spec = load_pipeline_str(_toml(tmp, extra={"metrics_port": port}))
     _metrics_port_in_use.port = port  # type: ignore[attr-defined]
 
     def call():
@@ -144,7 +118,7 @@ def _lease_held(tmp, _committed, _spark):
 
 def _store_login_refused(tmp, _committed, _spark):
     (tmp / "in").mkdir()
-    state = f'kind = "postgres"\nurl = "postgresql://nosuchrole:{SECRET}@127.0.0.1:5432/test"'
+    state = postgres_store(f"postgresql://nosuchrole:{SECRET}@127.0.0.1:5432/test")
     spec = load_pipeline_str(_toml(tmp, state=state))
     return lambda: _runner(spec).run()
 
@@ -154,15 +128,14 @@ def _store_unreachable(tmp, _committed, _spark):
     with socket.socket() as sock:  # a port that was free a moment ago: nothing listens there
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    state = f'kind = "postgres"\nurl = "postgresql://postgres:{SECRET}@127.0.0.1:{port}/test?connect_timeout=2"'
+    state = postgres_store(f"postgresql://postgres:{SECRET}@127.0.0.1:{port}/test?connect_timeout=2")
     spec = load_pipeline_str(_toml(tmp, state=state))
     return lambda: _runner(spec).run()
 
 
 def _target_login_refused(tmp, committed, spark):
     _copy(committed, tmp)
-    target = (f'kind = "postgres"\nurl = "postgresql://nosuchrole:{SECRET}@127.0.0.1:5432/test"\n'
-              'table = "public.failures_target"\ncreate_table = true')
+    target = postgres_target(f"postgresql://nosuchrole:{SECRET}@127.0.0.1:5432/test", "public.failures_target")
     spec = load_pipeline_str(_toml(tmp, target=target))
     return lambda: _runner(spec, spark=spark).run()
 
@@ -242,7 +215,7 @@ def test_failure_is_classified_and_names_its_cause(case: Case, tmp_path, committ
 
 def test_password_written_in_the_toml_is_warned_about_without_showing_it(tmp_path, pg_schema, spark, capsys):
     (tmp_path / "in").mkdir()
-    state = f'kind = "postgres"\nurl = "postgresql://postgres:{SECRET}@127.0.0.1:5432/test"\nschema = "{pg_schema}"'
+    state = postgres_store(f"postgresql://postgres:{SECRET}@127.0.0.1:5432/test", pg_schema)
     toml = tmp_path / "p.toml"
     toml.write_text(_toml(tmp_path, state=state))
     assert main(["validate", str(toml)]) == 0

@@ -22,47 +22,13 @@ from ematix_dagster.operations import check, reset, summary
 from ematix_dagster.spark.runner import PipelineRunner
 from ematix_dagster.spec import load_pipeline_str
 from state_store.sqlite import SqliteStateStore
+from tests.pipeline_toml import sqlite_store, windowed_pipeline_toml
 from tests.test_lateness_e2e import SCHEMA, at, row
 
 
 def _spec(tmp: Path, duration_ms: int = 60_000, checkpoint: str = "cp", state: str = "state.db"):
-    return load_pipeline_str(f"""
-pipeline_name = "recovery"
-[[sources]]
-name = "a"
-kind = "files"
-format = "parquet"
-path = "{tmp / 'in'}"
-schema = "id BIGINT, k STRING, v BIGINT, page STRING, ts TIMESTAMP"
-event_time_column = "ts"
-max_files_per_trigger = 1
-[transform.window]
-kind = "tumbling"
-duration_ms = {duration_ms}
-group_by = ["k"]
-max_groups_per_window = 100
-[[transform.window.aggregations]]
-agg = "count"
-as = "n"
-[[transform.window.aggregations]]
-agg = "sum"
-column = "v"
-as = "total"
-[[transform.window.aggregations]]
-agg = "count_distinct"
-column = "page"
-as = "pages"
-mode = "exact"
-max_distinct_values_per_group = 100
-[target]
-kind = "parquet"
-path = "{tmp / 'out'}"
-[state_store]
-kind = "sqlite"
-path = "{tmp / state}"
-[run]
-checkpoint_location = "{tmp / checkpoint}"
-""")
+    return load_pipeline_str(windowed_pipeline_toml("recovery", tmp, duration_ms=duration_ms,
+                                                    state_store=sqlite_store(tmp / state), checkpoint=tmp / checkpoint))
 
 
 def _run(spec, spark):

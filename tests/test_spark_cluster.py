@@ -26,6 +26,7 @@ import psycopg
 import pytest
 
 from tests import oracle
+from tests.pipeline_toml import postgres_store, postgres_target, windowed_pipeline_toml
 from tests.spark_cluster import spark_cluster_fixture  # noqa: F401 - a fixture
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,61 +71,12 @@ def write_input(directory: Path) -> list[pd.DataFrame]:
 
 
 def pipeline_toml(tmp: Path, dsn: str, schema: str) -> Path:
-    text = f"""
-pipeline_name = "{NAME}"
-
-[[sources]]
-name = "a"
-kind = "files"
-format = "csv"
-path = "{tmp / 'in'}"
-schema = "id BIGINT, k STRING, v BIGINT, page STRING, ts BIGINT"
-event_time_column = "ts"
-event_time_unit = "ms"
-max_files_per_trigger = 1
-
-[transform.window]
-kind = "tumbling"
-duration_ms = 60_000
-lateness_ms = 5_000
-group_by = ["k"]
-max_groups_per_window = 100
-
-[[transform.window.aggregations]]
-agg = "count"
-as = "n"
-
-[[transform.window.aggregations]]
-agg = "sum"
-column = "v"
-as = "total"
-
-[[transform.window.aggregations]]
-agg = "count_distinct"
-column = "page"
-as = "pages"
-mode = "exact"
-max_distinct_values_per_group = 100
-
-[target]
-kind = "postgres"
-url = "{dsn}"
-table = "{schema}.cluster_out"
-create_table = true
-same_transaction = true
-
-[state_store]
-kind = "postgres"
-url = "{dsn}"
-schema = "{schema}"
-
-[run]
-trigger = "available_now"
-checkpoint_location = "{tmp / 'cp'}"
-end_of_input = "flush"
-"""
+    """CSV files with epoch-millisecond times into an exactly-once Postgres target, state in Postgres."""
     path = tmp / "pipeline.toml"
-    path.write_text(text)
+    path.write_text(windowed_pipeline_toml(
+        NAME, tmp, fmt="csv", ts_type="BIGINT", event_time_unit="ms", lateness_ms=5_000,
+        target=postgres_target(dsn, f"{schema}.cluster_out", same_transaction=True),
+        state_store=postgres_store(dsn, schema), trigger="available_now", end_of_input="flush"))
     return path
 
 

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import tomli_w
 
 from ematix_dagster.spec import load_pipeline_str
 from state_store import migrations
-from tests.test_lateness_e2e import DDL, at, files_source, row
+from tests.pipeline_toml import windowed_pipeline_toml
+from tests.test_lateness_e2e import at, row
 
 FIXTURES = Path(__file__).parent / "fixtures" / "state_v2"
 # The committed run was made from spec() and minute_rows() below: changing them breaks the fixture.
@@ -30,21 +30,8 @@ DURATION_MS, HOP_MS = 120_000, 60_000  # hopping: window_end must come from the 
 
 
 def spec(root: Path):
-    doc: dict[str, Any] = {
-        "pipeline_name": "v2_fixture",
-        "sources": [files_source("a", root / "in", schema=DDL)],
-        "transform": {"window": {
-            "kind": "hopping", "duration_ms": DURATION_MS, "hop_ms": HOP_MS, "lateness_ms": 30_000,
-            "group_by": ["k"], "max_groups_per_window": 100,
-            "aggregations": [{"agg": "count", "as": "n"}, {"agg": "sum", "column": "v", "as": "total"},
-                             {"agg": "count_distinct", "column": "page", "as": "pages", "mode": "exact",
-                              "max_distinct_values_per_group": 100}],
-        }},
-        "target": {"kind": "parquet", "path": str(root / "out")},
-        "state_store": {"kind": "sqlite", "path": str(root / "state.db")},
-        "run": {"checkpoint_location": str(root / "cp")},
-    }
-    return load_pipeline_str(tomli_w.dumps(doc))
+    return load_pipeline_str(windowed_pipeline_toml("v2_fixture", root, window_kind="hopping", duration_ms=DURATION_MS,
+                                                    hop_ms=HOP_MS, lateness_ms=30_000))
 
 
 def minute_rows(minute: int) -> list[dict[str, Any]]:

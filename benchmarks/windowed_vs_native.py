@@ -1,30 +1,33 @@
 #!/usr/bin/env python
-"""Our windowed engine vs Spark's native streaming aggregation, same data, same process.
+"""Our windowed engine vs Spark alone, same data, same process, side by side.
 
 Data: ``--events`` rows (default 2,000,000) over ``--keys`` keys (default 10,000) in ``--files``
-parquet files (default 20), columns ``key BIGINT, amount DOUBLE, item STRING, ts TIMESTAMP``.
-Each file covers the next 60 s of event time (offset by 30 s, so every file touches two
-1-minute windows and most groups get two partials), with up to ``--disorder-ms`` of disorder
-(default 2 s, inside the 5 s lateness, so no row is late). Files are written atomically with
-strictly increasing mtimes, and both queries read them with ``maxFilesPerTrigger = 1`` under
+parquet files (default 20, so 100,000 rows per micro-batch), columns ``key BIGINT, amount DOUBLE,
+item STRING, ts TIMESTAMP``. Each file covers the next 60 s of event time (offset by 30 s, so
+every file touches two 1-minute windows), with up to ``--disorder-ms`` of disorder inside the 5 s
+lateness, so no row is late. All queries read the files with ``maxFilesPerTrigger = 1`` under
 ``Trigger.AvailableNow``: one file = one micro-batch.
 
-(a) ours: a pipeline spec with count, sum(amount), approximate count_distinct(item) at
-    hll_precision 14, group_by key, lateness 5 s, parquet target, run through
-    ``PipelineRunner(spec, spark=spark).run()`` with a fresh checkpoint and target each run.
-(b) native: ``withWatermark("ts", "5 seconds").groupBy(window("ts", "1 minute"), "key")`` with
-    count, sum, ``approx_count_distinct(item, rsd)``, default (HDFS-backed) state store,
-    ``noop`` sink, append mode, a fresh checkpoint each run. Spark's HLL++ precision is
-    ``p = ceil(2 * log2(1.106 / rsd))``: rsd 0.009 gives p = 14 (0.008 would give p = 15).
+Workloads (``--workloads``): ``plain`` = count + sum(amount); ``sketch`` = those + approximate
+count_distinct(item) at lgK 14. Per workload, three engines:
 
-CPU is measured with psutil over the driver process and all its descendants (the JVM, Python
-workers if any): user + system deltas, descendants sampled on a background thread so processes
-that exit mid-run keep their last seen times; the sampler's own thread CPU is subtracted.
-Peak RSS is the largest sampled driver + JVM resident set. The JVM's heap does not shrink
-between runs, so the peak of a later run includes what earlier runs left resident.
+- ``ours``: a pipeline spec (1-minute tumbling, group_by key, lateness 5 s, parquet target,
+  SQLite state store) run by ``PipelineRunner(spec, spark=spark).run()``;
+- ``native``: Spark's streaming ``withWatermark(...).groupBy(window("ts", "1 minute"), "key")``
+  with the same aggregates (``approx_count_distinct(item, 0.009)`` is HLL++ p = 14), default
+  state store, ``noop`` sink, append mode;
+- ``floor``: the Spark floor of our design: the same source as ours (``union_sources``) with a
+  ``foreachBatch`` that only runs the batch's ``groupBy(window start, key)`` with the same
+  partial aggregates and ``toArrow`` — what any engine that pre-aggregates each batch in Spark
+  and hands the partials to the driver must pay.
 
-Our driver-side share is measured by wrapping (in this script only) ``Engine.process`` and the
-runner's ``partial_lists`` and reading the calling thread's CPU time.
+Heartbeat-only batches (``--heartbeat-batches``): ours and the floor under ``processing_time``
+(every 500 ms) on an empty input directory, so each batch holds only the 1-row/s heartbeat.
+
+Reported per engine: CPU (process tree) and wall, per 100,000-row batch and per heartbeat-only
+batch, p50/p95 batch latency (ours: the batch's own timing; floor: the callback; native: Spark's
+``triggerExecution``), peak RSS and our driver-side split. Medians of ``--runs`` runs, the
+engines' order rotated from run to run.
 
     .venv/bin/python benchmarks/windowed_vs_native.py --events 200000 --runs 1   # smoke
     .venv/bin/python benchmarks/windowed_vs_native.py                            # full
@@ -34,7 +37,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import functools
+import dataclasses
 import gc
 import io
 import os
@@ -43,33 +46,38 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Self
 
 import numpy as np
-import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ematix_dagster.spark import batch as batch_mod
-from ematix_dagster.spark.batch import BatchStep
-from ematix_dagster.spark.runner import PipelineRunner
-from ematix_dagster.spark.session import get_spark
-from ematix_dagster.spec import load_pipeline_str
-from ematix_dagster.streaming.micro_batch import Engine
+from measure import CpuMeter, DriverTimer, percentile  # noqa: E402
+
+from ematix_dagster.spark import batch as batch_mod  # noqa: E402
+from ematix_dagster.spark.batch import BatchStep  # noqa: E402
+from ematix_dagster.spark.runner import PipelineRunner  # noqa: E402
+from ematix_dagster.spark.session import get_spark  # noqa: E402
+from ematix_dagster.spark.recovery import HEARTBEAT  # noqa: E402
+from ematix_dagster.spark.sources import union_sources  # noqa: E402
+from ematix_dagster.spec import load_pipeline_str  # noqa: E402
+from ematix_dagster.streaming.micro_batch import Engine  # noqa: E402
 
 SCHEMA_DDL = "key BIGINT, amount DOUBLE, item STRING, ts TIMESTAMP"
 BASE_US = 1_704_067_230_000_000  # 2024-01-01T00:00:30Z: each 60 s file spans two 1-minute windows
 FILE_SPAN_US = 60_000_000
+WINDOW_US = 60_000_000
 LATENESS_MS = 5_000
 HLL_PRECISION = 14
+HEARTBEAT_INTERVAL_MS = 500
 MB = 1 << 20
+WORKLOADS = ("plain", "sketch")
+ENGINES = ("ours", "floor", "native")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -101,116 +109,38 @@ def generate(directory: Path, events: int, keys: int, files: int, items: int, di
 
 
 # ---------------------------------------------------------------------------------------------
-# measurement
+# results
 
 
-class CpuMeter:
-    """User+system CPU of this process and every descendant, plus peak driver+JVM RSS."""
-
-    def __init__(self, interval: float = 0.2) -> None:
-        self.interval = interval
-        self.root = psutil.Process()
-        self._stop = threading.Event()
-        self.baseline: dict[tuple[int, float], float] = {}
-        self.last: dict[tuple[int, float], float] = {}
-        self.names: dict[tuple[int, float], str] = {}
-        self.peak_rss = 0
-        self.sampler_cpu = 0.0
-
-    def _procs(self) -> list[psutil.Process]:
-        try:
-            return [self.root, *self.root.children(recursive=True)]
-        except psutil.Error:
-            return [self.root]
-
-    def _sample(self, into: dict[tuple[int, float], float]) -> None:
-        rss = 0
-        for p in self._procs():
-            try:
-                with p.oneshot():
-                    key = (p.pid, p.create_time())
-                    t = p.cpu_times()
-                    into[key] = t.user + t.system
-                    if key not in self.names:
-                        self.names[key] = p.name()
-                    if p.pid == self.root.pid or self.names[key] == "java":
-                        rss += p.memory_info().rss
-            except psutil.Error:  # exited between listing and reading: keep its last seen times
-                continue
-        self.peak_rss = max(self.peak_rss, rss)
-
-    def _loop(self) -> None:
-        started = time.thread_time()
-        while not self._stop.wait(self.interval):
-            self._sample(self.last)
-        self.sampler_cpu = time.thread_time() - started
-
-    def __enter__(self) -> Self:
-        self._sample(self.baseline)
-        self.last = dict(self.baseline)
-        self._thread = threading.Thread(target=self._loop, name="cpu-meter", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._sample(self.last)
+@dataclass
+class Result:
+    engine: str
+    workload: str
+    cpu: float
+    wall: float
+    peak_rss: int
+    batches: int
+    rows_in: int
+    rows_out: int
+    by_process: dict[str, float]
+    latencies: list[float] = field(default_factory=list)  # seconds per batch
+    merge_cpu: float = 0.0
+    splits: dict[str, tuple[int, float, float]] = field(default_factory=dict)
 
     @property
-    def cpu(self) -> float:
-        total = sum(v - self.baseline.get(k, 0.0) for k, v in self.last.items())
-        return total - self.sampler_cpu
+    def cpu_per_batch(self) -> float:
+        return self.cpu / self.batches if self.batches else float("nan")
 
-    def by_process(self) -> dict[str, float]:
-        out: dict[str, float] = defaultdict(float)
-        for k, v in self.last.items():
-            label = "driver" if k[0] == self.root.pid else self.names.get(k, "?")
-            out[label] += v - self.baseline.get(k, 0.0)
-        out["driver"] -= self.sampler_cpu
-        out["meter thread (excluded)"] = self.sampler_cpu
-        return dict(out)
+    @property
+    def wall_per_batch(self) -> float:
+        return self.wall / self.batches if self.batches else float("nan")
 
-
-class DriverTimer:
-    """Thread CPU and wall time inside chosen driver functions (patched here, not in the engine)."""
-
-    def __init__(self) -> None:
-        self.cpu: dict[str, float] = defaultdict(float)
-        self.wall: dict[str, float] = defaultdict(float)
-        self.calls: dict[str, int] = defaultdict(int)
-        self.profiler: cProfile.Profile | None = None
-        self._patched: list[tuple[object, str, object]] = []
-
-    def reset(self) -> None:
-        self.cpu.clear()
-        self.wall.clear()
-        self.calls.clear()
-
-    def wrap(self, owner: object, attr: str, label: str, profile: bool = False) -> None:
-        original = getattr(owner, attr, None)
-        if original is None:  # the engine moved on: time what still exists
-            print(f"note: {getattr(owner, '__name__', owner)}.{attr} not found, not timed", file=sys.stderr)
-            return
-        timer = self
-
-        @functools.wraps(original)
-        def timed(*args, **kwargs):
-            prof = timer.profiler if profile else None
-            c0, w0 = time.thread_time(), time.perf_counter()
-            if prof is not None:
-                prof.enable()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                if prof is not None:
-                    prof.disable()
-                timer.cpu[label] += time.thread_time() - c0
-                timer.wall[label] += time.perf_counter() - w0
-                timer.calls[label] += 1
-
-        self._patched.append((owner, attr, original))
-        setattr(owner, attr, timed)
+    def line(self) -> str:
+        procs = ", ".join(f"{k} {v:.1f}" for k, v in sorted(self.by_process.items()) if abs(v) >= 0.05)
+        return (f"{self.engine:>6} {self.workload:<6}: CPU {self.cpu:6.1f} s, wall {self.wall:6.1f} s, "
+                f"per batch CPU {self.cpu_per_batch:.3f} s wall {self.wall_per_batch:.3f} s, p50/p95 "
+                f"{percentile(self.latencies, .5):.3f}/{percentile(self.latencies, .95):.3f} s, batches {self.batches}, "
+                f"rows in {self.rows_in}, out {self.rows_out}, peak RSS {self.peak_rss / MB:.0f} MB [{procs}]")
 
 
 def install_timers() -> DriverTimer:
@@ -224,43 +154,38 @@ def install_timers() -> DriverTimer:
     timer.wrap(ClassicDataFrame, "toArrow", "partials.toArrow (Spark job + Arrow)")
     timer.wrap(batch_mod, "partial_lists", "convert.partial_lists")
     timer.wrap(Engine, "process", "Engine.process")
-    timer.wrap(batch_mod, "rows_to_arrow", "convert.rows_to_arrow")
-    timer.wrap(BatchStep, "_write", "target write (incl. rows_to_arrow)")
+    timer.wrap(BatchStep, "_write", "target write")
     timer.wrap(BatchStep, "_commit", "state store commit (encode + store)")
     return timer
 
 
+def settle(spark) -> None:
+    """Start each measured run from the same JVM state (outside the measurement).
+
+    A stopped native query leaves its state store providers loaded until the next maintenance
+    pass; ``StateStore.stop()`` unloads them (no query is active now).
+    """
+    gc.collect()
+    jvm = spark.sparkContext._jvm  # type: ignore[union-attr]
+    getattr(getattr(jvm, "org.apache.spark.sql.execution.streaming.state.StateStore$"), "MODULE$").stop()
+    jvm.System.gc()
+    time.sleep(1.0)
+
+
 # ---------------------------------------------------------------------------------------------
-# the two queries
+# ours
 
 
-@dataclass
-class Result:
-    engine: str
-    cpu: float
-    wall: float
-    peak_rss: int
-    batches: int
-    rows_in: int
-    rows_out: int
-    by_process: dict[str, float]
-    merge_cpu: float = 0.0
-    splits: dict[str, tuple[int, float, float]] = field(default_factory=dict)
-
-    @property
-    def ratio(self) -> float:
-        return self.cpu / self.wall if self.wall else float("nan")
-
-    def line(self) -> str:
-        procs = ", ".join(f"{k} {v:.1f}" for k, v in sorted(self.by_process.items()) if abs(v) >= 0.05)
-        extra = f", driver merge {self.merge_cpu:.2f} s ({self.merge_cpu / self.cpu:.1%})" if self.engine.startswith("ours") else ""
-        return (f"{self.engine:>6}: CPU {self.cpu:6.1f} s, wall {self.wall:6.1f} s, CPU/wall {self.ratio:4.2f}, "
-                f"peak RSS {self.peak_rss / MB:6.0f} MB, batches {self.batches}, rows in {self.rows_in}, "
-                f"rows out {self.rows_out}{extra} [{procs}]")
-
-
-def our_spec(data: Path, work: Path, max_groups: int, store: str):
-    store_path = f'\npath = "{work / "state.db"}"' if store == "sqlite" else ""
+def our_spec(data: Path, work: Path, workload: str, max_groups: int, heartbeat: bool = False):
+    distinct = f"""
+[[transform.window.aggregations]]
+agg = "count_distinct"
+column = "item"
+as = "items"
+mode = "approximate"
+""" if workload == "sketch" else ""
+    run = (f'trigger = "processing_time"\ntrigger_interval_ms = {HEARTBEAT_INTERVAL_MS}' if heartbeat
+           else 'trigger = "available_now"')
     toml = f"""
 pipeline_name = "bench-windowed"
 
@@ -291,45 +216,26 @@ as = "n"
 agg = "sum"
 column = "amount"
 as = "total"
-
-[[transform.window.aggregations]]
-agg = "count_distinct"
-column = "item"
-as = "items"
-mode = "approximate"
-
+{distinct}
 [target]
 kind = "parquet"
 path = "{work / 'target'}"
 
 [state_store]
-kind = "{store}"{store_path}
+kind = "sqlite"
+path = "{work / 'state.db'}"
 
 [run]
-trigger = "available_now"
+{run}
 checkpoint_location = "{work / 'checkpoint'}"
 """
     return load_pipeline_str(toml)
 
 
-def settle(spark) -> None:
-    """Start each measured run from the same JVM state (outside the measurement).
-
-    A stopped native query leaves its state store providers (hundreds of MB of HLL++ state
-    here) loaded until the next maintenance pass notices, which would make the next run pay
-    for the previous one's memory; ``StateStore.stop()`` unloads them (no query is active now).
-    """
-    gc.collect()
-    jvm = spark.sparkContext._jvm  # type: ignore[union-attr]
-    getattr(getattr(jvm, "org.apache.spark.sql.execution.streaming.state.StateStore$"), "MODULE$").stop()
-    jvm.System.gc()
-    time.sleep(1.0)
-
-
-def run_ours(spark, data: Path, scratch: Path, timer: DriverTimer, max_groups: int, verbose: bool,
-             store: str) -> Result:
+def run_ours(spark, data: Path, scratch: Path, workload: str, timer: DriverTimer, max_groups: int,
+             verbose: bool) -> Result:
     work = Path(tempfile.mkdtemp(prefix="ours-", dir=scratch))
-    spec = our_spec(data, work, max_groups, store)
+    spec = our_spec(data, work, workload, max_groups)
     timer.reset()
     settle(spark)
     progress = (lambda line: print("   ", line, flush=True)) if verbose else (lambda line: None)
@@ -339,39 +245,132 @@ def run_ours(spark, data: Path, scratch: Path, timer: DriverTimer, max_groups: i
         wall = time.perf_counter() - t0
     if summary.late_rows:
         print(f"    note: {summary.late_rows} late rows", flush=True)
-    merge = timer.cpu["Engine.process"] + timer.cpu["convert.partial_lists"]
-    splits = {k: (timer.calls[k], timer.cpu[k], timer.wall[k]) for k in timer.calls}
     shutil.rmtree(work, ignore_errors=True)
-    label = "ours" if store == "sqlite" else f"ours ({store})"
-    return Result(label, meter.cpu, wall, meter.peak_rss, summary.batches, summary.rows_in, summary.windows_emitted,
-                  meter.by_process(), merge, splits)
+    return Result("ours", workload, meter.cpu, wall, meter.peak_rss, summary.batches, summary.rows_in,
+                  summary.windows_emitted, meter.by_process(), [r.seconds for r in summary.reports],
+                  timer.cpu["Engine.process"] + timer.cpu["convert.partial_lists"],
+                  {k: (timer.calls[k], timer.cpu[k], timer.wall[k]) for k in timer.calls})
 
 
-def run_native(spark, data: Path, scratch: Path, rsd: float) -> Result:
+def run_ours_heartbeats(spark, scratch: Path, workload: str, batches: int, max_groups: int) -> Result:
+    work = Path(tempfile.mkdtemp(prefix="ours-hb-", dir=scratch))
+    (work / "empty").mkdir()
+    spec = our_spec(work / "empty", work, workload, max_groups, heartbeat=True)
+    settle(spark)
+    runner = PipelineRunner(spec, spark=spark, progress=lambda line: None)
+    latencies: list[float] = []
+    with CpuMeter() as meter:
+        t0 = time.perf_counter()
+        for report in runner.events():
+            latencies.append(report.seconds)
+            if len(latencies) == 1:  # the first batch pays the query's start: measure from the second
+                meter.restart()
+                t0 = time.perf_counter()
+            if len(latencies) > batches:
+                runner.request_stop()
+        wall = time.perf_counter() - t0
+    shutil.rmtree(work, ignore_errors=True)
+    n = len(latencies) - 1
+    return Result("ours", workload, meter.cpu, wall, meter.peak_rss, n, 0, 0, meter.by_process(), latencies[1:])
+
+
+# ---------------------------------------------------------------------------------------------
+# the Spark floor: the same source, the batch's groupBy and toArrow, nothing else
+
+
+def floor_partials(df, workload: str):
+    from pyspark.sql import functions as F
+
+    ts = F.unix_micros("ts")
+    aggs = [F.count(F.lit(1)).alias("n"), F.sum("amount").alias("total")]
+    if workload == "sketch":
+        aggs.append(F.hll_sketch_agg("item", HLL_PRECISION).alias("items"))
+    return (df.filter(F.col("_source") != HEARTBEAT)
+            .groupBy((ts - F.pmod(ts, F.lit(WINDOW_US))).alias("_ws"), "key").agg(*aggs))
+
+
+def _floor_query(spark, spec, workload: str, latencies: list[float], rows: list[int]):
+    def on_batch(df, batch_id: int) -> None:
+        t0 = time.perf_counter()
+        table = floor_partials(df, workload).toArrow()
+        rows.append(table.num_rows)
+        latencies.append(time.perf_counter() - t0)
+
+    writer = (union_sources(spark, spec).writeStream.option("checkpointLocation", spec.run.checkpoint_location)
+              .foreachBatch(on_batch))
+    if spec.run.trigger == "available_now":
+        return writer.trigger(availableNow=True).start()
+    return writer.trigger(processingTime=f"{HEARTBEAT_INTERVAL_MS} milliseconds").start()
+
+
+def run_floor(spark, data: Path, scratch: Path, workload: str, max_groups: int) -> Result:
+    work = Path(tempfile.mkdtemp(prefix="floor-", dir=scratch))
+    spec = our_spec(data, work, workload, max_groups)
+    settle(spark)
+    latencies: list[float] = []
+    rows: list[int] = []
+    with CpuMeter() as meter:
+        t0 = time.perf_counter()
+        query = _floor_query(spark, spec, workload, latencies, rows)
+        query.awaitTermination()
+        wall = time.perf_counter() - t0
+    rows_in = sum(p.numInputRows for p in query.recentProgress)
+    shutil.rmtree(work, ignore_errors=True)
+    return Result("floor", workload, meter.cpu, wall, meter.peak_rss, len(latencies), rows_in, sum(rows),
+                  meter.by_process(), latencies)
+
+
+def run_floor_heartbeats(spark, scratch: Path, workload: str, batches: int, max_groups: int) -> Result:
+    work = Path(tempfile.mkdtemp(prefix="floor-hb-", dir=scratch))
+    (work / "empty").mkdir()
+    spec = our_spec(work / "empty", work, workload, max_groups, heartbeat=True)
+    settle(spark)
+    latencies: list[float] = []
+    with CpuMeter() as meter:
+        query = _floor_query(spark, spec, workload, latencies, [])
+        while len(latencies) < 1:
+            time.sleep(0.05)
+        meter.restart()
+        t0 = time.perf_counter()
+        while len(latencies) <= batches:
+            time.sleep(0.05)
+        query.stop()
+        wall = time.perf_counter() - t0
+    shutil.rmtree(work, ignore_errors=True)
+    return Result("floor", workload, meter.cpu, wall, meter.peak_rss, len(latencies) - 1, 0, 0, meter.by_process(),
+                  latencies[1:])
+
+
+# ---------------------------------------------------------------------------------------------
+# Spark's native streaming aggregation
+
+
+def run_native(spark, data: Path, scratch: Path, workload: str, rsd: float) -> Result:
     from pyspark.sql import functions as F
 
     work = Path(tempfile.mkdtemp(prefix="native-", dir=scratch))
     spark.conf.set("spark.sql.shuffle.partitions", "2")
     settle(spark)
+    aggs = [F.count(F.lit(1)).alias("n"), F.sum("amount").alias("total")]
+    if workload == "sketch":
+        aggs.append(F.approx_count_distinct("item", rsd).alias("items"))
     with CpuMeter() as meter:
         t0 = time.perf_counter()
         stream = (spark.readStream.format("parquet").schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1)
                   .load(str(data)))
         agg = (stream.withWatermark("ts", f"{LATENESS_MS // 1000} seconds")
-               .groupBy(F.window("ts", "1 minute"), "key")
-               .agg(F.count(F.lit(1)).alias("n"), F.sum("amount").alias("total"),
-                    F.approx_count_distinct("item", rsd).alias("items")))
+               .groupBy(F.window("ts", "1 minute"), "key").agg(*aggs))
         query = (agg.writeStream.format("noop").outputMode("append")
                  .option("checkpointLocation", str(work / "checkpoint"))
                  .trigger(availableNow=True).start())
         query.awaitTermination()
         wall = time.perf_counter() - t0
-    progress = query.recentProgress
-    batches = sum(1 for p in progress if p.numInputRows > 0)
-    rows_in = sum(p.numInputRows for p in progress)
+    progress = [p for p in query.recentProgress if p.numInputRows > 0]
     rows_out = sum(p.sink.numOutputRows for p in progress if p.sink is not None)
     shutil.rmtree(work, ignore_errors=True)
-    return Result("native", meter.cpu, wall, meter.peak_rss, batches, rows_in, rows_out, meter.by_process())
+    return Result("native", workload, meter.cpu, wall, meter.peak_rss, len(progress),
+                  sum(p.numInputRows for p in progress), rows_out, meter.by_process(),
+                  [p.durationMs.get("triggerExecution", 0) / 1000 for p in progress])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -382,9 +381,10 @@ def print_splits(r: Result) -> None:
         print(f"          {label:<40} calls {calls:3d}  thread CPU {cpu:7.2f} s  wall {wall:7.2f} s")
 
 
-def profile_ours(spark, data: Path, scratch: Path, timer: DriverTimer, max_groups: int, top: int, store: str) -> None:
+def profile_ours(spark, data: Path, scratch: Path, workload: str, timer: DriverTimer, max_groups: int,
+                 top: int) -> None:
     timer.profiler = cProfile.Profile()
-    result = run_ours(spark, data, scratch, timer, max_groups, verbose=False, store=store)
+    result = run_ours(spark, data, scratch, workload, timer, max_groups, verbose=False)
     timer.profiler.disable()
     print(f"\nprofiled run (cProfile inside the foreachBatch callback; inflated): {result.line()}")
     for sort in ("tottime", "cumulative"):
@@ -395,6 +395,43 @@ def profile_ours(spark, data: Path, scratch: Path, timer: DriverTimer, max_group
     timer.profiler = None
 
 
+def _median(results: list[Result]) -> Result:
+    """A result whose numbers are the medians of ``results`` (latencies pooled)."""
+    first = results[0]
+    return dataclasses.replace(
+        first, cpu=statistics.median(r.cpu for r in results), wall=statistics.median(r.wall for r in results),
+        peak_rss=int(statistics.median(r.peak_rss for r in results)),
+        merge_cpu=statistics.median(r.merge_cpu for r in results),
+        latencies=[x for r in results for x in r.latencies])
+
+
+def report(args, med: dict[tuple[str, str], Result], beats: dict[tuple[str, str], Result]) -> None:
+    print(f"\nmedian of {args.runs} run(s); {args.events} events, {args.keys} keys, {args.files} micro-batches of "
+          f"{args.events // args.files} rows, 1-minute tumbling windows; ours: SQLite state, parquet target; "
+          f"native: HDFS state store, noop sink, approx_count_distinct rsd {args.rsd}; CPU = process tree")
+    print("| workload | engine | CPU s | wall s | CPU s / batch | wall s / batch | p50 / p95 batch s | peak RSS MB "
+          "| heartbeat batch CPU s / wall s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (workload, engine), r in med.items():
+        beat = beats.get((workload, engine))
+        hb = f"{beat.cpu_per_batch:.3f} / {beat.wall_per_batch:.3f}" if beat else "-"
+        print(f"| {workload} | {engine} | {r.cpu:.1f} | {r.wall:.1f} | {r.cpu_per_batch:.3f} | {r.wall_per_batch:.3f} "
+              f"| {percentile(r.latencies, .5):.3f} / {percentile(r.latencies, .95):.3f} | {r.peak_rss / MB:.0f} | {hb} |")
+    print("\n| workload | ours / native CPU | ours / floor CPU per batch | ours / floor heartbeat CPU | "
+          "driver merge CPU (share of ours) |")
+    print("|---|---|---|---|---|")
+    for workload in args.workloads:
+        ours, floor, native = (med.get((workload, e)) for e in ENGINES)
+        if ours is None:
+            continue
+        vs_native = f"{ours.cpu / native.cpu:.2f}" if native else "-"
+        vs_floor = f"{ours.cpu_per_batch / floor.cpu_per_batch:.2f}" if floor else "-"
+        hb_ours, hb_floor = beats.get((workload, "ours")), beats.get((workload, "floor"))
+        vs_hb = f"{hb_ours.cpu_per_batch / hb_floor.cpu_per_batch:.2f}" if hb_ours and hb_floor else "-"
+        print(f"| {workload} | {vs_native} | {vs_floor} | {vs_hb} | {ours.merge_cpu:.2f} s "
+              f"({ours.merge_cpu / ours.cpu:.1%}) |")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", type=int, default=2_000_000)
@@ -403,17 +440,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--files", type=int, default=20, help="parquet files = micro-batches")
     ap.add_argument("--items", type=int, default=50_000, help="distinct item values")
     ap.add_argument("--disorder-ms", type=int, default=2_000)
+    ap.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    ap.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
+    ap.add_argument("--heartbeat-batches", type=int, default=20,
+                    help="heartbeat-only batches measured for ours and the floor (0: skip)")
     ap.add_argument("--rsd", type=float, default=0.009, help="approx_count_distinct rsd for native (0.009 -> p=14)")
-    ap.add_argument("--extra-native-rsd", type=float, default=None,
-                    help="also run native once with this rsd (e.g. 0.05, Spark's default, p=9), for context")
     ap.add_argument("--driver-memory", default="3g",
                     help="spark.driver.memory (default 3g: the native query at p=14 runs out of Spark's default 1g "
                          "heap on the full data set; '' keeps Spark's default)")
-    ap.add_argument("--state-store", choices=("sqlite", "in_memory"), default="sqlite",
-                    help="our state store (default sqlite, the engine's default, in a fresh temp file per run)")
-    ap.add_argument("--extra-in-memory", action="store_true", help="also run ours once with the in-memory store")
     ap.add_argument("--warmup", type=int, default=1, help="unmeasured warm-up runs per engine (JIT) on a small file set")
-    ap.add_argument("--profile", action="store_true", help="one extra cProfile'd run of ours at the end")
+    ap.add_argument("--profile", action="store_true", help="one extra cProfile'd run of ours per workload at the end")
     ap.add_argument("--profile-top", type=int, default=35)
     ap.add_argument("--verbose", action="store_true", help="print our per-batch progress lines")
     ap.add_argument("--seed", type=int, default=7)
@@ -428,67 +464,58 @@ def main(argv: list[str] | None = None) -> int:
         print(f"data: {args.events} events, {args.keys} keys, {args.files} files in {data} "
               f"({sum(f.stat().st_size for f in data.iterdir()) / MB:.1f} MB, {time.perf_counter() - t0:.1f} s)",
               flush=True)
-
-        t0 = time.perf_counter()
         conf = {"spark.ui.showConsoleProgress": "false"}
         if args.driver_memory:
             conf["spark.driver.memory"] = args.driver_memory
         spark = get_spark("ematix-bench", conf=conf)
-        print(f"spark {spark.version} {spark.sparkContext.master}, session up in {time.perf_counter() - t0:.1f} s; "
-              f"shuffle partitions {spark.conf.get('spark.sql.shuffle.partitions')}, state store provider "
-              f"{spark.conf.get('spark.sql.streaming.stateStore.providerClass')}, JVM max heap "
+        print(f"spark {spark.version} {spark.sparkContext.master}; shuffle partitions "
+              f"{spark.conf.get('spark.sql.shuffle.partitions')}; JVM max heap "
               f"{spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory() / MB:.0f} MB", flush=True)
         timer = install_timers()
         max_groups = max(args.keys, 1_000)
 
+        def run(engine: str, workload: str, source: Path, verbose: bool = False) -> Result:
+            if engine == "ours":
+                return run_ours(spark, source, scratch, workload, timer, max_groups, verbose)
+            if engine == "floor":
+                return run_floor(spark, source, scratch, workload, max_groups)
+            return run_native(spark, source, scratch, workload, args.rsd)
+
         if args.warmup:
             warm = scratch / "warmup"
-            generate(warm, max(min(args.events // 4, 100_000), 4), args.keys, 4, args.items, args.disorder_ms, args.seed + 1)
+            generate(warm, max(min(args.events // 4, 100_000), 4), args.keys, 4, args.items, args.disorder_ms,
+                     args.seed + 1)
             for _ in range(args.warmup):
-                run_ours(spark, warm, scratch, timer, max_groups, verbose=False, store=args.state_store)
-                run_native(spark, warm, scratch, args.rsd)
+                for workload in args.workloads:
+                    for engine in args.engines:
+                        run(engine, workload, warm)
             print("warm-up done", flush=True)
 
-        results: dict[str, list[Result]] = {"ours": [], "native": []}
-        order: list[str] = []
+        results: dict[tuple[str, str], list[Result]] = {}
         for i in range(args.runs):
-            order += ["ours", "native"] if i % 2 == 0 else ["native", "ours"]
-        for n, engine in enumerate(order, 1):
-            if engine == "ours":
-                r = run_ours(spark, data, scratch, timer, max_groups, args.verbose, args.state_store)
-            else:
-                r = run_native(spark, data, scratch, args.rsd)
-            results[engine].append(r)
-            print(f"run {n}/{len(order)} {r.line()} (load avg {os.getloadavg()[0]:.1f})", flush=True)
-            if engine == "ours":
-                print_splits(r)
+            engines = args.engines[i % len(args.engines):] + args.engines[:i % len(args.engines)]
+            for workload in args.workloads:
+                for engine in engines:
+                    r = run(engine, workload, data, args.verbose)
+                    results.setdefault((workload, engine), []).append(r)
+                    print(f"run {i + 1}/{args.runs} {r.line()} (load avg {os.getloadavg()[0]:.1f})", flush=True)
+                    if engine == "ours":
+                        print_splits(r)
 
-        if args.extra_in_memory and args.state_store != "in_memory":
-            r = run_ours(spark, data, scratch, timer, max_groups, args.verbose, "in_memory")
-            print(f"extra   {r.line()}", flush=True)
-            print_splits(r)
-
-        if args.extra_native_rsd:
-            r = run_native(spark, data, scratch, args.extra_native_rsd)
-            r.engine = "native*"
-            print(f"extra   {r.line()}  (* rsd {args.extra_native_rsd})", flush=True)
+        beats: dict[tuple[str, str], Result] = {}
+        if args.heartbeat_batches:
+            for workload in args.workloads:
+                for engine, fn in (("ours", run_ours_heartbeats), ("floor", run_floor_heartbeats)):
+                    if engine in args.engines:
+                        r = fn(spark, scratch, workload, args.heartbeat_batches, max_groups)
+                        beats[(workload, engine)] = r
+                        print(f"heartbeats {r.line()}", flush=True)
 
         if args.profile:
-            profile_ours(spark, data, scratch, timer, max_groups, args.profile_top, args.state_store)
+            for workload in args.workloads:
+                profile_ours(spark, data, scratch, workload, timer, max_groups, args.profile_top)
 
-        med = {e: {m: statistics.median(getattr(r, m) for r in rs) for m in ("cpu", "wall", "peak_rss", "merge_cpu")}
-               for e, rs in results.items()}
-        print(f"\nmedian of {args.runs} run(s) each; {args.events} events, {args.keys} keys, {args.files} micro-batches, "
-              f"1-minute tumbling windows, count + sum + approx count_distinct (lgK 14); our state store: "
-              f"{args.state_store}; native: HDFS state store, approx_count_distinct rsd {args.rsd}")
-        print("| engine | CPU s | wall s | CPU/wall | peak RSS MB (driver+JVM) | driver merge CPU s (share) |")
-        print("|---|---|---|---|---|---|")
-        for e in ("ours", "native"):
-            m = med[e]
-            share = f"{m['merge_cpu']:.2f} ({m['merge_cpu'] / m['cpu']:.1%})" if e == "ours" else "-"
-            print(f"| {e} | {m['cpu']:.1f} | {m['wall']:.1f} | {m['cpu'] / m['wall']:.2f} | {m['peak_rss'] / MB:.0f} | {share} |")
-        print(f"| ours / native | {med['ours']['cpu'] / med['native']['cpu']:.2f} | "
-              f"{med['ours']['wall'] / med['native']['wall']:.2f} | | | |")
+        report(args, {k: _median(v) for k, v in results.items()}, beats)
         return 0
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

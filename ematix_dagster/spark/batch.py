@@ -20,7 +20,7 @@ from ematix_dagster.metrics import StreamingMetrics
 from ematix_dagster.spark import checkpoint
 from ematix_dagster.spark.convert import partial_lists, rows_to_arrow
 from ematix_dagster.spark.partials import BatchFrames, BatchPlan, build_batch
-from ematix_dagster.spark.recovery import named_offsets
+from ematix_dagster.spark.recovery import HEARTBEAT, named_offsets, offset_names
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.streaming.durable import Provenance, batch_commit
 from ematix_dagster.streaming.micro_batch import BatchInput, BatchResult, Engine, SourceStats
@@ -94,20 +94,11 @@ class BatchStep:
         offsets = checkpoint.read_offsets(spec.run.checkpoint_location, batch_id)
         batch_time = offsets.batch_timestamp_ms * 1_000
         self.last_batch_time = batch_time
-        frames = build_batch(df.sparkSession, self.plan, df, batch_id, batch_time,
-                             engine.closed_before(), engine.emitted_before())
-        partials = frames.partials.toArrow()
-        src = frames.source_stats.values()
-        late = frames.late_stats.values()
-        stats = {s.name: SourceStats(rows=src[f"rows_{i}"], max_event_ts=src[f"max_{i}"], invalid=src[f"invalid_{i}"],
-                                     future=src[f"future_{i}"], malformed=src[f"malformed_{i}"])
-                 for i, s in enumerate(spec.sources)}
         in_transaction: InTransaction = []
-        dead = self._write_dead_letters(batch_id, frames, stats, late["late_rows"], in_transaction)
-        starts, keys, values = partial_lists(self.plan, partials)
-        batch = BatchInput(batch_id=batch_id, batch_time=batch_time, sources=stats, starts=starts, keys=keys,
-                           partials=values, late_rows=late["late_rows"], late_assignments=late["late_assignments"],
-                           reopened_rows=late["reopened_rows"], dead_letters=dead)
+        if self._reads_input(offsets):
+            batch = self._aggregate(df, batch_id, batch_time, in_transaction)
+        else:
+            batch = BatchInput(batch_id, batch_time, {s.name: SourceStats() for s in spec.sources})
         result = engine.process(batch)
         self._write(batch_id, result, in_transaction)
         faults.point("target_write", batch_id)
@@ -116,6 +107,39 @@ class BatchStep:
         seconds = time.perf_counter() - started
         self.metrics.record(spec.pipeline_name, spec.window.kind, spec.window.late_data, batch, result, seconds)
         return self._report(batch, result, seconds)
+
+    def _reads_input(self, offsets: checkpoint.BatchOffsets) -> bool:
+        """Whether a data source advanced since the previous batch (its offset line changed).
+
+        A batch in which only the heartbeat ticked (``processing_time`` with no new input) holds no
+        rows; it skips Spark altogether (no plan, no job: the query's own bookkeeping is all it
+        costs) and only lets the watermark move by idleness or processing time.
+        """
+        cp, batch_id = self.spec.run.checkpoint_location, offsets.batch_id
+        if batch_id == 0 or not checkpoint.offsets_exist(cp, batch_id - 1):
+            return True
+        before = checkpoint.read_offsets(cp, batch_id - 1).offsets
+        if len(before) != len(offsets.offsets):
+            return True
+        names = offset_names(self.spec)
+        return any(now != then for name, now, then in zip(names, offsets.offsets, before) if name != HEARTBEAT)
+
+    def _aggregate(self, df: DataFrame, batch_id: int, batch_time: int, in_transaction: InTransaction) -> BatchInput:
+        """The batch's Spark work: one job computes the partials, the source and lateness counts."""
+        engine, spec = self.engine, self.spec
+        frames = build_batch(df.sparkSession, self.plan, df, batch_id, batch_time,
+                             engine.closed_before(), engine.emitted_before())
+        partials = frames.partials.toArrow()
+        src = frames.source_stats.values()
+        late = frames.late_stats.values()
+        stats = {s.name: SourceStats(rows=src[f"rows_{i}"], max_event_ts=src[f"max_{i}"], invalid=src[f"invalid_{i}"],
+                                     future=src[f"future_{i}"], malformed=src[f"malformed_{i}"])
+                 for i, s in enumerate(spec.sources)}
+        dead = self._write_dead_letters(batch_id, frames, stats, late["late_rows"], in_transaction)
+        starts, keys, values = partial_lists(self.plan, partials)
+        return BatchInput(batch_id=batch_id, batch_time=batch_time, sources=stats, starts=starts, keys=keys,
+                          partials=values, late_rows=late["late_rows"], late_assignments=late["late_assignments"],
+                          reopened_rows=late["reopened_rows"], dead_letters=dead)
 
     def flush(self) -> BatchReport:
         """``end_of_input = "flush"``: emit every open window, written beside the last real batch.
@@ -141,9 +165,9 @@ class BatchStep:
             return {}
         tables: list[pa.Table] = []
         if any(s.invalid or s.future or s.malformed for s in stats.values()):
-            tables.append(frames.bad_rows.toArrow())
+            tables.append(frames.bad_rows().toArrow())
         if late_rows and self.spec.window.late_data == "dlq":
-            tables.append(frames.late_rows.toArrow())
+            tables.append(frames.late_rows().toArrow())
         if not tables:
             return {}
         rows = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Callable
 
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
@@ -21,7 +22,8 @@ from pyspark.sql import types as T
 
 from ematix_dagster.errors import PipelineConfigError, first_line
 from ematix_dagster.spark.observed import Observed
-from ematix_dagster.spark.sources import CORRUPT, HEARTBEAT
+from ematix_dagster.spark.recovery import HEARTBEAT
+from ematix_dagster.spark.sources import CORRUPT
 from ematix_dagster.spark.windows import partial_plan
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.streaming.aggregators import Aggregator, make_aggregator
@@ -35,10 +37,10 @@ NOT_ROW_WISE = {"Aggregate", "Window", "WindowGroupLimit", "Sort", "GlobalLimit"
 VIEW = "source"
 
 
-def _reason() -> Column:
+def _reason(ts: Column, future_after: Column) -> Column:
     return (F.when(F.col(CORRUPT).isNotNull(), F.lit("malformed"))
             .when(F.col("_event_ts").isNull(), F.lit("invalid_event_time"))
-            .when(F.col("_ts") > F.col("_future_after"), F.lit("future")))
+            .when(ts > future_after, F.lit("future")))
 
 
 def canonical(col: Column, dtype: T.DataType) -> Column:
@@ -184,8 +186,9 @@ class BatchFrames:
     partials: DataFrame
     source_stats: Observed
     late_stats: Observed
-    bad_rows: DataFrame  # pre-SQL rows with an invalid / future / malformed event time
-    late_rows: DataFrame  # post-SQL rows with no open window
+    # built only when dead letters are written (every DataFrame step is analysed at once)
+    bad_rows: Callable[[], DataFrame]  # pre-SQL rows with an invalid / future / malformed event time
+    late_rows: Callable[[], DataFrame]  # post-SQL rows with no open window
 
 
 def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: int, batch_time_us: int,
@@ -197,9 +200,8 @@ def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: i
     skew = F.lit(None).cast("bigint")
     for s in spec.sources:
         skew = F.when(F.col("_source") == s.name, F.lit(s.max_future_skew_ms * MICROS_PER_MS)).otherwise(skew)
-    df = (df.withColumn("_ts", F.unix_micros("_event_ts"))
-          .withColumn("_future_after", F.lit(batch_time_us) + skew)
-          .withColumn("_reason", _reason()))
+    ts = F.unix_micros("_event_ts")
+    df = df.select("*", ts.alias("_ts"), _reason(ts, F.lit(batch_time_us) + skew).alias("_reason"))
     stats: list[Column] = []
     for i, s in enumerate(spec.sources):
         mine = F.col("_source") == s.name
@@ -212,10 +214,11 @@ def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: i
         ]
     source_stats = Observed(Observation(f"sources_{batch_id}"), df, stats)
     observed = df.observe(source_stats.observation, *stats)
-    bad_rows = (df.filter(F.col("_reason").isNotNull())
-                .drop("_ts", "_future_after")
-                .withColumn("_batch_id", F.lit(batch_id).cast("bigint")))
-    valid = observed.filter(F.col("_reason").isNull()).drop("_ts", "_future_after", "_reason", CORRUPT)
+
+    def bad_rows() -> DataFrame:
+        return df.filter(F.col("_reason").isNotNull()).drop("_ts").withColumn("_batch_id", F.lit(batch_id).cast("bigint"))
+
+    valid = observed.filter(F.col("_reason").isNull()).drop("_ts", "_reason", CORRUPT)
     out = apply_sql(spark, spec, valid)
     windowed = partial_plan(window)(out, window, plan.partial_columns(), batch_id, closed_before, emitted_before)
     return BatchFrames(windowed.partials, source_stats, windowed.late_stats, bad_rows, windowed.late_rows)

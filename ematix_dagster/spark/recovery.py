@@ -30,11 +30,15 @@ class Problem:
         return f"{self.code}: {self.message} Way out: {self.fix}"
 
 
+#: The heartbeat's name: its ``_source`` value and its place in the checkpoint's offsets
+HEARTBEAT = "_heartbeat"
+
+
 def offset_names(spec: PipelineSpec) -> list[str]:
     """Source names in checkpoint order (the heartbeat is the last source under processing_time)."""
     names = list(spec.source_names)
     if spec.run.trigger == "processing_time":
-        names.append("_heartbeat")
+        names.append(HEARTBEAT)
     return names
 
 

@@ -27,10 +27,10 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ematix_dagster.errors import EmatixError, InputSchemaMismatch, PipelineConfigError, first_line
+from ematix_dagster.spark.recovery import HEARTBEAT
 from ematix_dagster.spec import PipelineSpec, Source
 
 CORRUPT = "_corrupt_record"
-HEARTBEAT = "_heartbeat"
 
 # Epoch seconds of 0001-01-01 and 9999-12-31T23:59:59: the range Spark timestamps can hold.
 _MIN_S, _MAX_S = -62_135_596_800, 253_402_300_799

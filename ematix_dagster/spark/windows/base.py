@@ -17,11 +17,13 @@ class WindowedFrames:
 
     ``partials`` has one row per (``_ws`` window start, group columns) with the aggregators'
     partial columns; ``late_stats`` observes ``late_rows``, ``late_assignments`` and
-    ``reopened_rows`` (BatchInput's counters) while the partials are computed.
+    ``reopened_rows`` (BatchInput's counters) while the partials are computed. ``late_rows``
+    builds its frame only when asked (``dlq`` with late rows): every DataFrame step is analysed
+    by Spark at once, and a batch pays for that even when the frame never runs.
     """
 
     partials: DataFrame
-    late_rows: DataFrame  # post-SQL rows with no open window, with _batch_id and _reason
+    late_rows: Callable[[], DataFrame]  # post-SQL rows with no open window, with _batch_id and _reason
     late_stats: Observed
 
 

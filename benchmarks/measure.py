@@ -1,0 +1,142 @@
+"""What the benchmarks measure with: process-tree CPU and RSS, driver-function timers, percentiles.
+
+Kept apart from the workloads so every benchmark script measures the same way. CPU is psutil's
+user + system over this process and every descendant (the JVM, Python workers), sampled on a
+background thread so processes that exit mid-run keep their last seen times; the sampler's own
+thread CPU is subtracted. Peak RSS is the largest sampled driver + JVM resident set.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import functools
+import sys
+import threading
+import time
+from collections import defaultdict
+from typing import Self
+
+import psutil
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) by nearest rank; NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+class CpuMeter:
+    """User+system CPU of this process and every descendant, plus peak driver+JVM RSS."""
+
+    def __init__(self, interval: float = 0.2) -> None:
+        self.interval = interval
+        self.root = psutil.Process()
+        self._stop = threading.Event()
+        self.baseline: dict[tuple[int, float], float] = {}
+        self.last: dict[tuple[int, float], float] = {}
+        self.names: dict[tuple[int, float], str] = {}
+        self.peak_rss = 0
+        self.sampler_cpu = 0.0
+
+    def _procs(self) -> list[psutil.Process]:
+        try:
+            return [self.root, *self.root.children(recursive=True)]
+        except psutil.Error:
+            return [self.root]
+
+    def _sample(self, into: dict[tuple[int, float], float]) -> None:
+        rss = 0
+        for p in self._procs():
+            try:
+                with p.oneshot():
+                    key = (p.pid, p.create_time())
+                    t = p.cpu_times()
+                    into[key] = t.user + t.system
+                    if key not in self.names:
+                        self.names[key] = p.name()
+                    if p.pid == self.root.pid or self.names[key] == "java":
+                        rss += p.memory_info().rss
+            except psutil.Error:  # exited between listing and reading: keep its last seen times
+                continue
+        self.peak_rss = max(self.peak_rss, rss)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            started = time.thread_time()
+            self._sample(self.last)
+            self.sampler_cpu += time.thread_time() - started
+
+    def restart(self) -> None:
+        """Count CPU from now on (a streaming query's start is not what its batches cost)."""
+        baseline: dict[tuple[int, float], float] = {}
+        self._sample(baseline)
+        self.baseline, self.sampler_cpu = baseline, 0.0
+
+    def __enter__(self) -> Self:
+        self._sample(self.baseline)
+        self.last = dict(self.baseline)
+        self._thread = threading.Thread(target=self._loop, name="cpu-meter", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample(self.last)
+
+    @property
+    def cpu(self) -> float:
+        total = sum(v - self.baseline.get(k, 0.0) for k, v in self.last.items())
+        return total - self.sampler_cpu
+
+    def by_process(self) -> dict[str, float]:
+        out: dict[str, float] = defaultdict(float)
+        for k, v in self.last.items():
+            label = "driver" if k[0] == self.root.pid else self.names.get(k, "?")
+            out[label] += v - self.baseline.get(k, 0.0)
+        out["driver"] -= self.sampler_cpu
+        out["meter thread (excluded)"] = self.sampler_cpu
+        return dict(out)
+
+
+class DriverTimer:
+    """Thread CPU and wall time inside chosen driver functions (patched here, not in the engine)."""
+
+    def __init__(self) -> None:
+        self.cpu: dict[str, float] = defaultdict(float)
+        self.wall: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self.profiler: cProfile.Profile | None = None
+        self._patched: list[tuple[object, str, object]] = []
+
+    def reset(self) -> None:
+        self.cpu.clear()
+        self.wall.clear()
+        self.calls.clear()
+
+    def wrap(self, owner: object, attr: str, label: str, profile: bool = False) -> None:
+        original = getattr(owner, attr, None)
+        if original is None:  # the engine moved on: time what still exists
+            print(f"note: {getattr(owner, '__name__', owner)}.{attr} not found, not timed", file=sys.stderr)
+            return
+        timer = self
+
+        @functools.wraps(original)
+        def timed(*args, **kwargs):
+            prof = timer.profiler if profile else None
+            c0, w0 = time.thread_time(), time.perf_counter()
+            if prof is not None:
+                prof.enable()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                if prof is not None:
+                    prof.disable()
+                timer.cpu[label] += time.thread_time() - c0
+                timer.wall[label] += time.perf_counter() - w0
+                timer.calls[label] += 1
+
+        self._patched.append((owner, attr, original))
+        setattr(owner, attr, timed)

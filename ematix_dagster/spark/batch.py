@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
 from ematix_dagster import faults
@@ -19,8 +20,9 @@ from ematix_dagster.errors import StateNotDurableError
 from ematix_dagster.metrics import StreamingMetrics
 from ematix_dagster.spark import checkpoint
 from ematix_dagster.spark.convert import partial_lists, rows_to_arrow
-from ematix_dagster.spark.partials import BatchFrames, BatchPlan, build_batch
+from ematix_dagster.spark.partials import BatchFrames, BatchPlan, batch_counts, build_batch
 from ematix_dagster.spark.recovery import HEARTBEAT, named_offsets, offset_names
+from ematix_dagster.spark.windows.base import CLASS
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.streaming.durable import Provenance, batch_commit
 from ematix_dagster.streaming.micro_batch import BatchInput, BatchResult, Engine, SourceStats
@@ -125,18 +127,17 @@ class BatchStep:
         return any(now != then for name, now, then in zip(names, offsets.offsets, before) if name != HEARTBEAT)
 
     def _aggregate(self, df: DataFrame, batch_id: int, batch_time: int, in_transaction: InTransaction) -> BatchInput:
-        """The batch's Spark work: one job computes the partials, the source and lateness counts."""
+        """The batch's Spark work: one job computes the partials and every counter."""
         engine, spec = self.engine, self.spec
         frames = build_batch(df.sparkSession, self.plan, df, batch_id, batch_time,
                              engine.closed_before(), engine.emitted_before())
-        partials = frames.partials.toArrow()
-        src = frames.source_stats.values()
-        late = frames.late_stats.values()
+        table = frames.partials.toArrow()
+        src, late = batch_counts(spec, table, frames.source_stats)
         stats = {s.name: SourceStats(rows=src[f"rows_{i}"], max_event_ts=src[f"max_{i}"], invalid=src[f"invalid_{i}"],
                                      future=src[f"future_{i}"], malformed=src[f"malformed_{i}"])
                  for i, s in enumerate(spec.sources)}
         dead = self._write_dead_letters(batch_id, frames, stats, late["late_rows"], in_transaction)
-        starts, keys, values = partial_lists(self.plan, partials)
+        starts, keys, values = partial_lists(self.plan, table.filter(pc.is_null(table.column(CLASS))))
         return BatchInput(batch_id=batch_id, batch_time=batch_time, sources=stats, starts=starts, keys=keys,
                           partials=values, late_rows=late["late_rows"], late_assignments=late["late_assignments"],
                           reopened_rows=late["reopened_rows"], dead_letters=dead)

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable
+from typing import Any, Callable
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -25,6 +27,7 @@ from ematix_dagster.spark.observed import Observed
 from ematix_dagster.spark.recovery import HEARTBEAT
 from ematix_dagster.spark.sources import CORRUPT
 from ematix_dagster.spark.windows import partial_plan
+from ematix_dagster.spark.windows.base import CLASS, LATE_ASSIGNMENTS, PRIMARY, REOPENED, ROWS
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.streaming.aggregators import Aggregator, make_aggregator
 from ematix_dagster.streaming.windows import MICROS_PER_MS
@@ -122,12 +125,17 @@ class BatchPlan:
         window = self.spec.window
         return [make_aggregator(a, self.integral[i], window.hll_precision) for i, a in enumerate(window.aggregations)]
 
-    def partial_columns(self) -> list[Column]:
-        """Every aggregation's partial expressions, named ``_p<i>`` (and the aggregator's suffixes)."""
+    def partial_columns(self, gate: Column) -> list[Column]:
+        """Every aggregation's partial expressions, named ``_p<i>`` (and the aggregator's suffixes).
+
+        Rows where ``gate`` is false (class rows: late, bad event time) reach the aggregation
+        only to be counted: their values are hidden from the aggregators (NULL), so a backlog of
+        late rows never builds, say, one huge distinct set.
+        """
         cols: list[Column] = []
         for i, (a, agg) in enumerate(zip(self.spec.window.aggregations, self.aggregators)):
             spark = AggregationInput(None, None) if a.column is None else \
-                AggregationInput(F.col(a.column), self.output_types[a.column])
+                AggregationInput(F.when(gate, F.col(a.column)), self.output_types[a.column])
             cols += [expr.alias(name) for expr, name in zip(agg.spark_partials(spark), agg.partial_names(f"_p{i}"))]
         return cols
 
@@ -181,11 +189,10 @@ def apply_sql(spark: SparkSession, spec: PipelineSpec, df: DataFrame) -> DataFra
 
 @dataclass
 class BatchFrames:
-    """The lazily built frames of one batch and the observations filled when they run."""
+    """The lazily built frames of one batch (``ematix_dagster.spark.windows.base``: one job)."""
 
-    partials: DataFrame
-    source_stats: Observed
-    late_stats: Observed
+    partials: DataFrame  # partials, class rows and hidden counters: read with ``batch_counts``
+    source_stats: Observed | None  # with [transform] sql: pre-SQL counts, observed as the job runs
     # built only when dead letters are written (every DataFrame step is analysed at once)
     bad_rows: Callable[[], DataFrame]  # pre-SQL rows with an invalid / future / malformed event time
     late_rows: Callable[[], DataFrame]  # post-SQL rows with no open window
@@ -193,6 +200,13 @@ class BatchFrames:
 
 def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: int, batch_time_us: int,
                 closed_before: int | None, emitted_before: int | None) -> BatchFrames:
+    """The batch's single Spark job, planned.
+
+    Without ``[transform] sql`` the rows with a bad event time ride along into the aggregation as
+    class rows, so every counter comes out of the partials' own job. A SQL may filter rows, and
+    the source counters are taken before it (SPEC.md §2), so with a SQL they are observed on the
+    SQL's input instead.
+    """
     spec, window = plan.spec, plan.spec.window
     df = df.filter(F.col("_source") != HEARTBEAT)
     if window.time_mode == "processing":
@@ -202,6 +216,28 @@ def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: i
         skew = F.when(F.col("_source") == s.name, F.lit(s.max_future_skew_ms * MICROS_PER_MS)).otherwise(skew)
     ts = F.unix_micros("_event_ts")
     df = df.select("*", ts.alias("_ts"), _reason(ts, F.lit(batch_time_us) + skew).alias("_reason"))
+
+    def bad_rows() -> DataFrame:
+        return df.filter(F.col("_reason").isNotNull()).drop("_ts").withColumn("_batch_id", F.lit(batch_id).cast("bigint"))
+
+    source_stats: Observed | None = None
+    if spec.transform_sql:
+        stats = _source_stats(spec)
+        source_stats = Observed(Observation(f"sources_{batch_id}"), df, stats)
+        valid = df.observe(source_stats.observation, *stats).filter(F.col("_reason").isNull())
+        out = apply_sql(spark, spec, valid.drop("_ts", "_reason", CORRUPT))
+    else:
+        out = df.drop(CORRUPT)
+
+    def aggregates(gate: Column) -> list[Column]:
+        return plan.partial_columns(gate) + ([] if spec.transform_sql else _source_counts(spec))
+
+    windowed = partial_plan(window)(out, window, aggregates, batch_id, closed_before, emitted_before)
+    return BatchFrames(windowed.partials, source_stats, bad_rows, windowed.late_rows)
+
+
+def _source_stats(spec: PipelineSpec) -> list[Column]:
+    """Per-source counters as aggregates over the batch's rows (one row each)."""
     stats: list[Column] = []
     for i, s in enumerate(spec.sources):
         mine = F.col("_source") == s.name
@@ -212,13 +248,50 @@ def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: i
             F.count_if(mine & (F.col("_reason") == "future")).alias(f"future_{i}"),
             F.count_if(mine & (F.col("_reason") == "malformed")).alias(f"malformed_{i}"),
         ]
-    source_stats = Observed(Observation(f"sources_{batch_id}"), df, stats)
-    observed = df.observe(source_stats.observation, *stats)
+    return stats
 
-    def bad_rows() -> DataFrame:
-        return df.filter(F.col("_reason").isNotNull()).drop("_ts").withColumn("_batch_id", F.lit(batch_id).cast("bigint"))
 
-    valid = observed.filter(F.col("_reason").isNull()).drop("_ts", "_reason", CORRUPT)
-    out = apply_sql(spark, spec, valid)
-    windowed = partial_plan(window)(out, window, plan.partial_columns(), batch_id, closed_before, emitted_before)
-    return BatchFrames(windowed.partials, source_stats, windowed.late_stats, bad_rows, windowed.late_rows)
+def _source_counts(spec: PipelineSpec) -> list[Column]:
+    """Per-source rows and newest valid event time as hidden aggregates of the partials (no SQL).
+
+    Each class row (``invalid_event_time``, ``future``, ``malformed``, ``late``) then holds that
+    class's rows per source; one source needs no source column (``ROWS`` counts its rows).
+    """
+    several = len(spec.sources) > 1
+    cols: list[Column] = []
+    for i, s in enumerate(spec.sources):
+        mine = F.col(PRIMARY) & (F.col("_source") == s.name) if several else F.col(PRIMARY)
+        if several:
+            cols.append(F.count_if(mine).alias(f"_rows_{i}"))
+        cols.append(F.max(F.when(mine & F.col("_reason").isNull(), F.col("_ts"))).alias(f"_max_{i}"))
+    return cols
+
+
+def batch_counts(spec: PipelineSpec, table: pa.Table, source_stats: Observed | None) -> tuple[dict[str, Any], dict[str, int]]:
+    """(per-source counters as ``_source_stats`` names them, lateness counters) from the job's result.
+
+    Vectorised over the partials table: a sum or max per hidden column, over the class rows
+    where the counter is a class's.
+    """
+    classes = table.column(CLASS)
+    windowed = pc.is_null(classes)
+
+    def total(column: str, where: pa.ChunkedArray | None = None) -> int:
+        if column not in table.column_names:
+            return 0
+        values = table.column(column) if where is None else table.column(column).filter(where)
+        return int(pc.sum(values).as_py() or 0)
+
+    late = {"late_rows": total(ROWS, pc.equal(classes, "late")),
+            "late_assignments": total(LATE_ASSIGNMENTS, windowed), "reopened_rows": total(REOPENED, windowed)}
+    if source_stats is not None:
+        return source_stats.values(), late
+    stats: dict[str, Any] = {}
+    several = len(spec.sources) > 1
+    for i in range(len(spec.sources)):
+        rows = f"_rows_{i}" if several else ROWS
+        stats[f"rows_{i}"] = total(rows)
+        stats[f"max_{i}"] = pc.max(table.column(f"_max_{i}")).as_py()
+        for reason in ("invalid_event_time", "future", "malformed"):
+            stats[f"{reason.split('_')[0]}_{i}"] = total(rows, pc.equal(classes, reason))
+    return stats, late

@@ -1,4 +1,12 @@
-"""What a window kind's Spark plan hands back to the batch (see ``ematix_dagster.spark.windows``)."""
+"""What a window kind's Spark plan hands back to the batch (see ``ematix_dagster.spark.windows``).
+
+A batch is one Spark job: one aggregation whose result carries the partials *and* the batch's
+counters. Rows that update no window (late rows, and without ``[transform] sql`` the rows with a
+bad event time) are not filtered out but grouped by their class into a few extra result rows
+(``CLASS`` set, window and group columns NULL), so counting them costs a hash-aggregate slot
+instead of a separate observation pass over every row. ``PRIMARY`` marks one copy of each input
+row (a hopping row is copied into each of its windows), so counters count rows, not copies.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +15,16 @@ from typing import Callable
 
 from pyspark.sql import Column, DataFrame
 
-from ematix_dagster.spark.observed import Observed
 from ematix_dagster.spec import Window
+
+#: the row's class: NULL (it updates windows), "late", or the pre-SQL bad-row reason
+CLASS = "_cls"
+#: true on exactly one copy of each input row
+PRIMARY = "_primary"
+#: hidden result columns every kind provides: rows of the group, late assignments, reopening rows
+ROWS = "_n"
+LATE_ASSIGNMENTS = "_late_assignments"
+REOPENED = "_reopened"
 
 
 @dataclass
@@ -16,17 +32,19 @@ class WindowedFrames:
     """The lazily built frames of a batch's window assignment.
 
     ``partials`` has one row per (``_ws`` window start, group columns) with the aggregators'
-    partial columns; ``late_stats`` observes ``late_rows``, ``late_assignments`` and
-    ``reopened_rows`` (BatchInput's counters) while the partials are computed. ``late_rows``
-    builds its frame only when asked (``dlq`` with late rows): every DataFrame step is analysed
-    by Spark at once, and a batch pays for that even when the frame never runs.
+    partial columns and the hidden counters, plus one row per class of rows that update no
+    window. ``late_rows`` builds its frame only when asked (``dlq`` with late rows): every
+    DataFrame step is analysed by Spark at once, and a batch pays for that even when the frame
+    never runs.
     """
 
     partials: DataFrame
     late_rows: Callable[[], DataFrame]  # post-SQL rows with no open window, with _batch_id and _reason
-    late_stats: Observed
 
 
-#: (the SQL's output, the window spec, the partial aggregate columns, batch id, closed_before,
-#: emitted_before) -> the frames; ``closed_before`` / ``emitted_before`` as ``Engine`` gives them
-PartialPlan = Callable[[DataFrame, Window, list[Column], int, int | None, int | None], WindowedFrames]
+#: (the SQL's output (with ``_reason`` when bad rows come along), the window spec, a function of
+#: the gate column (true for rows that update windows) returning the aggregate columns, batch id,
+#: closed_before, emitted_before) -> the frames; ``closed_before`` / ``emitted_before`` as
+#: ``Engine`` gives them
+PartialPlan = Callable[[DataFrame, Window, Callable[[Column], list[Column]], int, int | None, int | None],
+                       WindowedFrames]

@@ -129,6 +129,12 @@ class BatchStep:
     def _aggregate(self, df: DataFrame, batch_id: int, batch_time: int, in_transaction: InTransaction) -> BatchInput:
         """The batch's Spark work: one job computes the partials and every counter."""
         engine, spec = self.engine, self.spec
+        # The plan holds this batch's times (batch time, watermark) as literals, which whole-stage
+        # code generation compiles into the code: every batch would compile and JIT a new class
+        # (measured: a quarter of the pipeline's CPU). Per-operator code keeps the literal-laden
+        # parts small and reuses the aggregation's. The setting is the query's own: foreachBatch
+        # hands over the stream's cloned session, not the one the user built.
+        df.sparkSession.conf.set("spark.sql.codegen.wholeStage", "false")
         frames = build_batch(df.sparkSession, self.plan, df, batch_id, batch_time,
                              engine.closed_before(), engine.emitted_before())
         table = frames.partials.toArrow()
@@ -137,7 +143,9 @@ class BatchStep:
                                      future=src[f"future_{i}"], malformed=src[f"malformed_{i}"])
                  for i, s in enumerate(spec.sources)}
         dead = self._write_dead_letters(batch_id, frames, stats, late["late_rows"], in_transaction)
-        starts, keys, values = partial_lists(self.plan, table.filter(pc.is_null(table.column(CLASS))))
+        # sorted by window start: the engine then merges runs of one window (see WindowState.merge)
+        windowed = table.filter(pc.is_null(table.column(CLASS))).sort_by("_ws")
+        starts, keys, values = partial_lists(self.plan, windowed)
         return BatchInput(batch_id=batch_id, batch_time=batch_time, sources=stats, starts=starts, keys=keys,
                           partials=values, late_rows=late["late_rows"], late_assignments=late["late_assignments"],
                           reopened_rows=late["reopened_rows"], dead_letters=dead)

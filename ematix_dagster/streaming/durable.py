@@ -8,6 +8,7 @@ the replay tests use one mapping instead of two copies that could drift apart.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Callable, Sequence
 
 from ematix_dagster.streaming.micro_batch import Engine
@@ -36,6 +37,7 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
     """
     upserts, evicted = engine.state.take_changes()
     bounds = engine.state.window_kind.bounds
+    ends: dict[int, int] = {}
     marks = engine.watermarks
     record = PipelineRecord(
         pipeline=pipeline, state_version=STATE_VERSION, query_id=provenance.query_id,
@@ -46,10 +48,16 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
     )
     return BatchCommit(
         record=record,
-        upserts=[(start, bounds(start).end, encode_key(key), encode_state(accs)) for start, key, accs in upserts],
+        upserts=[(start, ends[start] if start in ends else ends.setdefault(start, bounds(start).end),
+                  _encoded_key(key), encode_state(accs)) for start, key, accs in upserts],
         deleted_windows=evicted,
         in_transaction=list(in_transaction),
     )
+
+
+#: A group's key is encoded again every batch that touches it (in every window it is in): the
+#: encodings of the keys seen lately are kept (keys are tuples of scalars, so hashable).
+_encoded_key = lru_cache(maxsize=1 << 17)(encode_key)
 
 
 def restore_engine(engine: Engine, recovered: RecoveredState, store: str | None = None) -> PipelineRecord | None:

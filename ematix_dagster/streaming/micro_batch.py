@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 from operator import itemgetter
 from typing import Any, Iterable, NoReturn, Sequence
 
@@ -72,13 +73,13 @@ class BatchResult:
     windows_open: int
     groups: int
 
-    @property
+    @cached_property
     def finals(self) -> int:
         return sum(1 for r in self.rows if r.kind == "final")
 
-    @property
+    @cached_property
     def corrections(self) -> int:
-        return sum(1 for r in self.rows if r.kind == "correction")
+        return len(self.rows) - self.finals
 
 
 @dataclass

@@ -14,7 +14,8 @@ per-window is rewritten on a commit except the groups that changed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from operator import itemgetter
+from typing import Any, Iterable, NamedTuple, Sequence
 
 from ematix_dagster.errors import StateCapExceeded
 from ematix_dagster.streaming.aggregators import Aggregator, PartialRowError, order_key
@@ -23,9 +24,11 @@ from ematix_dagster.streaming.windows import WindowKind
 GroupKey = tuple[Any, ...]
 
 
-@dataclass(frozen=True)
-class EmittedRow:
-    """One output row before it becomes Arrow: window bounds, group key, finished values."""
+class EmittedRow(NamedTuple):
+    """One output row before it becomes Arrow: window bounds, group key, finished values.
+
+    A named tuple: a batch emits one per (window, group), often tens of thousands.
+    """
 
     start: int
     end: int
@@ -48,8 +51,8 @@ class WindowState:
     max_groups_per_window: int
     window_kind: WindowKind
     windows: dict[int, dict[GroupKey, list[Any]]] = field(default_factory=dict)
-    # Changes since the last durable commit: groups to upsert, windows evicted whole.
-    dirty: set[tuple[int, GroupKey]] = field(default_factory=set)
+    # Changes since the last durable commit: groups to upsert (per window), windows evicted whole.
+    dirty: dict[int, set[GroupKey]] = field(default_factory=dict)
     evicted: set[int] = field(default_factory=set)
 
     def describe(self, start: int) -> str:
@@ -68,15 +71,20 @@ class WindowState:
         """Fold one batch of partials in; returns the groups touched per window.
 
         Groups are found (or created, within the cap) row by row, then each aggregator merges its
-        whole column of partials at once.
+        whole column of partials at once. Partials come in runs of one window start (the batch
+        sorts them), so the window's dict and touched set are looked up once per run.
         """
         touched: dict[int, set[GroupKey]] = {}
-        width, cap = len(self.aggregators), self.max_groups_per_window
+        width, cap, windows = len(self.aggregators), self.max_groups_per_window, self.windows
         states: list[list[Any]] = []
+        current: int | None = None
+        groups: dict[GroupKey, list[Any]] = {}
+        seen: set[GroupKey] = set()
         for start, key in zip(starts, keys):
-            groups = self.windows.get(start)
-            if groups is None:
-                groups = self.windows[start] = {}
+            if start != current:
+                current = start
+                groups = windows.setdefault(start, {})
+                seen = touched.setdefault(start, set())
             accs = groups.get(key)
             if accs is None:
                 if len(groups) >= cap:
@@ -86,8 +94,9 @@ class WindowState:
                     )
                 accs = groups[key] = [None] * width
             states.append(accs)
-            touched.setdefault(start, set()).add(key)
-            self.dirty.add((start, key))
+            seen.add(key)
+        for start, keys_ in touched.items():
+            self.dirty.setdefault(start, set()).update(keys_)
         if not states:  # a batch without partials may come with no partial columns at all
             return touched
         for i, agg in enumerate(self.aggregators):
@@ -106,18 +115,20 @@ class WindowState:
 
     def take_changes(self) -> tuple[list[tuple[int, GroupKey, list[Any]]], list[int]]:
         """Groups changed and windows evicted since the last call (what a store must write)."""
-        upserts = [(start, key, self.windows[start][key]) for start, key in self.dirty if start in self.windows]
+        upserts = [(start, key, groups[key]) for start, keys in self.dirty.items()
+                   if (groups := self.windows.get(start)) is not None for key in keys]
         evicted = sorted(self.evicted)
-        self.dirty, self.evicted = set(), set()
+        self.dirty, self.evicted = {}, set()
         return upserts, evicted
 
     def _rows(self, start: int, keys: Iterable[GroupKey], kind: str) -> list[EmittedRow]:
         groups = self.windows[start]
         end = self.window_kind.bounds(start).end
-        return [
-            EmittedRow(start, end, key, tuple(a.result(acc) for a, acc in zip(self.aggregators, groups[key])), kind)
-            for key in sorted(keys, key=_key_order)
-        ]
+        ordered = sorted(keys, key=_key_order)
+        states = [groups[key] for key in ordered]
+        # one aggregator at a time over the window's groups, then one tuple per group
+        columns = [list(map(agg.result, map(itemgetter(i), states))) for i, agg in enumerate(self.aggregators)]
+        return [EmittedRow(start, end, key, values, kind) for key, values in zip(ordered, zip(*columns))]
 
     def emit(self, before: int | None, watermark: int | None, touched: dict[int, set[GroupKey]],
              retention: int) -> list[EmittedRow]:

@@ -42,7 +42,7 @@ class StateEstimate:
         return self.open_windows * self.groups_per_window * self.bytes_per_group
 
     def describe(self) -> str:
-        text = (f"{self.total_bytes / GIB:.1f} GiB ({self.open_windows} open windows x "
+        text = (f"{self.total_bytes / (1 << 20):,.0f} MiB ({self.open_windows} open windows x "
                 f"max_groups_per_window={self.groups_per_window} x {self.bytes_per_group} bytes per group)")
         if self.bytes_per_distinct_value:
             text += f", plus {self.bytes_per_distinct_value} bytes per value an exact distinct set holds"

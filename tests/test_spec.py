@@ -650,3 +650,36 @@ def test_state_upper_bound_reflects_aggregation_state() -> None:
                                   aggregations=(Aggregation("count_distinct", "d", column="x", mode="exact",
                                                             max_distinct_values_per_group=100_000),))
                           ).total_bytes < (1 << 30)  # once "894.1 GiB" (two caps multiplied)
+
+
+# ---- session windows (SPEC.md §8): the rules, ahead of the kind's registration -------------------
+
+SESSION_RULES = [  # (changes, the key named, words in the message)
+    ({"gap_ms": None}, "gap_ms", ("required",)),
+    ({"gap_ms": 0}, "gap_ms", ("positive",)),
+    ({"max_session_duration_ms": None}, "max_session_duration_ms", ("required",)),
+    ({"max_session_duration_ms": 30_000}, "max_session_duration_ms", ("not larger than gap_ms=30000",)),
+    ({"duration_ms": 60_000}, "duration_ms", ("does not apply to session windows",)),
+    ({"hop_ms": 10_000}, "hop_ms", ("does not apply to session windows",)),
+    ({"group_by": ()}, "group_by", ("required for session windows",)),
+]
+
+
+@pytest.mark.parametrize(("changes", "field", "words"), SESSION_RULES)
+def test_session_rules_name_the_key(changes: dict[str, Any], field: str, words: tuple[str, ...]) -> None:
+    base = load_pipeline_str(MINIMAL_TOML).window
+    good = replace(base, kind="session", duration_ms=None, gap_ms=30_000, max_session_duration_ms=3_600_000,
+                   group_by=("user_id",))
+    good._validate_session("transform.window")  # the valid one passes
+    with pytest.raises(PipelineConfigError) as exc:
+        replace(good, **changes)._validate_session("transform.window")
+    assert exc.value.key == f"transform.window.{field}"
+    assert all(w in str(exc.value) for w in words), str(exc.value)
+
+
+def test_session_keys_are_refused_on_fixed_windows() -> None:
+    base = load_pipeline_str(MINIMAL_TOML).window
+    for field in ("gap_ms", "max_session_duration_ms"):
+        with pytest.raises(PipelineConfigError) as exc:
+            replace(base, **{field: 1_000}).validate()
+        assert exc.value.key == f"transform.window.{field}" and "only applies to session windows" in str(exc.value)

@@ -75,11 +75,13 @@ class Window:
     """
 
     kind: str
-    duration_ms: int
     max_groups_per_window: int
     aggregations: tuple[Aggregation, ...]
+    duration_ms: int | None = None  # tumbling, hopping (and sliding); sessions have none
     group_by: tuple[str, ...] = ()
     hop_ms: int | None = None
+    gap_ms: int | None = None  # session: the most time between a key's consecutive rows in one session
+    max_session_duration_ms: int | None = None  # session: sessions never cross a multiple of it (SPEC.md §8)
     event_time_column: str = "_event_ts"
     event_time_unit: str = "ms"
     time_mode: str = "event"
@@ -104,7 +106,20 @@ class Window:
             _fail(f"{key}.kind", f"{self.kind!r} windows are not available in this version", f"use {kinds}")
         if self.kind not in KINDS:
             _fail(f"{key}.kind", f"unknown window kind {self.kind!r}", f"use {kinds}")
+        if self.kind == "session":
+            self._validate_session(key)
+        else:
+            self._validate_fixed(key)
+        self._validate_common(key)
+
+    def _validate_fixed(self, key: str) -> None:
+        if self.duration_ms is None:
+            _fail(f"{key}.duration_ms", f"is required for {self.kind} windows", "set the window's length in ms")
         _positive(f"{key}.duration_ms", self.duration_ms)
+        for name in ("gap_ms", "max_session_duration_ms"):
+            if getattr(self, name) is not None:
+                _fail(f"{key}.{name}", f"{name} only applies to session windows, not {self.kind!r}",
+                      'remove it or use kind = "session"')
         if self.kind == "hopping":
             if self.hop_ms is None:
                 _fail(f"{key}.hop_ms", "is required for hopping windows",
@@ -116,6 +131,8 @@ class Window:
         elif self.hop_ms is not None:
             _fail(f"{key}.hop_ms", f"hop_ms = {self.hop_ms!r} only applies to hopping windows, not {self.kind!r}",
                   'remove it or use kind = "hopping"')
+
+    def _validate_common(self, key: str) -> None:
         if self.event_time_unit not in TIME_UNITS:
             _fail(f"{key}.event_time_unit", f"unknown unit {self.event_time_unit!r}", 'use "ms", "us" or "s"')
         if self.time_mode not in TIME_MODES:
@@ -185,6 +202,27 @@ class Window:
             if agg.as_.lower() in seen:
                 _fail(f"{akey}.as", f"{agg.as_!r} collides with the {seen[agg.as_.lower()]}", "pick a unique alias")
             seen[agg.as_.lower()] = "alias of another aggregation"
+
+    def _validate_session(self, key: str) -> None:
+        """SPEC.md §8's rules, each naming its key."""
+        for name in ("duration_ms", "hop_ms"):
+            if getattr(self, name) is not None:
+                _fail(f"{key}.{name}", f"{name} does not apply to session windows (a session's length "
+                      "follows its rows)", "remove it; set gap_ms and max_session_duration_ms")
+        if self.gap_ms is None:
+            _fail(f"{key}.gap_ms", "is required for session windows",
+                  "set the most time (ms) between a key's consecutive rows of one session")
+        _positive(f"{key}.gap_ms", self.gap_ms)
+        if self.max_session_duration_ms is None:
+            _fail(f"{key}.max_session_duration_ms", "is required for session windows",
+                  "set the longest a session may run (ms); sessions are cut at its multiples")
+        _positive(f"{key}.max_session_duration_ms", self.max_session_duration_ms)
+        if self.max_session_duration_ms <= self.gap_ms:
+            _fail(f"{key}.max_session_duration_ms", f"{self.max_session_duration_ms} is not larger than "
+                  f"gap_ms={self.gap_ms}", "use a cap larger than the gap")
+        if not self.group_by:
+            _fail(f"{key}.group_by", "is required for session windows (sessions are per key)",
+                  'group by the column that identifies a session\'s owner, e.g. group_by = ["user_id"]')
 
     @property
     def hop(self) -> int:

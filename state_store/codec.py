@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import gc
 import struct
+import threading
 from contextlib import contextmanager
 from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
@@ -49,6 +50,7 @@ from typing import Any, Callable, Iterable, Iterator
 import msgpack
 from msgpack import ExtType
 
+from state_store.codec_v1 import v1_values
 from state_store.errors import CorruptState, StateVersionError
 
 KEY_FORMAT = 1
@@ -108,8 +110,18 @@ def _default(o: Any) -> Any:
     raise TypeError(f"cannot encode a value of type {type(o).__name__} in window state")
 
 
+_PACKERS = threading.local()  # a Packer is reused (cheaper than packb's new one per call), one per thread
+
+
 def _packb(o: Any) -> bytes:
-    return msgpack.packb(o, default=_default, use_bin_type=True)
+    packer = getattr(_PACKERS, "packer", None)
+    if packer is None:
+        packer = _PACKERS.packer = msgpack.Packer(default=_default, use_bin_type=True)
+    try:
+        return packer.pack(o)
+    except BaseException:
+        _PACKERS.packer = None  # never reuse a buffer a failed pack may have left half written
+        raise
 
 
 def _ext_hook(code: int, data: bytes) -> Any:
@@ -141,8 +153,13 @@ def _unpackb(data: bytes | memoryview) -> Any:
 _KEY_TYPES = (type(None), bool, int, float, str, bytes, Decimal, datetime, date, time, timedelta)
 
 
+_PLAIN_KEY_TYPES = frozenset({type(None), bool, int, str, bytes})  # encoded as they are
+
+
 def encode_key(key: tuple) -> bytes:
     """Canonical bytes of a group key (a tuple of scalar values); equal inputs give equal bytes."""
+    if set(map(type, key)) <= _PLAIN_KEY_TYPES:  # the common case, checked at C speed
+        return _KEY_PREFIX + _packb(list(key))
     values = []
     for v in key:
         if type(v) is float and v != v:
@@ -174,8 +191,20 @@ def decode_key(b: bytes) -> tuple:
 _NOT_VALUES = (list, dict)  # msgpack would pack them, but they would come back as a tuple / a set
 
 
+_PLAIN_STATE_TYPES = frozenset({type(None), bool, int, float, str, bytes})  # need no checks
+
+
 def encode_state(accs: list) -> bytes:
     """One (window, group)'s accumulators in the current ``STATE_VERSION``."""
+    if not (type(accs) is list and set(map(type, accs)) <= _PLAIN_STATE_TYPES):
+        _check_accumulators(accs)
+    try:
+        return _STATE_PREFIX + _packb(accs if type(accs) is list else list(accs))
+    except OverflowError as exc:  # pragma: no cover - msgpack hands big ints to _default
+        raise TypeError(str(exc)) from None
+
+
+def _check_accumulators(accs: Iterable[Any]) -> None:
     for a in accs:
         kind = type(a)
         if kind is tuple:
@@ -183,10 +212,6 @@ def encode_state(accs: list) -> bytes:
                 raise TypeError("an accumulator tuple cannot hold a list or a dict")
         elif kind in _NOT_VALUES:
             raise TypeError(f"an accumulator cannot be a {kind.__name__} (use a tuple or a set)")
-    try:
-        return _STATE_PREFIX + _packb(accs if type(accs) is list else list(accs))
-    except OverflowError as exc:  # pragma: no cover - msgpack hands big ints to _default
-        raise TypeError(str(exc)) from None
 
 
 def decode_state(b: bytes) -> list:
@@ -229,47 +254,7 @@ def _describe(b: bytes | memoryview) -> str:
 
 
 def _v1_to_v2(blob: bytes) -> bytes:
-    """Version 1 (tagged text values) -> version 2; the only place that still reads version 1."""
-
-    def value(tagged: Any) -> Any:
-        tag, payload = tagged
-        if tag == "none":
-            return None
-        if tag == "bool":
-            return bool(payload)
-        if tag == "int":
-            return int(payload)
-        if tag == "float":
-            return float(payload)
-        if tag == "decimal":
-            return Decimal(payload)
-        if tag == "str":
-            if not isinstance(payload, str):
-                raise ValueError("str payload is not text")
-            return payload
-        if tag == "bytes":
-            if not isinstance(payload, bytes):
-                raise ValueError("bytes payload is not binary")
-            return payload
-        if tag == "timestamp":
-            dt = datetime.fromisoformat(payload)
-            if dt.utcoffset() is None:
-                raise ValueError("timestamp without an offset")
-            return dt.astimezone(timezone.utc)
-        if tag == "timestamp_ntz":
-            return datetime.fromisoformat(payload)
-        if tag == "date":
-            return date.fromisoformat(payload)
-        if tag == "tuple":
-            return tuple(value(x) for x in payload)
-        if tag == "set":
-            return {value(x) for x in payload}
-        raise ValueError(f"unknown version-1 tag {tag!r}")
-
-    entries = msgpack.unpackb(memoryview(blob)[1:], raw=False, use_list=True, strict_map_key=True)
-    if not isinstance(entries, list):
-        raise ValueError("a version-1 blob holds a list")
-    return bytes([2]) + _packb([value(e) for e in entries])
+    return bytes([2]) + _packb(v1_values(blob))
 
 
 # from_version -> step to from_version + 1. A version missing here cannot be migrated (seed 001's

@@ -33,7 +33,7 @@ def _validate(spec: PipelineSpec) -> None:
 def cmd_validate(spec: PipelineSpec) -> int:
     _validate(spec)
     w = spec.window
-    print(f"ok: pipeline {spec.pipeline_name}: {len(spec.sources)} source(s), {w.kind} window of {w.duration_ms} ms, "
+    print(f"ok: pipeline {spec.pipeline_name}: {len(spec.sources)} source(s), {w.shape}, "
           f"{len(w.aggregations)} aggregation(s), target {spec.target.kind}")
     return 0
 

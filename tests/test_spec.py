@@ -389,7 +389,7 @@ ERROR_CASES: list[tuple[str, dict[str, Any], str, tuple[str, ...]]] = [
     ("lateness-negative", {f"{W}.lateness_ms": -1}, f"{W}.lateness_ms", ("-1", ">= 0")),
     ("idleness-zero", {f"{W}.source_idleness_ms": 0}, f"{W}.source_idleness_ms", ("0", "> 0")),
     ("unknown-window-kind", {f"{W}.kind": "rolling"}, f"{W}.kind", ("'rolling'", "tumbling")),
-    ("reserved-kind-session", {f"{W}.kind": "session"}, f"{W}.kind", ("'session'", "not available", "tumbling")),
+    ("session-with-duration", {f"{W}.kind": "session"}, f"{W}.duration_ms", ("does not apply to session windows",)),
     ("reserved-kind-sliding", {f"{W}.kind": "sliding"}, f"{W}.kind", ("'sliding'", "not available", "hopping")),
     ("bad-time-mode", {f"{W}.time_mode": "wall"}, f"{W}.time_mode", ("'wall'", '"event" or "processing"')),
     ("bad-event-time-unit", {f"{W}.event_time_unit": "ns"}, f"{W}.event_time_unit", ("'ns'", '"ms"')),
@@ -652,7 +652,7 @@ def test_state_upper_bound_reflects_aggregation_state() -> None:
                           ).total_bytes < (1 << 30)  # once "894.1 GiB" (two caps multiplied)
 
 
-# ---- session windows (SPEC.md §8): the rules, ahead of the kind's registration -------------------
+# ---- session windows (SPEC.md §8) ----------------------------------------------------------------
 
 SESSION_RULES = [  # (changes, the key named, words in the message)
     ({"gap_ms": None}, "gap_ms", ("required",)),

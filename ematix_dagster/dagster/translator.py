@@ -22,8 +22,7 @@ class EmatixTranslator:
     def get_description(self, pipeline: EmatixPipeline) -> str:
         spec = pipeline.spec
         w = spec.window
-        size = f"{w.duration_ms // 1000} s" if w.duration_ms % 1000 == 0 else f"{w.duration_ms} ms"
-        shape = f"{w.kind} windows of {size}" + (f" every {w.hop // 1000} s" if w.kind == "hopping" else "")
+        shape = w.shape
         by = f" per {', '.join(w.group_by)}" if w.group_by else ""
         sources = ", ".join(s.name for s in spec.sources)
         target = spec.target.table or spec.target.path or spec.target.kind

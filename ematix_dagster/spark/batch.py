@@ -27,8 +27,10 @@ from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.streaming.durable import Provenance, batch_commit
 from ematix_dagster.streaming.micro_batch import BatchInput, BatchResult, Engine, SourceStats
 from ematix_dagster.streaming.windows import format_us
+from ematix_dagster.streaming.windows.session import session_id
 from ematix_dagster.targets import DeadLetterWriter, WindowWriter
 from state_store.base import PipelineRecord, StateStore
+from state_store.codec import encode_key
 
 InTransaction = list[Callable[[object], None]]
 
@@ -143,12 +145,17 @@ class BatchStep:
                                      future=src[f"future_{i}"], malformed=src[f"malformed_{i}"])
                  for i, s in enumerate(spec.sources)}
         dead = self._write_dead_letters(batch_id, frames, stats, late["late_rows"], in_transaction)
-        # sorted by window start: the engine then merges runs of one window (see WindowState.merge)
-        windowed = table.filter(pc.is_null(table.column(CLASS))).sort_by("_ws")
-        starts, keys, values = partial_lists(self.plan, windowed)
+        windowed = table.filter(pc.is_null(table.column(CLASS)))
+        lasts: list[int] = []
+        if spec.window.kind == "session":  # a partial session: its first and last event time
+            starts, keys, values = partial_lists(self.plan, windowed, start_column="_first")
+            lasts = windowed.column("_last").to_pylist()
+        else:  # sorted by window start: the engine then merges runs of one window (WindowState.merge)
+            starts, keys, values = partial_lists(self.plan, windowed.sort_by("_ws"))
         return BatchInput(batch_id=batch_id, batch_time=batch_time, sources=stats, starts=starts, keys=keys,
-                          partials=values, late_rows=late["late_rows"], late_assignments=late["late_assignments"],
-                          reopened_rows=late["reopened_rows"], dead_letters=dead)
+                          partials=values, lasts=lasts, late_rows=late["late_rows"],
+                          late_assignments=late["late_assignments"], reopened_rows=late["reopened_rows"],
+                          dead_letters=dead)
 
     def flush(self) -> BatchReport:
         """``end_of_input = "flush"``: emit every open window, written beside the last real batch.
@@ -188,7 +195,11 @@ class BatchStep:
         return {r: reasons.count(r) for r in sorted(set(reasons))}
 
     def _write(self, batch_id: int, result: BatchResult, in_transaction: InTransaction, part: str = "part-0") -> None:
-        table = rows_to_arrow(self.schema, result.rows, len(self.spec.window.group_by))
+        ids = None
+        if self.spec.window.kind == "session":
+            name = self.spec.pipeline_name
+            ids = [session_id(name, encode_key(r.key), r.start) for r in result.rows]
+        table = rows_to_arrow(self.schema, result.rows, len(self.spec.window.group_by), ids)
         if self.spec.target.same_transaction:
             in_transaction.append(lambda conn: self.target.write_in_transaction(conn, batch_id, table))
         else:

@@ -17,11 +17,14 @@ from ematix_dagster.spark.partials import BatchPlan
 from ematix_dagster.streaming.window_state import EmittedRow
 
 UTC_MICROS = pa.timestamp("us", tz="UTC")
+SESSION_ID = "session_id"  # session windows' informational id (SPEC.md §8)
 
 
 def output_schema(plan: BatchPlan) -> pa.Schema:
     window, types = plan.spec.window, plan.output_types
     fields = [pa.field(window.window_start_column, UTC_MICROS), pa.field(window.window_end_column, UTC_MICROS)]
+    if window.kind == "session":
+        fields.append(pa.field(SESSION_ID, pa.int64()))
     fields += [pa.field(g, _arrow(types[g])) for g in window.group_by]
     for a, agg in zip(window.aggregations, plan.aggregators):
         input_type = _arrow(types[a.column]) if agg.reads_input_type else None  # type: ignore[index]
@@ -36,10 +39,11 @@ def _arrow(dtype: T.DataType) -> pa.DataType:
     return to_arrow_type(dtype)
 
 
-def partial_lists(plan: BatchPlan, table: pa.Table) -> tuple[list[int], list[tuple[Any, ...]], list[list[Any]]]:
-    """Columns of the partials table as the plain lists ``WindowState.merge`` takes."""
+def partial_lists(plan: BatchPlan, table: pa.Table,
+                  start_column: str = "_ws") -> tuple[list[int], list[tuple[Any, ...]], list[list[Any]]]:
+    """Columns of the partials table as the plain lists the window state's ``merge`` takes."""
     window = plan.spec.window
-    starts = table.column("_ws").to_pylist()
+    starts = table.column(start_column).to_pylist()
     group_cols = [table.column(g).to_pylist() for g in window.group_by]
     keys = list(zip(*group_cols)) if group_cols else [()] * len(starts)
     partials = [agg.from_arrow([table.column(name).to_pylist() for name in agg.partial_names(f"_p{i}")])
@@ -47,14 +51,19 @@ def partial_lists(plan: BatchPlan, table: pa.Table) -> tuple[list[int], list[tup
     return starts, keys, partials
 
 
-def rows_to_arrow(schema: pa.Schema, rows: Sequence[EmittedRow], group_width: int) -> pa.Table:
+def rows_to_arrow(schema: pa.Schema, rows: Sequence[EmittedRow], group_width: int,
+                  session_ids: Sequence[int] | None = None) -> pa.Table:
+    """The rows as the output schema's columns (``session_ids``: one per row, for session windows)."""
     columns: list[list[Any]] = [[] for _ in schema]
+    first_key = 2 if session_ids is None else 3
     for r in rows:
         columns[0].append(r.start)
         columns[1].append(r.end)
         for i, v in enumerate(r.key):
-            columns[2 + i].append(v)
+            columns[first_key + i].append(v)
         for j, v in enumerate(r.values):
-            columns[2 + group_width + j].append(v)
+            columns[first_key + group_width + j].append(v)
         columns[-1].append(r.kind)
+    if session_ids is not None:
+        columns[2] = list(session_ids)
     return pa.table([pa.array(c, type=f.type) for c, f in zip(columns, schema)], schema=schema)

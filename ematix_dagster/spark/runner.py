@@ -337,7 +337,7 @@ class PipelineRunner:
         return summary
 
     def _not_emitted(self) -> int:
-        return self.engine.state.open_windows(self.engine.watermarks.global_wm)
+        return self.engine.open_windows()
 
 
 def run_pipeline(spec: PipelineSpec, spark: SparkSession | None = None) -> RunSummary:

@@ -220,9 +220,28 @@ class Window:
         if self.max_session_duration_ms <= self.gap_ms:
             _fail(f"{key}.max_session_duration_ms", f"{self.max_session_duration_ms} is not larger than "
                   f"gap_ms={self.gap_ms}", "use a cap larger than the gap")
+        if self.late_data == "reopen":
+            _fail(f"{key}.late_data", 'late_data = "reopen" is not available for session windows in this version',
+                  'use "drop" or "dlq" (corrections and retractions of sessions come next)')
+        names = [*self.group_by, *(a.as_ for a in self.aggregations)]
+        if "session_id" in (n.lower() for n in names):
+            _fail(f"{key}.group_by", "session_id is the session windows' id column", "rename that column or alias")
         if not self.group_by:
             _fail(f"{key}.group_by", "is required for session windows (sessions are per key)",
                   'group by the column that identifies a session\'s owner, e.g. group_by = ["user_id"]')
+
+    @property
+    def shape(self) -> str:
+        """The windows in words, for messages and descriptions."""
+        def span(ms: int) -> str:
+            return f"{ms // 1000} s" if ms % 1000 == 0 else f"{ms} ms"
+
+        if self.kind == "session":
+            assert self.gap_ms is not None and self.max_session_duration_ms is not None
+            return f"session windows (gap {span(self.gap_ms)}, cut every {span(self.max_session_duration_ms)})"
+        assert self.duration_ms is not None
+        every = f" every {span(self.hop)}" if self.kind == "hopping" else ""
+        return f"{self.kind} windows of {span(self.duration_ms)}{every}"
 
     @property
     def hop(self) -> int:

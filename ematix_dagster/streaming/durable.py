@@ -13,7 +13,8 @@ from typing import Any, Callable, Sequence
 
 from ematix_dagster.streaming.micro_batch import Engine
 from ematix_dagster.streaming.window_state import GroupKey
-from ematix_dagster.streaming.windows import WindowKind
+from ematix_dagster.streaming.session_state import SessionState
+from ematix_dagster.streaming.windows import SessionWindows, WindowKind
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, SourceProgress
 from state_store.codec import STATE_VERSION, decode_groups, encode_key, encode_state
 from state_store.errors import RESTORE_OR_RESET, CorruptState
@@ -35,9 +36,19 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
 
     Takes the engine's pending changes, so call it once per commit.
     """
-    upserts, evicted = engine.state.take_changes()
-    bounds = engine.state.window_kind.bounds
-    ends: dict[int, int] = {}
+    state = engine.state
+    deletes: list[tuple[int, bytes]] = []
+    evicted: list[int] = []
+    if isinstance(state, SessionState):  # a session's end is its own; gone sessions are deleted one by one
+        changed, gone = state.take_changes()
+        upserts = [(start, end, _encoded_key(key), encode_state(accs)) for start, end, key, accs, _ in changed]
+        deletes = [(start, _encoded_key(key)) for start, key in gone]
+    else:
+        groups, evicted = state.take_changes()
+        bounds = state.window_kind.bounds
+        ends: dict[int, int] = {}
+        upserts = [(start, ends[start] if start in ends else ends.setdefault(start, bounds(start).end),
+                    _encoded_key(key), encode_state(accs)) for start, key, accs in groups]
     marks = engine.watermarks
     record = PipelineRecord(
         pipeline=pipeline, state_version=STATE_VERSION, query_id=provenance.query_id,
@@ -48,8 +59,8 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
     )
     return BatchCommit(
         record=record,
-        upserts=[(start, ends[start] if start in ends else ends.setdefault(start, bounds(start).end),
-                  _encoded_key(key), encode_state(accs)) for start, key, accs in upserts],
+        upserts=upserts,
+        deletes=deletes,
         deleted_windows=evicted,
         in_transaction=list(in_transaction),
     )
@@ -68,11 +79,17 @@ def restore_engine(engine: Engine, recovered: RecoveredState, store: str | None 
     record = recovered.record
     if record is None:
         return None
-    check_window_ends(engine.state.pipeline, engine.state.window_kind, recovered.groups, store)
-    groups = decoded_groups(engine.state.pipeline, recovered, store)
+    state = engine.state
+    kind = state.rules if isinstance(state, SessionState) else state.window_kind
+    check_window_ends(state.pipeline, kind, recovered.groups, store)
+    groups = decoded_groups(state.pipeline, recovered, store)
+    ends = None
+    if isinstance(state, SessionState):
+        stored = {(start, key): end for start, end, key, _ in recovered.groups}
+        ends = {(start, key): stored[(start, encode_key(key))] for start, key, _ in groups}
     engine.restore(record.last_batch_id, record.watermark,
                    {n: (p.max_event_ts, p.last_arrival) for n, p in record.sources.items()},
-                   record.counters, groups, store=store)
+                   record.counters, groups, store=store, ends=ends)
     return record
 
 
@@ -85,21 +102,20 @@ def decoded_groups(pipeline: str, recovered: RecoveredState,
 
 def check_window_ends(pipeline: str, kind: WindowKind, groups: list[tuple[int, int | None, bytes, bytes]],
                       store: str | None = None) -> None:
-    """Every stored window end is the one the engine's window kind gives its start.
+    """Every stored window end is one the engine's window kind allows for its start.
 
     A mismatch means the state was written for other windows (the spec's fingerprint catches a
     changed spec first) or the store's ``window_end`` was filled wrongly; continuing would emit
     rows with the wrong bounds. A None end (an old row with no recorded duration) is the kind's.
     """
-    bounds = kind.bounds
-    checked: dict[int, int] = {}
+    checked: set[tuple[int, int]] = set()
     for start, end, _key, _blob in groups:
-        if end is None:
+        if end is None or (start, end) in checked:
             continue
-        expected = checked.get(start)
-        if expected is None:
-            expected = checked[start] = bounds(start).end
-        if end != expected:
+        if not kind.valid_end(start, end):
             where = f"pipeline {pipeline!r}" + (f" in {store}" if store else "")
+            allowed = "a session's end after its start, within its cap bucket" if isinstance(kind, SessionWindows) \
+                else kind.bounds(start).end
             raise CorruptState(f"{where}: window {start} is stored with end {end}, but its window kind gives "
-                               f"{expected}", way_out=RESTORE_OR_RESET)
+                               f"{allowed}", way_out=RESTORE_OR_RESET)
+        checked.add((start, end))

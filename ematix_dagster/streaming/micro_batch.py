@@ -29,8 +29,9 @@ from state_store.errors import RESTORE_OR_RESET
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.aggregators import describe_value, make_aggregator
 from ematix_dagster.streaming.watermark import Watermarks
+from ematix_dagster.streaming.session_state import SessionState
 from ematix_dagster.streaming.window_state import EmittedRow, GroupKey, WindowState
-from ematix_dagster.streaming.windows import MICROS_PER_MS, window_kind
+from ematix_dagster.streaming.windows import MICROS_PER_MS, SessionWindows, window_kind
 
 _SECOND, _THIRD = itemgetter(1), itemgetter(2)
 
@@ -53,9 +54,10 @@ class BatchInput:
     batch_id: int
     batch_time: int
     sources: dict[str, SourceStats]
-    starts: Sequence[int] = ()
+    starts: Sequence[int] = ()  # window starts (session windows: each partial session's first event time)
     keys: Sequence[GroupKey] = ()
     partials: Sequence[Sequence[Any]] = ()
+    lasts: Sequence[int] = ()  # session windows: each partial session's last event time
     late_rows: int = 0  # rows with no open assignment (dropped / dead-lettered)
     late_assignments: int = 0  # closed assignments of rows that had open ones
     reopened_rows: int = 0  # rows that reached an already-emitted, retained window
@@ -87,7 +89,7 @@ class Engine:
     """The driver's whole view of a pipeline: window state, watermarks and counters."""
 
     window: Window
-    state: WindowState
+    state: WindowState | SessionState
     watermarks: Watermarks
     counters: Counter[str] = field(default_factory=Counter)
     last_batch_id: int | None = None
@@ -102,13 +104,14 @@ class Engine:
         (``ematix-dagster check``): such a sum accepts integer, float and decimal accumulators.
         """
         aggs = [make_aggregator(a, integral[i], window.hll_precision) for i, a in enumerate(window.aggregations)]
-        state = WindowState(
-            pipeline=pipeline,
-            window_kind=window_kind(window),
-            aggregators=aggs,
-            aliases=[a.as_ for a in window.aggregations],
-            max_groups_per_window=window.max_groups_per_window,
-        )
+        aliases = [a.as_ for a in window.aggregations]
+        kind = window_kind(window)
+        state: WindowState | SessionState
+        if isinstance(kind, SessionWindows):
+            state = SessionState(pipeline, aggs, aliases, window.max_groups_per_window, kind)
+        else:
+            state = WindowState(pipeline=pipeline, window_kind=kind, aggregators=aggs, aliases=aliases,
+                                max_groups_per_window=window.max_groups_per_window)
         marks = Watermarks(
             lateness=window.lateness_ms * MICROS_PER_MS,
             idleness=window.source_idleness_ms * MICROS_PER_MS,
@@ -120,7 +123,7 @@ class Engine:
     def restore(self, last_batch_id: int | None, watermark: int | None,
                 sources: dict[str, tuple[int | None, int | None]], counters: dict[str, int],
                 groups: Iterable[tuple[int, GroupKey, list[Any]]], store: str | None = None,
-                thorough: bool = False) -> None:
+                thorough: bool = False, ends: dict[tuple[int, GroupKey], int] | None = None) -> None:
         """Continue from durable state; ``sources`` maps name -> (max event time, last arrival).
 
         The groups are checked against the window's group_by and aggregations first: state that
@@ -129,6 +132,7 @@ class Engine:
         :class:`CorruptState` naming the pipeline, ``store``, the window, the group and what is
         wrong, and nothing is restored. The check is a few C-level scans per aggregation
         (see ``_check_groups``); ``thorough`` (``ematix-dagster check``) also opens every sketch.
+        Session windows also need each group's stored end (``ends``, by (start, key)).
         """
         groups = groups if isinstance(groups, list) else list(groups)
         self._check_groups(groups, store, thorough)
@@ -139,6 +143,13 @@ class Engine:
                 clock = self.watermarks.clocks[name]
                 clock.max_event_ts, clock.last_arrival = max_ts, last_arrival
         self.counters.update(counters)
+        if isinstance(self.state, SessionState):
+            # Without reopen a session is emitted exactly when its end is before the watermark: a
+            # non-late row can never reach an emitted session (it would lie past the session's end).
+            assert ends is not None, "session windows restore with their stored ends"
+            self.state.restore([(start, ends[(start, key)], key, accs, watermark is not None
+                                 and ends[(start, key)] < watermark) for start, key, accs in groups])
+            return
         windows = self.state.windows
         for start, key, accs in groups:
             group = windows.get(start)
@@ -195,7 +206,12 @@ class Engine:
             wrong = agg.check_state(accs[index]) or f"expected {agg.expected}, got {describe_value(accs[index])}"
             problem = f"aggregation {spec.as_!r} ({spec.agg}): {wrong}"
         place = f"pipeline {self.state.pipeline!r}" + (f" in {store}" if store else "")
-        window = self.state.describe(start) if type(start) is int else repr(start)
+        if type(start) is not int:
+            window = repr(start)
+        elif isinstance(self.state, SessionState):
+            window = self.state.describe(key, start)
+        else:
+            window = self.state.describe(start)
         raise CorruptState(
             f"{place}: window {window} (window_start {start!r}), group {key!r:.200}: the stored state does not "
             f"match the pipeline's aggregations: {problem}",
@@ -221,12 +237,16 @@ class Engine:
         before = self.watermarks.global_wm
         # A window final at ``before`` counts as emitted even if it held no rows then: rows that
         # reach it now (reopen, within allowance) make corrections, never a late "final".
-        touched = self.state.merge(batch.starts, batch.keys, batch.partials)
+        touched: dict[int, set[GroupKey]] = {}
+        if isinstance(self.state, SessionState):
+            self.state.merge(batch.keys, batch.starts, batch.lasts, batch.partials)
+        else:
+            touched = self.state.merge(batch.starts, batch.keys, batch.partials)
         for name, stats in batch.sources.items():
             self.watermarks.observe(name, stats.rows, stats.max_event_ts, batch.batch_time)
             self._count(name, stats)
         self.watermarks.advance(batch.batch_time)
-        rows = self.state.emit(before, self.watermarks.global_wm, touched, self.retention)
+        rows = self._emit(before, touched)
         self.counters["late_rows_dropped"] += batch.late_rows
         self.counters["late_assignments_dropped"] += batch.late_assignments
         self.counters["late_rows_reopened"] += batch.reopened_rows
@@ -238,10 +258,23 @@ class Engine:
         """``end_of_input = "flush"``: emit every open window and close it for good."""
         before = self.watermarks.global_wm
         end = self.state.max_end
-        if end is not None:
-            self.watermarks.raise_to(end)
-        rows = self.state.emit(before, self.watermarks.global_wm, {}, self.retention)
+        if end is not None:  # a session is final once its end is *before* W
+            self.watermarks.raise_to(end + 1 if isinstance(self.state, SessionState) else end)
+        rows = self._emit(before, {})
         return self._result(batch_id, rows, before, batch_time)
+
+    def _emit(self, before: int | None, touched: dict[int, set[GroupKey]]) -> list[EmittedRow]:
+        """The kind's output at the new watermark; a session's retractions come first (SPEC.md §10)."""
+        if isinstance(self.state, SessionState):
+            emission = self.state.emit(self.watermarks.global_wm, self.retention)
+            return [*emission.retractions, *emission.rows]
+        return self.state.emit(before, self.watermarks.global_wm, touched, self.retention)
+
+    def open_windows(self) -> int:
+        """Windows (sessions) not emitted yet."""
+        if isinstance(self.state, SessionState):
+            return self.state.open_sessions()
+        return self.state.open_windows(self.watermarks.global_wm)
 
     def _count(self, name: str, stats: SourceStats) -> None:
         self.counters[f"rows_consumed:{name}"] += stats.rows
@@ -258,8 +291,8 @@ class Engine:
             watermark=self.watermarks.global_wm,
             source_watermarks=self.watermarks.source_watermarks(),
             idle_sources=[s for s in self.watermarks.sources if self.watermarks.is_idle(s, batch_time)],
-            windows_open=len(self.state.windows),
-            groups=self.state.group_count,
+            windows_open=self.state.session_count if isinstance(self.state, SessionState) else len(self.state.windows),
+            groups=self.state.session_count if isinstance(self.state, SessionState) else self.state.group_count,
         )
         self.counters["windows_emitted"] += result.finals
         self.counters["window_corrections"] += result.corrections

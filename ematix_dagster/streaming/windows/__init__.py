@@ -21,6 +21,7 @@ from __future__ import annotations
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.windows.base import WindowBounds, WindowKind
 from ematix_dagster.streaming.windows.fixed import FixedWindows, first_start, last_start, window_starts
+from ematix_dagster.streaming.windows.session import SessionWindows
 from ematix_dagster.streaming.windows.units import MICROS_PER_MS, format_us, format_window
 
 
@@ -28,6 +29,7 @@ from ematix_dagster.streaming.windows.units import MICROS_PER_MS, format_us, for
 KINDS: dict[str, type[WindowKind]] = {
     "tumbling": FixedWindows,
     "hopping": FixedWindows,
+    "session": SessionWindows,
 }
 
 
@@ -37,6 +39,6 @@ def window_kind(window: Window) -> WindowKind:
 
 
 __all__ = [
-    "KINDS", "MICROS_PER_MS", "FixedWindows", "WindowBounds", "WindowKind", "first_start", "format_us", "format_window",
+    "KINDS", "MICROS_PER_MS", "FixedWindows", "SessionWindows", "WindowBounds", "WindowKind", "first_start", "format_us", "format_window",
     "last_start", "window_kind", "window_starts",
 ]

@@ -63,6 +63,11 @@ class WindowKind(ABC):
         """How many windows of one group are held at once in steady state: open until the watermark
         (``lateness`` behind the newest event) passes them, then ``retention`` longer."""
 
+    def valid_end(self, start: int, end: int) -> bool:
+        """``end`` can be the end of a window of this kind starting at ``start`` (a stored end is
+        checked with it on restore and by ``ematix-dagster check``)."""
+        return end == self.bounds(start).end
+
     def describe(self, window: WindowBounds) -> str:
         """The window for messages a human reads."""
         return format_window(window.start, window.end)

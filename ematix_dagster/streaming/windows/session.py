@@ -103,6 +103,10 @@ class SessionWindows(WindowKind):
     def bounds(self, start: int) -> WindowBounds:
         raise NotImplementedError("a session's end depends on its rows; SessionState holds it")
 
+    def valid_end(self, start: int, end: int) -> bool:
+        """A session ends after its start (by the gap at least) and never past its bucket's end."""
+        return start < end <= self.bucket_end(self.bucket(start))
+
     def row_windows(self, t: int, closed_before: int | None) -> list[WindowBounds]:
         """The row's own one-row session (state merges it with its neighbours), or none if late."""
         if self.is_late(t, closed_before):

@@ -1,0 +1,71 @@
+"""Session windows in Spark (SPEC.md §8): each batch's accepted rows, sessionized per key and bucket.
+
+A session's end depends on its rows, so no row-local arithmetic names its window (as fixed windows'
+starts do): the rows of each (group key, cap bucket) are ordered by event time and a new session
+starts where a row is more than ``gap`` after the previous one (``lag``, then a running ``sum`` of
+the starts as the session's index). Each batch-local session becomes one partial row (first and
+last event time, partial aggregates) that :meth:`~ematix_dagster.streaming.session_state.SessionState.merge`
+folds into the key's open sessions, so the driver never receives raw rows. The late rule needs no
+session: a row is late iff its event time is before ``closed_before`` (the previous watermark, less
+the allowance under ``reopen``), which is :meth:`~ematix_dagster.streaming.windows.SessionWindows.is_late`
+as a column. Late and bad rows ride along as class rows (``ematix_dagster.spark.windows.base``),
+which keep their group columns only to spread the window's partitions and sessionize nothing.
+
+``partials`` columns: ``CLASS``, the group columns, ``_bucket`` (``t // cap``) and ``_sid`` (the
+session's index in its bucket, meaningless outside the batch), ``_first`` / ``_last`` (µs), the
+aggregate columns and ``ROWS``; the session columns are NULL on class rows. Every row is its own
+only copy (``PRIMARY`` is true), and a session has no closed assignments (no ``LATE_ASSIGNMENTS``);
+which sessions a batch reopens the driver knows from their stored ``emitted`` flag (no ``REOPENED``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from pyspark.sql import Column, DataFrame, Window as SparkWindow
+from pyspark.sql import functions as F
+
+from ematix_dagster.spark.windows.base import CLASS, PRIMARY, ROWS, WindowedFrames
+from ematix_dagster.spec import Window
+from ematix_dagster.streaming.windows.session import SessionWindows
+
+#: helper columns this plan adds to the SQL's output (dropped from ``late_rows``)
+HELPERS = ("_ts", "_bucket", "_new", "_sid", PRIMARY, CLASS)
+
+
+def plan_partials(out: DataFrame, window: Window, aggregates: Callable[[Column], list[Column]], batch_id: int,
+                  closed_before: int | None, emitted_before: int | None) -> WindowedFrames:
+    rules = SessionWindows.for_window(window)
+    gap, cap = rules.gap, rules.cap
+    ts = F.unix_micros("_event_ts")
+    reason = F.col("_reason") if "_reason" in out.columns else F.lit(None).cast("string")
+    late = F.lit(None).cast("string") if closed_before is None else \
+        F.when(ts < F.lit(closed_before), F.lit("late"))
+    # A NULL event time out of a SQL (its input had valid ones) joins no session: a class of its own.
+    cls = F.coalesce(reason, F.when(ts.isNull(), F.lit("invalid_event_time")), late)
+    # Integer floor division (pmod is a floor modulo): doubles would misplace rows past 2^53 µs.
+    bucket = F.expr(f"(unix_micros(`_event_ts`) - pmod(unix_micros(`_event_ts`), {cap}L)) div {cap}L")
+    # One projection per step (each DataFrame step is analysed on the driver, every batch).
+    rows = out.select(*[c for c in out.columns if c not in HELPERS], ts.alias("_ts"), cls.alias(CLASS),
+                      F.when(cls.isNull(), bucket).alias("_bucket"), F.lit(True).alias(PRIMARY))
+    windowed = F.col(CLASS).isNull()
+    # Class rows have a NULL bucket, so they never share a partition with windowed rows; their raw
+    # group columns spread a backlog of late rows over many partitions instead of one.
+    by_key = SparkWindow.partitionBy(F.col(CLASS), *[F.col(g) for g in window.group_by], F.col("_bucket")) \
+        .orderBy(F.col("_ts"))
+    gaps = rows.select("*", F.coalesce(F.col("_ts") - F.lag("_ts").over(by_key) > F.lit(gap), F.lit(False))
+                       .cast("int").alias("_new"))  # consecutive rows at most gap apart join (<=)
+    sessions = gaps.select("*", F.when(windowed, F.sum("_new").over(
+        by_key.rowsBetween(SparkWindow.unboundedPreceding, SparkWindow.currentRow))).alias("_sid"))
+    keys = [F.col(CLASS)] + [F.when(windowed, F.col(g)).alias(g) for g in window.group_by] + \
+        [F.col("_bucket"), F.col("_sid")]
+    session_ts = F.when(windowed, F.col("_ts"))
+    spans = [F.min(session_ts).alias("_first"), F.max(session_ts).alias("_last")]
+    partials = sessions.groupBy(*keys).agg(*spans, *aggregates(windowed), F.count_if(F.col(PRIMARY)).alias(ROWS))
+
+    def late_rows() -> DataFrame:
+        return (rows.filter(F.col(CLASS) == "late")
+                .drop(*HELPERS, "_reason")
+                .withColumn("_batch_id", F.lit(batch_id).cast("bigint")).withColumn("_reason", F.lit("late")))
+
+    return WindowedFrames(partials, late_rows)

@@ -1,4 +1,4 @@
-"""The example code location: three pipelines as assets, with checks, sensors, jobs and schedules.
+"""The example code location: four pipelines as assets, with checks, sensors, jobs and schedules.
 
 ``dagster dev -w workspace.yaml`` (from the repository root) loads this module. Loading it starts
 no Spark session and opens no database connection: Spark starts inside a run, and stores are
@@ -51,11 +51,12 @@ def _env_seconds(name: str, default: float) -> float:
     return default if value is None or not value.strip() else float(value)
 
 
-# -- pipelines: two from TOML files, one from the Python facade --------------------------------------
+# -- pipelines: three from TOML files, one from the Python facade ------------------------------------
 clicks_per_minute = EmatixPipeline.load(HERE / "clicks_per_minute.toml")
 clicks_hopping = EmatixPipeline.load(HERE / "clicks_hopping_5min.toml")
+user_sessions = EmatixPipeline.load(HERE / "user_sessions.toml")
 revenue = EmatixPipeline.load(revenue_per_channel)
-PIPELINES = [clicks_per_minute, clicks_hopping, revenue]
+PIPELINES = [clicks_per_minute, clicks_hopping, user_sessions, revenue]
 
 # -- assets and their checks ------------------------------------------------------------------------
 assets = [streaming_pipeline_asset(p, owners=["team:data-platform"]) for p in PIPELINES]

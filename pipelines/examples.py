@@ -1,7 +1,7 @@
 """The example pipelines in Python: the facade gives the same specs as the TOML files next to it.
 
 ``load_pipeline("pipelines/clicks_per_minute.toml") == clicks_per_minute.spec`` (and likewise for
-the other two; a test keeps them in step). ``${EMATIX_PG_URL}`` stays a placeholder, resolved when
+the others; a test keeps them in step). ``${EMATIX_PG_URL}`` stays a placeholder, resolved when
 the target connects, so no secret ever lands in a spec, a dump or a code version.
 """
 
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 
-from ematix_dagster import Aggregation, Run, Source, StateStoreConfig, Target, Window, streaming_pipeline
+from ematix_dagster import (Aggregation, DeadLetter, Run, Source, StateStoreConfig, Target, Window,
+                            streaming_pipeline)
 
 #: Safe local defaults (override them in the environment).
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
@@ -59,6 +60,26 @@ def clicks_hopping_5min():
 
 
 @streaming_pipeline(
+    name="user-sessions",
+    sources=[Source(name="clicks", kind="files", format="parquet", path=".ematix/data/clicks", schema=CLICKS_SCHEMA,
+                    event_time_column="ts", max_files_per_trigger=4)],
+    window=Window(kind="session", gap_ms=30_000, max_session_duration_ms=3_600_000, lateness_ms=10_000,
+                  group_by=("user_id",), late_data="dlq", max_groups_per_window=100_000,
+                  aggregations=[Aggregation(agg="count", as_="clicks"),
+                                Aggregation(agg="count_distinct", column="page", as_="pages", mode="exact",
+                                            max_distinct_values_per_group=1_000),
+                                Aggregation(agg="sum", column="amount", as_="amount_sum")]),
+    target=Target(kind="parquet", path=".ematix/output/user-sessions"),
+    dead_letter=DeadLetter(kind="parquet", path=".ematix/dead_letters/user-sessions"),
+    state_store=LOCAL_STATE,
+    run=Run(trigger="available_now", checkpoint_location=".ematix/checkpoints/user-sessions", end_of_input="keep"),
+)
+def user_sessions():
+    """Browsing sessions per user: a session ends after 30 s without a click, and none runs across a
+    full hour (SPEC.md §8). Batch-style (available_now), written to Parquet batch directories."""
+
+
+@streaming_pipeline(
     name="revenue-per-channel",
     sources=[Source(name="web", kind="files", format="parquet", path=".ematix/data/orders-web", schema=ORDERS_SCHEMA,
                     event_time_column="ts", max_files_per_trigger=1),
@@ -80,4 +101,5 @@ def revenue_per_channel():
     the slower source's, and a source quiet for 30 s stops holding it back."""
 
 
-PIPELINES = {p.spec.pipeline_name: p for p in (clicks_per_minute, clicks_hopping_5min, revenue_per_channel)}
+PIPELINES = {p.spec.pipeline_name: p for p in (clicks_per_minute, clicks_hopping_5min, user_sessions,
+                                                revenue_per_channel)}

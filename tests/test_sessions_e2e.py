@@ -107,3 +107,30 @@ def test_sessions_match_the_oracle(spark, tmp_path, batch_files, policy):
         assert sorted((str(d["k"]), d["_reason"]) for d in dead) == [("None", "late"), ("a", "late"), ("a", "late"),
                                                                      ("b", "late")]
 
+
+
+def test_sessions_continue_across_runs_from_the_sqlite_store(spark, tmp_path, batch_files):
+    """Two runs over one checkpoint and SQLite store: the sessions the first run left open (with
+    their stored ends) are continued by the second, and together they emit what one run would."""
+    import dataclasses
+
+    from ematix_dagster.spec import StateStoreConfig
+
+    feed, files = Feed(), batch_files("in")
+    window = {"kind": "session", "gap_ms": GAP_S * 1000, "max_session_duration_ms": CAP_S * 1000,
+              "group_by": ["k"], "aggregations": AGGREGATIONS}
+    spec = make_spec(tmp_path, "sessions-restart", [files_source("a", tmp_path / "in")], window)
+    spec = dataclasses.replace(spec, state_store=StateStoreConfig(kind="sqlite", path=str(tmp_path / "state.db")))
+    ids = iter(range(1, 1000))
+    for rows in BATCHES[:2]:
+        feed.parquet("a", files, [row(next(ids), k, v, at(s)) for k, s, v in rows])
+    first, _ = run(spec, spark)
+    assert first.windows_left_open > 0  # sessions still open are kept in the store
+    for rows in BATCHES[2:]:
+        feed.parquet("a", files, [row(next(ids), k, v, at(s)) for k, s, v in rows])
+    second, _ = run(spec, spark)
+    assert first.batches + second.batches == len(BATCHES)
+    expected = oracle_finals(feed, spec.run.checkpoint_location, "drop")
+    got = [("final", us(r["window_start"]), us(r["window_end"]), (r["k"],), tuple(r[a] for a in ALIASES))
+           for r in target_rows(Path(spec.target.path))]
+    assert canon(got) == canon([r for batch in expected for r in batch])

@@ -133,6 +133,32 @@ def summary(spec: PipelineSpec, windows: bool = True) -> dict[str, Any]:
                     for n, p in (record.sources.items() if record else [])},
         "counters": dict(record.counters) if record else {},
         "windows": per_window,
+        **({"sessions": _sessions_per_key(recovered.groups)} if spec.window.kind == "session" else {}),
+    }
+
+
+def _sessions_per_key(groups: list[tuple[int, int | None, bytes, bytes]], top: int = 10) -> dict[str, Any]:
+    """Open (and retained) sessions per key: how many keys hold how many, the oldest, the bytes;
+    the ``top`` keys by sessions held, to find the key a cap or a memory alarm is about."""
+    from state_store.codec import decode_key
+
+    per_key: dict[bytes, list[int]] = {}  # key bytes -> [sessions, oldest start, bytes]
+    for start, _end, key, blob in groups:
+        held = per_key.get(key)
+        if held is None:
+            per_key[key] = [1, start, len(key) + len(blob)]
+        else:
+            held[0] += 1
+            held[1] = min(held[1], start)
+            held[2] += len(key) + len(blob)
+    busiest = sorted(per_key.items(), key=lambda item: (-item[1][0], item[1][1]))[:top]
+    return {
+        "keys": len(per_key),
+        "sessions": sum(v[0] for v in per_key.values()),
+        "oldest_start": min((v[1] for v in per_key.values()), default=None),
+        "most_per_key": busiest[0][1][0] if busiest else 0,
+        "top_keys": [{"key": list(decode_key(k)), "sessions": n, "oldest_start": oldest, "bytes": size}
+                     for k, (n, oldest, size) in busiest],
     }
 
 

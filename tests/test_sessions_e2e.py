@@ -126,6 +126,11 @@ def test_sessions_continue_across_runs_from_the_sqlite_store(spark, tmp_path, ba
         feed.parquet("a", files, [row(next(ids), k, v, at(s)) for k, s, v in rows])
     first, _ = run(spec, spark)
     assert first.windows_left_open > 0  # sessions still open are kept in the store
+    from ematix_dagster.operations import summary
+
+    held = summary(spec)["sessions"]  # what `ematix-dagster state` shows
+    assert held["sessions"] == first.windows_left_open == sum(t["sessions"] for t in held["top_keys"])
+    assert held["keys"] == len(held["top_keys"]) and all(len(t["key"]) == 1 for t in held["top_keys"])
     for rows in BATCHES[2:]:
         feed.parquet("a", files, [row(next(ids), k, v, at(s)) for k, s, v in rows])
     second, _ = run(spec, spark)

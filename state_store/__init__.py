@@ -28,6 +28,10 @@ Decisions shared by the three stores:
   in ``.holder``. A store object that writes (commit / reset / migrate_state) without holding the
   lease takes it for the duration of that write, so it never writes while another run holds it.
   ``acquire_lease`` by the current holder only updates the text; ``close`` releases every lease.
+* Every upsert writes the row's ``emitted`` flag (schema step 5) from ``BatchCommit.emitted``:
+  true/false for a session window, NULL (no entry) for a fixed window; ``load`` returns the
+  non-NULL flags in ``RecoveredState.emitted``, read in the same snapshot as the groups, and
+  ``migrate_state`` keeps them.
 * A row in the pipelines table whose ``state_version`` is NULL is a lease marker written by
   ``acquire_lease`` before the first commit: ``load`` reports such a pipeline as never committed.
 

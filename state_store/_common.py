@@ -161,6 +161,12 @@ def check_batch(batch: BatchCommit) -> None:
         if type(start) is not int or type(end) is not int or not isinstance(key, bytes) or not isinstance(blob, bytes):
             raise TypeError("an upsert must be (int window_start, int window_end, bytes key, bytes blob), "
                             f"got {row!r:.200}")
+    if batch.emitted:
+        upserted = {(start, key) for start, _, key, _ in batch.upserts}
+        for flag_key, flag in batch.emitted.items():
+            if flag_key not in upserted or type(flag) is not bool:
+                raise TypeError("an emitted flag must be a bool keyed by the (window_start, key) of an upsert "
+                                f"of the same batch, got {flag_key!r:.200}: {flag!r:.20}")
     for row in batch.deletes:
         start, key = row
         if type(start) is not int or not isinstance(key, bytes):

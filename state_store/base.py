@@ -10,6 +10,13 @@ Keys and blobs are opaque bytes here; ``state_store.codec`` makes them. A stored
 ``(window_start, window_end, key, blob)``: the window is named by its bounds (µs, end exclusive
 as the window kind defines it), so kinds whose end is not ``start + duration`` (sessions) fit.
 Rows are unique on ``(window_start, key)`` per pipeline (see ``state_store.migrations``, step 3).
+
+A row may also carry an ``emitted`` flag (schema step 5): whether the window was written to the
+target. Session windows need it (under ``reopen`` a merged session counts as emitted before its
+end passes the watermark); fixed windows store NULL, their emission following from their bounds and
+the watermark. The flag travels beside the 4-tuples, keyed by ``(window_start, key)``, so every
+other reader and writer of groups is unaffected: ``BatchCommit.emitted`` for upserts (an upsert
+without an entry stores NULL) and ``RecoveredState.emitted`` for loaded rows (the non-NULL flags).
 """
 
 from __future__ import annotations
@@ -54,6 +61,8 @@ class RecoveredState:
     #: whose pipeline record names no window duration
     groups: list[tuple[int, int | None, bytes, bytes]] = field(default_factory=list)
     migrated: int = 0  # blobs of an older state version brought forward by this load (not written back)
+    #: (window_start, key) -> the stored emitted flag, for the loaded rows whose flag is not NULL (sessions)
+    emitted: dict[tuple[int, bytes], bool] = field(default_factory=dict)
 
 
 @dataclass
@@ -65,6 +74,8 @@ class BatchCommit:
     deletes: list[tuple[int, bytes]] = field(default_factory=list)  # (window_start, key)
     deleted_windows: list[int] = field(default_factory=list)  # every group of these windows
     in_transaction: list[Callable[[Any], None]] = field(default_factory=list)  # called with the DB connection
+    #: (window_start, key) -> emitted flag of an upsert of the same key; upserts without one store NULL
+    emitted: dict[tuple[int, bytes], bool] = field(default_factory=dict)
 
 
 class StateStore(ABC):

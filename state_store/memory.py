@@ -23,8 +23,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class _Pipeline:
     record: PipelineRecord | None = None
-    #: window start -> key -> (window end, blob)
-    windows: dict[int, dict[bytes, tuple[int | None, bytes]]] = field(default_factory=dict)
+    #: window start -> key -> (window end, blob, emitted flag or None)
+    windows: dict[int, dict[bytes, tuple[int | None, bytes, bool | None]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -111,10 +111,12 @@ class InMemoryStateStore(StateStore):
                 return RecoveredState(record=None)
             record = copy.deepcopy(data.record)
             rows = [(start, end, key, blob) for start, by_key in data.windows.items()
-                    for key, (end, blob) in by_key.items()] if groups else []
+                    for key, (end, blob, _) in by_key.items()] if groups else []
+            flags = {(start, key): flag for start, by_key in data.windows.items()
+                     for key, (_, _, flag) in by_key.items() if flag is not None} if groups else {}
         check_record_version(record, self.description)
         rows, migrated = bring_forward(pipeline, self.description, rows)
-        return RecoveredState(record=record, groups=rows, migrated=migrated)
+        return RecoveredState(record=record, groups=rows, migrated=migrated, emitted=flags)
 
     def commit(self, batch: BatchCommit) -> None:
         check_batch(batch)
@@ -129,11 +131,12 @@ class InMemoryStateStore(StateStore):
                 callback(None)
             data = space.pipelines.setdefault(pipeline, _Pipeline())
             windows = data.windows
+            flag = batch.emitted.get
             for start, end, key, blob in batch.upserts:
                 groups = windows.get(start)
                 if groups is None:
                     groups = windows[start] = {}
-                groups[key] = (end, blob)
+                groups[key] = (end, blob, flag((start, key)))
             for start, key in batch.deletes:
                 groups = windows.get(start)
                 if groups is not None:
@@ -158,11 +161,11 @@ class InMemoryStateStore(StateStore):
             if data is None:
                 return 0
             rows = [(start, end, key, blob) for start, by_key in data.windows.items()
-                    for key, (end, blob) in by_key.items()]
+                    for key, (end, blob, _) in by_key.items()]
             rows, migrated = bring_forward(pipeline, self.description, rows)
             if migrated:
                 for start, end, key, blob in rows:
-                    data.windows[start][key] = (end, blob)
+                    data.windows[start][key] = (end, blob, data.windows[start][key][2])
             return migrated
 
     def close(self) -> None:

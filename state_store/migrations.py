@@ -36,6 +36,23 @@ whole on every commit, which a kind with 100,000 open windows (sessions) cannot 
 window's emission follows from its bounds and the committed watermark (see
 ``ematix_dagster.streaming.window_state``), and a kind whose windows can be emitted and still
 change keeps that flag on its own rows.
+
+Step 5 (``emitted``): that flag, a nullable boolean on every state row (SQLite: INTEGER 0/1).
+Session windows under ``late_data = "reopen"`` (SPEC.md §8) need it: a late row can bridge an
+emitted session with one still open, and the merged session counts as emitted although its end
+is after the watermark, so a restart cannot derive the flag. Layout decision:
+
+* Every upsert writes the column (``BatchCommit.emitted``, by (window_start, key)): true or false
+  for a session, NULL for a fixed window, whose emission follows from its bounds and the committed
+  watermark (step 4) and for which a stored flag could only drift from that rule. NULL therefore
+  means "the window kind decides", never "unknown": a load returns the non-NULL flags only
+  (``RecoveredState.emitted``).
+* Nullable and without a default, so the step is a catalog change on both databases (no table
+  rewrite, no lock held for longer than the ALTER). Session rows written before the step keep
+  NULL: they were written under ``drop`` / ``dlq`` (reopen was refused for sessions then), where a
+  session is emitted exactly when its end is before the committed watermark, and the engine
+  derives the flag that way for a NULL (``Engine.restore``).
+* Not in the key and not indexed: it is read with the row and written with the row.
 """
 
 from __future__ import annotations
@@ -157,6 +174,11 @@ STEPS: tuple[SchemaStep, ...] = (
         4, "no emitted list on the pipelines row: emission follows from each window's bounds and the watermark",
         postgres=("ALTER TABLE {pipelines} DROP COLUMN emitted",),
         sqlite=("ALTER TABLE {pipelines} DROP COLUMN emitted",),
+    ),
+    SchemaStep(
+        5, "emitted flag on every state row (nullable): whether a session was written to the target",
+        postgres=("ALTER TABLE {state} ADD COLUMN emitted boolean",),
+        sqlite=("ALTER TABLE {state} ADD COLUMN emitted INTEGER",),
     ),
 )
 

@@ -1,7 +1,8 @@
 """The PostgreSQL store's state-row statements: read a pipeline's groups, upsert a batch of them.
 
 Kept beside ``state_store.postgres`` (the store's lifecycle, leases and commit) so that module
-stays small. Rows are ``(window_start, window_end, key, blob)`` (``state_store.base``).
+stays small. Rows are ``(window_start, window_end, key, blob)`` (``state_store.base``); their
+``emitted`` flags (schema step 5) travel beside them, keyed by ``(window_start, key)``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import psycopg
 from psycopg import sql
 
 # named for its columns: a session that still holds the temp table of an older layout never reuses it
-_TEMP = sql.Identifier("pg_temp", "ematix_state_upserts_3")
+_TEMP = sql.Identifier("pg_temp", "ematix_state_upserts_5")
 
 
 def select_groups(names: dict, stale_only: bool = False) -> sql.Composed:
@@ -23,27 +24,46 @@ def select_groups(names: dict, stale_only: bool = False) -> sql.Composed:
     return sql.SQL(text).format(**names)
 
 
+def select_flags(names: dict, stale_only: bool = False) -> sql.Composed:
+    """The non-NULL emitted flags as (window_start, group_key, emitted), parameters as :func:`select_groups`."""
+    text = ("SELECT window_start, group_key, emitted FROM {state} WHERE pipeline_name = %s "
+            "AND emitted IS NOT NULL")
+    if stale_only:
+        text += " AND state_version <> %s"
+    return sql.SQL(text).format(**names)
+
+
 def upsert_groups(conn: psycopg.Connection, names: dict, pipeline: str,
-                  upserts: list[tuple[int, int | None, bytes, bytes]]) -> None:
-    """COPY into a temp table, then one INSERT ... ON CONFLICT (the last upsert of a key wins)."""
+                  upserts: list[tuple[int, int | None, bytes, bytes]],
+                  emitted: dict[tuple[int, bytes], bool] | None = None) -> None:
+    """COPY into a temp table, then one INSERT ... ON CONFLICT (the last upsert of a key wins).
+
+    Every row's ``emitted`` column is written: its flag in ``emitted``, NULL without one.
+    """
     latest = {(start, key): (end, blob) for start, end, key, blob in upserts}
     rows: Any = upserts if len(latest) == len(upserts) else [(s, e, k, b) for (s, k), (e, b) in latest.items()]
     conn.execute(sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {temp} (window_start bigint, window_end bigint, "
-                         "group_key bytea, state_blob bytea, state_version integer) ON COMMIT DELETE ROWS"
-                         ).format(temp=_TEMP))
+                         "group_key bytea, state_blob bytea, state_version integer, emitted boolean) "
+                         "ON COMMIT DELETE ROWS").format(temp=_TEMP))
     with conn.cursor() as cur:
-        with cur.copy(sql.SQL("COPY {temp} (window_start, window_end, group_key, state_blob, state_version) "
+        with cur.copy(sql.SQL("COPY {temp} (window_start, window_end, group_key, state_blob, state_version, emitted) "
                               "FROM STDIN (FORMAT BINARY)").format(temp=_TEMP)) as copy:
-            copy.set_types(["int8", "int8", "bytea", "bytea", "int4"])
+            copy.set_types(["int8", "int8", "bytea", "bytea", "int4", "bool"])
             write = copy.write_row
-            for start, end, key, blob in rows:
-                write((start, end, key, blob, blob[0] if blob else 0))
+            if emitted:
+                flag = emitted.get
+                for start, end, key, blob in rows:
+                    write((start, end, key, blob, blob[0] if blob else 0, flag((start, key))))
+            else:
+                for start, end, key, blob in rows:
+                    write((start, end, key, blob, blob[0] if blob else 0, None))
         cur.execute(sql.SQL(
             "INSERT INTO {state} (pipeline_name, window_start, window_end, group_key, state_blob, state_version, "
-            "updated_at) SELECT %s, window_start, window_end, group_key, state_blob, state_version, now() FROM {temp} "
-            "ON CONFLICT (pipeline_name, window_start, group_key) DO UPDATE SET window_end = EXCLUDED.window_end, "
-            "state_blob = EXCLUDED.state_blob, state_version = EXCLUDED.state_version, "
-            "updated_at = EXCLUDED.updated_at").format(temp=_TEMP, **names), (pipeline,))
+            "updated_at, emitted) SELECT %s, window_start, window_end, group_key, state_blob, state_version, now(), "
+            "emitted FROM {temp} ON CONFLICT (pipeline_name, window_start, group_key) DO UPDATE SET "
+            "window_end = EXCLUDED.window_end, state_blob = EXCLUDED.state_blob, "
+            "state_version = EXCLUDED.state_version, updated_at = EXCLUDED.updated_at, emitted = EXCLUDED.emitted"
+            ).format(temp=_TEMP, **names), (pipeline,))
 
 
-__all__ = ["select_groups", "upsert_groups"]
+__all__ = ["select_flags", "select_groups", "upsert_groups"]

@@ -40,7 +40,7 @@ from state_store._common import (PIPELINE_COLUMNS, bring_forward, check_batch, c
                                  lease_held, lease_key, record_from_row, where)
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, StateStore
 from state_store.errors import EmatixError, StoreConfigError, StoreUnavailable
-from state_store.pg_rows import select_groups, upsert_groups
+from state_store.pg_rows import select_flags, select_groups, upsert_groups
 from state_store.pg_url import describe, parse_url, store_error
 
 log = logging.getLogger(__name__)
@@ -266,16 +266,17 @@ class PostgresStateStore(StateStore):
                 return RecoveredState(record=None)
             offsets = dict(conn.execute(sql.SQL("SELECT source_id, offset_json FROM {offsets} "
                                                 "WHERE pipeline_name = %s").format(**n), (pipeline,)).fetchall())
-            groups = []
+            groups, flags = [], {}
             if with_groups:
                 cur = conn.cursor(binary=True)
                 cur.execute(select_groups(n), (pipeline,))
                 with codec.gc_paused():
                     groups = cur.fetchall()
+                flags = _flags(cur, select_flags(n), (pipeline,))
         record = record_from_row(pipeline, row, offsets, self.description)
         check_record_version(record, self.description)
         groups, migrated = bring_forward(pipeline, self.description, fill_window_ends(groups, record))
-        return RecoveredState(record=record, groups=groups, migrated=migrated)
+        return RecoveredState(record=record, groups=groups, migrated=migrated, emitted=flags)
 
     def commit(self, batch: BatchCommit) -> None:
         check_batch(batch)
@@ -287,7 +288,7 @@ class PostgresStateStore(StateStore):
         with self._connection() as conn, conn.transaction():
             self._check_writer(conn, pipeline)
             if batch.upserts:
-                self._upsert(conn, pipeline, batch.upserts)
+                self._upsert(conn, pipeline, batch.upserts, batch.emitted)
             if batch.deletes:
                 conn.execute(sql.SQL(
                     "DELETE FROM {state} s USING unnest(%s::bigint[], %s::bytea[]) AS d(window_start, group_key) "
@@ -319,9 +320,9 @@ class PostgresStateStore(StateStore):
             for callback in batch.in_transaction:
                 callback(conn)
 
-    def _upsert(self, conn: psycopg.Connection, pipeline: str,
-                upserts: list[tuple[int, int | None, bytes, bytes]]) -> None:
-        upsert_groups(conn, self._names, pipeline, upserts)
+    def _upsert(self, conn: psycopg.Connection, pipeline: str, upserts: list[tuple[int, int | None, bytes, bytes]],
+                emitted: dict[tuple[int, bytes], bool]) -> None:
+        upsert_groups(conn, self._names, pipeline, upserts, emitted)
 
     def reset(self, pipeline: str) -> None:
         self._guard("resetting state", pipeline, lambda: self._reset(pipeline))
@@ -345,8 +346,9 @@ class PostgresStateStore(StateStore):
             cur = conn.cursor(binary=True)
             cur.execute(select_groups(self._names, stale_only=True), (pipeline, codec.STATE_VERSION))
             rows, _ = bring_forward(pipeline, self.description, cur.fetchall())
-            if rows:
-                self._upsert(conn, pipeline, rows)
+            if rows:  # the flags are written back as they are
+                flags = _flags(cur, select_flags(self._names, stale_only=True), (pipeline, codec.STATE_VERSION))
+                self._upsert(conn, pipeline, rows, flags)
             return len(rows)
 
     def close(self) -> None:
@@ -362,6 +364,11 @@ class PostgresStateStore(StateStore):
             if self._pool is not None:
                 self._pool.close()
                 self._pool = None
+
+
+def _flags(cur: psycopg.Cursor, query: sql.Composed, params: tuple) -> dict[tuple[int, bytes], bool]:
+    cur.execute(query, params)
+    return {(start, key): flag for start, key, flag in cur.fetchall()}
 
 
 def _sources_doc(record: PipelineRecord) -> list[list[Any]]:

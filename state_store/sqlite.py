@@ -37,10 +37,13 @@ _HOLDER_WAIT_S = 1.0  # a lock that is held but has no holder text yet is re-che
 
 _N = migrations.sqlite_names()
 _UPSERT = (f"INSERT INTO {_N['state']} (pipeline_name, window_start, window_end, group_key, state_blob, state_version, "
-           "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (pipeline_name, window_start, group_key) DO UPDATE SET "
-           "window_end = excluded.window_end, state_blob = excluded.state_blob, "
-           "state_version = excluded.state_version, updated_at = excluded.updated_at")
+           "updated_at, emitted) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (pipeline_name, window_start, group_key) "
+           "DO UPDATE SET window_end = excluded.window_end, state_blob = excluded.state_blob, "
+           "state_version = excluded.state_version, updated_at = excluded.updated_at, emitted = excluded.emitted")
 _GROUPS = f"SELECT window_start, window_end, group_key, state_blob FROM {_N['state']} WHERE pipeline_name = ?"
+#: the non-NULL emitted flags (sessions; a fixed window's is NULL), beside the groups in the same snapshot
+_FLAGS = (f"SELECT window_start, group_key, emitted FROM {_N['state']} "
+          "WHERE pipeline_name = ? AND emitted IS NOT NULL")
 _DELETE_KEY = f"DELETE FROM {_N['state']} WHERE pipeline_name = ? AND window_start = ? AND group_key = ?"
 _DELETE_WINDOW = f"DELETE FROM {_N['state']} WHERE pipeline_name = ? AND window_start = ?"
 _PIPELINE_COLUMNS = ", ".join(PIPELINE_COLUMNS)
@@ -232,16 +235,17 @@ class SqliteStateStore(StateStore):
                     return RecoveredState(record=None)
                 offsets = dict(conn.execute(f"SELECT source_id, offset_json FROM {_N['offsets']} "
                                             "WHERE pipeline_name = ?", (pipeline,)).fetchall())
-                rows = []
+                rows, flags = [], {}
                 if groups:
                     with codec.gc_paused():
                         rows = conn.execute(_GROUPS, (pipeline,)).fetchall()
+                    flags = _flags(conn, _FLAGS, (pipeline,))
             finally:
                 conn.execute("COMMIT")
         record = record_from_row(pipeline, row, offsets, self.description)
         check_record_version(record, self.description)
         rows, migrated = bring_forward(pipeline, self.description, fill_window_ends(rows, record))
-        return RecoveredState(record=record, groups=rows, migrated=migrated)
+        return RecoveredState(record=record, groups=rows, migrated=migrated, emitted=flags)
 
     def commit(self, batch: BatchCommit) -> None:
         check_batch(batch)
@@ -251,8 +255,7 @@ class SqliteStateStore(StateStore):
             with self._transaction() as conn:
                 now = conn.execute(f"SELECT {_NOW}").fetchone()[0]
                 if batch.upserts:
-                    conn.executemany(_UPSERT, ((pipeline, start, end, key, blob, blob[0] if blob else 0, now)
-                                               for start, end, key, blob in batch.upserts))
+                    conn.executemany(_UPSERT, _upsert_rows(pipeline, now, batch.upserts, batch.emitted))
                 if batch.deletes:
                     conn.executemany(_DELETE_KEY, ((pipeline, start, key) for start, key in batch.deletes))
                 if batch.deleted_windows:
@@ -289,11 +292,12 @@ class SqliteStateStore(StateStore):
     def migrate_state(self, pipeline: str) -> int:
         with self._lock, self._errors("migrating state", pipeline), self._writer(pipeline):
             with self._transaction() as conn:
-                rows = conn.execute(_GROUPS + " AND state_version <> ?", (pipeline, codec.STATE_VERSION)).fetchall()
+                stale = " AND state_version <> ?"
+                rows = conn.execute(_GROUPS + stale, (pipeline, codec.STATE_VERSION)).fetchall()
+                flags = _flags(conn, _FLAGS + stale, (pipeline, codec.STATE_VERSION))  # kept as they are
                 rows, migrated = bring_forward(pipeline, self.description, rows)
                 now = conn.execute(f"SELECT {_NOW}").fetchone()[0]
-                conn.executemany(_UPSERT, ((pipeline, start, end, key, blob, blob[0], now)
-                                           for start, end, key, blob in rows))
+                conn.executemany(_UPSERT, _upsert_rows(pipeline, now, rows, flags))
                 return len(rows)
 
     def close(self) -> None:
@@ -306,6 +310,25 @@ class SqliteStateStore(StateStore):
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+def _upsert_rows(pipeline: str, now: str, upserts: list[tuple[int, int | None, bytes, bytes]],
+                 emitted: dict[tuple[int, bytes], bool]) -> Iterator[tuple]:
+    """``_UPSERT``'s parameters; the emitted flag as 0/1, NULL for an upsert without one (fixed windows)."""
+    if not emitted:
+        return ((pipeline, start, end, key, blob, blob[0] if blob else 0, now, None)
+                for start, end, key, blob in upserts)
+    flag = emitted.get
+    return ((pipeline, start, end, key, blob, blob[0] if blob else 0, now, _as_int(flag((start, key))))
+            for start, end, key, blob in upserts)
+
+
+def _as_int(flag: bool | None) -> int | None:
+    return None if flag is None else int(flag)
+
+
+def _flags(conn: sqlite3.Connection, query: str, params: tuple) -> dict[tuple[int, bytes], bool]:
+    return {(start, key): bool(flag) for start, key, flag in conn.execute(query, params)}
 
 
 __all__ = ["SqliteStateStore"]

@@ -157,6 +157,33 @@ def test_upserts_overwrite_and_deletes_remove(make_store):
     assert make_store().load(p).groups == []
 
 
+def test_emitted_flags_are_written_with_every_upsert_and_loaded_in_the_same_snapshot(make_store):
+    """Schema step 5: a session's flag is stored with its row; an upsert without one (fixed
+    windows) stores NULL, which a load leaves out; deletes and migrate_state keep rows and flags in step."""
+    store = make_store()
+    p = "flags"
+    v1 = (FIXTURES / "counts.state.bin").read_bytes()  # an older blob: migrate_state rewrites its row
+    store.commit(BatchCommit(record(p, 0), upserts=[
+        (0, 10, key("a"), blob(1)), (20, 30, key("a"), blob(2)), (0, 15, key("b"), v1),
+        (60, end(60), key("f"), blob(3))],
+        emitted={(0, key("a")): True, (20, key("a")): False, (0, key("b")): True}))
+    for s in (store, make_store()):
+        assert s.load(p).emitted == {(0, key("a")): True, (20, key("a")): False, (0, key("b")): True}
+        assert s.load(p, groups=False).emitted == {}
+    store.commit(BatchCommit(record(p, 1), upserts=[(20, 40, key("a"), blob(5)), (60, end(60), key("f"), blob(6)),
+                                                    (0, 12, key("c"), blob(7))],
+                             emitted={(20, key("a")): True}, deletes=[(0, key("a"))]))
+    state = store.load(p)
+    assert state.emitted == {(20, key("a")): True, (0, key("b")): True}  # (0, c) written without a flag: NULL
+    assert sorted((s, e) for s, e, _, _ in state.groups) == [(0, 12), (0, 15), (20, 40), (60, end(60))]
+    assert store.migrate_state(p) == 1 and store.load(p).emitted == state.emitted
+    with pytest.raises(TypeError, match="emitted flag"):  # a flag must belong to an upsert of the batch
+        store.commit(BatchCommit(record(p, 2), emitted={(0, key("zz")): True}))
+    with pytest.raises(TypeError, match="emitted flag"):
+        store.commit(BatchCommit(record(p, 2), upserts=[(0, 9, key("a"), blob(1))], emitted={(0, key("a")): 1}))
+    assert store.load(p).record.last_batch_id == 1
+
+
 def test_a_failing_commit_leaves_the_previous_state(make_store, kind):
     store = make_store()
     p = "atomic"
@@ -589,7 +616,7 @@ def test_schema_versions_are_recorded_and_newer_schemas_refused(schema_store):
     store.close()
     conn = connect()
     rows = conn.execute("SELECT version, description FROM ematix_streaming_schema_version ORDER BY version").fetchall()
-    assert [r[0] for r in rows] == [s.version for s in migrations.STEPS] == [1, 2, 3, 4]
+    assert [r[0] for r in rows] == [s.version for s in migrations.STEPS] == [1, 2, 3, 4, 5]
     conn.execute("INSERT INTO ematix_streaming_schema_version (version, description, applied_at) "
                  "VALUES (99, 'from the future', '2030-01-01')")
     if kind == "sqlite":
@@ -634,3 +661,38 @@ def test_schema_steps_apply_in_order_each_in_its_own_transaction(schema_store):
     check.close()
     with pytest.raises(StateVersionError, match=f"schema version {n + 1} is newer"):
         build().open()  # this code knows n steps
+
+
+def test_schema_step_5_adds_a_null_emitted_flag_to_existing_rows(schema_store):
+    """Rows written before step 5 (fixed windows, and sessions under drop / dlq) keep NULL: a load
+    returns no flag for them, and the engine derives a session's from its end and the watermark."""
+    kind, build, connect = schema_store
+    conn = connect()
+    if kind == "sqlite":
+        conn.isolation_level = None
+        migrations.apply_sqlite(conn, "old", migrations.STEPS[:4])
+        conn.execute("INSERT INTO ematix_streaming_pipelines (pipeline_name, state_version, last_batch_id, updated_at) "
+                     "VALUES ('old', ?, 3, 'now')", (codec.STATE_VERSION,))
+        conn.execute("INSERT INTO ematix_streaming_state (pipeline_name, window_start, window_end, group_key, "
+                     "state_blob, state_version, updated_at) VALUES ('old', 0, 10, ?, ?, ?, 'now')",
+                     (key("a"), blob(1), codec.STATE_VERSION))
+    else:
+        schema = conn.execute("SELECT current_schema()").fetchone()[0]
+        with psycopg.connect(conn.info.dsn) as tx:
+            migrations.apply_postgres(tx, schema, "old", migrations.STEPS[:4])
+        names = migrations.postgres_names(schema)
+        conn.execute(sql.SQL("INSERT INTO {pipelines} (pipeline_name, state_version, last_batch_id) "
+                             "VALUES ('old', %s, 3)").format(**names), (codec.STATE_VERSION,))
+        conn.execute(sql.SQL("INSERT INTO {state} (pipeline_name, window_start, window_end, group_key, state_blob, "
+                             "state_version) VALUES ('old', 0, 10, %s, %s, %s)").format(**names),
+                     (key("a"), blob(1), codec.STATE_VERSION))
+    conn.close()
+    store = build()
+    store.open()
+    try:
+        state = store.load("old")
+        assert state.groups == [(0, 10, key("a"), blob(1))] and state.emitted == {}
+        store.commit(BatchCommit(record("old", 4), upserts=[(0, 10, key("a"), blob(2))], emitted={(0, key("a")): True}))
+        assert store.load("old").emitted == {(0, key("a")): True}
+    finally:
+        store.close()

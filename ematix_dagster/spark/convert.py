@@ -2,7 +2,10 @@
 
 Partials arrive as an Arrow table (one row per (window start, group)); emitted rows leave as an
 Arrow table with the output schema of seed 000: window bounds, group columns, aggregations, plus
-``_emit_kind``.
+``_emit_kind``. Session windows add ``session_id`` after the bounds and, because their batches can
+hold ``retract`` rows that must be read before the rows replacing them, ``_emit_seq`` (the row's
+order within the batch, from 0) after ``_emit_kind`` (SPEC.md §10). Fixed windows never retract
+and keep the seed's columns.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pyspark.sql.pandas.types import to_arrow_type
 
 from ematix_dagster.spark.partials import BatchPlan
 from ematix_dagster.streaming.window_state import EmittedRow
+from ematix_dagster.targets.base import EMIT_KIND_COLUMN, EMIT_SEQ_COLUMN
 
 UTC_MICROS = pa.timestamp("us", tz="UTC")
 SESSION_ID = "session_id"  # session windows' informational id (SPEC.md §8)
@@ -29,7 +33,9 @@ def output_schema(plan: BatchPlan) -> pa.Schema:
     for a, agg in zip(window.aggregations, plan.aggregators):
         input_type = _arrow(types[a.column]) if agg.reads_input_type else None  # type: ignore[index]
         fields.append(pa.field(a.as_, agg.output_type(input_type)))
-    fields.append(pa.field("_emit_kind", pa.string()))
+    fields.append(pa.field(EMIT_KIND_COLUMN, pa.string()))
+    if window.kind == "session":
+        fields.append(pa.field(EMIT_SEQ_COLUMN, pa.int64()))
     return pa.schema(fields)
 
 
@@ -53,9 +59,11 @@ def partial_lists(plan: BatchPlan, table: pa.Table,
 
 def rows_to_arrow(schema: pa.Schema, rows: Sequence[EmittedRow], group_width: int,
                   session_ids: Sequence[int] | None = None) -> pa.Table:
-    """The rows as the output schema's columns (``session_ids``: one per row, for session windows)."""
+    """The rows as the output schema's columns, in their order (``session_ids``: one per row, for
+    session windows; a schema with ``_emit_seq`` numbers the rows 0, 1, ... as given)."""
     columns: list[list[Any]] = [[] for _ in schema]
     first_key = 2 if session_ids is None else 3
+    kind = schema.get_field_index(EMIT_KIND_COLUMN)
     for r in rows:
         columns[0].append(r.start)
         columns[1].append(r.end)
@@ -63,7 +71,10 @@ def rows_to_arrow(schema: pa.Schema, rows: Sequence[EmittedRow], group_width: in
             columns[first_key + i].append(v)
         for j, v in enumerate(r.values):
             columns[first_key + group_width + j].append(v)
-        columns[-1].append(r.kind)
+        columns[kind].append(r.kind)
     if session_ids is not None:
         columns[2] = list(session_ids)
+    seq = schema.get_field_index(EMIT_SEQ_COLUMN)
+    if seq >= 0:
+        columns[seq] = list(range(len(rows)))
     return pa.table([pa.array(c, type=f.type) for c, f in zip(columns, schema)], schema=schema)

@@ -26,7 +26,7 @@ TRIGGERS = ("available_now", "processing_time")
 END_OF_INPUT = ("keep", "flush")
 
 #: Columns the engine adds or reserves; user names may not take them.
-RESERVED_COLUMNS = ("_event_ts", "_source", "_batch_id", "_reason", "_emit_kind", "_corrupt_record")
+RESERVED_COLUMNS = ("_event_ts", "_source", "_batch_id", "_reason", "_emit_kind", "_emit_seq", "_corrupt_record")
 
 #: Largest ``*_ms`` duration: 1000 years (of 365 days). Times are 64-bit microseconds; a duration in
 #: microseconds (x 1000) added to an event time as late as year 9999 (about 2.5e17 us) stays far

@@ -220,9 +220,6 @@ class Window:
         if self.max_session_duration_ms <= self.gap_ms:
             _fail(f"{key}.max_session_duration_ms", f"{self.max_session_duration_ms} is not larger than "
                   f"gap_ms={self.gap_ms}", "use a cap larger than the gap")
-        if self.late_data == "reopen":
-            _fail(f"{key}.late_data", 'late_data = "reopen" is not available for session windows in this version',
-                  'use "drop" or "dlq" (corrections and retractions of sessions come next)')
         names = [*self.group_by, *(a.as_ for a in self.aggregations)]
         if "session_id" in (n.lower() for n in names):
             _fail(f"{key}.group_by", "session_id is the session windows' id column", "rename that column or alias")

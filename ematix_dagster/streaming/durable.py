@@ -39,9 +39,16 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
     state = engine.state
     deletes: list[tuple[int, bytes]] = []
     evicted: list[int] = []
-    if isinstance(state, SessionState):  # a session's end is its own; gone sessions are deleted one by one
+    flags: dict[tuple[int, bytes], bool] = {}
+    if isinstance(state, SessionState):
+        # A session's end and emitted flag are its own (schema step 5: under reopen a merged session
+        # counts as emitted before its end passes W); gone sessions are deleted one by one.
         changed, gone = state.take_changes()
-        upserts = [(start, end, _encoded_key(key), encode_state(accs)) for start, end, key, accs, _ in changed]
+        upserts = []
+        for start, end, key, accs, emitted in changed:
+            encoded = _encoded_key(key)
+            upserts.append((start, end, encoded, encode_state(accs)))
+            flags[(start, encoded)] = emitted
         deletes = [(start, _encoded_key(key)) for start, key in gone]
     else:
         groups, evicted = state.take_changes()
@@ -63,6 +70,7 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
         deletes=deletes,
         deleted_windows=evicted,
         in_transaction=list(in_transaction),
+        emitted=flags,
     )
 
 
@@ -83,13 +91,18 @@ def restore_engine(engine: Engine, recovered: RecoveredState, store: str | None 
     kind = state.rules if isinstance(state, SessionState) else state.window_kind
     check_window_ends(state.pipeline, kind, recovered.groups, store)
     groups = decoded_groups(state.pipeline, recovered, store)
-    ends = None
-    if isinstance(state, SessionState):
+    ends = emitted = None
+    if isinstance(state, SessionState):  # each session's stored end and emitted flag (None: not stored)
         stored = {(start, key): end for start, end, key, _ in recovered.groups}
-        ends = {(start, key): stored[(start, encode_key(key))] for start, key, _ in groups}
+        flags = recovered.emitted
+        ends, emitted = {}, {}
+        for start, key, _ in groups:
+            encoded = encode_key(key)
+            ends[(start, key)] = stored[(start, encoded)]
+            emitted[(start, key)] = flags.get((start, encoded))
     engine.restore(record.last_batch_id, record.watermark,
                    {n: (p.max_event_ts, p.last_arrival) for n, p in record.sources.items()},
-                   record.counters, groups, store=store, ends=ends)
+                   record.counters, groups, store=store, ends=ends, emitted=emitted)
     return record
 
 

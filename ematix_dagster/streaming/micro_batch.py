@@ -81,7 +81,12 @@ class BatchResult:
 
     @cached_property
     def corrections(self) -> int:
-        return len(self.rows) - self.finals
+        return sum(1 for r in self.rows if r.kind == "correction")
+
+    @cached_property
+    def retractions(self) -> int:
+        """``retract`` rows (session windows under reopen: keys that disappeared, SPEC.md §10)."""
+        return sum(1 for r in self.rows if r.kind == "retract")
 
 
 @dataclass
@@ -123,7 +128,8 @@ class Engine:
     def restore(self, last_batch_id: int | None, watermark: int | None,
                 sources: dict[str, tuple[int | None, int | None]], counters: dict[str, int],
                 groups: Iterable[tuple[int, GroupKey, list[Any]]], store: str | None = None,
-                thorough: bool = False, ends: dict[tuple[int, GroupKey], int] | None = None) -> None:
+                thorough: bool = False, ends: dict[tuple[int, GroupKey], int] | None = None,
+                emitted: dict[tuple[int, GroupKey], bool | None] | None = None) -> None:
         """Continue from durable state; ``sources`` maps name -> (max event time, last arrival).
 
         The groups are checked against the window's group_by and aggregations first: state that
@@ -132,7 +138,8 @@ class Engine:
         :class:`CorruptState` naming the pipeline, ``store``, the window, the group and what is
         wrong, and nothing is restored. The check is a few C-level scans per aggregation
         (see ``_check_groups``); ``thorough`` (``ematix-dagster check``) also opens every sketch.
-        Session windows also need each group's stored end (``ends``, by (start, key)).
+        Session windows also need each group's stored end (``ends``, by (start, key)) and take its
+        stored emitted flag (``emitted``; a missing or None flag is derived, see below).
         """
         groups = groups if isinstance(groups, list) else list(groups)
         self._check_groups(groups, store, thorough)
@@ -144,11 +151,19 @@ class Engine:
                 clock.max_event_ts, clock.last_arrival = max_ts, last_arrival
         self.counters.update(counters)
         if isinstance(self.state, SessionState):
-            # Without reopen a session is emitted exactly when its end is before the watermark: a
-            # non-late row can never reach an emitted session (it would lie past the session's end).
+            # The stored flag decides: under reopen a session that absorbed an emitted one counts as
+            # emitted while its end is still after W. A row without one (written before schema step
+            # 5, when sessions ran under drop / dlq only) is emitted exactly when its end is before
+            # W: without reopen no accepted row can reach an emitted session.
             assert ends is not None, "session windows restore with their stored ends"
-            self.state.restore([(start, ends[(start, key)], key, accs, watermark is not None
-                                 and ends[(start, key)] < watermark) for start, key, accs in groups])
+            flags = emitted or {}
+            rows = []
+            for start, key, accs in groups:
+                end, flag = ends[(start, key)], flags.get((start, key))
+                if flag is None:
+                    flag = watermark is not None and end < watermark
+                rows.append((start, end, key, accs, flag))
+            self.state.restore(rows)
             return
         windows = self.state.windows
         for start, key, accs in groups:

@@ -165,6 +165,17 @@ class SessionState:
                    lasts: Sequence[int], states: list[list[Any]]) -> list[Session]:
         """The key's sessions after its partials join them; ``states[r]`` gets row r's accumulators."""
         rules = self.rules
+        if len(rows) == 1 and (not held or firsts[rows[0]] > max(s.end for s in held)):
+            # the common case: one partial after everything the key holds opens a new session
+            r = rows[0]
+            bucket = rules.bucket(firsts[r])
+            if lasts[r] >= firsts[r] and rules.bucket(lasts[r]) == bucket:
+                session = Session(firsts[r], lasts[r], rules.session_end(lasts[r], bucket), bucket,
+                                  [None] * len(self.aggregators), emitted=False)
+                session.changed = True
+                self._changed[id(session)] = self._dirty[id(session)] = (key, session)
+                states[r] = session.accs
+                return [*held, session]
         by_bucket: dict[int, list[int]] = {}
         for r in rows:
             first, last = firsts[r], lasts[r]

@@ -18,7 +18,10 @@ at-least-once delivery of Spark into effectively-once output:
   touched at all) and a later correction replaces the earlier row of the same key. Within one
   batch the last row of a key wins. The key constraint is ``UNIQUE NULLS NOT DISTINCT`` so that
   NULL group keys form one group (PostgreSQL >= 15). ``_emit_kind`` is not stored: the table
-  always holds the latest row per key. :meth:`PostgresWindowWriter.write_in_transaction` does the
+  always holds the latest row per key. A ``retract`` row (session windows under ``reopen``: a key
+  that disappeared because a session's start moved or sessions merged, SPEC.md §10) deletes its
+  key's row instead; the batch's deletes run before its upserts, in the same transaction, so a
+  replay deletes nothing more. :meth:`PostgresWindowWriter.write_in_transaction` does the
   same on a caller's connection without committing, so a Postgres state store in the same
   database can commit state and output together (exactly-once).
 * **parquet target / parquet dead letters**: each batch goes to ``<path>/batch_id=<N>/part-0.parquet``
@@ -27,6 +30,12 @@ at-least-once delivery of Spark into effectively-once output:
   old or the new complete file, never a partial one, and a replay replaces it. Temporary files
   left by a crash are removed by ``open()``. The parquet target keeps ``_emit_kind``
   (``final`` | ``correction``): readers keep the latest row per key by ``batch_id`` then emit kind.
+  Session windows may also write ``retract`` rows (under ``reopen``, for keys that disappeared),
+  each repeating the row it withdraws and written before the rows that replace it, and add
+  ``_emit_seq`` (the row's order within its batch file): readers keep the row with the largest
+  ``(batch_id, _emit_seq)`` per key and drop keys whose latest row is a ``retract`` (SPEC.md §10).
+  The end-of-input flush file of a batch holds only ``final`` rows of keys its ``part-0`` did
+  not write, so the two never need ordering against each other.
   Only local paths (or ``file://``) are supported.
 * **postgres dead letters**: ``DELETE`` the rows of the batch id, then COPY the new ones, in one
   transaction (``write_in_transaction`` likewise commits nothing). A dead-letter table therefore
@@ -57,7 +66,8 @@ import pyarrow as pa
 
 from ematix_dagster.errors import PipelineConfigError
 from ematix_dagster.spec import DeadLetter, Target
-from ematix_dagster.targets.base import DEAD_LETTER_COLUMNS, EMIT_KIND_COLUMN, DeadLetterWriter, WindowWriter
+from ematix_dagster.targets.base import (DEAD_LETTER_COLUMNS, EMIT_KIND_COLUMN, EMIT_SEQ_COLUMN, RETRACT,
+                                         DeadLetterWriter, WindowWriter)
 from ematix_dagster.targets.console import ConsoleWindowWriter
 from ematix_dagster.targets.parquet import ParquetWriter
 from ematix_dagster.targets.pg_table import PostgresTable
@@ -67,6 +77,8 @@ from ematix_dagster.targets.postgres import PostgresDeadLetterWriter, PostgresWi
 
 __all__ = [
     "EMIT_KIND_COLUMN",
+    "EMIT_SEQ_COLUMN",
+    "RETRACT",
     "DEAD_LETTER_COLUMNS",
     "WindowWriter",
     "DeadLetterWriter",
@@ -86,8 +98,8 @@ def make_window_writer(target: Target, pipeline_name: str, schema: pa.Schema,
                        key_columns: list[str]) -> WindowWriter:
     """The writer for ``[target]``.
 
-    ``schema`` is the output schema including the trailing ``_emit_kind`` column; ``key_columns``
-    is ``[window start column] + group columns`` (the upsert key).
+    ``schema`` is the output schema including the ``_emit_kind`` column (and, for session windows,
+    ``_emit_seq``); ``key_columns`` is ``[window start column] + group columns`` (the upsert key).
     """
     names = list(schema.names)
     if EMIT_KIND_COLUMN not in names:

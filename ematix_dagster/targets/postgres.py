@@ -20,21 +20,30 @@ import json
 
 import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
 from psycopg import sql
 
 from ematix_dagster.errors import PipelineConfigError
 from ematix_dagster.spec import DeadLetter, Target
-from ematix_dagster.targets.base import DEAD_LETTER_COLUMNS, EMIT_KIND_COLUMN
+from ematix_dagster.targets.base import DEAD_LETTER_COLUMNS, EMIT_KIND_COLUMN, EMIT_SEQ_COLUMN, RETRACT
 from ematix_dagster.targets.pg_table import PostgresTable
 from ematix_dagster.targets.pg_types import _json_value, _normalize_column, _python_columns, _text, postgres_type
 
 _PAYLOAD_COLUMN = "payload"
 _ORD_COLUMN = "__ematix_row_ord"
 _STAGE_TABLE = "ematix_stage_rows"
+_RETRACT_TABLE = "ematix_stage_retracts"
+#: the envelope columns of an emitted row that the table does not store (it holds the latest row per key)
+_NOT_STORED = (EMIT_KIND_COLUMN, EMIT_SEQ_COLUMN)
 
 
 class PostgresWindowWriter:
-    """Upserts closed windows into a PostgreSQL table (see :mod:`ematix_dagster.targets`)."""
+    """Upserts closed windows into a PostgreSQL table (see :mod:`ematix_dagster.targets`).
+
+    ``retract`` rows (session windows under reopen: a key that disappeared because a session's start
+    moved or sessions merged, SPEC.md §10) delete their key's row instead, before the batch's upserts
+    and in the same transaction.
+    """
 
     idempotent = True
 
@@ -42,7 +51,7 @@ class PostgresWindowWriter:
         self._pg = PostgresTable(target.url, target.table, pipeline_name, "target")
         self.create_table = bool(target.create_table)
         self.pipeline_name = pipeline_name
-        self.columns = [n for n in schema.names if n != EMIT_KIND_COLUMN]
+        self.columns = [n for n in schema.names if n not in _NOT_STORED]
         self.key_columns = list(key_columns)
         self.value_columns = [c for c in self.columns if c not in self.key_columns]
         if len(set(self.columns)) != len(self.columns):
@@ -94,7 +103,8 @@ class PostgresWindowWriter:
         _commit_write(self, batch_id, rows, f"writing batch {batch_id} to")
 
     def write_in_transaction(self, conn: psycopg.Connection, batch_id: int, rows: pa.Table) -> None:
-        """Upsert ``rows`` using ``conn``'s current transaction; the caller commits.
+        """Delete the keys of ``rows``' retract rows, then upsert the others, using ``conn``'s
+        current transaction; the caller commits.
 
         ``conn`` must not be in autocommit mode (the staging table lives until commit). psycopg
         errors propagate unchanged so that the caller can roll back its whole transaction.
@@ -106,6 +116,13 @@ class PostgresWindowWriter:
         missing = [c for c in self.columns if c not in rows.column_names]
         if missing:
             raise ValueError(f"batch {batch_id} lacks output column(s) {missing}")
+        if EMIT_KIND_COLUMN in rows.column_names:
+            retract = pc.fill_null(pc.equal(rows.column(EMIT_KIND_COLUMN), RETRACT), False)
+            if pc.any(retract).as_py():
+                self._delete_keys(conn, rows.filter(retract))
+                rows = rows.filter(pc.invert(retract))
+                if rows.num_rows == 0:
+                    return
         cols = [sql.Identifier(c) for c in self.columns]
         keys = [sql.Identifier(c) for c in self.key_columns]
         stage = sql.Identifier(_STAGE_TABLE)
@@ -129,6 +146,28 @@ class PostgresWindowWriter:
                     sets=sql.SQL(", ").join(sql.SQL("{} = EXCLUDED.{}").format(v, v) for v in values),
                     old=sql.SQL(", ").join(sql.SQL("t.{}").format(v) for v in values),
                     new=sql.SQL(", ").join(sql.SQL("EXCLUDED.{}").format(v) for v in values)))
+            cur.execute(sql.SQL("DROP TABLE {}").format(stage))
+
+    def _delete_keys(self, conn: psycopg.Connection, retracts: pa.Table) -> None:
+        """Delete the rows whose key a retract row names (NULL group values match NULL: the key is
+        ``NULLS NOT DISTINCT``). The keys are staged with the table's own column types."""
+        keys = [sql.Identifier(c) for c in self.key_columns]
+        key_list = sql.SQL(", ").join(keys)
+        stage = sql.Identifier(_RETRACT_TABLE)
+        # window_start is never NULL (the unique key's first column); group values may be
+        match = sql.SQL(" AND ").join(
+            sql.SQL("t.{k} = s.{k}").format(k=k) if i == 0 else
+            sql.SQL("(t.{k} = s.{k} OR (t.{k} IS NULL AND s.{k} IS NULL))").format(k=k) for i, k in enumerate(keys))
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL("DROP TABLE IF EXISTS pg_temp.{}").format(stage))
+            cur.execute(sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA")
+                        .format(stage, key_list, self._pg.ident))
+            data = _python_columns(retracts, self.key_columns)
+            with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(stage, key_list)) as copy:
+                for row in zip(*data):
+                    copy.write_row(row)
+            cur.execute(sql.SQL("DELETE FROM {target} AS t USING {stage} AS s WHERE {match}").format(
+                target=self._pg.ident, stage=stage, match=match))
             cur.execute(sql.SQL("DROP TABLE {}").format(stage))
 
     def close(self) -> None:

@@ -29,8 +29,10 @@ retraction repeats is computed from them before the batch first changes them.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, NoReturn, Sequence
+from typing import Any, Iterator, NamedTuple, NoReturn, Sequence
 
 from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
 from ematix_dagster.streaming.aggregators import Aggregator, PartialRowError, order_key
@@ -66,7 +68,7 @@ class Session:
     """One session of one key. ``last`` is exact in memory; a restored session only knows
     ``max(start, end - gap)``, which decides nothing (joins and ends follow ``end``)."""
 
-    __slots__ = ("start", "last", "end", "bucket", "accs", "emitted", "changed", "stored_start")
+    __slots__ = ("start", "last", "end", "bucket", "accs", "emitted", "changed", "stored_start", "alive")
 
     def __init__(self, start: int, last: int, end: int, bucket: int, accs: list[Any], emitted: bool,
                  stored_start: int | None = None) -> None:
@@ -78,6 +80,7 @@ class Session:
         self.emitted = emitted
         self.changed = False  # changed since the last emit
         self.stored_start = stored_start  # the start a commit last wrote it under (None: never)
+        self.alive = True  # False once merged away or evicted (its heap entries are then stale)
 
     def __repr__(self) -> str:
         return f"Session({self.start}, {self.end}, accs={self.accs!r}, emitted={self.emitted})"
@@ -85,6 +88,13 @@ class Session:
 
 def _key_order(key: GroupKey) -> tuple[Any, ...]:
     return tuple((v is not None, order_key(v) if v is not None else 0) for v in key)
+
+
+def _ordered(rows: list[SessionRow]) -> list[SessionRow]:
+    """Rows by (start, key), as fixed windows order them: the same input gives the same files."""
+    if set(map(type, itertools.chain.from_iterable(row.key for row in rows))) <= {int, str}:
+        return sorted(rows, key=lambda row: (row.start, row.key))  # plain keys order as they are
+    return sorted(rows, key=lambda row: (row.start, _key_order(row.key)))
 
 
 @dataclass
@@ -103,6 +113,11 @@ class SessionState:
     # since the last commit: sessions to write, and (start, key) rows to delete
     _dirty: dict[int, tuple[GroupKey, Session]] = field(default_factory=dict, init=False, repr=False)
     _dropped: dict[SessionDelete, None] = field(default_factory=dict, init=False, repr=False)
+    # sessions by end, to finalise and to evict without scanning every key each batch: entries
+    # (end, sequence, key, session), stale once the session's end moved or it left state
+    _to_final: list[tuple[int, int, GroupKey, Session]] = field(default_factory=list, init=False, repr=False)
+    _to_evict: list[tuple[int, int, GroupKey, Session]] = field(default_factory=list, init=False, repr=False)
+    _seq: Iterator[int] = field(default_factory=itertools.count, init=False, repr=False)
 
     @property
     def group_count(self) -> int:
@@ -174,6 +189,7 @@ class SessionState:
                                   [None] * len(self.aggregators), emitted=False)
                 session.changed = True
                 self._changed[id(session)] = self._dirty[id(session)] = (key, session)
+                self._track(key, session)
                 states[r] = session.accs
                 return [*held, session]
         by_bucket: dict[int, list[int]] = {}
@@ -231,12 +247,20 @@ class SessionState:
             survivor = Session(start, last, end, bucket, [None] * len(self.aggregators), emitted=False)
         survivor.changed = True
         self._changed[id(survivor)] = self._dirty[id(survivor)] = (key, survivor)
+        self._track(key, survivor)
         for r in rows:
             states[r] = survivor.accs
         return survivor
 
+    def _track(self, key: GroupKey, session: Session) -> None:
+        """Index ``session`` by its (new) end for :meth:`emit`."""
+        entry = (session.end, next(self._seq), key, session)
+        heapq.heappush(self._to_final, entry)
+        heapq.heappush(self._to_evict, entry)
+
     def _forget(self, key: GroupKey, session: Session) -> None:
         """``session`` leaves state (merged away or evicted): the store deletes its row."""
+        session.alive = False
         self._changed.pop(id(session), None)
         self._dirty.pop(id(session), None)
         if session.stored_start is not None:
@@ -262,34 +286,34 @@ class SessionState:
         with. Sessions with ``end + retention < W`` leave state.
         """
         rules = self.rules
-        out: list[SessionRow] = []
-        for key, s in self._changed.values():
-            if s.emitted:
-                out.append(SessionRow(s.start, s.end, key, self._values(s), "correction"))
+        emitted: list[tuple[GroupKey, Session, str]] = [
+            (key, s, "correction") for key, s in self._changed.values() if s.emitted]
         retractions = [row for (key, start), row in self._superseded.items()
                        if not any(s.start == start for s in self.sessions.get(key, ()))]
         for _, s in self._changed.values():
             s.changed = False
         self._changed, self._superseded = {}, {}
-        for key in list(self.sessions):
-            held = self.sessions[key]
-            for s in held:
-                if not s.emitted and rules.is_final(WindowBounds(s.start, s.end), watermark):
-                    out.append(SessionRow(s.start, s.end, key, self._values(s), "final"))
-                    s.emitted = True
-                    self._dirty[id(s)] = (key, s)
-            alive = [s for s in held if not rules.is_evicted(WindowBounds(s.start, s.end), watermark, retention)]
-            if len(alive) < len(held):
-                for s in held:
-                    if s not in alive:
-                        self._forget(key, s)
-                if alive:
-                    self.sessions[key] = alive
+        finals = self._to_final
+        while finals and rules.is_final(WindowBounds(finals[0][3].start, finals[0][0]), watermark):
+            end, _, key, s = heapq.heappop(finals)
+            if s.alive and s.end == end and not s.emitted:
+                emitted.append((key, s, "final"))
+                s.emitted = True
+                self._dirty[id(s)] = (key, s)
+        evict = self._to_evict
+        while evict and rules.is_evicted(WindowBounds(evict[0][3].start, evict[0][0]), watermark, retention):
+            end, _, key, s = heapq.heappop(evict)
+            if s.alive and s.end == end:
+                held = [other for other in self.sessions[key] if other is not s]
+                self._forget(key, s)
+                if held:
+                    self.sessions[key] = held
                 else:
                     del self.sessions[key]
-        out.sort(key=lambda row: (row.start, _key_order(row.key)))
-        retractions.sort(key=lambda row: (row.start, _key_order(row.key)))
-        return SessionEmission(retractions, out)
+        # one aggregator at a time over the emitted sessions, then one tuple per session
+        columns = [list(map(agg.result, (s.accs[i] for _, s, _ in emitted))) for i, agg in enumerate(self.aggregators)]
+        out = [SessionRow(s.start, s.end, key, values, kind) for (key, s, kind), values in zip(emitted, zip(*columns))]
+        return SessionEmission(_ordered(retractions), _ordered(out))
 
     # -- durable state ----------------------------------------------------------------------------
 
@@ -317,5 +341,6 @@ class SessionState:
             session = Session(start, max(start, end - gap), end, bucket(start), list(accs), bool(emitted),
                               stored_start=start)
             self.sessions.setdefault(key, []).append(session)
+            self._track(key, session)
         for held in self.sessions.values():
             held.sort(key=lambda s: s.start)

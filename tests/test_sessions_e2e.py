@@ -32,6 +32,7 @@ AGGREGATIONS = [
     {"agg": "last", "column": "v", "as": "last_v"},
     {"agg": "count_distinct", "column": "v", "as": "distinct_v", "mode": "exact", "max_distinct_values_per_group": 50},
     {"agg": "avg", "column": "v", "as": "avg_v"},
+    {"agg": "count_distinct", "column": "v", "as": "hll_v"},  # approximate: exact at these cardinalities
 ]
 
 
@@ -92,6 +93,7 @@ def test_sessions_match_the_oracle(spark, tmp_path, batch_files, policy):
     as_out = [("final", us(r["window_start"]), us(r["window_end"]), (r["k"],), tuple(r[a] for a in ALIASES))
               for r in got]
     assert canon(as_out) == canon([r for batch in expected for r in batch])
+    assert all(r["hll_v"] == r["distinct_v"] for r in got)  # both count_distinct modes
     assert summary.late_rows == 4
     # sessions: a [0, 10] (10 s apart joins) ends at 20, a [20.001] (10.001 s: a new one) at 30.001,
     # b [55] is cut at the bucket end (60), b [62] ends at 72

@@ -6,7 +6,7 @@ Each pipeline runs as ``ematix-dagster run`` in its own process group. Fault poi
 before Spark records the batch (``after_store_commit``). The matrix is a Latin square: every point
 meets batch 0, a middle batch and the end-of-input flush exactly once over three series, and each
 series is one pipeline restarted with a plain ``run`` (never ``reset``) after every kill until it
-exits 0. The series cover tumbling and hopping windows, drop and reopen (late rows in the input),
+exits 0. The series cover tumbling, hopping and session windows, drop and reopen (late rows in the input),
 SQLite and PostgreSQL stores, effectively-once and exactly-once (``same_transaction``) targets. The
 test checks that every fault fired, that no process of a killed group survives, and that the final
 Postgres target equals the pandas oracle (``tests/oracle.py``) fed with the batches Spark actually
@@ -45,6 +45,14 @@ HOPPING_REOPEN: dict[str, Any] = {"window_kind": "hopping", "duration_ms": 120_0
                                   "late_data": "reopen", "allowed_lateness_ms": 120_000}
 HOPPING_DROP: dict[str, Any] = {"window_kind": "hopping", "duration_ms": 120_000, "hop_ms": 60_000,
                                 "lateness_ms": 10_000}
+# sessions: a key's rows are 30 s apart, more than the gap (a session each); the late rows join
+# emitted sessions (corrections); aggregates as the session oracle computes them
+SESSION_REOPEN: dict[str, Any] = {
+    "window_kind": "session", "duration_ms": None, "gap_ms": 20_000, "max_session_duration_ms": 600_000,
+    "late_data": "reopen", "allowed_lateness_ms": 180_000,
+    "aggregations": [{"agg": "count", "as": "n"}, {"agg": "sum", "column": "v", "as": "total"},
+                     {"agg": "count_distinct", "column": "v", "as": "pages", "mode": "exact",
+                      "max_distinct_values_per_group": 100}]}
 
 
 # -- running the CLI -------------------------------------------------------------------------------
@@ -119,7 +127,7 @@ def pipeline_toml(tmp: Path, name: str, window: dict[str, Any], target_url: str,
                   store: dict[str, Any], same_transaction: bool = False) -> Path:
     """A pipeline over ``tmp/in`` (one parquet file per batch) into a Postgres upsert table."""
     text = windowed_pipeline_toml(
-        name, tmp, **window, max_groups_per_window=1000, distinct_mode=None,
+        name, tmp, **{"distinct_mode": None, **window}, max_groups_per_window=1000,
         target=postgres_target(target_url, f"{target_schema}.{name.replace('-', '_')}",
                                same_transaction=same_transaction),
         state_store=store, trigger="available_now", end_of_input="flush")
@@ -143,8 +151,28 @@ def feed(batch_files) -> Feed:
     return fed
 
 
+def expected_sessions(fed: Feed, spec) -> dict[tuple, tuple]:
+    """The session oracle's final target (retracted keys gone), the end-of-input flush included."""
+    from tests.test_session_state import ALIASES, Oracle, Params
+
+    w = spec.window
+    sessions = Oracle(Params(gap=w.gap_ms * 1000, cap=w.max_session_duration_ms * 1000, lateness=w.lateness_ms * 1000,
+                             policy="reopen", allowed=w.allowed_lateness_ms * 1000))
+    corrections = 0
+    for batch in fed.batches(spec.run.checkpoint_location, ["a"]):
+        _, out = sessions.batch([((r["k"],), int(r["_event_ts"]), int(r["v"])) for r in batch.rows.to_dict("records")])
+        corrections += sum(1 for kind, *_ in out if kind == "correction")
+    assert corrections > 0 and sessions.max_seen is not None, "the late rows must correct emitted sessions"
+    sessions.max_seen += 10 ** 12  # the flush: W past every session's end
+    sessions.batch([])
+    pick = [ALIASES.index(a) for a in ("n", "sum_v", "distinct_v")]
+    return {(start, key[0]): tuple(values[i] for i in pick) for (start, key), (_, values) in sessions.target.items()}
+
+
 def expected_target(fed: Feed, spec) -> dict[tuple, tuple]:
     """The oracle's last emission per (window start, k): what an upsert target must hold."""
+    if spec.window.kind == "session":
+        return expected_sessions(fed, spec)
     batches = fed.batches(spec.run.checkpoint_location, ["a"])
     assert len(batches) == BATCHES, "one micro-batch per file"
     result = oracle.run(batches, oracle_params(spec))
@@ -183,6 +211,9 @@ SERIES = [
     pytest.param(HOPPING_DROP, "postgres", False,
                  f"after_store_commit:0,target_write:{MIDDLE},store_commit:flush",
                  id="hopping-drop-postgres-effectively-once"),
+    pytest.param(SESSION_REOPEN, "postgres", True,
+                 f"after_store_commit:0,store_commit:{MIDDLE},target_write:flush",
+                 id="session-reopen-postgres-exactly-once"),
 ]
 
 

@@ -3,8 +3,9 @@
 Each pipeline runs as ``ematix-dagster run`` in its own process group. Fault points
 (``EMATIX_FAULT_POINTS``) SIGKILL the whole group, driver and JVM, right after the target write
 (``target_write``), inside the store transaction (``store_commit``) and after the store commit but
-before Spark records the batch (``after_store_commit``). The matrix is a Latin square: every point
-meets batch 0, a middle batch and the end-of-input flush exactly once over three series, and each
+before Spark records the batch (``after_store_commit``). The first three series are a Latin square:
+every point meets batch 0, a middle batch and the end-of-input flush exactly once over them (the
+session series adds one more arrangement); each
 series is one pipeline restarted with a plain ``run`` (never ``reset``) after every kill until it
 exits 0. The series cover tumbling, hopping and session windows, drop and reopen (late rows in the input),
 SQLite and PostgreSQL stores, effectively-once and exactly-once (``same_transaction``) targets. The

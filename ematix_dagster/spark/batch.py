@@ -24,13 +24,12 @@ from ematix_dagster.spark.partials import BatchFrames, BatchPlan, batch_counts, 
 from ematix_dagster.spark.recovery import HEARTBEAT, named_offsets, offset_names
 from ematix_dagster.spark.windows.base import CLASS
 from ematix_dagster.spec import PipelineSpec
-from ematix_dagster.streaming.durable import Provenance, batch_commit
+from ematix_dagster.streaming.durable import Provenance, batch_commit, encoded_key
 from ematix_dagster.streaming.micro_batch import BatchInput, BatchResult, Engine, SourceStats
 from ematix_dagster.streaming.windows import format_us
 from ematix_dagster.streaming.windows.session import session_id
 from ematix_dagster.targets import DeadLetterWriter, WindowWriter
 from state_store.base import PipelineRecord, StateStore
-from state_store.codec import encode_key
 
 InTransaction = list[Callable[[object], None]]
 
@@ -198,7 +197,7 @@ class BatchStep:
         ids = None
         if self.spec.window.kind == "session":
             name = self.spec.pipeline_name
-            ids = [session_id(name, encode_key(r.key), r.start) for r in result.rows]
+            ids = [session_id(name, encoded_key(r.key), r.start) for r in result.rows]
         table = rows_to_arrow(self.schema, result.rows, len(self.spec.window.group_by), ids)
         if self.spec.target.same_transaction:
             in_transaction.append(lambda conn: self.target.write_in_transaction(conn, batch_id, table))

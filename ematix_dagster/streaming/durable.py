@@ -12,8 +12,8 @@ from functools import lru_cache
 from typing import Any, Callable, Sequence
 
 from ematix_dagster.streaming.micro_batch import Engine
-from ematix_dagster.streaming.window_state import GroupKey
 from ematix_dagster.streaming.session_state import SessionState
+from ematix_dagster.streaming.window_state import GroupKey
 from ematix_dagster.streaming.windows import SessionWindows, WindowKind
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, SourceProgress
 from state_store.codec import STATE_VERSION, decode_groups, encode_key, encode_state
@@ -46,16 +46,16 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
         changed, gone = state.take_changes()
         upserts = []
         for start, end, key, accs, emitted in changed:
-            encoded = _encoded_key(key)
+            encoded = encoded_key(key)
             upserts.append((start, end, encoded, encode_state(accs)))
             flags[(start, encoded)] = emitted
-        deletes = [(start, _encoded_key(key)) for start, key in gone]
+        deletes = [(start, encoded_key(key)) for start, key in gone]
     else:
         groups, evicted = state.take_changes()
         bounds = state.window_kind.bounds
         ends: dict[int, int] = {}
         upserts = [(start, ends[start] if start in ends else ends.setdefault(start, bounds(start).end),
-                    _encoded_key(key), encode_state(accs)) for start, key, accs in groups]
+                    encoded_key(key), encode_state(accs)) for start, key, accs in groups]
     marks = engine.watermarks
     record = PipelineRecord(
         pipeline=pipeline, state_version=STATE_VERSION, query_id=provenance.query_id,
@@ -74,9 +74,10 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
     )
 
 
-#: A group's key is encoded again every batch that touches it (in every window it is in): the
-#: encodings of the keys seen lately are kept (keys are tuples of scalars, so hashable).
-_encoded_key = lru_cache(maxsize=1 << 17)(encode_key)
+#: A group's key is encoded again every batch that touches it (in every window it is in, and for a
+#: session's ``session_id``): the encodings of the keys seen lately are kept (keys are tuples of
+#: scalars, so hashable).
+encoded_key = lru_cache(maxsize=1 << 17)(encode_key)
 
 
 def restore_engine(engine: Engine, recovered: RecoveredState, store: str | None = None) -> PipelineRecord | None:
@@ -97,7 +98,7 @@ def restore_engine(engine: Engine, recovered: RecoveredState, store: str | None 
         flags = recovered.emitted
         ends, emitted = {}, {}
         for start, key, _ in groups:
-            encoded = encode_key(key)
+            encoded = encoded_key(key)
             ends[(start, key)] = stored[(start, encoded)]
             emitted[(start, key)] = flags.get((start, encoded))
     engine.restore(record.last_batch_id, record.watermark,

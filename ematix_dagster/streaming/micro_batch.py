@@ -25,13 +25,13 @@ from operator import itemgetter
 from typing import Any, Iterable, NoReturn, Sequence
 
 from ematix_dagster.errors import CorruptState
-from state_store.errors import RESTORE_OR_RESET
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.aggregators import describe_value, make_aggregator
-from ematix_dagster.streaming.watermark import Watermarks
 from ematix_dagster.streaming.session_state import SessionState
+from ematix_dagster.streaming.watermark import Watermarks
 from ematix_dagster.streaming.window_state import EmittedRow, GroupKey, WindowState
 from ematix_dagster.streaming.windows import MICROS_PER_MS, SessionWindows, window_kind
+from state_store.errors import RESTORE_OR_RESET
 
 _SECOND, _THIRD = itemgetter(1), itemgetter(2)
 

@@ -3,15 +3,17 @@
 Each pipeline runs as ``ematix-dagster run`` in its own process group. Fault points
 (``EMATIX_FAULT_POINTS``) SIGKILL the whole group, driver and JVM, right after the target write
 (``target_write``), inside the store transaction (``store_commit``) and after the store commit but
-before Spark records the batch (``after_store_commit``). The first three series are a Latin square:
-every point meets batch 0, a middle batch and the end-of-input flush exactly once over them (the
-session series adds one more arrangement); each
-series is one pipeline restarted with a plain ``run`` (never ``reset``) after every kill until it
-exits 0. The series cover tumbling, hopping and session windows, drop and reopen (late rows in the input),
-SQLite and PostgreSQL stores, effectively-once and exactly-once (``same_transaction``) targets. The
-test checks that every fault fired, that no process of a killed group survives, and that the final
-Postgres target equals the pandas oracle (``tests/oracle.py``) fed with the batches Spark actually
-formed (its ``offsets/N`` and ``sources/0/N``).
+before Spark records the batch (``after_store_commit``). The three fixed-window series are a Latin
+square: every point meets batch 0, a middle batch and the end-of-input flush exactly once over them,
+and so do the two session series. Each series is one pipeline restarted with a plain ``run`` (never
+``reset``) after every kill until it exits 0. The series cover tumbling, hopping and session
+windows, drop and reopen (late rows in the input), SQLite and PostgreSQL stores, effectively-once
+PostgreSQL and parquet targets and exactly-once (``same_transaction``) PostgreSQL. The test checks
+that every fault fired, that no process of a killed group survives, and that the final target
+equals the pandas oracle (``tests/oracle.py``, the session oracle of ``tests/test_session_state.py``)
+fed with the batches Spark actually formed (its ``offsets/N`` and ``sources/0/N``). A parquet
+target is read as SPEC.md §10 tells readers to: per key the row with the largest
+``(batch_id, _emit_seq)``, keys whose latest row is a ``retract`` dropped.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ from typing import Any
 import pandas as pd
 import psutil
 import psycopg
+import pyarrow.parquet as pq
 import pytest
 
 from tests import oracle
-from tests.pipeline_toml import postgres_store, postgres_target, sqlite_store, windowed_pipeline_toml
+from tests.pipeline_toml import parquet_target, postgres_store, postgres_target, sqlite_store, windowed_pipeline_toml
 from tests.test_lateness_e2e import Feed, at, oracle_params, row
 from ematix_dagster.spec import load_pipeline
 
@@ -124,14 +127,11 @@ def run_until_done(toml: Path, fault_dir: Path, kills: str, max_runs: int = 6) -
 # -- pipelines, input, oracle, target ----------------------------------------------------------------
 
 
-def pipeline_toml(tmp: Path, name: str, window: dict[str, Any], target_url: str, target_schema: str,
-                  store: dict[str, Any], same_transaction: bool = False) -> Path:
-    """A pipeline over ``tmp/in`` (one parquet file per batch) into a Postgres upsert table."""
+def pipeline_toml(tmp: Path, name: str, window: dict[str, Any], target: dict[str, Any], store: dict[str, Any]) -> Path:
+    """A pipeline over ``tmp/in`` (one parquet file per batch) into ``target``."""
     text = windowed_pipeline_toml(
         name, tmp, **{"distinct_mode": None, **window}, max_groups_per_window=1000,
-        target=postgres_target(target_url, f"{target_schema}.{name.replace('-', '_')}",
-                               same_transaction=same_transaction),
-        state_store=store, trigger="available_now", end_of_input="flush")
+        target=target, state_store=store, trigger="available_now", end_of_input="flush")
     path = tmp / f"{name}.toml"
     path.write_text(text)
     return path
@@ -139,13 +139,14 @@ def pipeline_toml(tmp: Path, name: str, window: dict[str, Any], target_url: str,
 
 def feed(batch_files) -> Feed:
     """Batch b holds six rows in minute b and, from batch 2 on, rows two and three minutes back: late
-    for some or all of their windows (dropped under drop, corrections under reopen)."""
+    for some or all of their windows (dropped under drop, corrections under reopen; for sessions
+    the row 35 s into a minute moves the start of k1's session at 40 s: a retraction)."""
     files = batch_files("in")
     fed = Feed()
     for b in range(BATCHES):
         rows = [row(10 * b + i, f"k{i % 3}", i + b, at(b, 10 * i), page=f"p{(i * b) % 5}") for i in range(6)]
         if b >= 2:
-            rows.append(row(900 + b, "k1", 100, at(b - 2, 40), page="late"))
+            rows.append(row(900 + b, "k1", 100, at(b - 2, 35), page="late"))
         if b >= 3:
             rows.append(row(950 + b, "k2", 1000, at(b - 3, 20), page="later"))
         fed.parquet("a", files, rows)
@@ -159,13 +160,13 @@ def expected_sessions(fed: Feed, spec) -> dict[tuple, tuple]:
     w = spec.window
     sessions = Oracle(Params(gap=w.gap_ms * 1000, cap=w.max_session_duration_ms * 1000, lateness=w.lateness_ms * 1000,
                              policy="reopen", allowed=w.allowed_lateness_ms * 1000))
-    corrections = 0
+    corrections = retractions = 0
     for batch in fed.batches(spec.run.checkpoint_location, ["a"]):
-        _, out = sessions.batch([((r["k"],), int(r["_event_ts"]), int(r["v"])) for r in batch.rows.to_dict("records")])
+        retracts, out = sessions.batch([((r["k"],), int(r["_event_ts"]), int(r["v"])) for r in batch.rows.to_dict("records")])
         corrections += sum(1 for kind, *_ in out if kind == "correction")
-    assert corrections > 0 and sessions.max_seen is not None, "the late rows must correct emitted sessions"
-    sessions.max_seen += 10 ** 12  # the flush: W past every session's end
-    sessions.batch([])
+        retractions += len(retracts)
+    assert corrections > 0 and retractions > 0, "the late rows must correct emitted sessions and move starts"
+    sessions.batch([], watermark=10 ** 18)  # the flush: W past every session's end
     pick = [ALIASES.index(a) for a in ("n", "sum_v", "distinct_v")]
     return {(start, key[0]): tuple(values[i] for i in pick) for (start, key), (_, values) in sessions.target.items()}
 
@@ -199,32 +200,62 @@ def actual_target(dsn: str, table: str) -> dict[tuple, tuple]:
     return got
 
 
+def parquet_view(path: str) -> dict[tuple, tuple]:
+    """What a reader of a parquet target sees (SPEC.md §10): the latest row per key by
+    ``(batch_id, _emit_seq)``, retracts dropped. A batch's flush file only holds keys its
+    ``part-0`` did not write, so the two files of one batch never compete for a key."""
+    latest: dict[tuple, tuple] = {}
+    for directory in Path(path).glob("batch_id=*"):
+        batch_id = int(directory.name.split("=", 1)[1])
+        in_batch: set[tuple] = set()
+        for file in sorted(directory.glob("*.parquet")):
+            rows = pq.read_table(file).to_pylist()
+            assert [r["_emit_seq"] for r in rows] == list(range(len(rows))), "a file numbers its rows 0, 1, ..."
+            keys = {(int(pd.Timestamp(r["window_start"]).value // 1000), r["k"]) for r in rows}
+            assert not keys & in_batch, "the flush file repeats no key of its batch's part-0"
+            in_batch |= keys
+            for r in rows:
+                key = (int(pd.Timestamp(r["window_start"]).value // 1000), r["k"])
+                if key not in latest or (batch_id, r["_emit_seq"]) > latest[key][0]:
+                    latest[key] = ((batch_id, r["_emit_seq"]), r)
+    return {key: (r["n"], r["total"], r["pages"]) for key, (_, r) in latest.items() if r["_emit_kind"] != "retract"}
+
+
 # -- the matrix -------------------------------------------------------------------------------------
 
-# (window, store, same_transaction, kills): each point meets batch 0, MIDDLE and the flush once.
+# (window, store, target, kills): each point meets batch 0, MIDDLE and the flush once over the
+# fixed-window series, and once over the session series. Targets: "parquet", "postgres"
+# (effectively-once) or "postgres-exactly-once" (same_transaction).
 SERIES = [
-    pytest.param(TUMBLING_DROP, "sqlite", False,
+    pytest.param(TUMBLING_DROP, "sqlite", "postgres",
                  f"target_write:0,store_commit:{MIDDLE},after_store_commit:flush",
                  id="tumbling-drop-sqlite-effectively-once"),
-    pytest.param(HOPPING_REOPEN, "postgres", True,
+    pytest.param(HOPPING_REOPEN, "postgres", "postgres-exactly-once",
                  f"store_commit:0,after_store_commit:{MIDDLE},target_write:flush",
                  id="hopping-reopen-postgres-exactly-once"),
-    pytest.param(HOPPING_DROP, "postgres", False,
+    pytest.param(HOPPING_DROP, "postgres", "postgres",
                  f"after_store_commit:0,target_write:{MIDDLE},store_commit:flush",
                  id="hopping-drop-postgres-effectively-once"),
-    pytest.param(SESSION_REOPEN, "postgres", True,
+    pytest.param(SESSION_REOPEN, "postgres", "postgres-exactly-once",
                  f"after_store_commit:0,store_commit:{MIDDLE},target_write:flush",
                  id="session-reopen-postgres-exactly-once"),
+    pytest.param(SESSION_REOPEN, "sqlite", "parquet",
+                 f"store_commit:0,target_write:{MIDDLE},after_store_commit:flush",
+                 id="session-reopen-sqlite-parquet"),
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("window,store_kind,same_transaction,kills", SERIES)
-def test_kills_lose_and_duplicate_nothing(window, store_kind, same_transaction, kills, tmp_path, batch_files, pg_dsn,
+@pytest.mark.parametrize("window,store_kind,target_kind,kills", SERIES)
+def test_kills_lose_and_duplicate_nothing(window, store_kind, target_kind, kills, tmp_path, batch_files, pg_dsn,
                                           pg_schema):
     fed = feed(batch_files)
     store = sqlite_store(tmp_path / "state.db") if store_kind == "sqlite" else postgres_store(pg_dsn, pg_schema)
-    toml = pipeline_toml(tmp_path, "crash", window, pg_dsn, pg_schema, store, same_transaction)
+    if target_kind == "parquet":
+        target = parquet_target(tmp_path / "out")
+    else:
+        target = postgres_target(pg_dsn, f"{pg_schema}.crash", same_transaction=target_kind == "postgres-exactly-once")
+    toml = pipeline_toml(tmp_path, "crash", window, target, store)
     fault_dir = tmp_path / "faults"
 
     assert run_until_done(toml, fault_dir, kills) == 3
@@ -232,4 +263,7 @@ def test_kills_lose_and_duplicate_nothing(window, store_kind, same_transaction, 
     assert fired == sorted(f"{p.replace(':', '-')}.fired" for p in kills.split(",")), "every fault point was reached"
 
     spec = load_pipeline(toml)
-    assert actual_target(pg_dsn, spec.target.table) == expected_target(fed, spec)
+    if target_kind == "parquet":
+        assert parquet_view(spec.target.path) == expected_target(fed, spec)
+    else:
+        assert actual_target(pg_dsn, spec.target.table) == expected_target(fed, spec)

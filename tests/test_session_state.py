@@ -77,23 +77,33 @@ def oracle_values(ts: list[int], vs: list[Any]) -> tuple[Any, ...]:
             sum(map(float, vals)) / len(vals) if vals else None)
 
 
+FROM_EVENTS = object()  # Oracle.batch's default watermark: the newest event time less the lateness
+
+
 class Oracle:
     def __init__(self, p: Params) -> None:
         self.p, self.batches = p, 0
         self.max_seen: int | None = None
+        self.w: int | None = None  # the watermark after the last batch
+        self.reopened = 0  # accepted rows behind the previous watermark (reopen's allowance)
         self.accepted: list[tuple[Key, int, Any, int]] = []  # (key, ts, v, batch number)
         self.emitted_rows: set[int] = set()  # indices (in ``accepted``) of rows of emitted sessions
         self.target: dict[tuple[int, Key], tuple[int, tuple[Any, ...]]] = {}
 
-    def batch(self, rows: list[Row]) -> tuple[list[Out], list[Out]]:
+    def batch(self, rows: list[Row], watermark: Any = FROM_EVENTS) -> tuple[list[Out], list[Out]]:
+        """``watermark``: W after the batch, where it is not the newest event time less the lateness
+        (several sources, idleness: ``tests/oracle.py`` computes it)."""
         p, n = self.p, self.batches
         self.batches += 1
-        w_prev = None if self.max_seen is None else self.max_seen - p.lateness
+        w_prev = self.w
         for key, t, v in rows:
             if w_prev is None or t >= w_prev - (p.allowed if p.policy == "reopen" else 0):
                 self.accepted.append((key, t, v, n))
+                self.reopened += w_prev is not None and t < w_prev  # let in by the allowance
         self.max_seen = max([t for _, t, _ in rows] + [m for m in (self.max_seen,) if m is not None], default=None)
-        w = None if self.max_seen is None else self.max_seen - p.lateness
+        if watermark is FROM_EVENTS:
+            watermark = None if self.max_seen is None else self.max_seen - p.lateness
+        w = self.w = watermark
         # sessions of all accepted rows, each value tagged with its row's index in ``accepted``
         tagged = [(key, t, (v, i)) for i, (key, t, v, _) in enumerate(self.accepted)]
         out: list[Out] = []

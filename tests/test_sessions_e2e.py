@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import random
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from state_store.codec import encode_key
+from tests import oracle
 from tests.test_lateness_e2e import Feed, files_source, make_spec, row, run, us
 from tests.test_session_state import ALIASES, Oracle, Params, canon
 
@@ -58,16 +60,28 @@ def write_batches(tmp: Path, batch_files) -> Feed:
     return feed
 
 
-def oracle_finals(feed: Feed, cp: str, policy: str) -> list[list[tuple]]:
-    oracle = Oracle(Params(gap=GAP_S * S, cap=CAP_S * S, policy=policy))
+def oracle_finals(feed: Feed, cp: str, policy: str, sources: tuple[str, ...] = ("a",),
+                  idleness_ms: int = 60_000) -> list[list[tuple]]:
+    """The session oracle's rows per batch; with several sources W comes from ``tests/oracle.py``'s
+    watermark rule (per-source maxima, idle sources left out), which is the same for every kind."""
+    sessions = Oracle(Params(gap=GAP_S * S, cap=CAP_S * S, policy=policy))
+    batches = feed.batches(cp, list(sources))
+    marks = oracle.run(batches, oracle.Params(sources=sources, duration_ms=60_000, source_idleness_ms=idleness_ms,
+                                              group_by=("k",))).watermarks
     out = []
-    for batch in feed.batches(cp, ["a"]):
+    for batch_id, batch in enumerate(batches):
         rows = [((None if pd_isna(r["k"]) else r["k"],), int(r["_event_ts"]), None if pd_isna(r["v"]) else int(r["v"]))
                 for r in batch.rows.to_dict("records")]
-        retracts, emitted = oracle.batch(rows)
+        retracts, emitted = sessions.batch(rows, watermark=marks[batch_id])
         assert not retracts  # nothing is retracted without reopen
         out.append(emitted)
     return out
+
+
+def as_output(rows: list[dict[str, Any]]) -> list[tuple]:
+    """Target rows as the oracle writes them: (kind, start, end, key, values)."""
+    return [(r["_emit_kind"], us(r["window_start"]), us(r["window_end"]), (r["k"],), tuple(r[a] for a in ALIASES))
+            for r in rows]
 
 
 def pd_isna(value: Any) -> bool:
@@ -90,9 +104,7 @@ def test_sessions_match_the_oracle(spark, tmp_path, batch_files, policy):
     expected = oracle_finals(feed, spec.run.checkpoint_location, policy)
     got = target_rows(Path(spec.target.path))
     assert {r["_emit_kind"] for r in got} == {"final"}
-    as_out = [("final", us(r["window_start"]), us(r["window_end"]), (r["k"],), tuple(r[a] for a in ALIASES))
-              for r in got]
-    assert canon(as_out) == canon([r for batch in expected for r in batch])
+    assert canon(as_output(got)) == canon([r for batch in expected for r in batch])
     assert all(r["hll_v"] == r["distinct_v"] for r in got)  # both count_distinct modes
     assert summary.late_rows == 4
     # sessions: a [0, 10] (10 s apart joins) ends at 20, a [20.001] (10.001 s: a new one) at 30.001,
@@ -138,6 +150,65 @@ def test_sessions_continue_across_runs_from_the_sqlite_store(spark, tmp_path, ba
     second, _ = run(spec, spark)
     assert first.batches + second.batches == len(BATCHES)
     expected = oracle_finals(feed, spec.run.checkpoint_location, "drop")
-    got = [("final", us(r["window_start"]), us(r["window_end"]), (r["k"],), tuple(r[a] for a in ALIASES))
-           for r in target_rows(Path(spec.target.path))]
-    assert canon(got) == canon([r for batch in expected for r in batch])
+    assert canon(as_output(target_rows(Path(spec.target.path)))) == canon([r for batch in expected for r in batch])
+
+
+def test_two_sources_one_idle(spark, tmp_path, batch_files):
+    """Sources a (every batch), b (batch 0 only) and c (never a row), ``source_idleness_ms = 1``: c
+    holds W back in batch 0, then b and c are idle and W follows a alone, so b's session closes
+    on a's event time. A late row under drop is counted, not merged."""
+    a, b, c = batch_files("a"), batch_files("b"), batch_files("c")
+    feed, ids = Feed(), iter(range(1, 1000))
+
+    def put(source: str, files, rows: list[tuple]) -> None:
+        feed.parquet(source, files, [row(next(ids), k, v, at(t)) for k, t, v in rows])
+
+    put("a", a, [("a", 0, 1), ("a", 5, 2)])
+    put("b", b, [("b", 100, 3), (None, 101, 4)])
+    put("a", a, [("a", 12, 5), ("b", 20, 6)])  # W = 20 s: a alone (b and c idle)
+    put("a", a, [("a", 40, 7), ("a", 15, 8)])  # a@15 is late (15 < 20)
+    put("a", a, [("c", 130, 9)])  # W = 130 s: b's sessions [100, 110] and [101, 111] are final
+    window = {"kind": "session", "gap_ms": GAP_S * 1000, "max_session_duration_ms": CAP_S * 1000,
+              "group_by": ["k"], "source_idleness_ms": 1, "aggregations": AGGREGATIONS}
+    spec = make_spec(tmp_path, "sessions-idle", [files_source(n, f.directory) for n, f in (("a", a), ("b", b), ("c", c))],
+                     window)
+    summary, _ = run(spec, spark)
+    assert summary.batches == 4
+    expected = oracle_finals(feed, spec.run.checkpoint_location, "drop", ("a", "b", "c"), idleness_ms=1)
+    got = target_rows(Path(spec.target.path))
+    assert canon(as_output(got)) == canon([r for batch in expected for r in batch])
+    assert summary.reports[0].watermark is None, "c, never seen and not yet idle, holds W back"
+    assert set(summary.reports[1].idle_sources) == {"b", "c"}
+    assert summary.late_rows == 1
+    finals = {(r["k"], us(r["window_start"])) for r in got}
+    assert ("b", us(at(100))) in finals and (None, us(at(101))) in finals, "b's sessions close on a's time"
+    assert len(got) == 5
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_splits_give_the_same_target(spark, tmp_path, batch_files, seed):
+    """Rows that are never late under any split (each file holds rows at or after every earlier
+    file's), cut into files at random points: every split ends in the same sessions, which are the
+    oracle's for the whole input in one batch (``end_of_input = "flush"`` emits the open ones)."""
+    rng = random.Random(seed)
+    events = sorted(((rng.choice(["a", "b", None]), rng.randrange(0, 300_000) / 1000, rng.choice([1, 2, None]))
+                     for _ in range(40)), key=lambda e: e[1])
+    cuts = sorted(rng.sample(range(1, len(events)), 3))
+    chunks = [events[i:j] for i, j in zip([0, *cuts], [*cuts, len(events)])]
+    feed, files, ids = Feed(), batch_files("in"), iter(range(1, 1000))
+    for chunk in chunks:
+        feed.parquet("a", files, [row(next(ids), k, v, at(t)) for k, t, v in chunk])
+    window = {"kind": "session", "gap_ms": GAP_S * 1000, "max_session_duration_ms": CAP_S * 1000,
+              "group_by": ["k"], "aggregations": AGGREGATIONS}
+    spec = make_spec(tmp_path, f"sessions-split-{seed}", [files_source("a", tmp_path / "in")], window,
+                     end_of_input="flush")
+    summary, _ = run(spec, spark)
+    assert summary.last_batch_id == len(chunks) - 1 and summary.late_rows == 0
+    whole = Oracle(Params(gap=GAP_S * S, cap=CAP_S * S))
+    whole.batch([((k,), us(at(t)), v) for k, t, v in events])
+    whole.batch([], watermark=10 ** 18)  # the flush
+    got = target_rows(Path(spec.target.path))
+    assert {r["_emit_kind"] for r in got} == {"final"}
+    assert canon(as_output(got)) == canon([("final", start, end, key, values)
+                                           for (start, key), (end, values) in whole.target.items()])
+    assert len(got) == len(whole.target) > 5

@@ -40,7 +40,7 @@ from state_store.memory import InMemoryStateStore
 from state_store.postgres import PostgresStateStore
 from state_store.sqlite import SqliteStateStore
 from tests.pipeline_toml import postgres_store, postgres_target, sqlite_store, windowed_pipeline_toml
-from tests.test_lateness_e2e import Feed, files_source, make_spec, read_batch_dirs, row, run, us
+from tests.test_lateness_e2e import Feed, files_source, make_spec, metric, read_batch_dirs, row, run, us
 from tests.test_session_state import ALIASES, Oracle, Params, canon, partials_of
 from tests.test_sessions_e2e import AGGREGATIONS, at, pd_isna
 
@@ -283,9 +283,11 @@ def test_session_output_numbers_its_rows_and_fixed_output_is_unchanged(tmp_path)
 def test_late_rows_bridging_two_and_three_sessions_into_parquet(spark, tmp_path, batch_files):
     feed, _ = write_feed(batch_files, BRIDGES)
     spec = make_spec(tmp_path, "sessions-reopen", [files_source("a", tmp_path / "in")], session_window())
-    summary, _ = run(spec, spark)
+    summary, registry = run(spec, spark)
     assert summary.batches == len(BRIDGES) and summary.late_rows == 1  # a@95, beyond the allowance
     oracle, expected = oracle_batches(feed, spec.run.checkpoint_location)
+    assert oracle.reopened > 0
+    assert metric(registry, "late_rows_reopened_total", pipeline="sessions-reopen") == oracle.reopened
     t0 = us(at(0))
     # batch 1: one correction per key, the vanished starts retracted (SPEC.md §8, §10)
     retracts, rows = expected[1]

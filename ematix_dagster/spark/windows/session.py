@@ -14,8 +14,10 @@ which keep their group columns only to spread the window's partitions and sessio
 ``partials`` columns: ``CLASS``, the group columns, ``_bucket`` (``t // cap``) and ``_sid`` (the
 session's index in its bucket, meaningless outside the batch), ``_first`` / ``_last`` (µs), the
 aggregate columns and ``ROWS``; the session columns are NULL on class rows. Every row is its own
-only copy (``PRIMARY`` is true), and a session has no closed assignments (no ``LATE_ASSIGNMENTS``);
-which sessions a batch reopens the driver knows from their stored ``emitted`` flag (no ``REOPENED``).
+only copy (``PRIMARY`` is true), and a session has no closed assignments (no ``LATE_ASSIGNMENTS``).
+``REOPENED`` counts the rows accepted behind the previous watermark under ``reopen`` (what the
+allowance let in: rows that fixed windows would count for reopening an emitted window); which
+sessions change after emission the driver knows from their stored ``emitted`` flag.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Callable
 from pyspark.sql import Column, DataFrame, Window as SparkWindow
 from pyspark.sql import functions as F
 
-from ematix_dagster.spark.windows.base import CLASS, PRIMARY, ROWS, WindowedFrames
+from ematix_dagster.spark.windows.base import CLASS, PRIMARY, REOPENED, ROWS, WindowedFrames
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.windows.session import SessionWindows
 
@@ -61,7 +63,10 @@ def plan_partials(out: DataFrame, window: Window, aggregates: Callable[[Column],
         [F.col("_bucket"), F.col("_sid")]
     session_ts = F.when(windowed, F.col("_ts"))
     spans = [F.min(session_ts).alias("_first"), F.max(session_ts).alias("_last")]
-    partials = sessions.groupBy(*keys).agg(*spans, *aggregates(windowed), F.count_if(F.col(PRIMARY)).alias(ROWS))
+    hidden = [F.count_if(F.col(PRIMARY)).alias(ROWS)]
+    if emitted_before is not None and closed_before != emitted_before:  # reopen, with an allowance
+        hidden.append(F.count_if(windowed & (F.col("_ts") < F.lit(emitted_before))).alias(REOPENED))
+    partials = sessions.groupBy(*keys).agg(*spans, *aggregates(windowed), *hidden)
 
     def late_rows() -> DataFrame:
         return (rows.filter(F.col(CLASS) == "late")

@@ -87,8 +87,12 @@ ENGINES = ("ours", "floor", "native")
 # data
 
 
-def generate(directory: Path, events: int, keys: int, files: int, items: int, disorder_ms: int, seed: int) -> None:
-    """``files`` parquet files, event times increasing file by file, mild disorder inside."""
+def generate(directory: Path, events: int, keys: int, files: int, items: int, disorder_ms: int, seed: int,
+             tick_us: int = 1) -> None:
+    """``files`` parquet files, event times increasing file by file, mild disorder inside.
+
+    ``tick_us`` > 1 rounds event times down to its multiples, so rows share event times.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     pool = pa.array([f"item-{i}" for i in range(items)], pa.string())
@@ -97,6 +101,7 @@ def generate(directory: Path, events: int, keys: int, files: int, items: int, di
         start = BASE_US + i * FILE_SPAN_US
         ts = np.sort(rng.integers(start, start + FILE_SPAN_US, n, dtype=np.int64))
         ts -= rng.integers(0, disorder_ms * 1_000 + 1, n, dtype=np.int64)  # out of order, within lateness
+        ts -= ts % tick_us
         table = pa.table({
             "key": pa.array(rng.integers(0, keys, n, dtype=np.int64)),
             "amount": pa.array(np.round(rng.random(n) * 100.0, 2)),

@@ -133,16 +133,19 @@ def summary(spec: PipelineSpec, windows: bool = True) -> dict[str, Any]:
                     for n, p in (record.sources.items() if record else [])},
         "counters": dict(record.counters) if record else {},
         "windows": per_window,
-        **({"sessions": _sessions_per_key(recovered.groups)} if spec.window.kind == "session" else {}),
+        **({"sessions": _held_per_key(recovered.groups, "sessions")} if spec.window.kind == "session" else {}),
+        **({"events": _held_per_key(recovered.groups, "events")} if spec.window.kind == "sliding" else {}),
     }
 
 
-def _sessions_per_key(groups: list[tuple[int, int | None, bytes, bytes]], top: int = 10) -> dict[str, Any]:
-    """Open (and retained) sessions per key: how many keys hold how many, the oldest, the bytes;
-    the ``top`` keys by sessions held, to find the key a cap or a memory alarm is about."""
+def _held_per_key(groups: list[tuple[int, int | None, bytes, bytes]], noun: str, top: int = 10) -> dict[str, Any]:
+    """What each key holds: open (and retained) sessions, or a sliding window's retained event
+    times (``noun``: "sessions" or "events"). How many keys hold how many, the oldest start (for
+    events: the oldest retained event time), the bytes; the ``top`` keys by rows held, to find the
+    key a cap or a memory alarm is about."""
     from state_store.codec import decode_key
 
-    per_key: dict[bytes, list[int]] = {}  # key bytes -> [sessions, oldest start, bytes]
+    per_key: dict[bytes, list[int]] = {}  # key bytes -> [rows, oldest start, bytes]
     for start, _end, key, blob in groups:
         held = per_key.get(key)
         if held is None:
@@ -154,10 +157,10 @@ def _sessions_per_key(groups: list[tuple[int, int | None, bytes, bytes]], top: i
     busiest = sorted(per_key.items(), key=lambda item: (-item[1][0], item[1][1]))[:top]
     return {
         "keys": len(per_key),
-        "sessions": sum(v[0] for v in per_key.values()),
+        noun: sum(v[0] for v in per_key.values()),
         "oldest_start": min((v[1] for v in per_key.values()), default=None),
         "most_per_key": busiest[0][1][0] if busiest else 0,
-        "top_keys": [{"key": list(decode_key(k)), "sessions": n, "oldest_start": oldest, "bytes": size}
+        "top_keys": [{"key": list(decode_key(k)), noun: n, "oldest_start": oldest, "bytes": size}
                      for k, (n, oldest, size) in busiest],
     }
 

@@ -18,6 +18,7 @@ os.environ.setdefault("EMATIX_PG_URL", DEFAULT_PG_URL)
 
 CLICKS_SCHEMA = "user_id BIGINT, amount DOUBLE, page STRING, ts TIMESTAMP"
 ORDERS_SCHEMA = "order_id BIGINT, user_id BIGINT, amount DOUBLE, ts TIMESTAMP"
+PAYMENTS_SCHEMA = "payment_id BIGINT, card_id BIGINT, amount DOUBLE, merchant STRING, ts TIMESTAMP"
 LOCAL_STATE = StateStoreConfig(kind="sqlite", path=".ematix/state.db")
 
 
@@ -80,6 +81,28 @@ def user_sessions():
 
 
 @streaming_pipeline(
+    name="card-payments",
+    sources=[Source(name="payments", kind="files", format="parquet", path=".ematix/data/payments",
+                    schema=PAYMENTS_SCHEMA, event_time_column="ts", max_files_per_trigger=4)],
+    window=Window(kind="sliding", duration_ms=600_000, lateness_ms=10_000, group_by=("card_id",), late_data="dlq",
+                  max_events_per_group=10_000, max_groups_per_window=100_000,
+                  aggregations=[Aggregation(agg="count", as_="payments"),
+                                Aggregation(agg="sum", column="amount", as_="amount_sum"),
+                                Aggregation(agg="count_distinct", column="merchant", as_="merchants", mode="exact",
+                                            max_distinct_values_per_group=1_000),
+                                Aggregation(agg="max", column="amount", as_="amount_max")]),
+    target=Target(kind="parquet", path=".ematix/output/card-payments"),
+    dead_letter=DeadLetter(kind="parquet", path=".ematix/dead_letters/card-payments"),
+    state_store=LOCAL_STATE,
+    run=Run(trigger="available_now", checkpoint_location=".ematix/checkpoints/card-payments", end_of_input="keep"),
+)
+def card_payments():
+    """Payments per card in the 10 minutes before each payment: one sliding window [t - 10 min, t] per
+    distinct payment time t of a card (SPEC.md §9, KIP-450). Batch-style (available_now), written to
+    Parquet batch directories."""
+
+
+@streaming_pipeline(
     name="revenue-per-channel",
     sources=[Source(name="web", kind="files", format="parquet", path=".ematix/data/orders-web", schema=ORDERS_SCHEMA,
                     event_time_column="ts", max_files_per_trigger=1),
@@ -102,4 +125,4 @@ def revenue_per_channel():
 
 
 PIPELINES = {p.spec.pipeline_name: p for p in (clicks_per_minute, clicks_hopping_5min, user_sessions,
-                                                revenue_per_channel)}
+                                                card_payments, revenue_per_channel)}

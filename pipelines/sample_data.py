@@ -1,9 +1,10 @@
 """Write sample input for the example pipelines under ``.ematix/data`` (one file per call and source).
 
 ``python -m pipelines.sample_data [--minutes 3] [--close]``: appends ``--minutes`` minutes of clicks
-(ending now) to ``.ematix/data/clicks`` and of orders to ``.ematix/data/orders-web`` and
-``.ematix/data/orders-mobile``. ``--close`` adds one event 10 minutes ahead per source, which moves
-the watermark past every window so the running pipelines emit them all.
+(ending now) to ``.ematix/data/clicks``, of orders to ``.ematix/data/orders-web`` and
+``.ematix/data/orders-mobile``, and of card payments to ``.ematix/data/payments`` (a few cards, most
+paying several times within 10 minutes). ``--close`` adds one event 10 minutes ahead per source,
+which moves the watermark past every window so the running pipelines emit them all.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ CLICKS = pa.schema([("user_id", pa.int64()), ("amount", pa.float64()), ("page", 
                     ("ts", pa.timestamp("us", tz="UTC"))])
 ORDERS = pa.schema([("order_id", pa.int64()), ("user_id", pa.int64()), ("amount", pa.float64()),
                     ("ts", pa.timestamp("us", tz="UTC"))])
+PAYMENTS = pa.schema([("payment_id", pa.int64()), ("card_id", pa.int64()), ("amount", pa.float64()),
+                      ("merchant", pa.string()), ("ts", pa.timestamp("us", tz="UTC"))])
+MERCHANTS = ("grocer", "cafe", "fuel", "books", "pharmacy", "online")
 
 
 def _write(directory: Path, rows: list[dict], schema: pa.Schema) -> Path:
@@ -49,6 +53,8 @@ def write_sample(minutes: int = 3, close: bool = False, seed: int | None = None,
         for channel in ("web", "mobile"):
             written.append(_write(root / f"orders-{channel}",
                                   [{"order_id": 0, "user_id": 0, "amount": 0.0, "ts": ahead}], ORDERS))
+        written.append(_write(root / "payments", [{"payment_id": 0, "card_id": 0, "amount": 0.0, "merchant": "close",
+                                                   "ts": ahead}], PAYMENTS))
         return written
     seconds = minutes * 60
     clicks = [{"user_id": rng.randint(1, 5), "amount": round(rng.uniform(0, 40), 2), "page": f"/p/{rng.randint(1, 8)}",
@@ -59,6 +65,11 @@ def write_sample(minutes: int = 3, close: bool = False, seed: int | None = None,
                    "amount": round(rng.uniform(5, 200), 2), "ts": start + timedelta(seconds=rng.uniform(0, seconds))}
                   for _ in range(10 * minutes)]
         written.append(_write(root / f"orders-{channel}", orders, ORDERS))
+    # a few cards, 4 payments a minute: each card pays several times within any 10 minutes
+    payments = [{"payment_id": rng.randint(1, 10**9), "card_id": rng.randint(1, 4),
+                 "amount": round(rng.uniform(2, 150), 2), "merchant": rng.choice(MERCHANTS),
+                 "ts": start + timedelta(seconds=rng.uniform(0, seconds))} for _ in range(4 * minutes)]
+    written.append(_write(root / "payments", payments, PAYMENTS))
     return written
 
 

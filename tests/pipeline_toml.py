@@ -72,6 +72,7 @@ def windowed_pipeline_toml(
     hop_ms: int | None = None,
     gap_ms: int | None = None,
     max_session_duration_ms: int | None = None,
+    max_events_per_group: int | None = None,
     lateness_ms: int | None = None,
     late_data: str | None = None,
     allowed_lateness_ms: int | None = None,
@@ -97,7 +98,8 @@ def windowed_pipeline_toml(
                     max_files_per_trigger=max_files_per_trigger)
     aggs = count_sum_distinct(distinct_mode) if aggregations is None else [dict(a) for a in aggregations]
     window = _given(kind=window_kind, duration_ms=duration_ms, hop_ms=hop_ms, gap_ms=gap_ms,
-                    max_session_duration_ms=max_session_duration_ms, lateness_ms=lateness_ms,
+                    max_session_duration_ms=max_session_duration_ms, max_events_per_group=max_events_per_group,
+                    lateness_ms=lateness_ms,
                     late_data=late_data, allowed_lateness_ms=allowed_lateness_ms, group_by=["k"],
                     max_groups_per_window=max_groups_per_window, hll_precision=hll_precision, aggregations=aggs)
     cp = root / "cp" if checkpoint is None else checkpoint

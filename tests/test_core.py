@@ -638,7 +638,7 @@ def test_window_state_direct_emit_and_retention() -> None:
     assert [(r.start, r.key, r.kind) for r in out] == [(0, ("a",), "correction")]
     assert st.emit(before=12, watermark=13, touched={}, retention=3) == []  # 10 + 3 <= 13: evicted
     assert set(st.windows) == {10} and st.open_windows(13) == 1
-    assert st.max_end == 20 and st.group_count == 1
+    assert st.flush_watermark == 20 and st.group_count == 1
 
 
 def test_max_groups_per_window_cap_message() -> None:

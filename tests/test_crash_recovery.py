@@ -4,16 +4,17 @@ Each pipeline runs as ``ematix-dagster run`` in its own process group. Fault poi
 (``EMATIX_FAULT_POINTS``) SIGKILL the whole group, driver and JVM, right after the target write
 (``target_write``), inside the store transaction (``store_commit``) and after the store commit but
 before Spark records the batch (``after_store_commit``). The three fixed-window series are a Latin
-square: every point meets batch 0, a middle batch and the end-of-input flush exactly once over them,
-and so do the two session series. Each series is one pipeline restarted with a plain ``run`` (never
-``reset``) after every kill until it exits 0. The series cover tumbling, hopping and session
-windows, drop and reopen (late rows in the input), SQLite and PostgreSQL stores, effectively-once
-PostgreSQL and parquet targets and exactly-once (``same_transaction``) PostgreSQL. The test checks
-that every fault fired, that no process of a killed group survives, and that the final target
-equals the pandas oracle (``tests/oracle.py``, the session oracle of ``tests/test_session_state.py``)
-fed with the batches Spark actually formed (its ``offsets/N`` and ``sources/0/N``). A parquet
-target is read as SPEC.md §10 tells readers to: per key the row with the largest
-``(batch_id, _emit_seq)``, keys whose latest row is a ``retract`` dropped.
+square: every point meets batch 0, a middle batch and the end-of-input flush exactly once over
+them, and so do the two session series; the sliding series meets each once more. Each series is
+one pipeline restarted with a plain ``run`` (never ``reset``) after every kill until it exits 0.
+The series cover tumbling, hopping, session and sliding windows, drop and reopen (late rows in the
+input), SQLite and PostgreSQL stores, effectively-once PostgreSQL and parquet targets and
+exactly-once (``same_transaction``) PostgreSQL. The test checks that every fault fired, that no
+process of a killed group survives, and that the final target equals the pandas oracle
+(``tests/oracle.py``, the session and sliding oracles of ``tests/test_session_state.py`` and
+``tests/test_sliding_state.py``) fed with the batches Spark actually formed (its ``offsets/N``
+and ``sources/0/N``). A parquet target is read as SPEC.md §10 tells readers to: per key the row
+with the largest ``(batch_id, _emit_seq)``, keys whose latest row is a ``retract`` dropped.
 """
 
 from __future__ import annotations
@@ -57,6 +58,12 @@ SESSION_REOPEN: dict[str, Any] = {
     "aggregations": [{"agg": "count", "as": "n"}, {"agg": "sum", "column": "v", "as": "total"},
                      {"agg": "count_distinct", "column": "v", "as": "pages", "mode": "exact",
                       "max_distinct_values_per_group": 100}]}
+
+# sliding windows (D = 60 s): the late rows reach retained windows (corrections) and create windows
+# behind the watermark; aggregates as the sliding oracle computes them
+SLIDING_REOPEN: dict[str, Any] = {
+    "window_kind": "sliding", "duration_ms": 60_000, "max_events_per_group": 1000,
+    "late_data": "reopen", "allowed_lateness_ms": 180_000, "aggregations": SESSION_REOPEN["aggregations"]}
 
 
 # -- running the CLI -------------------------------------------------------------------------------
@@ -171,10 +178,32 @@ def expected_sessions(fed: Feed, spec) -> dict[tuple, tuple]:
     return {(start, key[0]): tuple(values[i] for i in pick) for (start, key), (_, values) in sessions.target.items()}
 
 
+def expected_sliding(fed: Feed, spec) -> dict[tuple, tuple]:
+    """The sliding oracle's last emission per (window start, k), the end-of-input flush included."""
+    from tests.test_sliding_state import ALIASES, Oracle, Params
+
+    w = spec.window
+    windows = Oracle(Params(duration_ms=w.duration_ms, policy="reopen", allowed_ms=w.allowed_lateness_ms))
+    final: dict[tuple, tuple] = {}
+    pick = [ALIASES.index(a) for a in ("n", "sum_v", "distinct_v")]
+    kinds: list[str] = []
+    for batch in fed.batches(spec.run.checkpoint_location, ["a"]):
+        out = windows.batch([((r["k"],), int(r["_event_ts"]), int(r["v"])) for r in batch.rows.to_dict("records")])
+        kinds += [kind for kind, *_ in out]
+        for _, start, _, key, values in out:
+            final[(start, key[0])] = tuple(values[i] for i in pick)
+    for _, start, _, key, values in windows.flush():
+        final[(start, key[0])] = tuple(values[i] for i in pick)
+    assert "correction" in kinds and windows.stats["created_behind"] > 0, "late rows must change emitted windows"
+    return final
+
+
 def expected_target(fed: Feed, spec) -> dict[tuple, tuple]:
     """The oracle's last emission per (window start, k): what an upsert target must hold."""
     if spec.window.kind == "session":
         return expected_sessions(fed, spec)
+    if spec.window.kind == "sliding":
+        return expected_sliding(fed, spec)
     batches = fed.batches(spec.run.checkpoint_location, ["a"])
     assert len(batches) == BATCHES, "one micro-batch per file"
     result = oracle.run(batches, oracle_params(spec))
@@ -242,6 +271,9 @@ SERIES = [
     pytest.param(SESSION_REOPEN, "sqlite", "parquet",
                  f"store_commit:0,target_write:{MIDDLE},after_store_commit:flush",
                  id="session-reopen-sqlite-parquet"),
+    pytest.param(SLIDING_REOPEN, "postgres", "postgres-exactly-once",
+                 f"target_write:0,after_store_commit:{MIDDLE},store_commit:flush",
+                 id="sliding-reopen-postgres-exactly-once"),
 ]
 
 

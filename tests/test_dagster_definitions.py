@@ -17,10 +17,10 @@ from ematix_dagster.spec import load_pipeline
 ROOT = Path(__file__).resolve().parent.parent
 
 EXPECTED_ASSETS = {"public/user_clicks_1min", "ematix/clicks-hopping-5min", "ematix/user-sessions",
-                   "ematix/revenue-per-channel"}
+                   "ematix/card-payments", "ematix/revenue-per-channel"}
 EXPECTED_SENSORS = {"clicks_per_minute_keep_alive", "revenue_per_channel_keep_alive", "ematix_run_failure_sensor"}
-EXPECTED_JOBS = {"clicks_per_minute_job", "clicks_hopping_5min_job", "user_sessions_job", "revenue_per_channel_job",
-                 "ematix_state_migration_job", "ematix_validate_job", "ematix_checks_job"}
+EXPECTED_JOBS = {"clicks_per_minute_job", "clicks_hopping_5min_job", "user_sessions_job", "card_payments_job",
+                 "revenue_per_channel_job", "ematix_state_migration_job", "ematix_validate_job", "ematix_checks_job"}
 EXPECTED_SCHEDULES = {"clicks_hopping_5min_schedule", "ematix_state_migration_job_schedule",
                       "ematix_checks_job_schedule"}
 
@@ -70,6 +70,7 @@ def test_loading_the_code_location_starts_no_spark_and_opens_no_connection():
     # the lag check exists for the long-running pipelines only
     assert "public/user_clicks_1min:watermark_lag" in found["checks"]
     assert "ematix/clicks-hopping-5min:watermark_lag" not in found["checks"]
+    assert "ematix/card-payments:watermark_lag" not in found["checks"]
 
 
 def test_dagster_cli_validates_the_workspace():
@@ -91,16 +92,19 @@ def test_each_example_exists_as_toml_and_as_python_facade_with_the_same_spec(loc
     from pipelines.examples import PIPELINES
 
     files = {"clicks-per-minute": "clicks_per_minute.toml", "clicks-hopping-5min": "clicks_hopping_5min.toml",
-             "user-sessions": "user_sessions.toml", "revenue-per-channel": "revenue_per_channel.toml"}
+             "user-sessions": "user_sessions.toml", "card-payments": "card_payments.toml",
+             "revenue-per-channel": "revenue_per_channel.toml"}
     assert set(PIPELINES) == set(files)
     for name, file in files.items():
         assert load_pipeline(ROOT / "pipelines" / file) == PIPELINES[name].spec, name
     kinds = {p.spec.window.kind for p in PIPELINES.values()}
-    assert kinds == {"tumbling", "hopping", "session"}
+    assert kinds == {"tumbling", "hopping", "session", "sliding"}
     assert PIPELINES["clicks-per-minute"].spec.target.kind == "postgres"
     assert PIPELINES["clicks-hopping-5min"].spec.window.duration_ms == 300_000
     assert PIPELINES["clicks-hopping-5min"].spec.window.hop_ms == 60_000
     assert len(PIPELINES["revenue-per-channel"].spec.sources) == 2
+    assert PIPELINES["card-payments"].spec.window.duration_ms == 600_000
+    assert PIPELINES["card-payments"].spec.window.max_events_per_group is not None
 
 
 def test_asset_spec_keys_kinds_tags_and_an_environment_free_code_version(location, monkeypatch):
@@ -166,6 +170,7 @@ def test_pipeline_jobs_run_only_their_asset_and_the_checks_job_only_checks(locat
     # a never-ending asset step never reaches its checks: they run in their own job
     assert list(repo.get_job("clicks_per_minute_job").graph.node_dict) == ["public__user_clicks_1min"]
     check_nodes = set(repo.get_job("ematix_checks_job").graph.node_dict)
-    assert len(check_nodes) == 14
-    assert not check_nodes & {"public__user_clicks_1min", "ematix__clicks_hopping_5min", "ematix__revenue_per_channel"}
+    assert len(check_nodes) == 17  # three per pipeline (5), watermark_lag for the two long-running ones
+    assert not check_nodes & {"public__user_clicks_1min", "ematix__clicks_hopping_5min", "ematix__user_sessions",
+                              "ematix__card_payments", "ematix__revenue_per_channel"}
     assert repo.get_job("clicks_per_minute_job").tags["ematix/pipeline"] == "clicks-per-minute"

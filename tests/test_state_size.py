@@ -102,3 +102,25 @@ def test_exact_distinct_values_cost_the_stated_rate() -> None:
     rate = estimate_state(window).bytes_per_distinct_value
     measured = (many - one) / 20
     assert abs(rate - measured) <= measured / 3, (rate, measured)
+
+
+def test_bytes_per_sliding_partial_match_the_measured_layout() -> None:
+    """Sliding windows hold one partial per (key, event time): 10 event times for each of 2,000 keys."""
+    from ematix_dagster.streaming.micro_batch import Engine
+
+    window = Window(kind="sliding", duration_ms=60_000, max_events_per_group=100, max_groups_per_window=GROUPS,
+                    group_by=("user",), aggregations=(Aggregation("count", "n"),))
+    state = Engine.for_window("p", window, ("s",), (False,)).state
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        keys = [(f"user-{i % 2_000:06d}",) for i in range(GROUPS)]
+        times = [1_700_000_000_000_000 + i * 1_000 for i in range(GROUPS)]
+        state.merge(times, keys, [[3] * GROUPS])
+        del keys, times
+        state.take_changes()  # the commit's bookkeeping, not the state
+        measured = (tracemalloc.get_traced_memory()[0] - before) / GROUPS
+    finally:
+        tracemalloc.stop()
+    expected = estimate_state(window).bytes_per_group
+    assert abs(expected - measured) <= measured / 3, (expected, measured)

@@ -13,7 +13,6 @@ from ematix_dagster.errors import PipelineConfigError
 
 # Window kinds and aggregators are whatever their registries hold (``streaming.windows.KINDS``,
 # ``streaming.aggregators.AGGREGATORS``): a new one is registered there, not listed here too.
-RESERVED_WINDOW_KINDS = ("sliding",)  # in SPEC.md, not built yet
 LATE_POLICIES = ("drop", "reopen", "dlq")
 TIME_MODES = ("event", "processing")
 TIME_UNITS = ("ms", "us", "s")

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ematix_dagster.spec.rules import (
-    LATE_POLICIES, RESERVED_WINDOW_KINDS, TIME_MODES, TIME_UNITS, _fail, _is_ident,
-    _is_reserved, _listed_as_tuple, _non_negative, _positive,
+    LATE_POLICIES, TIME_MODES, TIME_UNITS, _fail, _is_ident, _is_reserved, _listed_as_tuple, _non_negative, _positive,
 )
 
 
@@ -77,11 +76,12 @@ class Window:
     kind: str
     max_groups_per_window: int
     aggregations: tuple[Aggregation, ...]
-    duration_ms: int | None = None  # tumbling, hopping (and sliding); sessions have none
+    duration_ms: int | None = None  # tumbling, hopping and sliding (the time difference); sessions have none
     group_by: tuple[str, ...] = ()
     hop_ms: int | None = None
     gap_ms: int | None = None  # session: the most time between a key's consecutive rows in one session
     max_session_duration_ms: int | None = None  # session: sessions never cross a multiple of it (SPEC.md §8)
+    max_events_per_group: int | None = None  # sliding: distinct event times one key retains (SPEC.md §9)
     event_time_column: str = "_event_ts"
     event_time_unit: str = "ms"
     time_mode: str = "event"
@@ -102,24 +102,31 @@ class Window:
         from ematix_dagster.streaming.windows import KINDS  # the registry imports this module
 
         kinds = " or ".join(f'"{k}"' for k in KINDS)
-        if self.kind in RESERVED_WINDOW_KINDS:
-            _fail(f"{key}.kind", f"{self.kind!r} windows are not available in this version", f"use {kinds}")
         if self.kind not in KINDS:
             _fail(f"{key}.kind", f"unknown window kind {self.kind!r}", f"use {kinds}")
+        if self.kind != "session":
+            for name in ("gap_ms", "max_session_duration_ms"):
+                if getattr(self, name) is not None:
+                    _fail(f"{key}.{name}", f"{name} only applies to session windows, not {self.kind!r}",
+                          'remove it or use kind = "session"')
+        if self.kind != "sliding" and self.max_events_per_group is not None:
+            _fail(f"{key}.max_events_per_group", f"max_events_per_group only applies to sliding windows, not "
+                  f"{self.kind!r}", 'remove it or use kind = "sliding"')
         if self.kind == "session":
             self._validate_session(key)
+        elif self.kind == "sliding":
+            self._validate_sliding(key)
         else:
             self._validate_fixed(key)
         self._validate_common(key)
 
-    def _validate_fixed(self, key: str) -> None:
+    def _validate_duration(self, key: str, what: str) -> None:
         if self.duration_ms is None:
-            _fail(f"{key}.duration_ms", f"is required for {self.kind} windows", "set the window's length in ms")
+            _fail(f"{key}.duration_ms", f"is required for {self.kind} windows", f"set {what} in ms")
         _positive(f"{key}.duration_ms", self.duration_ms)
-        for name in ("gap_ms", "max_session_duration_ms"):
-            if getattr(self, name) is not None:
-                _fail(f"{key}.{name}", f"{name} only applies to session windows, not {self.kind!r}",
-                      'remove it or use kind = "session"')
+
+    def _validate_fixed(self, key: str) -> None:
+        self._validate_duration(key, "the window's length")
         if self.kind == "hopping":
             if self.hop_ms is None:
                 _fail(f"{key}.hop_ms", "is required for hopping windows",
@@ -227,6 +234,17 @@ class Window:
             _fail(f"{key}.group_by", "is required for session windows (sessions are per key)",
                   'group by the column that identifies a session\'s owner, e.g. group_by = ["user_id"]')
 
+    def _validate_sliding(self, key: str) -> None:
+        """SPEC.md §9's rules, each naming its key."""
+        self._validate_duration(key, "the time difference D (each window is [t - D, t])")
+        if self.hop_ms is not None:
+            _fail(f"{key}.hop_ms", "hop_ms does not apply to sliding windows (one window per distinct event time)",
+                  'remove it, or use kind = "hopping" for windows at fixed steps')
+        if self.max_events_per_group is None:
+            _fail(f"{key}.max_events_per_group", "is required for sliding windows",
+                  "set the most distinct event times one key may retain, e.g. 10_000")
+        _positive(f"{key}.max_events_per_group", self.max_events_per_group)
+
     @property
     def shape(self) -> str:
         """The windows in words, for messages and descriptions."""
@@ -237,6 +255,8 @@ class Window:
             assert self.gap_ms is not None and self.max_session_duration_ms is not None
             return f"session windows (gap {span(self.gap_ms)}, cut every {span(self.max_session_duration_ms)})"
         assert self.duration_ms is not None
+        if self.kind == "sliding":
+            return f"sliding windows of {span(self.duration_ms)} (one per event time)"
         every = f" every {span(self.hop)}" if self.kind == "hopping" else ""
         return f"{self.kind} windows of {span(self.duration_ms)}{every}"
 

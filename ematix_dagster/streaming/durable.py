@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 
 from ematix_dagster.streaming.micro_batch import Engine
 from ematix_dagster.streaming.session_state import SessionState
+from ematix_dagster.streaming.sliding_state import SlidingState
 from ematix_dagster.streaming.window_state import GroupKey
 from ematix_dagster.streaming.windows import SessionWindows, WindowKind
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, SourceProgress
@@ -50,6 +51,11 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
             upserts.append((start, end, encoded, encode_state(accs)))
             flags[(start, encoded)] = emitted
         deletes = [(start, encoded_key(key)) for start, key in gone]
+    elif isinstance(state, SlidingState):
+        # one row per retained (event time, key) partial, stored with start = end = its event time
+        partials, gone = state.take_changes()
+        upserts = [(t, t, encoded_key(key), encode_state(accs)) for t, key, accs in partials]
+        deletes = [(t, encoded_key(key)) for t, key in gone]
     else:
         groups, evicted = state.take_changes()
         bounds = state.window_kind.bounds

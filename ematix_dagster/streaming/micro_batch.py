@@ -28,9 +28,10 @@ from ematix_dagster.errors import CorruptState
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.aggregators import describe_value, make_aggregator
 from ematix_dagster.streaming.session_state import SessionState
+from ematix_dagster.streaming.sliding_state import SlidingState
 from ematix_dagster.streaming.watermark import Watermarks
 from ematix_dagster.streaming.window_state import EmittedRow, GroupKey, WindowState
-from ematix_dagster.streaming.windows import MICROS_PER_MS, SessionWindows, window_kind
+from ematix_dagster.streaming.windows import MICROS_PER_MS, SessionWindows, SlidingWindows, window_kind
 from state_store.errors import RESTORE_OR_RESET
 
 _SECOND, _THIRD = itemgetter(1), itemgetter(2)
@@ -54,7 +55,7 @@ class BatchInput:
     batch_id: int
     batch_time: int
     sources: dict[str, SourceStats]
-    starts: Sequence[int] = ()  # window starts (session windows: each partial session's first event time)
+    starts: Sequence[int] = ()  # window starts (sessions: each partial's first event time; sliding: its event time)
     keys: Sequence[GroupKey] = ()
     partials: Sequence[Sequence[Any]] = ()
     lasts: Sequence[int] = ()  # session windows: each partial session's last event time
@@ -94,7 +95,7 @@ class Engine:
     """The driver's whole view of a pipeline: window state, watermarks and counters."""
 
     window: Window
-    state: WindowState | SessionState
+    state: WindowState | SessionState | SlidingState
     watermarks: Watermarks
     counters: Counter[str] = field(default_factory=Counter)
     last_batch_id: int | None = None
@@ -111,9 +112,11 @@ class Engine:
         aggs = [make_aggregator(a, integral[i], window.hll_precision) for i, a in enumerate(window.aggregations)]
         aliases = [a.as_ for a in window.aggregations]
         kind = window_kind(window)
-        state: WindowState | SessionState
+        state: WindowState | SessionState | SlidingState
         if isinstance(kind, SessionWindows):
             state = SessionState(pipeline, aggs, aliases, window.max_groups_per_window, kind)
+        elif isinstance(kind, SlidingWindows):
+            state = SlidingState(pipeline, aggs, aliases, window.max_groups_per_window, kind)
         else:
             state = WindowState(pipeline=pipeline, window_kind=kind, aggregators=aggs, aliases=aliases,
                                 max_groups_per_window=window.max_groups_per_window)
@@ -164,6 +167,9 @@ class Engine:
                     flag = watermark is not None and end < watermark
                 rows.append((start, end, key, accs, flag))
             self.state.restore(rows)
+            return
+        if isinstance(self.state, SlidingState):
+            self.state.restore(groups)
             return
         windows = self.state.windows
         for start, key, accs in groups:
@@ -272,9 +278,9 @@ class Engine:
     def flush(self, batch_id: int, batch_time: int) -> BatchResult:
         """``end_of_input = "flush"``: emit every open window and close it for good."""
         before = self.watermarks.global_wm
-        end = self.state.max_end
-        if end is not None:  # a session is final once its end is *before* W
-            self.watermarks.raise_to(end + 1 if isinstance(self.state, SessionState) else end)
+        flushed = self.state.flush_watermark
+        if flushed is not None:
+            self.watermarks.raise_to(flushed)
         rows = self._emit(before, {})
         return self._result(batch_id, rows, before, batch_time)
 
@@ -306,8 +312,8 @@ class Engine:
             watermark=self.watermarks.global_wm,
             source_watermarks=self.watermarks.source_watermarks(),
             idle_sources=[s for s in self.watermarks.sources if self.watermarks.is_idle(s, batch_time)],
-            windows_open=self.state.session_count if isinstance(self.state, SessionState) else len(self.state.windows),
-            groups=self.state.session_count if isinstance(self.state, SessionState) else self.state.group_count,
+            windows_open=self.state.window_count,
+            groups=self.state.state_rows,
         )
         self.counters["windows_emitted"] += result.finals
         self.counters["window_corrections"] += result.corrections

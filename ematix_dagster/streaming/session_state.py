@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, NamedTuple, NoReturn, Sequence
 
 from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
-from ematix_dagster.streaming.aggregators import Aggregator, PartialRowError, order_key
-from ematix_dagster.streaming.window_state import GroupKey
+from ematix_dagster.streaming.aggregators import Aggregator, PartialRowError
+from ematix_dagster.streaming.window_state import GroupKey, key_order
 from ematix_dagster.streaming.windows.base import WindowBounds
 from ematix_dagster.streaming.windows.session import SessionWindows
 from ematix_dagster.streaming.windows.units import format_us
@@ -86,15 +86,11 @@ class Session:
         return f"Session({self.start}, {self.end}, accs={self.accs!r}, emitted={self.emitted})"
 
 
-def _key_order(key: GroupKey) -> tuple[Any, ...]:
-    return tuple((v is not None, order_key(v) if v is not None else 0) for v in key)
-
-
 def _ordered(rows: list[SessionRow]) -> list[SessionRow]:
     """Rows by (start, key), as fixed windows order them: the same input gives the same files."""
     if set(map(type, itertools.chain.from_iterable(row.key for row in rows))) <= {int, str}:
         return sorted(rows, key=lambda row: (row.start, row.key))  # plain keys order as they are
-    return sorted(rows, key=lambda row: (row.start, _key_order(row.key)))
+    return sorted(rows, key=lambda row: (row.start, key_order(row.key)))
 
 
 @dataclass
@@ -129,9 +125,19 @@ class SessionState:
         return sum(map(len, self.sessions.values()))
 
     @property
-    def max_end(self) -> int | None:
-        """The latest session end; a flush must raise W *past* it (final is ``end < W``)."""
-        return max((s.end for held in self.sessions.values() for s in held), default=None)
+    def window_count(self) -> int:
+        return self.session_count
+
+    @property
+    def state_rows(self) -> int:
+        """Rows the store holds for this state: one per session."""
+        return self.session_count
+
+    @property
+    def flush_watermark(self) -> int | None:
+        """The watermark at which every session is final: past the latest end (final is ``end < W``)."""
+        end = max((s.end for held in self.sessions.values() for s in held), default=None)
+        return None if end is None else end + 1
 
     def open_sessions(self) -> int:
         """Sessions not emitted yet (retained ones under ``reopen`` were)."""

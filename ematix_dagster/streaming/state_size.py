@@ -25,6 +25,9 @@ from ematix_dagster.streaming.windows import MICROS_PER_MS, window_kind
 GROUP_BYTES = 150
 #: each group_by value in the key tuple (a slot and a short string)
 KEY_VALUE_BYTES = 60
+#: a sliding window's partial besides a group's: its event time in the key's sorted list and its
+#: two heap entries (emission, eviction)
+SLIDING_PARTIAL_BYTES = 140
 
 GIB = 1 << 30
 
@@ -35,6 +38,8 @@ class StateEstimate:
     groups_per_window: int
     bytes_per_group: int
     bytes_per_distinct_value: int  # added per value an exact distinct set holds
+    #: what ``open_windows`` counts: windows, or (sliding windows) the partials a key retains
+    held: str = "open windows"
 
     @property
     def total_bytes(self) -> int:
@@ -42,7 +47,7 @@ class StateEstimate:
         return self.open_windows * self.groups_per_window * self.bytes_per_group
 
     def describe(self) -> str:
-        text = (f"{self.total_bytes / (1 << 20):,.0f} MiB ({self.open_windows} open windows x "
+        text = (f"{self.total_bytes / (1 << 20):,.0f} MiB ({self.open_windows} {self.held} x "
                 f"max_groups_per_window={self.groups_per_window} x {self.bytes_per_group} bytes per group)")
         if self.bytes_per_distinct_value:
             text += f", plus {self.bytes_per_distinct_value} bytes per value an exact distinct set holds"
@@ -53,10 +58,13 @@ def estimate_state(window: Window) -> StateEstimate:
     kind = window_kind(window)
     aggregators = [make_aggregator(a, None, window.hll_precision) for a in window.aggregations]
     per_group = GROUP_BYTES + KEY_VALUE_BYTES * len(window.group_by) + sum(a.state_bytes for a in aggregators)
+    if window.kind == "sliding":
+        per_group += SLIDING_PARTIAL_BYTES
     return StateEstimate(
         open_windows=kind.expected_open_windows(window.lateness_ms * MICROS_PER_MS,
                                                 window.retention_ms * MICROS_PER_MS),
         groups_per_window=window.max_groups_per_window,
         bytes_per_group=per_group,
         bytes_per_distinct_value=sum(a.bytes_per_value for a in aggregators),
+        held="event times per key (max_events_per_group)" if window.kind == "sliding" else "open windows",
     )

@@ -37,7 +37,8 @@ class EmittedRow(NamedTuple):
     kind: str  # "final" | "correction"
 
 
-def _key_order(key: GroupKey) -> tuple[Any, ...]:
+def key_order(key: GroupKey) -> tuple[Any, ...]:
+    """Sort key for group keys as Spark orders them, NULLs first (keys may mix None and values)."""
     return tuple((v is not None, order_key(v) if v is not None else 0) for v in key)
 
 
@@ -60,12 +61,22 @@ class WindowState:
         return self.window_kind.describe(self.window_kind.bounds(start))
 
     @property
-    def max_end(self) -> int | None:
+    def flush_watermark(self) -> int | None:
+        """The watermark at which every window is final (final is ``end <= W``)."""
         return max(self.window_kind.bounds(s).end for s in self.windows) if self.windows else None
 
     @property
     def group_count(self) -> int:
         return sum(len(groups) for groups in self.windows.values())
+
+    @property
+    def window_count(self) -> int:
+        return len(self.windows)
+
+    @property
+    def state_rows(self) -> int:
+        """Rows the store holds for this state: one per (window, group)."""
+        return self.group_count
 
     def merge(self, starts: Sequence[int], keys: Sequence[GroupKey], partials: Sequence[Sequence[Any]]) -> dict[int, set[GroupKey]]:
         """Fold one batch of partials in; returns the groups touched per window.
@@ -124,7 +135,7 @@ class WindowState:
     def _rows(self, start: int, keys: Iterable[GroupKey], kind: str) -> list[EmittedRow]:
         groups = self.windows[start]
         end = self.window_kind.bounds(start).end
-        ordered = sorted(keys, key=_key_order)
+        ordered = sorted(keys, key=key_order)
         states = [groups[key] for key in ordered]
         # one aggregator at a time over the window's groups, then one tuple per group
         columns = [list(map(agg.result, map(itemgetter(i), states))) for i, agg in enumerate(self.aggregators)]

@@ -7,7 +7,7 @@ pre-aggregates one partial per (window, group), by the rules of the kind's drive
 
 from __future__ import annotations
 
-from ematix_dagster.spark.windows import fixed, session
+from ematix_dagster.spark.windows import fixed, session, sliding
 from ematix_dagster.spark.windows.base import PartialPlan, WindowedFrames
 from ematix_dagster.spec import Window
 
@@ -16,6 +16,7 @@ PLANS: dict[str, PartialPlan] = {
     "tumbling": fixed.plan_partials,
     "hopping": fixed.plan_partials,
     "session": session.plan_partials,
+    "sliding": sliding.plan_partials,
 }
 
 

@@ -1,6 +1,7 @@
 """Window kinds: which windows a row or a partial updates, when they close, finish and go.
 
-One module per kind behind :class:`WindowKind` (``base``): ``fixed`` (tumbling, hopping). Times
+One module per kind behind :class:`WindowKind` (``base``): ``fixed`` (tumbling, hopping),
+``session`` and ``sliding``. Times
 are microseconds since the epoch (UTC).
 
 >>> list(window_starts(125, duration=100, hop=40))
@@ -22,6 +23,7 @@ from ematix_dagster.spec import Window
 from ematix_dagster.streaming.windows.base import WindowBounds, WindowKind
 from ematix_dagster.streaming.windows.fixed import FixedWindows, first_start, last_start, window_starts
 from ematix_dagster.streaming.windows.session import SessionWindows
+from ematix_dagster.streaming.windows.sliding import SlidingWindows
 from ematix_dagster.streaming.windows.units import MICROS_PER_MS, format_us, format_window
 
 
@@ -30,6 +32,7 @@ KINDS: dict[str, type[WindowKind]] = {
     "tumbling": FixedWindows,
     "hopping": FixedWindows,
     "session": SessionWindows,
+    "sliding": SlidingWindows,
 }
 
 
@@ -39,6 +42,6 @@ def window_kind(window: Window) -> WindowKind:
 
 
 __all__ = [
-    "KINDS", "MICROS_PER_MS", "FixedWindows", "SessionWindows", "WindowBounds", "WindowKind", "first_start", "format_us", "format_window",
+    "KINDS", "MICROS_PER_MS", "FixedWindows", "SessionWindows", "SlidingWindows", "WindowBounds", "WindowKind", "first_start", "format_us", "format_window",
     "last_start", "window_kind", "window_starts",
 ]

@@ -1,0 +1,49 @@
+"""Sliding windows in Spark (SPEC.md §9): one partial per (group key, event time) of a batch.
+
+A row at ``x`` belongs to every window of its key ending in ``[x, x + D]``, which only the driver
+knows (windows exist where the key has rows), so Spark does not assign windows: it pre-aggregates
+the batch's accepted rows per (key, event time), ``_ws`` being the event time in µs, and the
+driver's :class:`~ematix_dagster.streaming.sliding_state.SlidingState` derives the windows. The
+late rule is :meth:`~ematix_dagster.streaming.windows.SlidingWindows.is_late` as a column: a row is
+late iff ``x + D < closed_before``. ``REOPENED`` counts the rows accepted behind the previous
+watermark under ``reopen`` (they can only reach emitted windows or create one behind it).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from ematix_dagster.spark.windows.base import CLASS, PRIMARY, REOPENED, ROWS, WindowedFrames
+from ematix_dagster.spec import Window
+from ematix_dagster.streaming.windows import SlidingWindows
+
+
+def plan_partials(out: DataFrame, window: Window, aggregates: Callable[[Column], list[Column]], batch_id: int,
+                  closed_before: int | None, emitted_before: int | None) -> WindowedFrames:
+    duration = SlidingWindows.for_window(window).duration
+    ts = F.unix_micros("_event_ts")
+    reason = F.col("_reason") if "_reason" in out.columns else F.lit(None).cast("string")
+    late = F.lit(None).cast("string") if closed_before is None else \
+        F.when(ts + F.lit(duration) < F.lit(closed_before), F.lit("late"))
+    # A NULL event time out of a SQL (its input had valid ones) has no window: a class of its own.
+    cls = F.coalesce(reason, F.when(ts.isNull(), F.lit("invalid_event_time")), late)
+    # One projection (each DataFrame step is analysed on the driver, every batch).
+    rows = out.select(*[c for c in out.columns if c != "_ts"], ts.alias("_ts"), cls.alias(CLASS),
+                      F.lit(True).alias(PRIMARY))
+    windowed = F.col(CLASS).isNull()
+    hidden = [F.count_if(F.col(PRIMARY)).alias(ROWS)]
+    if emitted_before is not None and closed_before != emitted_before:  # reopen, with an allowance
+        hidden.append(F.count_if(windowed & (F.col("_ts") < F.lit(emitted_before))).alias(REOPENED))
+    keys = [F.col(CLASS), F.when(windowed, F.col("_ts")).alias("_ws")] + \
+        [F.when(windowed, F.col(g)).alias(g) for g in window.group_by]
+    partials = rows.groupBy(*keys).agg(*aggregates(windowed), *hidden)
+
+    def late_rows() -> DataFrame:
+        return (rows.filter(F.col(CLASS) == "late")
+                .drop("_ts", CLASS, PRIMARY, "_reason")
+                .withColumn("_batch_id", F.lit(batch_id).cast("bigint")).withColumn("_reason", F.lit("late")))
+
+    return WindowedFrames(partials, late_rows)

@@ -49,6 +49,9 @@ class StreamingMetrics:
                                                 registry=registry)
         self.malformed_rows = Counter(f"{PREFIX}_malformed_rows", "Malformed json/csv rows (kept in the dead letters when configured).",
                                       ["pipeline", "source"], registry=registry)
+        self.rejected_rows = Counter(f"{PREFIX}_rejected_rows",
+                                     "Rows no target or state store can hold, or whose SQL failed (kept in the dead "
+                                     "letters when configured).", ["pipeline", "reason"], registry=registry)
 
     def record(self, pipeline: str, window_kind: str, policy: str, batch: BatchInput, result: BatchResult,
                seconds: float) -> None:
@@ -61,6 +64,8 @@ class StreamingMetrics:
         self.late_rows_dropped.labels(pipeline, policy).inc(batch.late_rows)
         self.late_assignments_dropped.labels(pipeline).inc(batch.late_assignments)
         self.late_rows_reopened.labels(pipeline).inc(batch.reopened_rows)
+        for reason, n in batch.rejected.items():
+            self.rejected_rows.labels(pipeline, reason).inc(n)
         for reason, n in batch.dead_letters.items():
             self.dead_letter_rows.labels(pipeline, reason).inc(n)
         self.batch_duration.labels(pipeline).observe(seconds)

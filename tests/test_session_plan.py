@@ -169,7 +169,7 @@ def test_bad_rows_are_class_rows_and_feed_the_batch_counters(spark: SparkSession
     with_counts = lambda gate: aggregates(gate) + _source_counts(SPEC)  # type: ignore[arg-type]  # noqa: E731
     frames = plan_partials(frame(spark, rows), WINDOW, with_counts, 7, closed, None)  # type: ignore[arg-type]
     stats, late = batch_counts(SPEC, frames.partials.toArrow(), None)  # type: ignore[arg-type]
-    assert late == {"late_rows": 1, "late_assignments": 0, "reopened_rows": 0}
+    assert late == {"late_rows": 1, "late_assignments": 0, "reopened_rows": 0, "rejected": {}}
     assert stats == {"rows_0": 3, "max_0": BASE + 7 * GAP, "invalid_0": 1, "future_0": 0, "malformed_0": 0,
                      "rows_1": 4, "max_1": BASE + 6 * GAP, "invalid_1": 1, "future_1": 1, "malformed_1": 0}
 
@@ -184,7 +184,7 @@ def test_late_rows_frame_holds_the_late_rows_with_batch_id_and_reason(spark: Spa
     rows = [windowed("a", 1, closed - 1), windowed(None, 2, BASE), windowed("a", 3, closed),
             ("a", 4, None, "s1", "invalid_event_time")]
     frames = plan_partials(frame(spark, rows), WINDOW, aggregates, 7, closed, None)  # type: ignore[arg-type]
-    late = frames.late_rows().toArrow()
+    late = frames.class_rows(["late"]).toArrow()
     assert late.column_names == ["k", "v", "_event_ts", "_source", "_batch_id", "_reason"]
     got = sorted(late.to_pylist(), key=lambda r: r["v"])
     assert [(r["k"], r["v"], r["_source"], r["_batch_id"], r["_reason"]) for r in got] == \

@@ -143,7 +143,7 @@ class BatchStep:
         stats = {s.name: SourceStats(rows=src[f"rows_{i}"], max_event_ts=src[f"max_{i}"], invalid=src[f"invalid_{i}"],
                                      future=src[f"future_{i}"], malformed=src[f"malformed_{i}"])
                  for i, s in enumerate(spec.sources)}
-        dead = self._write_dead_letters(batch_id, frames, stats, late["late_rows"], in_transaction)
+        dead = self._write_dead_letters(batch_id, frames, stats, late["late_rows"], late["rejected"], in_transaction)
         windowed = table.filter(pc.is_null(table.column(CLASS)))
         lasts: list[int] = []
         if spec.window.kind == "session":  # a partial session: its first and last event time
@@ -154,7 +154,7 @@ class BatchStep:
         return BatchInput(batch_id=batch_id, batch_time=batch_time, sources=stats, starts=starts, keys=keys,
                           partials=values, lasts=lasts, late_rows=late["late_rows"],
                           late_assignments=late["late_assignments"], reopened_rows=late["reopened_rows"],
-                          dead_letters=dead)
+                          rejected=late["rejected"], dead_letters=dead)
 
     def flush(self) -> BatchReport:
         """``end_of_input = "flush"``: emit every open window, written beside the last real batch.
@@ -174,15 +174,16 @@ class BatchStep:
         return self._report(BatchInput(batch_id, self.last_batch_time, {}), result, 0.0)
 
     def _write_dead_letters(self, batch_id: int, frames: BatchFrames, stats: dict[str, SourceStats], late_rows: int,
-                            in_transaction: InTransaction) -> dict[str, int]:
+                            rejected: dict[str, int], in_transaction: InTransaction) -> dict[str, int]:
         dead_letter = self.dead_letter
         if dead_letter is None:
             return {}
         tables: list[pa.Table] = []
         if any(s.invalid or s.future or s.malformed for s in stats.values()):
             tables.append(frames.bad_rows().toArrow())
-        if late_rows and self.spec.window.late_data == "dlq":
-            tables.append(frames.late_rows().toArrow())
+        classes = [*(["late"] if late_rows and self.spec.window.late_data == "dlq" else []), *rejected]
+        if classes:  # the post-SQL ones in one frame (one Spark job)
+            tables.append(frames.class_rows(classes).toArrow())
         if not tables:
             return {}
         rows = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]

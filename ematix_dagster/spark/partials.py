@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -25,6 +25,7 @@ from pyspark.sql import types as T
 from ematix_dagster.errors import PipelineConfigError, first_line
 from ematix_dagster.spark.observed import Observed
 from ematix_dagster.spark.recovery import HEARTBEAT
+from ematix_dagster.spark.rejects import REJECT_REASONS, reject_reason
 from ematix_dagster.spark.sources import CORRUPT
 from ematix_dagster.spark.windows import partial_plan
 from ematix_dagster.spark.windows.base import CLASS, LATE_ASSIGNMENTS, PRIMARY, REOPENED, ROWS
@@ -195,7 +196,7 @@ class BatchFrames:
     source_stats: Observed | None  # with [transform] sql: pre-SQL counts, observed as the job runs
     # built only when dead letters are written (every DataFrame step is analysed at once)
     bad_rows: Callable[[], DataFrame]  # pre-SQL rows with an invalid / future / malformed event time
-    late_rows: Callable[[], DataFrame]  # post-SQL rows with no open window
+    class_rows: Callable[[Sequence[str]], DataFrame]  # post-SQL rows of some classes (late, rejected)
 
 
 def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: int, batch_time_us: int,
@@ -229,11 +230,15 @@ def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: i
     else:
         out = df.drop(CORRUPT)
 
+    rejected = reject_reason(spec, plan.output_types)
+    if rejected is not None:  # after the pre-SQL reasons: a row has one reason, the first found
+        out = out.withColumn("_reason", F.coalesce(F.col("_reason"), rejected) if "_reason" in out.columns else rejected)
+
     def aggregates(gate: Column) -> list[Column]:
         return plan.partial_columns(gate) + ([] if spec.transform_sql else _source_counts(spec))
 
     windowed = partial_plan(window)(out, window, aggregates, batch_id, closed_before, emitted_before)
-    return BatchFrames(windowed.partials, source_stats, bad_rows, windowed.late_rows)
+    return BatchFrames(windowed.partials, source_stats, bad_rows, windowed.class_rows)
 
 
 def _source_stats(spec: PipelineSpec) -> list[Column]:
@@ -263,12 +268,15 @@ def _source_counts(spec: PipelineSpec) -> list[Column]:
         mine = F.col(PRIMARY) & (F.col("_source") == s.name) if several else F.col(PRIMARY)
         if several:
             cols.append(F.count_if(mine).alias(f"_rows_{i}"))
-        cols.append(F.max(F.when(mine & F.col("_reason").isNull(), F.col("_ts"))).alias(f"_max_{i}"))
+        # a rejected row (post-SQL reasons) has a valid event time: it moves the watermark
+        valid = F.col("_reason").isNull() | F.col("_reason").isin(*REJECT_REASONS)
+        cols.append(F.max(F.when(mine & valid, F.col("_ts"))).alias(f"_max_{i}"))
     return cols
 
 
 def batch_counts(spec: PipelineSpec, table: pa.Table, source_stats: Observed | None) -> tuple[dict[str, Any], dict[str, int]]:
-    """(per-source counters as ``_source_stats`` names them, lateness counters) from the job's result.
+    """(per-source counters as ``_source_stats`` names them, lateness and rejection counters) from the
+    job's result (``rejected``: rows per reason of ``ematix_dagster.spark.rejects``).
 
     Vectorised over the partials table: a sum or max per hidden column, over the class rows
     where the counter is a class's.
@@ -283,7 +291,8 @@ def batch_counts(spec: PipelineSpec, table: pa.Table, source_stats: Observed | N
         return int(pc.sum(values).as_py() or 0)
 
     late = {"late_rows": total(ROWS, pc.equal(classes, "late")),
-            "late_assignments": total(LATE_ASSIGNMENTS, windowed), "reopened_rows": total(REOPENED, windowed)}
+            "late_assignments": total(LATE_ASSIGNMENTS, windowed), "reopened_rows": total(REOPENED, windowed),
+            "rejected": {r: n for r in REJECT_REASONS if (n := total(ROWS, pc.equal(classes, r)))}}
     if source_stats is not None:
         return source_stats.values(), late
     stats: dict[str, Any] = {}

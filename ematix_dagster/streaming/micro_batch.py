@@ -62,6 +62,7 @@ class BatchInput:
     late_rows: int = 0  # rows with no open assignment (dropped / dead-lettered)
     late_assignments: int = 0  # closed assignments of rows that had open ones
     reopened_rows: int = 0  # rows that reached an already-emitted, retained window
+    rejected: dict[str, int] = field(default_factory=dict)  # rows no target or store can hold, by reason
     dead_letters: dict[str, int] = field(default_factory=dict)
 
 
@@ -271,6 +272,8 @@ class Engine:
         self.counters["late_rows_dropped"] += batch.late_rows
         self.counters["late_assignments_dropped"] += batch.late_assignments
         self.counters["late_rows_reopened"] += batch.reopened_rows
+        for reason, n in batch.rejected.items():
+            self.counters[f"rejected_rows:{reason}"] += n
         for reason, n in batch.dead_letters.items():
             self.counters[f"dead_letter_rows:{reason}"] += n
         return self._result(batch.batch_id, rows, before, batch.batch_time)

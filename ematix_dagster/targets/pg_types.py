@@ -25,6 +25,12 @@ column (extra columns are fine) and a unique index on exactly the key columns; w
 it must be ``NULLS NOT DISTINCT``, otherwise NULL group keys would duplicate rows. A column whose
 type differs from the mapping is accepted with a warning (PostgreSQL casts on insert).
 
+Timestamps outside Python's years 1..9999 (Spark holds about ±290,000 years) are written as
+PostgreSQL text (``10000-01-01 00:00:00+00``, ``0044-03-15 00:00:00+00 BC``), so an extreme but
+valid instant is stored instead of failing the batch. PostgreSQL itself holds 4713 BC to 294276
+AD (:data:`PG_MIN_US`), and rows whose window bounds fall before it are dead-lettered as
+``out_of_range`` before they reach a writer.
+
 The dead-letter ``payload`` is JSON (:func:`_json_value`): timestamps become ISO-8601 strings (UTC),
 dates and times ISO-8601 strings, decimals strings, bytes base64 strings, NaN / infinite floats the
 strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``, durations ISO-8601 ``PT<seconds>S`` strings,
@@ -39,9 +45,17 @@ import decimal
 import math
 from typing import Any, Iterable
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ematix_dagster.errors import PipelineConfigError
+from ematix_dagster.streaming.windows.units import DATETIME_MAX_US, DATETIME_MIN_US
+
+#: the earliest instant PostgreSQL's timestamptz holds (4713-11-24 BC), µs since the epoch; its
+#: latest (294276 AD) is after every instant Spark holds
+PG_MIN_US = -210_866_803_200_000_000
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
 
 
 def postgres_type(dtype: pa.DataType, column: str = "?", key: str = "target") -> str:
@@ -107,7 +121,38 @@ def _normalize_column(arr: pa.ChunkedArray) -> pa.ChunkedArray:
 
 
 def _python_columns(rows: pa.Table, names: Iterable[str]) -> list[list[Any]]:
-    return [_normalize_column(rows.column(n)).to_pylist() for n in names]
+    return [python_values(rows.column(n)) for n in names]
+
+
+def python_values(arr: pa.ChunkedArray) -> list[Any]:
+    """The column's values as psycopg writes them; timestamps outside years 1..9999 as PostgreSQL text."""
+    arr = _normalize_column(arr)
+    if not pa.types.is_timestamp(arr.type) or arr.null_count == len(arr):
+        return arr.to_pylist()
+    micros = arr.cast(pa.int64())
+    bounds = pc.min_max(micros)
+    if DATETIME_MIN_US <= bounds["min"].as_py() and bounds["max"].as_py() <= DATETIME_MAX_US:
+        return arr.to_pylist()
+    return [None if v is None else _EPOCH + _dt.timedelta(microseconds=v) if DATETIME_MIN_US <= v <= DATETIME_MAX_US
+            else postgres_timestamp_text(v) for v in micros.to_pylist()]
+
+
+def postgres_timestamp_text(micros: int) -> str:
+    """PostgreSQL's text for an instant (UTC) that Python's datetime cannot hold.
+
+    >>> postgres_timestamp_text(253_402_300_800_000_000)
+    '10000-01-01 00:00:00.000000+00'
+    >>> postgres_timestamp_text(-62_135_596_800_000_001)  # numpy's year 0 is 1 BC
+    '0001-12-31 23:59:59.999999+00 BC'
+    """
+    text = str(np.datetime_as_string(np.datetime64(micros, "us"), unit="us"))
+    negative = text.startswith("-")
+    year, rest = text.lstrip("-").split("-", 1)
+    rest = rest.replace("T", " ") + "+00"
+    astronomical = -int(year) if negative else int(year)
+    if astronomical >= 1:
+        return f"{astronomical:04d}-{rest}"
+    return f"{1 - astronomical:04d}-{rest} BC"
 
 
 def _json_value(v: Any) -> Any:

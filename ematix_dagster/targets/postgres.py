@@ -8,7 +8,9 @@ A fixed shape that survives schema drift of the payload::
 
 plus an index on ``_batch_id`` (for the replay delete). ``payload`` is a JSON object of every
 column other than ``_source``, ``_event_ts``, ``_batch_id`` and ``_reason``
-(:mod:`~ematix_dagster.targets.pg_types` says how each value is written). ``_batch_id`` is always
+(:mod:`~ematix_dagster.targets.pg_types` says how each value is written). An event time before
+4713 BC, which no ``timestamptz`` holds, leaves ``_event_ts`` NULL and is kept in the payload as
+text. ``_batch_id`` is always
 the batch id passed to ``write``. The table is created only with ``create_table = true`` (as for the
 target: DDL is never run without being asked for); otherwise it must exist with those columns,
 which ``open()`` checks.
@@ -27,7 +29,9 @@ from ematix_dagster.errors import PipelineConfigError
 from ematix_dagster.spec import DeadLetter, Target
 from ematix_dagster.targets.base import DEAD_LETTER_COLUMNS, EMIT_KIND_COLUMN, EMIT_SEQ_COLUMN, RETRACT
 from ematix_dagster.targets.pg_table import PostgresTable
-from ematix_dagster.targets.pg_types import _json_value, _normalize_column, _python_columns, _text, postgres_type
+from ematix_dagster.targets.pg_types import (
+    PG_MIN_US, _json_value, _normalize_column, _python_columns, _text, postgres_type, python_values,
+)
 
 _PAYLOAD_COLUMN = "payload"
 _ORD_COLUMN = "__ematix_row_ord"
@@ -245,17 +249,21 @@ class PostgresDeadLetterWriter:
             ts = rows.column("_event_ts")
             if not pa.types.is_timestamp(ts.type):
                 raise ValueError(f"_event_ts of batch {batch_id} is {ts.type}, not a timestamp")
-            event_ts = _normalize_column(ts).to_pylist()
+            event_ts = python_values(ts)
+            # before 4713 BC: no timestamptz holds it, so the payload keeps it as text instead
+            early = [v is not None and v < PG_MIN_US for v in _normalize_column(ts).cast(pa.int64()).to_pylist()]
         else:
-            event_ts = [None] * n
+            event_ts, early = [None] * n, [False] * n
         payload_cols = [c for c in rows.column_names if c not in DEAD_LETTER_COLUMNS]
-        payload_data = [rows.column(c).to_pylist() for c in payload_cols]
+        payload_data = [python_values(rows.column(c)) for c in payload_cols]
         with conn.cursor() as cur:
             cur.execute(sql.SQL("DELETE FROM {} WHERE _batch_id = %s").format(self._pg.ident), (batch_id,))
             with cur.copy(sql.SQL("COPY {} (_batch_id, _source, _event_ts, _reason, payload) FROM STDIN")
                           .format(self._pg.ident)) as copy:
                 for i in range(n):
                     payload = {c: _json_value(col[i]) for c, col in zip(payload_cols, payload_data)}
+                    if early[i]:
+                        payload["_event_ts"], event_ts[i] = event_ts[i], None
                     copy.write_row((batch_id, _text(sources[i]), event_ts[i], _text(reasons[i]),
                                     json.dumps(payload, allow_nan=False, ensure_ascii=False)))
 

@@ -11,9 +11,10 @@ row (a hopping row is copied into each of its windows), so counters count rows, 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
 
 from ematix_dagster.spec import Window
 
@@ -33,13 +34,21 @@ class WindowedFrames:
 
     ``partials`` has one row per (``_ws`` window start, group columns) with the aggregators'
     partial columns and the hidden counters, plus one row per class of rows that update no
-    window. ``late_rows`` builds its frame only when asked (``dlq`` with late rows): every
-    DataFrame step is analysed by Spark at once, and a batch pays for that even when the frame
-    never runs.
+    window. ``class_rows`` builds its frame only when asked (dead letters of some class in the
+    batch): every DataFrame step is analysed by Spark at once, and a batch pays for that even when
+    the frame never runs.
     """
 
     partials: DataFrame
-    late_rows: Callable[[], DataFrame]  # post-SQL rows with no open window, with _batch_id and _reason
+    #: the post-SQL rows of some classes (``late``, the rejected ones), with _batch_id and _reason
+    class_rows: Callable[[Sequence[str]], DataFrame]
+
+
+def dead_letter_rows(rows: DataFrame, classes: Sequence[str], batch_id: int, helpers: Sequence[str]) -> DataFrame:
+    """The rows of ``classes`` as dead letters: the plan's ``helpers`` columns dropped, ``_batch_id``
+    and ``_reason`` (the class) added last."""
+    return (rows.filter(F.col(CLASS).isin(*classes)).drop(*helpers, "_reason")
+            .withColumn("_batch_id", F.lit(batch_id).cast("bigint")).withColumn("_reason", F.col(CLASS)).drop(CLASS))
 
 
 #: (the SQL's output (with ``_reason`` when bad rows come along), the window spec, a function of

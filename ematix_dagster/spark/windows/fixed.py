@@ -8,12 +8,14 @@ multiples of the hop in ``(max(t - D, closed_before - D), t]``; a row with none 
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from ematix_dagster.spark.windows.base import CLASS, LATE_ASSIGNMENTS, PRIMARY, REOPENED, ROWS, WindowedFrames
+from ematix_dagster.spark.windows.base import (
+    CLASS, LATE_ASSIGNMENTS, PRIMARY, REOPENED, ROWS, WindowedFrames, dead_letter_rows,
+)
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.windows import FixedWindows, first_start
 
@@ -56,9 +58,7 @@ def plan_partials(out: DataFrame, window: Window, aggregates: Callable[[Column],
     keys = [F.col(CLASS), F.col("_ws")] + [F.when(windowed, F.col(g)).alias(g) for g in window.group_by]
     partials = rows.groupBy(*keys).agg(*aggregates(windowed), *hidden)
 
-    def late_rows() -> DataFrame:
-        return (out.filter(F.col(CLASS) == "late")
-                .drop("_ts", "_last", "_first", "_first_open", CLASS, "_reason")
-                .withColumn("_batch_id", F.lit(batch_id).cast("bigint")).withColumn("_reason", F.lit("late")))
+    def class_rows(classes: Sequence[str]) -> DataFrame:
+        return dead_letter_rows(out, classes, batch_id, ("_ts", "_last", "_first", "_first_open"))
 
-    return WindowedFrames(partials, late_rows)
+    return WindowedFrames(partials, class_rows)

@@ -22,16 +22,16 @@ sessions change after emission the driver knows from their stored ``emitted`` fl
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 from pyspark.sql import Column, DataFrame, Window as SparkWindow
 from pyspark.sql import functions as F
 
-from ematix_dagster.spark.windows.base import CLASS, PRIMARY, REOPENED, ROWS, WindowedFrames
+from ematix_dagster.spark.windows.base import CLASS, PRIMARY, REOPENED, ROWS, WindowedFrames, dead_letter_rows
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.windows.session import SessionWindows
 
-#: helper columns this plan adds to the SQL's output (dropped from ``late_rows``)
+#: helper columns this plan adds to the SQL's output (dropped from dead letters)
 HELPERS = ("_ts", "_bucket", "_new", "_sid", PRIMARY, CLASS)
 
 
@@ -68,9 +68,7 @@ def plan_partials(out: DataFrame, window: Window, aggregates: Callable[[Column],
         hidden.append(F.count_if(windowed & (F.col("_ts") < F.lit(emitted_before))).alias(REOPENED))
     partials = sessions.groupBy(*keys).agg(*spans, *aggregates(windowed), *hidden)
 
-    def late_rows() -> DataFrame:
-        return (rows.filter(F.col(CLASS) == "late")
-                .drop(*HELPERS, "_reason")
-                .withColumn("_batch_id", F.lit(batch_id).cast("bigint")).withColumn("_reason", F.lit("late")))
+    def class_rows(classes: Sequence[str]) -> DataFrame:
+        return dead_letter_rows(rows, classes, batch_id, [h for h in HELPERS if h != CLASS])
 
-    return WindowedFrames(partials, late_rows)
+    return WindowedFrames(partials, class_rows)

@@ -11,12 +11,12 @@ watermark under ``reopen`` (they can only reach emitted windows or create one be
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from ematix_dagster.spark.windows.base import CLASS, PRIMARY, REOPENED, ROWS, WindowedFrames
+from ematix_dagster.spark.windows.base import CLASS, PRIMARY, REOPENED, ROWS, WindowedFrames, dead_letter_rows
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.windows import SlidingWindows
 
@@ -41,9 +41,7 @@ def plan_partials(out: DataFrame, window: Window, aggregates: Callable[[Column],
         [F.when(windowed, F.col(g)).alias(g) for g in window.group_by]
     partials = rows.groupBy(*keys).agg(*aggregates(windowed), *hidden)
 
-    def late_rows() -> DataFrame:
-        return (rows.filter(F.col(CLASS) == "late")
-                .drop("_ts", CLASS, PRIMARY, "_reason")
-                .withColumn("_batch_id", F.lit(batch_id).cast("bigint")).withColumn("_reason", F.lit("late")))
+    def class_rows(classes: Sequence[str]) -> DataFrame:
+        return dead_letter_rows(rows, classes, batch_id, ("_ts", PRIMARY))
 
-    return WindowedFrames(partials, late_rows)
+    return WindowedFrames(partials, class_rows)

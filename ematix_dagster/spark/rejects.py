@@ -1,0 +1,52 @@
+"""Rows that would fail every retry of their batch, set aside with a reason instead (no poison row).
+
+A row whose group key is too long for a PostgreSQL index, or whose window starts before the
+earliest instant PostgreSQL holds, makes the target's (or the state store's) write fail; the batch
+is then replayed and fails again, forever, on that one row. Such rows are classified in Spark
+after the SQL, like late rows: they update no window, are counted per reason
+(``rejected_rows_total{reason}``) and go to the dead-letter target when there is one:
+
+* ``sql_error``: a guarded ``[transform] sql`` expression failed on the row (the guard's
+  ``_sql_error`` column names it);
+* ``key_too_large``: the group key's string and binary values take more than
+  :data:`MAX_KEY_BYTES` bytes, with a PostgreSQL target or state store (a btree entry holds at
+  most 2,704 bytes, and the window start and the row's overhead share it);
+* ``out_of_range``: with a PostgreSQL target, a window of the row would start before 4713 BC.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from ematix_dagster.spec import PipelineSpec
+from ematix_dagster.targets.pg_types import PG_MIN_US
+
+#: the post-SQL reasons, in the order a row is judged
+REJECT_REASONS = ("sql_error", "key_too_large", "out_of_range")
+#: the most bytes of string and binary group values one key may hold when PostgreSQL indexes it
+MAX_KEY_BYTES = 2_000
+#: the column a guarded SQL adds: the failing expression's text, NULL on clean rows
+SQL_ERROR = "_sql_error"
+
+
+def reject_reason(spec: PipelineSpec, types: dict[str, T.DataType]) -> Column | None:
+    """The reason a post-SQL row is rejected (NULL: it is not), or None when no rule applies."""
+    window = spec.window
+    rules: list[Column] = []
+    if SQL_ERROR in types:
+        rules.append(F.when(F.col(SQL_ERROR).isNotNull(), F.lit("sql_error")))
+    postgres_target = spec.target.kind == "postgres"
+    if postgres_target or spec.state_store.kind == "postgres":
+        sized = [F.coalesce(F.octet_length(F.col(g)), F.lit(0)) for g in window.group_by
+                 if isinstance(types[g], (T.StringType, T.BinaryType))]
+        if sized:
+            total = sized[0]
+            for size in sized[1:]:
+                total = total + size
+            rules.append(F.when(total > F.lit(MAX_KEY_BYTES), F.lit("key_too_large")))
+    if postgres_target:
+        span_us = (window.duration_ms or window.max_session_duration_ms or 0) * 1_000
+        rules.append(F.when(F.unix_micros("_event_ts") < F.lit(PG_MIN_US + span_us), F.lit("out_of_range")))
+    return F.coalesce(*rules) if len(rules) > 1 else rules[0] if rules else None

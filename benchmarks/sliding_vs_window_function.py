@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from measure import CpuMeter, DriverTimer  # noqa: E402
 from windowed_vs_native import (  # noqa: E402
-    LATENESS_MS, MB, SCHEMA_DDL, Result, _median, generate, install_timers, print_splits, settle)
+    LATENESS_MS, MB, SCHEMA_DDL, Result, _median, generate, install_timers, pipeline_toml, print_splits, settle)
 
 from ematix_dagster.spark.batch import BatchStep  # noqa: E402
 from ematix_dagster.spark.runner import PipelineRunner  # noqa: E402
@@ -90,50 +90,10 @@ agg = "max"
 column = "amount"
 as = "top"
 """ if args.workload == "distinct" else ""
-    toml = f"""
-pipeline_name = "bench-sliding"
-
-[[sources]]
-name = "events"
-kind = "files"
-format = "parquet"
-path = "{data}"
-schema = "{SCHEMA_DDL}"
-event_time_column = "ts"
-max_files_per_trigger = 1
-
-[transform.window]
-kind = "sliding"
-duration_ms = {args.duration_ms}
-max_events_per_group = {args.max_events_per_group}
-lateness_ms = {LATENESS_MS}
-source_idleness_ms = 3_600_000
-group_by = ["key"]
-late_data = "drop"
-max_groups_per_window = {max(args.keys, 1_000)}
-
-[[transform.window.aggregations]]
-agg = "count"
-as = "n"
-
-[[transform.window.aggregations]]
-agg = "sum"
-column = "amount"
-as = "total"
-{distinct}
-[target]
-kind = "parquet"
-path = "{work / 'target'}"
-
-[state_store]
-kind = "sqlite"
-path = "{work / 'state.db'}"
-
-[run]
-trigger = "available_now"
-end_of_input = "flush"
-checkpoint_location = "{work / 'checkpoint'}"
-"""
+    shape = (f'kind = "sliding"\nduration_ms = {args.duration_ms}\n'
+             f'max_events_per_group = {args.max_events_per_group}')
+    toml = pipeline_toml("bench-sliding", data, work, shape, max(args.keys, 1_000), distinct,
+                         'trigger = "available_now"\nend_of_input = "flush"')
     return load_pipeline_str(toml)
 
 

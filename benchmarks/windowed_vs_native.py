@@ -185,7 +185,7 @@ def settle(spark) -> None:
 
 
 def our_spec(data: Path, work: Path, workload: str, max_groups: int, heartbeat: bool = False):
-    distinct = f"""
+    distinct = """
 [[transform.window.aggregations]]
 agg = "count_distinct"
 column = "item"
@@ -196,8 +196,15 @@ mode = "approximate"
            else 'trigger = "available_now"')
     shape = (f'kind = "session"\ngap_ms = {SESSION_GAP_S * 1000}\nmax_session_duration_ms = 3_600_000'
              if workload == "session" else 'kind = "tumbling"\nduration_ms = 60_000')
-    toml = f"""
-pipeline_name = "bench-windowed"
+    return load_pipeline_str(pipeline_toml("bench-windowed", data, work, shape, max_groups, distinct, run))
+
+
+def pipeline_toml(name: str, data: Path, work: Path, shape: str, max_groups: int, extra_aggregations: str,
+                  run: str) -> str:
+    """A benchmark pipeline over the generated files: count + sum(amount) per key (plus
+    ``extra_aggregations``, TOML tables) in the window ``shape``, SQLite state, parquet target."""
+    return f"""
+pipeline_name = "{name}"
 
 [[sources]]
 name = "events"
@@ -225,7 +232,7 @@ as = "n"
 agg = "sum"
 column = "amount"
 as = "total"
-{distinct}
+{extra_aggregations}
 [target]
 kind = "parquet"
 path = "{work / 'target'}"
@@ -238,7 +245,6 @@ path = "{work / 'state.db'}"
 {run}
 checkpoint_location = "{work / 'checkpoint'}"
 """
-    return load_pipeline_str(toml)
 
 
 def run_ours(spark, data: Path, scratch: Path, workload: str, timer: DriverTimer, max_groups: int,

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, NamedTuple, NoReturn, Sequence
 
 from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
-from ematix_dagster.streaming.aggregators import Aggregator, PartialRowError
+from ematix_dagster.streaming.aggregators import Aggregator, PartialRowError, merge_partials
 from ematix_dagster.streaming.window_state import GroupKey, key_order
 from ematix_dagster.streaming.windows.base import WindowBounds
 from ematix_dagster.streaming.windows.session import SessionWindows
@@ -164,13 +164,10 @@ class SessionState:
         states: list[list[Any]] = [[] for _ in keys]
         for key, rows in rows_by_key.items():
             self.sessions[key] = self._merge_key(key, self.sessions.get(key, []), rows, firsts, lasts, states)
-        if not states:  # a batch without partials may come with no partial columns at all
-            return
-        for i, agg in enumerate(self.aggregators):
-            try:
-                agg.merge_batch(states, i, partials[i])
-            except PartialRowError as failed:
-                self._fail(failed.error, i, keys[failed.row], firsts[failed.row])
+        try:
+            merge_partials(self.aggregators, states, partials)
+        except PartialRowError as failed:
+            self._fail(failed.error, failed.index, keys[failed.row], firsts[failed.row])
 
     def _check_cap(self, rows_by_key: dict[GroupKey, list[int]]) -> None:
         """Refuse the batch before changing anything when its new keys would pass the cap."""

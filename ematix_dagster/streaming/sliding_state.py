@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, NoReturn, Sequence
 
 from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
-from ematix_dagster.streaming.aggregators import Aggregator, PartialRowError
+from ematix_dagster.streaming.aggregators import Aggregator, PartialRowError, merge_partials
 from ematix_dagster.streaming.two_stacks import TwoStacks
 from ematix_dagster.streaming.window_state import EmittedRow, GroupKey, key_order
 from ematix_dagster.streaming.windows.sliding import SlidingWindows
@@ -134,13 +134,10 @@ class SlidingState:
             states.append(accs)
             touched.setdefault(t, set()).add(key)
             self._dirty[(t, key)] = None
-        if not states:  # a batch without partials may come with no partial columns at all
-            return touched
-        for i, agg in enumerate(self.aggregators):
-            try:
-                agg.merge_batch(states, i, partials[i])
-            except PartialRowError as failed:
-                self._fail(failed.error, keys[failed.row], starts[failed.row], i)
+        try:
+            merge_partials(self.aggregators, states, partials)
+        except PartialRowError as failed:
+            self._fail(failed.error, keys[failed.row], starts[failed.row], failed.index)
         return touched
 
     def _fail(self, exc: StateCapExceeded | AggregationOverflow | CorruptState, key: GroupKey, t: int,

@@ -18,7 +18,7 @@ from operator import itemgetter
 from typing import Any, Iterable, NamedTuple, Sequence
 
 from ematix_dagster.errors import StateCapExceeded
-from ematix_dagster.streaming.aggregators import Aggregator, PartialRowError, order_key
+from ematix_dagster.streaming.aggregators import Aggregator, PartialRowError, merge_partials, order_key
 from ematix_dagster.streaming.windows import WindowKind
 
 GroupKey = tuple[Any, ...]
@@ -108,20 +108,16 @@ class WindowState:
             seen.add(key)
         for start, keys_ in touched.items():
             self.dirty.setdefault(start, set()).update(keys_)
-        if not states:  # a batch without partials may come with no partial columns at all
-            return touched
-        for i, agg in enumerate(self.aggregators):
-            try:
-                agg.merge_batch(states, i, partials[i])
-            except PartialRowError as failed:
-                exc, start, key = failed.error, starts[failed.row], keys[failed.row]
-                raise type(exc)(
-                    f"window state cap hit: {exc} on window {self.describe(start)} "
-                    f"group {key!r} ({self.aliases[i]}) for pipeline {self.pipeline}"
-                    if isinstance(exc, StateCapExceeded)
-                    else f"{exc}: {self.aliases[i]} on window {self.describe(start)} "
-                    f"group {key!r} for pipeline {self.pipeline}"
-                ) from None
+        try:
+            merge_partials(self.aggregators, states, partials)
+        except PartialRowError as failed:
+            exc, start, key, alias = failed.error, starts[failed.row], keys[failed.row], self.aliases[failed.index]
+            raise type(exc)(
+                f"window state cap hit: {exc} on window {self.describe(start)} "
+                f"group {key!r} ({alias}) for pipeline {self.pipeline}"
+                if isinstance(exc, StateCapExceeded)
+                else f"{exc}: {alias} on window {self.describe(start)} group {key!r} for pipeline {self.pipeline}"
+            ) from None
         return touched
 
     def take_changes(self) -> tuple[list[tuple[int, GroupKey, list[Any]]], list[int]]:

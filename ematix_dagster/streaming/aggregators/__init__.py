@@ -21,7 +21,7 @@ from typing import Callable
 
 from ematix_dagster.spec import Aggregation
 from ematix_dagster.streaming.aggregators.base import (
-    SCALAR_TYPES, Aggregator, PartialRowError, SparkInput, describe_value, order_key,
+    SCALAR_TYPES, Aggregator, PartialRowError, SparkInput, describe_value, merge_partials, order_key,
 )
 from ematix_dagster.streaming.aggregators.basic import Avg, Count, First, Last, Max, Min, Sum
 from ematix_dagster.streaming.aggregators.distinct import ApproxDistinct, ExactDistinct
@@ -52,6 +52,6 @@ def make_aggregator(agg: Aggregation, integral: bool | None, hll_precision: int)
 
 __all__ = [
     "AGGREGATORS", "Aggregator", "Count", "Sum", "Min", "Max", "Avg", "First", "Last", "ApproxDistinct",
-    "ExactDistinct", "PartialRowError", "SparkInput", "make_aggregator", "order_key", "describe_value",
+    "ExactDistinct", "PartialRowError", "SparkInput", "make_aggregator", "merge_partials", "order_key", "describe_value",
     "SCALAR_TYPES",
 ]

@@ -174,6 +174,8 @@ def check_batch(batch: BatchCommit) -> None:
     for start in batch.deleted_windows:
         if type(start) is not int:
             raise TypeError(f"a deleted window must be an int window start, got {start!r:.200}")
+    if batch.deleted_before is not None and type(batch.deleted_before) is not int:
+        raise TypeError(f"deleted_before must be an int window start, got {batch.deleted_before!r:.200}")
     for name, offset in batch.record.offsets.items():
         if not isinstance(name, str) or not isinstance(offset, str):
             raise TypeError("record.offsets must map source names to offset JSON text")

@@ -73,6 +73,8 @@ class BatchCommit:
     upserts: list[tuple[int, int, bytes, bytes]] = field(default_factory=list)  # (start, end, key, blob)
     deletes: list[tuple[int, bytes]] = field(default_factory=list)  # (window_start, key)
     deleted_windows: list[int] = field(default_factory=list)  # every group of these windows
+    #: every group of every window starting before this (sliding windows evict by event time)
+    deleted_before: int | None = None
     in_transaction: list[Callable[[Any], None]] = field(default_factory=list)  # called with the DB connection
     #: (window_start, key) -> emitted flag of an upsert of the same key; upserts without one store NULL
     emitted: dict[tuple[int, bytes], bool] = field(default_factory=dict)

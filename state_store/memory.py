@@ -145,6 +145,9 @@ class InMemoryStateStore(StateStore):
                         del windows[start]
             for start in batch.deleted_windows:
                 windows.pop(start, None)
+            if batch.deleted_before is not None:
+                for start in [s for s in windows if s < batch.deleted_before]:
+                    del windows[start]
             data.record = record
 
     def reset(self, pipeline: str) -> None:

@@ -297,6 +297,9 @@ class PostgresStateStore(StateStore):
             if batch.deleted_windows:
                 conn.execute(sql.SQL("DELETE FROM {state} WHERE pipeline_name = %s AND window_start = ANY(%s::bigint[])")
                              .format(**n), (pipeline, list(batch.deleted_windows)))
+            if batch.deleted_before is not None:
+                conn.execute(sql.SQL("DELETE FROM {state} WHERE pipeline_name = %s AND window_start < %s")
+                             .format(**n), (pipeline, batch.deleted_before))
             conn.execute(sql.SQL("DELETE FROM {offsets} WHERE pipeline_name = %s").format(**n), (pipeline,))
             if record.offsets:
                 batch_id = record.last_batch_id if record.last_batch_id is not None else -1

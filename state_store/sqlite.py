@@ -46,6 +46,7 @@ _FLAGS = (f"SELECT window_start, group_key, emitted FROM {_N['state']} "
           "WHERE pipeline_name = ? AND emitted IS NOT NULL")
 _DELETE_KEY = f"DELETE FROM {_N['state']} WHERE pipeline_name = ? AND window_start = ? AND group_key = ?"
 _DELETE_WINDOW = f"DELETE FROM {_N['state']} WHERE pipeline_name = ? AND window_start = ?"
+_DELETE_BEFORE = f"DELETE FROM {_N['state']} WHERE pipeline_name = ? AND window_start < ?"
 _PIPELINE_COLUMNS = ", ".join(PIPELINE_COLUMNS)
 
 
@@ -260,6 +261,8 @@ class SqliteStateStore(StateStore):
                     conn.executemany(_DELETE_KEY, ((pipeline, start, key) for start, key in batch.deletes))
                 if batch.deleted_windows:
                     conn.executemany(_DELETE_WINDOW, ((pipeline, start) for start in batch.deleted_windows))
+                if batch.deleted_before is not None:
+                    conn.execute(_DELETE_BEFORE, (pipeline, batch.deleted_before))
                 conn.execute(f"DELETE FROM {_N['offsets']} WHERE pipeline_name = ?", (pipeline,))
                 if record.offsets:
                     conn.executemany(

@@ -104,20 +104,26 @@ def test_exact_distinct_values_cost_the_stated_rate() -> None:
     assert abs(rate - measured) <= measured / 3, (rate, measured)
 
 
-def test_bytes_per_sliding_partial_match_the_measured_layout() -> None:
-    """Sliding windows hold one partial per (key, event time): 10 event times for each of 2,000 keys."""
+@pytest.mark.parametrize("aggs", [(Aggregation("count", "n"),), (Aggregation("min", "m", column="x"),)],
+                         ids=["count-with-prefix-sums", "min"])
+def test_bytes_per_sliding_partial_match_the_measured_layout(aggs: tuple[Aggregation, ...]) -> None:
+    """Sliding windows hold one partial per (key, event time): 10 event times for each of 2,000 keys,
+    measured after an emit (which builds an additive window's prefix sums)."""
     from ematix_dagster.streaming.micro_batch import Engine
 
     window = Window(kind="sliding", duration_ms=60_000, max_events_per_group=100, max_groups_per_window=GROUPS,
-                    group_by=("user",), aggregations=(Aggregation("count", "n"),))
+                    group_by=("user",), aggregations=aggs)
     state = Engine.for_window("p", window, ("s",), (False,)).state
+    newest = 1_700_000_000_000_000 + GROUPS * 1_000
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
         keys = [(f"user-{i % 2_000:06d}",) for i in range(GROUPS)]
         times = [1_700_000_000_000_000 + i * 1_000 for i in range(GROUPS)]
-        state.merge(times, keys, [[3] * GROUPS])
-        del keys, times
+        touched = state.merge(times, keys, [[3] * GROUPS])
+        rows = state.emit(None, newest + 1, touched, 0)  # every window final, nothing evicted
+        assert len(rows) == GROUPS
+        del keys, times, touched, rows
         state.take_changes()  # the commit's bookkeeping, not the state
         measured = (tracemalloc.get_traced_memory()[0] - before) / GROUPS
     finally:

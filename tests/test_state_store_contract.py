@@ -157,6 +157,20 @@ def test_upserts_overwrite_and_deletes_remove(make_store):
     assert make_store().load(p).groups == []
 
 
+def test_deleted_before_removes_every_older_window_of_the_pipeline_only(make_store):
+    """Sliding windows evict by event time: one range delete, after the batch's upserts."""
+    store = make_store()
+    rows = [(t, t, key(k), blob(t)) for t in (-5, 0, 7, 9) for k in ("a", "b")]
+    store.commit(BatchCommit(record("slide", 0), upserts=rows))
+    store.commit(BatchCommit(record("other", 0), upserts=rows))
+    store.commit(BatchCommit(record("slide", 1), upserts=[(12, 12, key("a"), blob(12))], deleted_before=7))
+    assert sorted(groups_of(store.load("slide"))) == [(7, key("a")), (7, key("b")), (9, key("a")), (9, key("b")),
+                                                       (12, key("a"))]
+    assert len(make_store().load("other").groups) == len(rows)
+    with pytest.raises(TypeError, match="deleted_before"):
+        store.commit(BatchCommit(record("slide", 2), deleted_before="7"))  # type: ignore[arg-type]
+
+
 def test_emitted_flags_are_written_with_every_upsert_and_loaded_in_the_same_snapshot(make_store):
     """Schema step 5: a session's flag is stored with its row; an upsert without one (fixed
     windows) stores NULL, which a load leaves out; deletes and migrate_state keep rows and flags in step."""

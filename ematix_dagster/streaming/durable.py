@@ -40,6 +40,7 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
     state = engine.state
     deletes: list[tuple[int, bytes]] = []
     evicted: list[int] = []
+    deleted_before: int | None = None
     flags: dict[tuple[int, bytes], bool] = {}
     if isinstance(state, SessionState):
         # A session's end and emitted flag are its own (schema step 5: under reopen a merged session
@@ -52,10 +53,10 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
             flags[(start, encoded)] = emitted
         deletes = [(start, encoded_key(key)) for start, key in gone]
     elif isinstance(state, SlidingState):
-        # one row per retained (event time, key) partial, stored with start = end = its event time
-        partials, gone = state.take_changes()
+        # one row per retained (event time, key) partial, stored with start = end = its event time;
+        # eviction is by event time, so one range delete
+        partials, deleted_before = state.take_changes()
         upserts = [(t, t, encoded_key(key), encode_state(accs)) for t, key, accs in partials]
-        deletes = [(t, encoded_key(key)) for t, key in gone]
     else:
         groups, evicted = state.take_changes()
         bounds = state.window_kind.bounds
@@ -75,6 +76,7 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
         upserts=upserts,
         deletes=deletes,
         deleted_windows=evicted,
+        deleted_before=deleted_before,
         in_transaction=list(in_transaction),
         emitted=flags,
     )

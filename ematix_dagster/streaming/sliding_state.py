@@ -2,8 +2,10 @@
 
 Spark pre-aggregates one partial per (key, event time) of a batch's accepted rows; the driver
 folds them into the key's time-ordered partials and computes each window ``[t - D, t]`` from them
-when it is emitted, sliding a :class:`~ematix_dagster.streaming.two_stacks.TwoStacks` over the
-key's partials instead of merging every partial in range for every window. Only partials are
+when it is emitted, in one pass over the key's partials instead of merging every partial in range
+for every window: a difference of prefix sums when every aggregator is additive (counts, sums,
+averages: ``Aggregator.additive_parts``), else a
+:class:`~ematix_dagster.streaming.two_stacks.TwoStacks` slid over the partials. Only partials are
 stored: window values are derived, so a late row is merged once, into its own event time, and
 every window it reaches sees it.
 
@@ -25,11 +27,10 @@ that may still be created or changed needs (``t < W - retention - D``) leave sta
 
 from __future__ import annotations
 
-import heapq
-import itertools
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, NoReturn, Sequence
+from itertools import accumulate
+from typing import Any, Iterable, NoReturn, Sequence
 
 from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
 from ematix_dagster.streaming.aggregators import Aggregator, PartialRowError, merge_partials
@@ -53,14 +54,17 @@ class SlidingState:
     keys: dict[GroupKey, dict[int, Accumulators]] = field(default_factory=dict)
     #: key -> its retained event times, ascending
     times: dict[GroupKey, list[int]] = field(default_factory=dict)
-    # since the last commit: partials to upsert, (event time, key) rows to delete
+    # since the last commit: partials to upsert, and the event time every older row is evicted before
     _dirty: dict[tuple[int, GroupKey], None] = field(default_factory=dict, init=False, repr=False)
-    _dropped: dict[tuple[int, GroupKey], None] = field(default_factory=dict, init=False, repr=False)
-    # (event time, sequence, key) of partials whose window is not final yet, and of every
-    # retained partial (for eviction): emission finds its work without scanning every key
-    _unfinal: list[tuple[int, int, GroupKey]] = field(default_factory=list, init=False, repr=False)
-    _retained: list[tuple[int, int, GroupKey]] = field(default_factory=list, init=False, repr=False)
-    _seq: Iterator[int] = field(default_factory=itertools.count, init=False, repr=False)
+    _evicted_before: int | None = field(default=None, init=False, repr=False)
+    # additive aggregators: key -> per accumulator part, the prefix sums over the key's partials
+    # (``[0, p0, p0 + p1, ...]``, one longer than its times), extended as partials are appended,
+    # rebased as old ones leave, dropped when a partial lands among older ones (rebuilt when needed)
+    _prefix: dict[GroupKey, list[list[Any]]] = field(default_factory=dict, init=False, repr=False)
+    _additive: bool = field(default=False, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._additive = all(agg.additive_parts for agg in self.aggregators)
 
     @property
     def window_kind(self) -> SlidingWindows:
@@ -104,8 +108,9 @@ class SlidingState:
         the event times touched, with their keys (what :meth:`emit` re-emits windows for)."""
         touched: dict[int, set[GroupKey]] = {}
         width, cap, events_cap = len(self.aggregators), self.max_groups_per_window, self.rules.max_events
-        held, times_of = self.keys, self.times
+        held, times_of, prefix = self.keys, self.times, self._prefix
         states: list[Accumulators] = []
+        appended: dict[GroupKey, list[int]] = {}  # keys whose cached prefix sums grow at the end
         for t, key in zip(starts, keys):
             events = held.get(key)
             if events is None:
@@ -126,11 +131,13 @@ class SlidingState:
                 accs = events[t] = [None] * width
                 if not times or t > times[-1]:
                     times.append(t)
+                    if key in prefix:
+                        appended.setdefault(key, []).append(t)
                 else:
                     insort(times, t)
-                entry = (t, next(self._seq), key)
-                heapq.heappush(self._unfinal, entry)
-                heapq.heappush(self._retained, entry)
+                    prefix.pop(key, None)
+            elif key in prefix:  # an older partial changes: every later prefix sum does
+                del prefix[key]
             states.append(accs)
             touched.setdefault(t, set()).add(key)
             self._dirty[(t, key)] = None
@@ -138,6 +145,9 @@ class SlidingState:
             merge_partials(self.aggregators, states, partials)
         except PartialRowError as failed:
             self._fail(failed.error, keys[failed.row], starts[failed.row], failed.index)
+        for key, new in appended.items():
+            if key in prefix:
+                self._extend_prefix(prefix[key], [held[key][t] for t in new])
         return touched
 
     def _fail(self, exc: StateCapExceeded | AggregationOverflow | CorruptState, key: GroupKey, t: int,
@@ -153,13 +163,18 @@ class SlidingState:
     def emit(self, before: int | None, watermark: int | None, touched: dict[int, set[GroupKey]],
              retention: int) -> list[EmittedRow]:
         """Finals for windows with ``before <= t < W``, corrections for emitted windows (and
-        windows created behind ``before``) that a partial of this batch reaches; then eviction."""
+        windows created behind ``before``) that a partial of this batch reaches; then eviction.
+
+        Finals are found by a bisection per key holding partials (keys hold partials only while a
+        window may still need them), not by an index per partial.
+        """
         targets: dict[GroupKey, dict[int, str]] = {}
-        unfinal = self._unfinal
-        while unfinal and watermark is not None and unfinal[0][0] < watermark:
-            t, _, key = heapq.heappop(unfinal)
-            if (before is None or t >= before) and t in self.keys.get(key, ()):
-                targets.setdefault(key, {})[t] = "final"
+        if watermark is not None:
+            for key, times in self.times.items():
+                lo = 0 if before is None else bisect_left(times, before)
+                hi = bisect_left(times, watermark, lo)
+                if lo < hi:
+                    targets[key] = dict.fromkeys(times[lo:hi], "final")
         if before is not None:
             self._corrections(before - retention, before, touched, targets)
         rows: list[EmittedRow] = []
@@ -183,15 +198,58 @@ class SlidingState:
             times = self.times[key]
             lo = bisect_left(times, max(changed[0], held_from))
             hi = bisect_left(times, min(changed[-1] + duration + 1, before))
-            mine = targets.setdefault(key, {})
             for t in times[lo:hi]:
                 # a changed event time in [t - D, t]
                 i = bisect_left(changed, t - duration)
                 if i < len(changed) and changed[i] <= t:
-                    mine[t] = "correction"
+                    targets.setdefault(key, {})[t] = "correction"
 
     def _rows(self, key: GroupKey, wanted: dict[int, str]) -> list[EmittedRow]:
         """The key's windows ending at ``wanted``'s times, computed in one pass over its partials."""
+        ends = sorted(wanted)
+        try:
+            if all(agg.additive_parts for agg in self.aggregators):
+                accs = self._by_prefix_sums(key, ends)
+            else:
+                accs = self._by_two_stacks(key, ends)
+        except (StateCapExceeded, AggregationOverflow, CorruptState) as exc:
+            self._fail(exc, key, ends[0])
+        duration, aggs = self.rules.duration, self.aggregators
+        return [EmittedRow(t - duration, t, key, tuple(agg.result(acc) for agg, acc in zip(aggs, window)), wanted[t])
+                for t, window in zip(ends, accs)]
+
+    def _by_prefix_sums(self, key: GroupKey, ends: list[int]) -> list[list[Any]]:
+        """Each window's accumulators as differences of the key's prefix sums."""
+        duration, aggs, times = self.rules.duration, self.aggregators, self.times[key]
+        prefixes = self._prefix.get(key)
+        if prefixes is None:
+            prefixes = self._prefix[key] = [[0] for agg in aggs for _ in range(agg.additive_parts)]
+            self._extend_prefix(prefixes, [self.keys[key][t] for t in times])
+        out: list[list[Any]] = []
+        for t in ends:
+            lo, hi = bisect_left(times, t - duration), bisect_right(times, t)
+            diffs = [prefix[hi] - prefix[lo] for prefix in prefixes]
+            window, at = [], 0
+            for agg in aggs:
+                window.append(agg.from_parts(diffs[at:at + agg.additive_parts]))
+                at += agg.additive_parts
+            out.append(window)
+        return out
+
+    def _extend_prefix(self, prefixes: list[list[Any]], partials: list[Accumulators]) -> None:
+        """Append the running sums of ``partials`` (the key's newest, in time order) to its prefix sums."""
+        at = 0
+        for i, agg in enumerate(self.aggregators):
+            parts = [agg.to_parts(accs[i]) for accs in partials]
+            for j in range(agg.additive_parts):
+                prefix = prefixes[at]
+                prefix += accumulate((p[j] for p in parts), initial=prefix[-1])
+                del prefix[-len(parts) - 1]  # accumulate repeats its initial value first
+                at += 1
+
+    def _by_two_stacks(self, key: GroupKey, ends: list[int]) -> list[list[Any]]:
+        """Each window's accumulators from a two-stack queue slid over the key's partials (for
+        aggregators that cannot subtract: min, max, distinct sets, sketches, first, last)."""
         duration, aggs = self.rules.duration, self.aggregators
         events, times = self.keys[key], self.times[key]
 
@@ -204,55 +262,47 @@ class SlidingState:
 
         queue: TwoStacks[Accumulators] = TwoStacks(merge)
         lo = hi = 0  # the queue holds times[lo:hi]
-        out: list[EmittedRow] = []
-        for t in sorted(wanted):
+        out: list[list[Any]] = []
+        for t in ends:
             first = t - duration
-            try:
-                if hi <= lo or times[hi - 1] < first:  # nothing held is in this window: start afresh
-                    queue = TwoStacks(merge)
-                    lo = hi = bisect_left(times, first)
-                while hi < len(times) and times[hi] <= t:
-                    queue.push(events[times[hi]])
-                    hi += 1
-                while times[lo] < first:
-                    queue.pop()
-                    lo += 1
-                accs = queue.total()
-            except (StateCapExceeded, AggregationOverflow, CorruptState) as exc:
-                self._fail(exc, key, t)
-            values = tuple(agg.result(acc) for agg, acc in zip(aggs, accs))
-            out.append(EmittedRow(first, t, key, values, wanted[t]))
+            if hi <= lo or times[hi - 1] < first:  # nothing held is in this window: start afresh
+                queue = TwoStacks(merge)
+                lo = hi = bisect_left(times, first)
+            while hi < len(times) and times[hi] <= t:
+                queue.push(events[times[hi]])
+                hi += 1
+            while times[lo] < first:
+                queue.pop()
+                lo += 1
+            out.append(queue.total())
         return out
 
     def _evict(self, needed_from: int | None) -> None:
         """Partials no window that may still be created or changed can contain leave state."""
         if needed_from is None:
             return
-        retained, keys = self._retained, set()
-        while retained and retained[0][0] < needed_from:
-            keys.add(heapq.heappop(retained)[2])
-        for key in keys:
-            times = self.times.get(key)
-            if not times:
-                continue
+        for key in [key for key, times in self.times.items() if times[0] < needed_from]:
+            times, events = self.times[key], self.keys[key]
             cut = bisect_left(times, needed_from)
-            events = self.keys[key]
             for t in times[:cut]:
                 del events[t]
                 self._dirty.pop((t, key), None)
-                self._dropped[(t, key)] = None
             del times[:cut]
             if not times:
                 del self.keys[key], self.times[key]
+                self._prefix.pop(key, None)
+            elif key in self._prefix:  # rebased on the oldest kept partial: sums stay window-sized
+                self._prefix[key] = [[v - prefix[cut] for v in prefix[cut:]] for prefix in self._prefix[key]]
+        self._evicted_before = needed_from
 
     # -- durable state ----------------------------------------------------------------------------
 
-    def take_changes(self) -> tuple[list[tuple[int, GroupKey, Accumulators]], list[tuple[int, GroupKey]]]:
-        """Partials changed and (event time, key) rows gone since the last call (what a store writes)."""
+    def take_changes(self) -> tuple[list[tuple[int, GroupKey, Accumulators]], int | None]:
+        """Partials changed since the last call, and the event time before which every stored row
+        is gone (None: none evicted): what a store writes."""
         upserts = [(t, key, self.keys[key][t]) for t, key in self._dirty]
-        deletes = list(self._dropped)
-        self._dirty, self._dropped = {}, {}
-        return upserts, deletes
+        evicted_before, self._dirty, self._evicted_before = self._evicted_before, {}, None
+        return upserts, evicted_before
 
     def restore(self, groups: Iterable[tuple[int, GroupKey, Accumulators]]) -> None:
         """Load partials a store returned (as :meth:`take_changes` wrote them) into empty state."""
@@ -262,9 +312,3 @@ class SlidingState:
             self.keys.setdefault(key, {})[t] = accs
         for key, events in self.keys.items():
             self.times[key] = sorted(events)
-            for t in events:
-                entry = (t, next(self._seq), key)
-                self._unfinal.append(entry)
-                self._retained.append(entry)
-        heapq.heapify(self._unfinal)
-        heapq.heapify(self._retained)

@@ -25,9 +25,11 @@ from ematix_dagster.streaming.windows import MICROS_PER_MS, window_kind
 GROUP_BYTES = 150
 #: each group_by value in the key tuple (a slot and a short string)
 KEY_VALUE_BYTES = 60
-#: a sliding window's partial besides a group's: its event time in the key's sorted list and its
-#: two heap entries (emission, eviction)
-SLIDING_PARTIAL_BYTES = 140
+#: a sliding window's partial without its accumulators: its slot in the key's dict of event times
+#: and in the key's sorted times, the accumulator list (the key itself is shared by its partials)
+SLIDING_PARTIAL_BYTES = 130
+#: each prefix sum a sliding window of additive aggregators keeps per partial and accumulator part
+PREFIX_PART_BYTES = 30
 
 GIB = 1 << 30
 
@@ -57,9 +59,12 @@ class StateEstimate:
 def estimate_state(window: Window) -> StateEstimate:
     kind = window_kind(window)
     aggregators = [make_aggregator(a, None, window.hll_precision) for a in window.aggregations]
-    per_group = GROUP_BYTES + KEY_VALUE_BYTES * len(window.group_by) + sum(a.state_bytes for a in aggregators)
-    if window.kind == "sliding":
-        per_group += SLIDING_PARTIAL_BYTES
+    accumulators = sum(a.state_bytes for a in aggregators)
+    if window.kind == "sliding":  # per retained (key, event time) partial
+        prefix_sums = sum(a.additive_parts for a in aggregators) if all(a.additive_parts for a in aggregators) else 0
+        per_group = SLIDING_PARTIAL_BYTES + accumulators + PREFIX_PART_BYTES * prefix_sums
+    else:
+        per_group = GROUP_BYTES + KEY_VALUE_BYTES * len(window.group_by) + accumulators
     return StateEstimate(
         open_windows=kind.expected_open_windows(window.lateness_ms * MICROS_PER_MS,
                                                 window.retention_ms * MICROS_PER_MS),

@@ -177,6 +177,20 @@ class Aggregator:
     def result(self, acc: Any) -> Any:
         return acc
 
+    # -- additive accumulators: sliding windows' prefix sums ----------------------------------
+
+    #: how many numbers an accumulator is, when merging adds them up (counts, sums, averages'
+    #: pairs); 0: not additive. A window of additive aggregators is a difference of prefix sums.
+    additive_parts = 0
+
+    def to_parts(self, acc: Any) -> tuple[Any, ...]:
+        """The accumulator as ``additive_parts`` numbers (the empty accumulator as zeros)."""
+        raise NotImplementedError
+
+    def from_parts(self, parts: Sequence[Any]) -> Any:
+        """The accumulator whose parts are ``parts`` (the inverse of :meth:`to_parts`)."""
+        raise NotImplementedError
+
     def output_type(self, input_type: pa.DataType | None) -> pa.DataType:
         """The output column's Arrow type (``input_type``: the input's, when ``reads_input_type``)."""
         return pa.int64()

@@ -49,6 +49,14 @@ class Count(Aggregator):
     def result(self, acc: Any) -> Any:
         return acc or 0
 
+    additive_parts = 1
+
+    def to_parts(self, acc: Any) -> tuple[Any, ...]:
+        return (acc or 0,)
+
+    def from_parts(self, parts: Sequence[Any]) -> Any:
+        return parts[0]
+
 
 class Sum(Aggregator):
     """Integer sums are exact Python ints checked against BIGINT; float/decimal sums add up."""
@@ -86,6 +94,19 @@ class Sum(Aggregator):
         if self.integral:
             partial = int(partial)
         total = partial if acc is None else acc + partial
+        if self.integral and not BIGINT_MIN <= total <= BIGINT_MAX:
+            raise AggregationOverflow("integer sum left the BIGINT range")
+        return total
+
+    additive_parts = 2  # the sum, and how many non-empty accumulators it adds (none: NULL)
+
+    def to_parts(self, acc: Any) -> tuple[Any, ...]:
+        return (0, 0) if acc is None else (acc, 1)
+
+    def from_parts(self, parts: Sequence[Any]) -> Any:
+        total, summed = parts
+        if not summed:
+            return None
         if self.integral and not BIGINT_MIN <= total <= BIGINT_MAX:
             raise AggregationOverflow("integer sum left the BIGINT range")
         return total
@@ -203,6 +224,14 @@ class Avg(Aggregator):
 
     def result(self, acc: Any) -> Any:
         return None if acc is None or not acc[1] else acc[0] / acc[1]
+
+    additive_parts = 2
+
+    def to_parts(self, acc: Any) -> tuple[Any, ...]:
+        return (0.0, 0) if acc is None or not acc[1] else acc
+
+    def from_parts(self, parts: Sequence[Any]) -> Any:
+        return (float(parts[0]), parts[1]) if parts[1] else None
 
     def output_type(self, input_type: pa.DataType | None) -> pa.DataType:
         return pa.float64()

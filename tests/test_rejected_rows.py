@@ -11,8 +11,10 @@ The run must finish, and rows in = rows aggregated + rows dead-lettered, each wi
 from __future__ import annotations
 
 import datetime as dt
+import tomllib
 
 import psycopg
+import tomli_w
 import pyarrow as pa
 import pytest
 
@@ -85,3 +87,36 @@ def test_instants_python_cannot_hold_are_written_as_postgres_text(pg_dsn, micros
     with psycopg.connect(pg_dsn) as conn:  # PostgreSQL reads the text back as the same instant
         back = conn.execute("SELECT (extract(epoch FROM %s::timestamptz) * 1000000)::bigint", (value,)).fetchone()[0]
     assert back == micros
+
+
+def test_a_failing_sql_expression_dead_letters_its_row_with_the_expression(spark, tmp_path, batch_files, pg_dsn,
+                                                                            pg_schema):
+    """``CAST(page AS BIGINT)`` on 'abc' (ANSI: CAST_INVALID_INPUT) and ``v DIV 0`` inside the WHERE:
+    each bad row goes to the dead letters as ``sql_error`` naming its expression; the others are
+    aggregated; an unaliased guarded column keeps the name the SQL gives it."""
+    files = batch_files("in")
+    rows = [{"id": 1, "k": "a", "v": 1, "page": "10", "ts": NOW_US}, {"id": 2, "k": "a", "v": 2, "page": "abc", "ts": NOW_US},
+            {"id": 3, "k": "b", "v": 0, "page": "30", "ts": NOW_US}, {"id": 4, "k": "b", "v": 4, "page": "40", "ts": NOW_US}]
+    files.write(pa.Table.from_pylist(rows, schema=SCHEMA))
+    sql = ("SELECT k, CAST(page AS BIGINT) AS p, v + 1, v * 2 AS v2, _event_ts, _source FROM source "
+           "WHERE 100 DIV v > 0 OR k = 'a'")
+    toml = windowed_pipeline_toml(
+        "sql-errors", tmp_path, aggregations=[{"agg": "count", "as": "n"}, {"agg": "sum", "column": "p", "as": "ps"},
+                                              {"agg": "sum", "column": "v2", "as": "vs"}],
+        target=postgres_target(pg_dsn, f"{pg_schema}.out"), state_store=sqlite_store(tmp_path / "state.db"),
+        trigger="available_now", end_of_input="flush",
+        extra={"dead_letter": {"kind": "postgres", "url": pg_dsn, "table": f"{pg_schema}.dead", "create_table": True}})
+    doc = tomllib.loads(toml)
+    doc["transform"]["sql"] = sql
+    toml = tomli_w.dumps(doc)
+    spec = load_pipeline_str(toml)
+    summary, registry = run(spec, spark)
+    with psycopg.connect(pg_dsn) as conn:
+        got = conn.execute(f"SELECT k, n, ps, vs FROM {pg_schema}.out ORDER BY k").fetchall()
+        letters = conn.execute(f"SELECT _reason, payload FROM {pg_schema}.dead").fetchall()
+    assert got == [("a", 1, 10, 2), ("b", 1, 40, 8)]
+    assert sorted((reason, payload["_sql_error"]) for reason, payload in letters) == [
+        ("sql_error", "100 DIV v"), ("sql_error", "CAST(page AS BIGINT)")]
+    assert all("(v + 1)" in payload for _, payload in letters), "columns keep the names the SQL as written gives"
+    assert summary.rows_in == len(rows) == sum(n for _, n, _, _ in got) + len(letters)
+    assert metric(registry, "rejected_rows_total", pipeline="sql-errors", reason="sql_error") == 2

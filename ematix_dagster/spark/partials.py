@@ -13,7 +13,7 @@ The last two follow the window kind's rules: its plan in ``ematix_dagster.spark.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any, Callable, Sequence
 
 import pyarrow as pa
@@ -26,6 +26,7 @@ from ematix_dagster.errors import PipelineConfigError, first_line
 from ematix_dagster.spark.observed import Observed
 from ematix_dagster.spark.recovery import HEARTBEAT
 from ematix_dagster.spark.rejects import REJECT_REASONS, reject_reason
+from ematix_dagster.spark.safe_sql import ERROR_COLUMN, guard_sql
 from ematix_dagster.spark.sources import CORRUPT
 from ematix_dagster.spark.windows import partial_plan
 from ematix_dagster.spark.windows.base import CLASS, LATE_ASSIGNMENTS, PRIMARY, REOPENED, ROWS
@@ -114,7 +115,8 @@ class BatchPlan:
     """Static facts about a pipeline's batches, checked once at start against the SQL output."""
 
     spec: PipelineSpec
-    output_types: dict[str, T.DataType]  # SQL output column -> type
+    output_types: dict[str, T.DataType]  # SQL output column -> type (with ``_sql_error`` under a SQL)
+    sql_columns: tuple[str, ...] = ()  # the SQL's output columns as written (without ``_sql_error``)
 
     @property
     def integral(self) -> tuple[bool, ...]:
@@ -142,14 +144,15 @@ class BatchPlan:
 
 
 def analyse(spark: SparkSession, spec: PipelineSpec, stream: DataFrame) -> BatchPlan:
-    """Run the SQL on an empty frame of the stream's schema and check what the window needs."""
+    """Run the SQL on an empty frame of the stream's schema and check what the window needs.
+
+    The user's SQL is checked as written (row-wise, its output columns), then its guarded form
+    (``ematix_dagster.spark.safe_sql``) is what batches run, renamed to the written form's column
+    names by position (Spark names an unaliased item after its text, which the guard changes).
+    """
     empty = spark.createDataFrame([], stream.schema).drop(CORRUPT)
     out = apply_sql(spark, spec, empty)
-    types = {f.name: f.dataType for f in out.schema.fields}
-    for needed in ("_event_ts", "_source"):
-        if needed not in types:
-            raise PipelineConfigError("transform.sql", f"its output has no {needed} column",
-                                      f"select {needed} (the engine needs it to assign windows and watermarks)")
+    sql_columns: tuple[str, ...] = ()
     if spec.transform_sql:
         plan = out._jdf.queryExecution().analyzed().toString()
         nodes = {line.lstrip(" :+-|").split(" ")[0] for line in plan.splitlines()}
@@ -158,6 +161,16 @@ def analyse(spark: SparkSession, spec: PipelineSpec, stream: DataFrame) -> Batch
             raise PipelineConfigError("transform.sql", f"is not row-wise (its plan has {', '.join(bad)})",
                                       "keep [transform] sql to filters, projections, casts and lookups; "
                                       "aggregate with [transform.window]")
+        if ERROR_COLUMN in empty.columns or ERROR_COLUMN in out.columns:
+            raise PipelineConfigError("transform.sql", f"a column is named {ERROR_COLUMN}, the column the engine "
+                                      "adds for rows whose SQL failed", f"rename or drop {ERROR_COLUMN}")
+        sql_columns = tuple(out.columns)
+        out = apply_sql(spark, spec, empty, sql_columns)
+    types = {f.name: f.dataType for f in out.schema.fields}
+    for needed in ("_event_ts", "_source"):
+        if needed not in types:
+            raise PipelineConfigError("transform.sql", f"its output has no {needed} column",
+                                      f"select {needed} (the engine needs it to assign windows and watermarks)")
     window = spec.window
     for i, g in enumerate(window.group_by):
         if g not in types:
@@ -174,15 +187,25 @@ def analyse(spark: SparkSession, spec: PipelineSpec, stream: DataFrame) -> Batch
         problem = aggregator.input_problem(a, AggregationInput(F.col(a.column), types[a.column]))
         if problem is not None:
             raise PipelineConfigError(key, *problem)
-    return BatchPlan(spec=spec, output_types=types)
+    return BatchPlan(spec=spec, output_types=types, sql_columns=sql_columns)
 
 
-def apply_sql(spark: SparkSession, spec: PipelineSpec, df: DataFrame) -> DataFrame:
+#: the guarded form of a pipeline's SQL, parsed once per text (a batch asks again every time)
+guarded_sql = lru_cache(maxsize=16)(guard_sql)
+
+
+def apply_sql(spark: SparkSession, spec: PipelineSpec, df: DataFrame, columns: Sequence[str] | None = None) -> DataFrame:
+    """The SQL over ``df`` as written, or (``columns``: the written form's output names) guarded,
+    with ``_sql_error`` last."""
     if not spec.transform_sql:
         return df
     df.createOrReplaceTempView(VIEW)
     try:
-        return spark.sql(spec.transform_sql)
+        if columns is None:
+            return spark.sql(spec.transform_sql)
+        return spark.sql(guarded_sql(spec.transform_sql).sql).toDF(*columns, ERROR_COLUMN)
+    except PipelineConfigError:
+        raise
     except Exception as exc:
         raise PipelineConfigError("transform.sql", f"does not run: {first_line(exc)}",
                                   f"query the view named {VIEW!r}, which holds each source's columns, _event_ts and _source") from None
@@ -226,7 +249,7 @@ def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: i
         stats = _source_stats(spec)
         source_stats = Observed(Observation(f"sources_{batch_id}"), df, stats)
         valid = df.observe(source_stats.observation, *stats).filter(F.col("_reason").isNull())
-        out = apply_sql(spark, spec, valid.drop("_ts", "_reason", CORRUPT))
+        out = apply_sql(spark, spec, valid.drop("_ts", "_reason", CORRUPT), plan.sql_columns)
     else:
         out = df.drop(CORRUPT)
 

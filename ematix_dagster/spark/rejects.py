@@ -6,8 +6,8 @@ is then replayed and fails again, forever, on that one row. Such rows are classi
 after the SQL, like late rows: they update no window, are counted per reason
 (``rejected_rows_total{reason}``) and go to the dead-letter target when there is one:
 
-* ``sql_error``: a guarded ``[transform] sql`` expression failed on the row (the guard's
-  ``_sql_error`` column names it);
+* ``sql_error``: a guarded ``[transform] sql`` expression failed on the row
+  (``ematix_dagster.spark.safe_sql``: its ``_sql_error`` column names the expression);
 * ``key_too_large``: the group key's string and binary values take more than
   :data:`MAX_KEY_BYTES` bytes, with a PostgreSQL target or state store (a btree entry holds at
   most 2,704 bytes, and the window start and the row's overhead share it);
@@ -20,6 +20,7 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from ematix_dagster.spark.safe_sql import ERROR_COLUMN
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.targets.pg_types import PG_MIN_US
 
@@ -27,16 +28,14 @@ from ematix_dagster.targets.pg_types import PG_MIN_US
 REJECT_REASONS = ("sql_error", "key_too_large", "out_of_range")
 #: the most bytes of string and binary group values one key may hold when PostgreSQL indexes it
 MAX_KEY_BYTES = 2_000
-#: the column a guarded SQL adds: the failing expression's text, NULL on clean rows
-SQL_ERROR = "_sql_error"
 
 
 def reject_reason(spec: PipelineSpec, types: dict[str, T.DataType]) -> Column | None:
     """The reason a post-SQL row is rejected (NULL: it is not), or None when no rule applies."""
     window = spec.window
     rules: list[Column] = []
-    if SQL_ERROR in types:
-        rules.append(F.when(F.col(SQL_ERROR).isNotNull(), F.lit("sql_error")))
+    if ERROR_COLUMN in types:
+        rules.append(F.when(F.col(ERROR_COLUMN).isNotNull(), F.lit("sql_error")))
     postgres_target = spec.target.kind == "postgres"
     if postgres_target or spec.state_store.kind == "postgres":
         sized = [F.coalesce(F.octet_length(F.col(g)), F.lit(0)) for g in window.group_by

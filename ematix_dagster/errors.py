@@ -70,6 +70,14 @@ class InputSchemaMismatch(EmatixError):
     a Parquet column of another type). Terminal: the same file fails the same way on every retry."""
 
 
+class UnreadableInputFile(EmatixError):
+    """An input file that cannot be read: truncated, not in its format, corrupt inside.
+
+    Terminal: the same bytes fail the same way on every retry. ``on_unreadable_file = "skip"`` on
+    the source leaves such files out instead (counted and dead-lettered).
+    """
+
+
 class CorruptCheckpoint(EmatixError):
     """A file in Spark's checkpoint directory is not in Spark's format (offsets, commits, metadata).
 
@@ -81,4 +89,4 @@ __all__ = ["AggregationOverflow", "CheckpointDiverged", "ConfigError", "CorruptC
            "EmatixError", "FingerprintChanged", "InputSchemaMismatch", "LeaseHeld", "PipelineConfigError",
            "SparkQueryFailed", "StateCapExceeded", "StateNotDurableError", "StateVersionError",
            "StoreAccessDenied", "StoreConfigError", "StorePermissionError", "StoreUnavailable", "TargetError",
-           "UnexpectedError", "first_line"]
+           "UnexpectedError", "UnreadableInputFile", "first_line"]

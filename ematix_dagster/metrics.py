@@ -49,6 +49,10 @@ class StreamingMetrics:
                                                 registry=registry)
         self.malformed_rows = Counter(f"{PREFIX}_malformed_rows", "Malformed json/csv rows (kept in the dead letters when configured).",
                                       ["pipeline", "source"], registry=registry)
+        self.unreadable_files = Counter(f"{PREFIX}_unreadable_files",
+                                        "Input files left out of their batch: unreadable (on_unreadable_file = "
+                                        '"skip") or removed after their batch listed them.', ["pipeline", "source"],
+                                        registry=registry)
         self.rejected_rows = Counter(f"{PREFIX}_rejected_rows",
                                      "Rows no target or state store can hold, or whose SQL failed (kept in the dead "
                                      "letters when configured).", ["pipeline", "reason"], registry=registry)

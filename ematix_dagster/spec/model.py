@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 from ematix_dagster.spec.environment import _resolved
 from ematix_dagster.spec.rules import (
-    _IDENT_RE, _NAME_RE, DEAD_LETTER_KINDS, END_OF_INPUT, FILE_FORMATS, SOURCE_KINDS, STATE_STORE_KINDS, TARGET_KINDS,
-    TIME_UNITS, TRIGGERS, _fail, _listed_as_tuple, _non_negative, _positive,
+    _IDENT_RE, _NAME_RE, DEAD_LETTER_KINDS, END_OF_INPUT, FILE_FORMATS, ON_UNREADABLE_FILE, SOURCE_KINDS,
+    STATE_STORE_KINDS, TARGET_KINDS, TIME_UNITS, TRIGGERS, _fail, _listed_as_tuple, _non_negative, _positive,
 )
 from ematix_dagster.spec.type_checks import _check_types
 from ematix_dagster.spec.window import Window
@@ -36,6 +36,14 @@ class Source:
     max_offsets_per_trigger: int | None = None
     starting_offsets: str | None = None
     header: bool | None = None
+    #: files only: what a file that cannot be read (truncated, not in its format, a column of another
+    #: type) does to the run. None means "fail": stop, naming the file (terminal); "skip": leave the
+    #: file out of its batch, count it and record it in the dead letters (``sources.InputFiles``).
+    on_unreadable_file: str | None = None
+
+    @property
+    def skips_unreadable_files(self) -> bool:
+        return self.on_unreadable_file == "skip"
 
     def validate(self, key: str) -> None:
         if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
@@ -48,12 +56,14 @@ class Source:
             _fail(f"{key}.event_time_unit", f"unknown unit {self.event_time_unit!r}", 'use "ms", "us" or "s"')
         _non_negative(f"{key}.max_future_skew_ms", self.max_future_skew_ms)
         allowed = {
-            "files": {"format", "path", "schema", "event_time_column", "max_files_per_trigger", "header"},
+            "files": {"format", "path", "schema", "event_time_column", "max_files_per_trigger", "header",
+                      "on_unreadable_file"},
             "rate": {"rows_per_second"},
             "kafka": {"bootstrap_servers", "topic", "max_offsets_per_trigger", "starting_offsets"},
         }[self.kind]
         optional = {"format", "path", "schema", "event_time_column", "max_files_per_trigger", "rows_per_second",
-                    "bootstrap_servers", "topic", "max_offsets_per_trigger", "starting_offsets", "header"}
+                    "bootstrap_servers", "topic", "max_offsets_per_trigger", "starting_offsets", "header",
+                    "on_unreadable_file"}
         for f in sorted(optional - allowed):
             if getattr(self, f) is not None:
                 _fail(f"{key}.{f}", f"does not apply to a {self.kind} source", "remove it")
@@ -73,6 +83,9 @@ class Source:
             if self.header is not None and self.format != "csv":
                 _fail(f"{key}.header", f"header = {str(self.header).lower()} only applies to csv files, "
                       f"not {self.format}", "remove it")
+            if self.on_unreadable_file is not None and self.on_unreadable_file not in ON_UNREADABLE_FILE:
+                _fail(f"{key}.on_unreadable_file", f"unknown value {self.on_unreadable_file!r}",
+                      'use "fail" (stop and name the file) or "skip" (leave it out, count it, dead-letter it)')
         elif self.kind == "rate":
             if self.rows_per_second is not None:
                 _positive(f"{key}.rows_per_second", self.rows_per_second)

@@ -18,10 +18,11 @@ has no session counterpart). Per workload, three engines:
 - ``native``: Spark's streaming ``withWatermark(...).groupBy(window("ts", "1 minute"), "key")``
   with the same aggregates (``approx_count_distinct(item, 0.009)`` is HLL++ p = 14), default
   state store, ``noop`` sink, append mode;
-- ``floor``: the Spark floor of our design: the same source as ours (``union_sources``) with a
-  ``foreachBatch`` that only runs the batch's ``groupBy(window start, key)`` with the same
-  partial aggregates and ``toArrow`` — what any engine that pre-aggregates each batch in Spark
-  and hands the partials to the driver must pay.
+- ``floor``: the Spark floor of our design: the same source as ours (``union_sources``: Spark
+  lists each batch's files, the batch reads them, ``sources.read_files``) with a ``foreachBatch``
+  that only runs the batch's ``groupBy(window start, key)`` with the same partial aggregates and
+  ``toArrow`` — what any engine that pre-aggregates each batch in Spark and hands the partials to
+  the driver must pay.
 
 Heartbeat-only batches (``--heartbeat-batches``): ours and the floor under ``processing_time``
 (every 500 ms) on an empty input directory, so each batch holds only the 1-row/s heartbeat.
@@ -66,7 +67,7 @@ from ematix_dagster.spark.batch import BatchStep  # noqa: E402
 from ematix_dagster.spark.runner import PipelineRunner  # noqa: E402
 from ematix_dagster.spark.session import get_spark  # noqa: E402
 from ematix_dagster.spark.recovery import HEARTBEAT  # noqa: E402
-from ematix_dagster.spark.sources import union_sources  # noqa: E402
+from ematix_dagster.spark.sources import batch_files, read_files, union_sources  # noqa: E402
 from ematix_dagster.spec import load_pipeline_str  # noqa: E402
 from ematix_dagster.streaming.micro_batch import Engine  # noqa: E402
 
@@ -307,7 +308,12 @@ def floor_partials(df, workload: str):
 def _floor_query(spark, spec, workload: str, latencies: list[float], rows: list[int]):
     def on_batch(df, batch_id: int) -> None:
         t0 = time.perf_counter()
-        table = floor_partials(df, workload).toArrow()
+        # a local parquet source is read in the batch from the checkpoint's file list, as ours reads it
+        urls = batch_files(spec.run.checkpoint_location, 0, batch_id)
+        if not urls:
+            latencies.append(time.perf_counter() - t0)
+            return
+        table = floor_partials(read_files(df.sparkSession, spec, 0, urls), workload).toArrow()
         rows.append(table.num_rows)
         latencies.append(time.perf_counter() - t0)
 

@@ -22,7 +22,7 @@ import pytest
 
 from ematix_dagster.spec import load_pipeline
 from tests.pg_cluster import PgCluster, pg_cluster  # noqa: F401 - the module-scoped fixture
-from tests.pipeline_toml import postgres_store
+from tests.pipeline_toml import postgres_store, postgres_target
 from tests.test_crash_recovery import (
     HOPPING_REOPEN, MIDDLE, TUMBLING_DROP, actual_target, expected_target, feed, finish, pipeline_toml, start_run,
     wait_group_gone,
@@ -81,7 +81,8 @@ def test_outage_inside_a_batch_fails_transient_and_resumes_exactly(window, same_
         conn.execute(f'CREATE SCHEMA "{schema}"')
     fed = feed(batch_files)
     store = postgres_store("${EMATIX_OUTAGE_URL}", schema)
-    toml = pipeline_toml(tmp_path, "outage", window, "${EMATIX_OUTAGE_URL}", schema, store, same_transaction)
+    target = postgres_target("${EMATIX_OUTAGE_URL}", f"{schema}.outage", same_transaction=same_transaction)
+    toml = pipeline_toml(tmp_path, "outage", window, target, store)
     env = {"EMATIX_OUTAGE_URL": pg_cluster.dsn(password=SECRET)}
     monkeypatch.setenv("EMATIX_OUTAGE_URL", env["EMATIX_OUTAGE_URL"])  # for load_pipeline below
     fault_dir = tmp_path / "faults"

@@ -70,6 +70,12 @@ class InputSchemaMismatch(EmatixError):
     a Parquet column of another type). Terminal: the same file fails the same way on every retry."""
 
 
+class BatchDataError(EmatixError):
+    """A batch's Spark job failed on a value in its input (SQLSTATE class 22, a data exception: an
+    overflow or a cast the guarded ``[transform] sql`` cannot catch). Terminal: a replay reads the
+    same rows and fails the same way; the message names the batch's files or offsets."""
+
+
 class UnreadableInputFile(EmatixError):
     """An input file that cannot be read: truncated, not in its format, corrupt inside.
 
@@ -85,7 +91,7 @@ class CorruptCheckpoint(EmatixError):
     """
 
 
-__all__ = ["AggregationOverflow", "CheckpointDiverged", "ConfigError", "CorruptCheckpoint", "CorruptState",
+__all__ = ["AggregationOverflow", "BatchDataError", "CheckpointDiverged", "ConfigError", "CorruptCheckpoint", "CorruptState",
            "EmatixError", "FingerprintChanged", "InputSchemaMismatch", "LeaseHeld", "PipelineConfigError",
            "SparkQueryFailed", "StateCapExceeded", "StateNotDurableError", "StateVersionError",
            "StoreAccessDenied", "StoreConfigError", "StorePermissionError", "StoreUnavailable", "TargetError",

@@ -120,3 +120,21 @@ def test_a_failing_sql_expression_dead_letters_its_row_with_the_expression(spark
     assert all("(v + 1)" in payload for _, payload in letters), "columns keep the names the SQL as written gives"
     assert summary.rows_in == len(rows) == sum(n for _, n, _, _ in got) + len(letters)
     assert metric(registry, "rejected_rows_total", pipeline="sql-errors", reason="sql_error") == 2
+
+
+def test_a_data_error_the_guard_cannot_catch_is_terminal_and_names_the_input(spark, tmp_path, batch_files):
+    """``-v`` at BIGINT's minimum overflows (ANSI, SQLSTATE 22003) and has no try_ form: the run stops
+    with a terminal BatchDataError naming the batch's file, instead of a transient Spark failure
+    retried forever."""
+    from ematix_dagster.errors import BatchDataError
+
+    files = batch_files("in")
+    path = files.write(pa.Table.from_pylist([{"id": 1, "k": "a", "v": -2**63, "page": "p", "ts": NOW_US}],
+                                            schema=SCHEMA))
+    doc = tomllib.loads(windowed_pipeline_toml("data-error", tmp_path, aggregations=[
+        {"agg": "sum", "column": "nv", "as": "s"}], trigger="available_now"))
+    doc["transform"]["sql"] = "SELECT k, -v AS nv, _event_ts, _source FROM source"
+    with pytest.raises(BatchDataError) as failed:
+        run(load_pipeline_str(tomli_w.dumps(doc)), spark)
+    assert failed.value.terminal and path.name in str(failed.value) and "batch 0" in str(failed.value)
+    assert "ARITHMETIC_OVERFLOW" in str(failed.value)

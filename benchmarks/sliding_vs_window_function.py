@@ -55,7 +55,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from measure import CpuMeter, DriverTimer  # noqa: E402
 from windowed_vs_native import (  # noqa: E402
-    LATENESS_MS, MB, SCHEMA_DDL, Result, _median, generate, install_timers, pipeline_toml, print_splits, settle)
+    LATENESS_MS, MB, SCHEMA_DDL, Result, _median, add_data_arguments, generate, install_timers, pipeline_toml,
+    print_splits, settle)
 
 from ematix_dagster.spark.batch import BatchStep  # noqa: E402
 from ematix_dagster.spark.runner import PipelineRunner  # noqa: E402
@@ -237,17 +238,11 @@ def report(args: argparse.Namespace, results: dict[str, list[Result]], equal: bo
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--events", type=int, default=2_000_000)
-    ap.add_argument("--keys", type=int, default=10_000)
-    ap.add_argument("--files", type=int, default=20, help="parquet files = our micro-batches")
-    ap.add_argument("--runs", type=int, default=3, help="measured runs per engine (median reported)")
-    ap.add_argument("--warmup", type=int, default=1, help="unmeasured warm-up runs per engine (JIT), on the same data")
+    add_data_arguments(ap)
     ap.add_argument("--workload", choices=WORKLOADS, default="plain")
     ap.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
     ap.add_argument("--duration-ms", type=int, default=300_000, help="D: each window is [t - D, t]")
     ap.add_argument("--max-events-per-group", type=int, default=100_000)
-    ap.add_argument("--items", type=int, default=50_000, help="distinct item values")
-    ap.add_argument("--disorder-ms", type=int, default=2_000)
     ap.add_argument("--tick-ms", type=int, default=0, help="round event times down to multiples of this (0: µs)")
     ap.add_argument("--driver-memory", default="3g", help="spark.driver.memory ('' keeps Spark's default)")
     ap.add_argument("--show-diffs", type=int, default=10, help="differing windows printed when not equal")

@@ -454,14 +454,20 @@ def report(args, med: dict[tuple[str, str], Result], beats: dict[tuple[str, str]
               f"({ours.merge_cpu / ours.cpu:.1%}) |")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_data_arguments(ap: argparse.ArgumentParser) -> None:
+    """The generated data's and the runs' options, shared with the other benchmarks."""
     ap.add_argument("--events", type=int, default=2_000_000)
     ap.add_argument("--keys", type=int, default=10_000)
-    ap.add_argument("--runs", type=int, default=3, help="measured runs per engine (median reported)")
     ap.add_argument("--files", type=int, default=20, help="parquet files = micro-batches")
     ap.add_argument("--items", type=int, default=50_000, help="distinct item values")
     ap.add_argument("--disorder-ms", type=int, default=2_000)
+    ap.add_argument("--runs", type=int, default=3, help="measured runs per engine (median reported)")
+    ap.add_argument("--warmup", type=int, default=1, help="unmeasured warm-up runs per engine (JIT), on the same data")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_data_arguments(ap)
     ap.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=["plain", "sketch"])
     ap.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
     ap.add_argument("--heartbeat-batches", type=int, default=20,
@@ -470,7 +476,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--driver-memory", default="3g",
                     help="spark.driver.memory (default 3g: the native query at p=14 runs out of Spark's default 1g "
                          "heap on the full data set; '' keeps Spark's default)")
-    ap.add_argument("--warmup", type=int, default=1, help="unmeasured warm-up runs per engine (JIT), on the same data")
     ap.add_argument("--profile", action="store_true", help="one extra cProfile'd run of ours per workload at the end")
     ap.add_argument("--profile-top", type=int, default=35)
     ap.add_argument("--verbose", action="store_true", help="print our per-batch progress lines")

@@ -166,7 +166,8 @@ class BatchStep:
         names = offset_names(self.spec)
         return any(now != then for name, now, then in zip(names, offsets.offsets, before) if name != HEARTBEAT)
 
-    def _aggregate(self, df: DataFrame, batch_id: int, batch_time: int, in_transaction: InTransaction) -> BatchInput:
+    def _aggregate(self, df: DataFrame, batch_id: int, batch_time: int, in_transaction: InTransaction,
+                   dead_letter: DeadLetterWriter | None) -> BatchInput:
         """The batch's Spark work: one job computes the partials and every counter."""
         engine, spec = self.engine, self.spec
         # The plan holds this batch's times (batch time, watermark) as literals, which whole-stage
@@ -182,7 +183,8 @@ class BatchStep:
         stats = {s.name: SourceStats(rows=src[f"rows_{i}"], max_event_ts=src[f"max_{i}"], invalid=src[f"invalid_{i}"],
                                      future=src[f"future_{i}"], malformed=src[f"malformed_{i}"])
                  for i, s in enumerate(spec.sources)}
-        dead = self._write_dead_letters(batch_id, frames, stats, late["late_rows"], late["rejected"], in_transaction)
+        dead = self._write_dead_letters(dead_letter, batch_id, frames, stats, late["late_rows"], late["rejected"],
+                                        in_transaction)
         windowed = table.filter(pc.is_null(table.column(CLASS)))
         lasts: list[int] = []
         if spec.window.kind == "session":  # a partial session: its first and last event time
@@ -212,9 +214,9 @@ class BatchStep:
         self.metrics.record_emit(spec.pipeline_name, spec.window.kind, result)
         return self._report(BatchInput(batch_id, self.last_batch_time, {}), result, 0.0)
 
-    def _write_dead_letters(self, batch_id: int, frames: BatchFrames, stats: dict[str, SourceStats], late_rows: int,
-                            rejected: dict[str, int], in_transaction: InTransaction) -> dict[str, int]:
-        dead_letter = self.dead_letter
+    def _write_dead_letters(self, dead_letter: DeadLetterWriter | None, batch_id: int, frames: BatchFrames,
+                            stats: dict[str, SourceStats], late_rows: int, rejected: dict[str, int],
+                            in_transaction: InTransaction) -> dict[str, int]:
         if dead_letter is None:
             return {}
         tables: list[pa.Table] = []
@@ -226,12 +228,17 @@ class BatchStep:
         if not tables:
             return {}
         rows = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+        self._write_dead_letter_rows(dead_letter, batch_id, rows, in_transaction)
+        reasons = rows.column("_reason").to_pylist()
+        return {r: reasons.count(r) for r in sorted(set(reasons))}
+
+    def _write_dead_letter_rows(self, dead_letter: DeadLetterWriter, batch_id: int, rows: pa.Table,
+                                in_transaction: InTransaction) -> None:
+        """The batch's one dead-letter write: in the store's transaction when they share a database."""
         if self._dead_letters_in_store:
             in_transaction.append(lambda conn: dead_letter.write_in_transaction(conn, batch_id, rows))
         else:
             dead_letter.write(batch_id, rows)
-        reasons = rows.column("_reason").to_pylist()
-        return {r: reasons.count(r) for r in sorted(set(reasons))}
 
     def _write(self, batch_id: int, result: BatchResult, in_transaction: InTransaction, part: str = "part-0") -> None:
         ids = None
@@ -287,23 +294,16 @@ class BatchStep:
         if self.input_files is None:
             self.input_files = InputFiles(self.spec, self.metrics.unreadable_files, self.progress)
         if not self.input_files.managed:
-            return self._aggregate(df, batch_id, batch_time, in_transaction)
+            return self._aggregate(df, batch_id, batch_time, in_transaction, self.dead_letter)
         own, queued = self.dead_letter, len(in_transaction)
 
         def attempt(frame: DataFrame, dead_letter) -> BatchInput:
             del in_transaction[queued:]  # what a failed attempt queued
-            self.dead_letter = dead_letter
-            try:
-                return self._aggregate(frame, batch_id, batch_time, in_transaction)
-            finally:
-                self.dead_letter = own
+            return self._aggregate(frame, batch_id, batch_time, in_transaction, dead_letter)
 
         def write_own(rows: pa.Table) -> None:
             assert own is not None
-            if self._dead_letters_in_store:
-                in_transaction.append(lambda conn: own.write_in_transaction(conn, batch_id, rows))
-            else:
-                own.write(batch_id, rows)
+            self._write_dead_letter_rows(own, batch_id, rows, in_transaction)
 
         batch = self.input_files.aggregate(df, batch_id, attempt, own, write_own)
         for source, n in self.input_files.skipped.items():

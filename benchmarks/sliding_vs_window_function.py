@@ -55,12 +55,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from measure import CpuMeter, DriverTimer  # noqa: E402
 from windowed_vs_native import (  # noqa: E402
-    LATENESS_MS, MB, SCHEMA_DDL, Result, _median, add_data_arguments, generate, install_timers, pipeline_toml,
-    print_splits, settle)
+    LATENESS_MS, MB, SCHEMA_DDL, Result, _median, add_data_arguments, install_timers, pipeline_toml,
+    prepare, print_splits, settle)
 
 from ematix_dagster.spark.batch import BatchStep  # noqa: E402
 from ematix_dagster.spark.runner import PipelineRunner  # noqa: E402
-from ematix_dagster.spark.session import get_spark  # noqa: E402
 from ematix_dagster.spec import load_pipeline_str  # noqa: E402
 from ematix_dagster.streaming.micro_batch import Engine  # noqa: E402
 
@@ -257,18 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="ematix-sliding-bench-", dir=args.scratch))
     args.data = data = scratch / "data"
     try:
-        t0 = time.perf_counter()
-        generate(data, args.events, args.keys, args.files, args.items, args.disorder_ms, args.seed,
-                 tick_us=max(args.tick_ms * 1_000, 1))
-        print(f"data: {args.events} events, {args.keys} keys, {args.files} files in {data} "
-              f"({sum(f.stat().st_size for f in data.iterdir()) / MB:.1f} MB, {time.perf_counter() - t0:.1f} s)",
-              flush=True)
-        conf = {"spark.ui.showConsoleProgress": "false"}
-        if args.driver_memory:
-            conf["spark.driver.memory"] = args.driver_memory
-        spark = get_spark("ematix-bench", conf=conf)
-        print(f"spark {spark.version} {spark.sparkContext.master}; shuffle partitions "
-              f"{spark.conf.get('spark.sql.shuffle.partitions')}", flush=True)
+        spark = prepare(args, data, tick_us=max(args.tick_ms * 1_000, 1))
         timer = install_timers()
         timer.wrap(Engine, "flush", "Engine.flush")
         timer.wrap(BatchStep, "flush", "end-of-input flush")

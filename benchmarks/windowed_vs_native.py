@@ -465,6 +465,24 @@ def add_data_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--warmup", type=int, default=1, help="unmeasured warm-up runs per engine (JIT), on the same data")
 
 
+def prepare(args: argparse.Namespace, data: Path, tick_us: int = 1):
+    """Generate the data (``add_data_arguments``' options) into ``data`` and start the shared Spark
+    session; returns it. Both print what they made."""
+    t0 = time.perf_counter()
+    generate(data, args.events, args.keys, args.files, args.items, args.disorder_ms, args.seed, tick_us=tick_us)
+    print(f"data: {args.events} events, {args.keys} keys, {args.files} files in {data} "
+          f"({sum(f.stat().st_size for f in data.iterdir()) / MB:.1f} MB, {time.perf_counter() - t0:.1f} s)",
+          flush=True)
+    conf = {"spark.ui.showConsoleProgress": "false"}
+    if args.driver_memory:
+        conf["spark.driver.memory"] = args.driver_memory
+    spark = get_spark("ematix-bench", conf=conf)
+    print(f"spark {spark.version} {spark.sparkContext.master}; shuffle partitions "
+          f"{spark.conf.get('spark.sql.shuffle.partitions')}; JVM max heap "
+          f"{spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory() / MB:.0f} MB", flush=True)
+    return spark
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_arguments(ap)
@@ -486,18 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="ematix-bench-", dir=args.scratch))
     data = scratch / "data"
     try:
-        t0 = time.perf_counter()
-        generate(data, args.events, args.keys, args.files, args.items, args.disorder_ms, args.seed)
-        print(f"data: {args.events} events, {args.keys} keys, {args.files} files in {data} "
-              f"({sum(f.stat().st_size for f in data.iterdir()) / MB:.1f} MB, {time.perf_counter() - t0:.1f} s)",
-              flush=True)
-        conf = {"spark.ui.showConsoleProgress": "false"}
-        if args.driver_memory:
-            conf["spark.driver.memory"] = args.driver_memory
-        spark = get_spark("ematix-bench", conf=conf)
-        print(f"spark {spark.version} {spark.sparkContext.master}; shuffle partitions "
-              f"{spark.conf.get('spark.sql.shuffle.partitions')}; JVM max heap "
-              f"{spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory() / MB:.0f} MB", flush=True)
+        spark = prepare(args, data)
         timer = install_timers()
         max_groups = max(args.keys, 1_000)
 

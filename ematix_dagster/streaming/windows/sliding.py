@@ -12,8 +12,6 @@ epoch (UTC).
 WindowBounds(start=15, end=25)
 >>> rules.is_late(14, closed_before=25), rules.is_late(15, closed_before=25)  # 14 + 10 < 25
 (True, False)
->>> rules.creates_window(20, closed_before=25), rules.creates_window(25, closed_before=25)
-(False, True)
 >>> rules.is_final(rules.bounds(25), watermark=25), rules.is_final(rules.bounds(25), watermark=26)
 (False, True)
 >>> rules.needed_from(watermark=100, retention=5)  # a window may still be created at 95: rows from 85
@@ -60,10 +58,6 @@ class SlidingWindows(WindowKind):
         """No window the row at ``t`` belongs to can still be open or created."""
         return closed_before is not None and t + self.duration < closed_before
 
-    def creates_window(self, t: int, closed_before: int | None) -> bool:
-        """An accepted row at ``t`` opens the window ending at ``t`` (if the key has none there yet)."""
-        return closed_before is None or t >= closed_before
-
     def needed_from(self, watermark: int | None, retention: int) -> int | None:
         """The oldest event time a window that may still be created or changed can contain; older
         partials leave state (None: keep everything)."""
@@ -81,8 +75,9 @@ class SlidingWindows(WindowKind):
 
     def row_windows(self, t: int, closed_before: int | None) -> list[WindowBounds]:
         """The row's own window, or none if the row is late. Besides, the row counts in every window
-        the key holds that ends in ``[t, t + D]``; its own window is only created while open
-        (:meth:`creates_window`), which :class:`~ematix_dagster.streaming.sliding_state.SlidingState` applies."""
+        the key holds that ends in ``[t, t + D]``; its own window exists only when ``t >=
+        closed_before`` (:class:`~ematix_dagster.streaming.sliding_state.SlidingState` derives that
+        from the watermark)."""
         return [] if self.is_late(t, closed_before) else [self.bounds(t)]
 
     def is_final(self, window: WindowBounds, watermark: int | None) -> bool:

@@ -3,13 +3,16 @@
 Kept apart from the workloads so every benchmark script measures the same way. CPU is psutil's
 user + system over this process and every descendant (the JVM, Python workers), sampled on a
 background thread so processes that exit mid-run keep their last seen times; the sampler's own
-thread CPU is subtracted. Peak RSS is the largest sampled driver + JVM resident set.
+thread CPU is subtracted. Peak RSS is the largest sampled driver + JVM resident set. The JVM's
+CPU is also split by what its threads do (:data:`JVM_THREADS`), threads that exit mid-run
+included, and :func:`spark_jobs` counts the Spark jobs and stages a run submitted.
 """
 
 from __future__ import annotations
 
 import cProfile
 import functools
+import os
 import sys
 import threading
 import time
@@ -17,6 +20,49 @@ from collections import defaultdict
 from typing import Self
 
 import psutil
+
+
+#: JVM thread name prefix -> what the thread's CPU is spent on
+JVM_THREADS = {
+    "C1 CompilerThre": "JIT", "C2 CompilerThre": "JIT",
+    "Executor task": "tasks",
+    # the streaming query's thread runs the foreachBatch call, and with it every Python call into
+    # the JVM (py4j pins them to the calling thread): planning, job submission, result collection
+    "stream execution thread": "query thread",
+    "GC Thread": "GC", "G1 ": "GC", "VM Thread": "GC",
+}
+_TICKS = os.sysconf("SC_CLK_TCK")
+#: JVM threads are read every this many samples (a hundred files each time)
+THREAD_EVERY = 5
+
+
+def _jvm_threads(pid: int) -> dict[int, tuple[str, float]]:
+    """Thread id -> (group, user + system CPU s) of a JVM's live threads, from /proc."""
+    out: dict[int, tuple[str, float]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        group = next((g for prefix, g in JVM_THREADS.items() if name.startswith(prefix[:15])), "other")
+        out[int(tid)] = (group, (int(fields[11]) + int(fields[12])) / _TICKS)
+    return out
+
+
+def spark_jobs(spark) -> tuple[int, int]:
+    """(jobs, stages) the Spark application has run so far, from its status store."""
+    jvm = spark.sparkContext._jvm
+    store = spark.sparkContext._jsc.sc().statusStore()
+    stages = store.stageList(jvm.java.util.ArrayList(), False, False,
+                             spark.sparkContext._gateway.new_array(jvm.double, 0), jvm.java.util.ArrayList())
+    return store.jobsList(jvm.java.util.ArrayList()).size(), stages.size()
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -39,6 +85,9 @@ class CpuMeter:
         self.names: dict[tuple[int, float], str] = {}
         self.peak_rss = 0
         self.sampler_cpu = 0.0
+        self.thread_baseline: dict[tuple[int, int], tuple[str, float]] = {}
+        self.threads: dict[tuple[int, int], tuple[str, float]] = {}
+        self._ticks = 0
 
     def _procs(self) -> list[psutil.Process]:
         try:
@@ -58,21 +107,25 @@ class CpuMeter:
                         self.names[key] = p.name()
                     if p.pid == self.root.pid or self.names[key] == "java":
                         rss += p.memory_info().rss
+                    if self.names[key] == "java" and (into is not self.last or self._ticks % THREAD_EVERY == 0):
+                        for tid, seen in _jvm_threads(p.pid).items():
+                            (self.threads if into is not self.baseline else self.thread_baseline)[(p.pid, tid)] = seen
             except psutil.Error:  # exited between listing and reading: keep its last seen times
                 continue
         self.peak_rss = max(self.peak_rss, rss)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
+            self._ticks += 1
             started = time.thread_time()
             self._sample(self.last)
             self.sampler_cpu += time.thread_time() - started
 
     def restart(self) -> None:
         """Count CPU from now on (a streaming query's start is not what its batches cost)."""
-        baseline: dict[tuple[int, float], float] = {}
-        self._sample(baseline)
-        self.baseline, self.sampler_cpu = baseline, 0.0
+        self.baseline, self.thread_baseline, self.threads = {}, {}, {}
+        self._sample(self.baseline)
+        self.sampler_cpu = 0.0
 
     def __enter__(self) -> Self:
         self._sample(self.baseline)
@@ -98,6 +151,13 @@ class CpuMeter:
             out[label] += v - self.baseline.get(k, 0.0)
         out["driver"] -= self.sampler_cpu
         out["meter thread (excluded)"] = self.sampler_cpu
+        return dict(out)
+
+    def by_jvm_thread(self) -> dict[str, float]:
+        """The JVM's CPU by thread group (:data:`JVM_THREADS`)."""
+        out: dict[str, float] = defaultdict(float)
+        for key, (group, cpu) in self.threads.items():
+            out[group] += cpu - self.thread_baseline.get(key, (group, 0.0))[1]
         return dict(out)
 
 

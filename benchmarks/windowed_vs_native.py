@@ -29,8 +29,10 @@ Heartbeat-only batches (``--heartbeat-batches``): ours and the floor under ``pro
 
 Reported per engine: CPU (process tree) and wall, per 100,000-row batch and per heartbeat-only
 batch, p50/p95 batch latency (ours: the batch's own timing; floor: the callback; native: Spark's
-``triggerExecution``), peak RSS and our driver-side split. Medians of ``--runs`` runs, the
-engines' order rotated from run to run.
+``triggerExecution``), peak RSS, the JVM's CPU by thread group (JIT compiler, tasks, the query's
+thread, GC) with the Spark jobs and stages per batch, and our driver-side split. Medians of
+``--runs`` runs, the engines' order rotated from run to run, after ``--warmup`` unmeasured runs of
+each (the JVM keeps compiling the planner's code paths for about 100 of our batches).
 
     .venv/bin/python benchmarks/windowed_vs_native.py --events 200000 --runs 1   # smoke
     .venv/bin/python benchmarks/windowed_vs_native.py                            # full
@@ -60,7 +62,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from measure import CpuMeter, DriverTimer, percentile  # noqa: E402
+from measure import CpuMeter, DriverTimer, percentile, spark_jobs  # noqa: E402
 
 from ematix_dagster.spark import batch as batch_mod  # noqa: E402
 from ematix_dagster.spark.batch import BatchStep  # noqa: E402
@@ -135,6 +137,9 @@ class Result:
     latencies: list[float] = field(default_factory=list)  # seconds per batch
     merge_cpu: float = 0.0
     splits: dict[str, tuple[int, float, float]] = field(default_factory=dict)
+    jvm: dict[str, float] = field(default_factory=dict)  # JVM CPU by thread group (measure.JVM_THREADS)
+    jobs: int = 0  # Spark jobs and stages the run submitted
+    stages: int = 0
 
     @property
     def cpu_per_batch(self) -> float:
@@ -150,6 +155,12 @@ class Result:
                 f"per batch CPU {self.cpu_per_batch:.3f} s wall {self.wall_per_batch:.3f} s, p50/p95 "
                 f"{percentile(self.latencies, .5):.3f}/{percentile(self.latencies, .95):.3f} s, batches {self.batches}, "
                 f"rows in {self.rows_in}, out {self.rows_out}, peak RSS {self.peak_rss / MB:.0f} MB [{procs}]")
+
+    def jvm_line(self) -> str:
+        threads = ", ".join(f"{k} {v:.1f}" for k, v in sorted(self.jvm.items(), key=lambda kv: -kv[1]) if v >= 0.05)
+        per = f", per batch {self.jobs / self.batches:.1f} jobs / {self.stages / self.batches:.1f} stages" \
+            if self.batches else ""
+        return f"JVM CPU s by thread: {threads}; Spark jobs {self.jobs}, stages {self.stages}{per}"
 
 
 def install_timers() -> DriverTimer:
@@ -265,7 +276,7 @@ def run_ours(spark, data: Path, scratch: Path, workload: str, timer: DriverTimer
     return Result("ours", workload, meter.cpu, wall, meter.peak_rss, summary.batches, summary.rows_in,
                   summary.windows_emitted, meter.by_process(), [r.seconds for r in summary.reports],
                   timer.cpu["Engine.process"] + timer.cpu["convert.partial_lists"],
-                  {k: (timer.calls[k], timer.cpu[k], timer.wall[k]) for k in timer.calls})
+                  {k: (timer.calls[k], timer.cpu[k], timer.wall[k]) for k in timer.calls}, meter.by_jvm_thread())
 
 
 def run_ours_heartbeats(spark, scratch: Path, workload: str, batches: int, max_groups: int) -> Result:
@@ -287,7 +298,8 @@ def run_ours_heartbeats(spark, scratch: Path, workload: str, batches: int, max_g
         wall = time.perf_counter() - t0
     shutil.rmtree(work, ignore_errors=True)
     n = len(latencies) - 1
-    return Result("ours", workload, meter.cpu, wall, meter.peak_rss, n, 0, 0, meter.by_process(), latencies[1:])
+    return Result("ours", workload, meter.cpu, wall, meter.peak_rss, n, 0, 0, meter.by_process(), latencies[1:],
+                  jvm=meter.by_jvm_thread())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -338,7 +350,7 @@ def run_floor(spark, data: Path, scratch: Path, workload: str, max_groups: int) 
     rows_in = sum(p.numInputRows for p in query.recentProgress)
     shutil.rmtree(work, ignore_errors=True)
     return Result("floor", workload, meter.cpu, wall, meter.peak_rss, len(latencies), rows_in, sum(rows),
-                  meter.by_process(), latencies)
+                  meter.by_process(), latencies, jvm=meter.by_jvm_thread())
 
 
 def run_floor_heartbeats(spark, scratch: Path, workload: str, batches: int, max_groups: int) -> Result:
@@ -359,7 +371,7 @@ def run_floor_heartbeats(spark, scratch: Path, workload: str, batches: int, max_
         wall = time.perf_counter() - t0
     shutil.rmtree(work, ignore_errors=True)
     return Result("floor", workload, meter.cpu, wall, meter.peak_rss, len(latencies) - 1, 0, 0, meter.by_process(),
-                  latencies[1:])
+                  latencies[1:], jvm=meter.by_jvm_thread())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -392,7 +404,7 @@ def run_native(spark, data: Path, scratch: Path, workload: str, rsd: float) -> R
     shutil.rmtree(work, ignore_errors=True)
     return Result("native", workload, meter.cpu, wall, meter.peak_rss, len(progress),
                   sum(p.numInputRows for p in progress), rows_out, meter.by_process(),
-                  [p.durationMs.get("triggerExecution", 0) / 1000 for p in progress])
+                  [p.durationMs.get("triggerExecution", 0) / 1000 for p in progress], jvm=meter.by_jvm_thread())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -509,12 +521,17 @@ def main(argv: list[str] | None = None) -> int:
         max_groups = max(args.keys, 1_000)
 
         def run(engine: str, workload: str, source: Path, verbose: bool = False) -> Result:
+            jobs, stages = spark_jobs(spark)
             if engine == "ours":
-                return run_ours(spark, source, scratch, workload, timer, max_groups, verbose)
-            if engine == "floor":
-                return run_floor(spark, source, scratch, workload, max_groups)
-            assert engine == "native"
-            return run_native(spark, source, scratch, workload, args.rsd)
+                r = run_ours(spark, source, scratch, workload, timer, max_groups, verbose)
+            elif engine == "floor":
+                r = run_floor(spark, source, scratch, workload, max_groups)
+            else:
+                assert engine == "native"
+                r = run_native(spark, source, scratch, workload, args.rsd)
+            now = spark_jobs(spark)
+            r.jobs, r.stages = now[0] - jobs, now[1] - stages
+            return r
 
         # The JVM compiles its hot paths during the first large run (about 10 CPU s here): warm
         # every engine up on the measured data itself, or the first engine measured pays for all.
@@ -535,6 +552,7 @@ def main(argv: list[str] | None = None) -> int:
                     r = run(engine, workload, data, args.verbose)
                     results.setdefault((workload, engine), []).append(r)
                     print(f"run {i + 1}/{args.runs} {r.line()} (load avg {os.getloadavg()[0]:.1f})", flush=True)
+                    print(f"          {r.jvm_line()}", flush=True)
                     if engine == "ours":
                         print_splits(r)
 

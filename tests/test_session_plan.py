@@ -17,13 +17,15 @@ import pytest
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from ematix_dagster.spark.batch_values import with_batch_values
 from ematix_dagster.spark.partials import _source_counts, batch_counts
 from ematix_dagster.spark.windows.base import CLASS, PRIMARY, ROWS
 from ematix_dagster.spark.windows.session import plan_partials
 
 GAP_MS, CAP_MS = 10, 100
 GAP, CAP = GAP_MS * 1_000, CAP_MS * 1_000  # µs
-WINDOW = SimpleNamespace(group_by=["k"], late_data="drop", gap_ms=GAP_MS, max_session_duration_ms=CAP_MS)
+WINDOW = SimpleNamespace(group_by=["k"], late_data="drop", gap_ms=GAP_MS, max_session_duration_ms=CAP_MS,
+                         retention_ms=0)
 SPEC = SimpleNamespace(sources=[SimpleNamespace(name="s1"), SimpleNamespace(name="s2")])
 HELPERS = {"_ts", "_bucket", "_new", "_sid", PRIMARY, CLASS}
 
@@ -83,10 +85,16 @@ def order(s: Session) -> tuple[Any, ...]:
 
 # -- running the plan --------------------------------------------------------------------------
 
+def planned(spark: SparkSession, rows: list[Row], closed_before: int | None, with_reason: bool = True,
+            aggs: Callable[[Column], list[Column]] = aggregates):
+    """The plan over ``rows``, with the batch values the engine joins (``closed_before`` one of them)."""
+    df = with_batch_values(frame(spark, rows, with_reason), 0, closed_before, None)
+    return plan_partials(df, WINDOW, aggs, 7)  # type: ignore[arg-type]
+
+
 def run(spark: SparkSession, rows: list[Row], closed_before: int | None, with_reason: bool = True,
         aggs: Callable[[Column], list[Column]] = aggregates) -> tuple[list[Session], dict[str, int], list[dict]]:
-    frames = plan_partials(frame(spark, rows, with_reason), WINDOW, aggs, 7,  # type: ignore[arg-type]
-                           closed_before, None)
+    frames = planned(spark, rows, closed_before, with_reason, aggs)
     table = frames.partials.toArrow()
     assert table.column_names[:6] == [CLASS, "k", "_bucket", "_sid", "_first", "_last"]
     assert {"_p0", "_p1", ROWS} <= set(table.column_names) and "_ws" not in table.column_names
@@ -167,7 +175,7 @@ def test_bad_rows_are_class_rows_and_feed_the_batch_counters(spark: SparkSession
     assert sessions == expected_sessions(rows, closed) == [("a", BASE + 5 * GAP, BASE + 7 * GAP, 3, 7)]
     assert classes == expected_classes(rows, closed) == {"invalid_event_time": 2, "future": 1, "late": 1}
     with_counts = lambda gate: aggregates(gate) + _source_counts(SPEC)  # type: ignore[arg-type]  # noqa: E731
-    frames = plan_partials(frame(spark, rows), WINDOW, with_counts, 7, closed, None)  # type: ignore[arg-type]
+    frames = planned(spark, rows, closed, aggs=with_counts)
     stats, late = batch_counts(SPEC, frames.partials.toArrow(), None)  # type: ignore[arg-type]
     assert late == {"late_rows": 1, "late_assignments": 0, "reopened_rows": 0, "rejected": {}}
     assert stats == {"rows_0": 3, "max_0": BASE + 7 * GAP, "invalid_0": 1, "future_0": 0, "malformed_0": 0,
@@ -183,7 +191,7 @@ def test_late_rows_frame_holds_the_late_rows_with_batch_id_and_reason(spark: Spa
     closed = BASE + GAP
     rows = [windowed("a", 1, closed - 1), windowed(None, 2, BASE), windowed("a", 3, closed),
             ("a", 4, None, "s1", "invalid_event_time")]
-    frames = plan_partials(frame(spark, rows), WINDOW, aggregates, 7, closed, None)  # type: ignore[arg-type]
+    frames = planned(spark, rows, closed)
     late = frames.class_rows(["late"]).toArrow()
     assert late.column_names == ["k", "v", "_event_ts", "_source", "_batch_id", "_reason"]
     got = sorted(late.to_pylist(), key=lambda r: r["v"])

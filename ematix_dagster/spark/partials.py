@@ -28,8 +28,9 @@ from ematix_dagster.spark.recovery import HEARTBEAT
 from ematix_dagster.spark.rejects import REJECT_REASONS, reject_reason
 from ematix_dagster.spark.safe_sql import ERROR_COLUMN, guard_sql
 from ematix_dagster.spark.sources import CORRUPT
+from ematix_dagster.spark.batch_values import with_batch_values
 from ematix_dagster.spark.windows import partial_plan
-from ematix_dagster.spark.windows.base import CLASS, LATE_ASSIGNMENTS, PRIMARY, REOPENED, ROWS
+from ematix_dagster.spark.windows.base import BATCH_TIME, BATCH_VALUES, CLASS, LATE_ASSIGNMENTS, PRIMARY, REOPENED, ROWS
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.streaming.aggregators import Aggregator, make_aggregator
 from ematix_dagster.streaming.windows import MICROS_PER_MS
@@ -229,27 +230,31 @@ def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: i
     Without ``[transform] sql`` the rows with a bad event time ride along into the aggregation as
     class rows, so every counter comes out of the partials' own job. A SQL may filter rows, and
     the source counters are taken before it (SPEC.md §2), so with a SQL they are observed on the
-    SQL's input instead.
+    SQL's input instead. The batch's values are columns (``ematix_dagster.spark.batch_values``),
+    so the plan's generated code is the same every batch.
     """
     spec, window = plan.spec, plan.spec.window
-    df = df.filter(F.col("_source") != HEARTBEAT)
+    values = (batch_time_us, closed_before, emitted_before)
+    df = with_batch_values(df.filter(F.col("_source") != HEARTBEAT), *values)
     if window.time_mode == "processing":
-        df = df.withColumn("_event_ts", F.timestamp_micros(F.lit(batch_time_us)))
+        df = df.withColumn("_event_ts", F.timestamp_micros(F.col(BATCH_TIME)))
     skew = F.lit(None).cast("bigint")
     for s in spec.sources:
         skew = F.when(F.col("_source") == s.name, F.lit(s.max_future_skew_ms * MICROS_PER_MS)).otherwise(skew)
     ts = F.unix_micros("_event_ts")
-    df = df.select("*", ts.alias("_ts"), _reason(ts, F.lit(batch_time_us) + skew).alias("_reason"))
+    df = df.select("*", ts.alias("_ts"), _reason(ts, F.col(BATCH_TIME) + skew).alias("_reason"))
 
     def bad_rows() -> DataFrame:
-        return df.filter(F.col("_reason").isNotNull()).drop("_ts").withColumn("_batch_id", F.lit(batch_id).cast("bigint"))
+        return (df.filter(F.col("_reason").isNotNull()).drop("_ts", *BATCH_VALUES)
+                .withColumn("_batch_id", F.lit(batch_id).cast("bigint")))
 
     source_stats: Observed | None = None
     if spec.transform_sql:
         stats = _source_stats(spec)
         source_stats = Observed(Observation(f"sources_{batch_id}"), df, stats)
         valid = df.observe(source_stats.observation, *stats).filter(F.col("_reason").isNull())
-        out = apply_sql(spark, spec, valid.drop("_ts", "_reason", CORRUPT), plan.sql_columns)
+        sql_input = valid.drop("_ts", "_reason", CORRUPT, *BATCH_VALUES)
+        out = with_batch_values(apply_sql(spark, spec, sql_input, plan.sql_columns), *values)
     else:
         out = df.drop(CORRUPT)
 
@@ -260,7 +265,7 @@ def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: i
     def aggregates(gate: Column) -> list[Column]:
         return plan.partial_columns(gate) + ([] if spec.transform_sql else _source_counts(spec))
 
-    windowed = partial_plan(window)(out, window, aggregates, batch_id, closed_before, emitted_before)
+    windowed = partial_plan(window)(out, window, aggregates, batch_id)
     return BatchFrames(windowed.partials, source_stats, bad_rows, windowed.class_rows)
 
 

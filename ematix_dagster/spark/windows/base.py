@@ -26,6 +26,12 @@ PRIMARY = "_primary"
 ROWS = "_n"
 LATE_ASSIGNMENTS = "_late_assignments"
 REOPENED = "_reopened"
+#: the batch's own values (µs), columns of a one-row relation joined to every row
+#: (``ematix_dagster.spark.batch_values``); NULL before the first watermark
+BATCH_TIME = "_batch_time_us"
+CLOSED_BEFORE = "_closed_before_us"
+EMITTED_BEFORE = "_emitted_before_us"
+BATCH_VALUES = (BATCH_TIME, CLOSED_BEFORE, EMITTED_BEFORE)
 
 
 @dataclass
@@ -45,15 +51,14 @@ class WindowedFrames:
 
 
 def dead_letter_rows(rows: DataFrame, classes: Sequence[str], batch_id: int, helpers: Sequence[str]) -> DataFrame:
-    """The rows of ``classes`` as dead letters: the plan's ``helpers`` columns dropped, ``_batch_id``
-    and ``_reason`` (the class) added last."""
-    return (rows.filter(F.col(CLASS).isin(*classes)).drop(*helpers, "_reason")
+    """The rows of ``classes`` as dead letters: the plan's ``helpers`` columns and the batch values
+    dropped, ``_batch_id`` and ``_reason`` (the class) added last."""
+    return (rows.filter(F.col(CLASS).isin(*classes)).drop(*helpers, *BATCH_VALUES, "_reason")
             .withColumn("_batch_id", F.lit(batch_id).cast("bigint")).withColumn("_reason", F.col(CLASS)).drop(CLASS))
 
 
-#: (the SQL's output (with ``_reason`` when bad rows come along), the window spec, a function of
-#: the gate column (true for rows that update windows) returning the aggregate columns, batch id,
-#: closed_before, emitted_before) -> the frames; ``closed_before`` / ``emitted_before`` as
-#: ``Engine`` gives them
-PartialPlan = Callable[[DataFrame, Window, Callable[[Column], list[Column]], int, int | None, int | None],
-                       WindowedFrames]
+#: (the SQL's output (with ``_reason`` when bad rows come along, and the ``BATCH_VALUES``
+#: columns: ``CLOSED_BEFORE`` / ``EMITTED_BEFORE`` as ``Engine`` gives them), the window spec, a
+#: function of the gate column (true for rows that update windows) returning the aggregate
+#: columns, batch id) -> the frames
+PartialPlan = Callable[[DataFrame, Window, Callable[[Column], list[Column]], int], WindowedFrames]

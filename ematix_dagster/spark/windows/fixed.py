@@ -14,14 +14,14 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from ematix_dagster.spark.windows.base import (
-    CLASS, LATE_ASSIGNMENTS, PRIMARY, REOPENED, ROWS, WindowedFrames, dead_letter_rows,
+    CLASS, CLOSED_BEFORE, EMITTED_BEFORE, LATE_ASSIGNMENTS, PRIMARY, REOPENED, ROWS, WindowedFrames, dead_letter_rows,
 )
 from ematix_dagster.spec import Window
-from ematix_dagster.streaming.windows import FixedWindows, first_start
+from ematix_dagster.streaming.windows import FixedWindows
 
 
-def plan_partials(out: DataFrame, window: Window, aggregates: Callable[[Column], list[Column]], batch_id: int,
-                  closed_before: int | None, emitted_before: int | None) -> WindowedFrames:
+def plan_partials(out: DataFrame, window: Window, aggregates: Callable[[Column], list[Column]],
+                  batch_id: int) -> WindowedFrames:
     kind = FixedWindows.for_window(window)
     duration, hop = kind.duration, kind.hop
     tumbling = hop == duration
@@ -34,8 +34,9 @@ def plan_partials(out: DataFrame, window: Window, aggregates: Callable[[Column],
     else:
         start_of_first = ts - F.lit(duration)
         first = start_of_first - F.pmod(start_of_first, F.lit(hop)) + F.lit(hop)
-    first_open = first if closed_before is None else \
-        F.greatest(first, F.lit(first_start(closed_before, duration, hop)))
+    # streaming.windows.first_start(closed_before, D, hop); NULL (no watermark yet) leaves ``first``
+    first_after_closed = F.col(CLOSED_BEFORE) - F.lit(duration)
+    first_open = F.greatest(first, first_after_closed - F.pmod(first_after_closed, F.lit(hop)) + F.lit(hop))
     reason = F.col("_reason") if "_reason" in out.columns else F.lit(None).cast("string")
     cls = F.coalesce(reason, F.when(first_open > last, F.lit("late")))
     # One projection (each DataFrame step is analysed on the driver, every batch).
@@ -53,8 +54,8 @@ def plan_partials(out: DataFrame, window: Window, aggregates: Callable[[Column],
     hidden = [F.count_if(F.col(PRIMARY)).alias(ROWS)]
     if not tumbling:
         hidden.append(F.sum(F.when(counted, F.expr(f"(_first_open - _first) div {hop}"))).alias(LATE_ASSIGNMENTS))
-    if emitted_before is not None and window.late_data == "reopen":
-        hidden.append(F.count_if(counted & (F.col("_first_open") + duration <= F.lit(emitted_before))).alias(REOPENED))
+    if window.late_data == "reopen":
+        hidden.append(F.count_if(counted & (F.col("_first_open") + duration <= F.col(EMITTED_BEFORE))).alias(REOPENED))
     keys = [F.col(CLASS), F.col("_ws")] + [F.when(windowed, F.col(g)).alias(g) for g in window.group_by]
     partials = rows.groupBy(*keys).agg(*aggregates(windowed), *hidden)
 

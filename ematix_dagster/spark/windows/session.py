@@ -27,7 +27,9 @@ from typing import Callable, Sequence
 from pyspark.sql import Column, DataFrame, Window as SparkWindow
 from pyspark.sql import functions as F
 
-from ematix_dagster.spark.windows.base import CLASS, PRIMARY, REOPENED, ROWS, WindowedFrames, dead_letter_rows
+from ematix_dagster.spark.windows.base import (
+    CLASS, CLOSED_BEFORE, EMITTED_BEFORE, PRIMARY, REOPENED, ROWS, WindowedFrames, dead_letter_rows,
+)
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.windows.session import SessionWindows
 
@@ -35,14 +37,13 @@ from ematix_dagster.streaming.windows.session import SessionWindows
 HELPERS = ("_ts", "_bucket", "_new", "_sid", PRIMARY, CLASS)
 
 
-def plan_partials(out: DataFrame, window: Window, aggregates: Callable[[Column], list[Column]], batch_id: int,
-                  closed_before: int | None, emitted_before: int | None) -> WindowedFrames:
+def plan_partials(out: DataFrame, window: Window, aggregates: Callable[[Column], list[Column]],
+                  batch_id: int) -> WindowedFrames:
     rules = SessionWindows.for_window(window)
     gap, cap = rules.gap, rules.cap
     ts = F.unix_micros("_event_ts")
     reason = F.col("_reason") if "_reason" in out.columns else F.lit(None).cast("string")
-    late = F.lit(None).cast("string") if closed_before is None else \
-        F.when(ts < F.lit(closed_before), F.lit("late"))
+    late = F.when(ts < F.col(CLOSED_BEFORE), F.lit("late"))
     # A NULL event time out of a SQL (its input had valid ones) joins no session: a class of its own.
     cls = F.coalesce(reason, F.when(ts.isNull(), F.lit("invalid_event_time")), late)
     # Integer floor division (pmod is a floor modulo): doubles would misplace rows past 2^53 µs.
@@ -64,8 +65,8 @@ def plan_partials(out: DataFrame, window: Window, aggregates: Callable[[Column],
     session_ts = F.when(windowed, F.col("_ts"))
     spans = [F.min(session_ts).alias("_first"), F.max(session_ts).alias("_last")]
     hidden = [F.count_if(F.col(PRIMARY)).alias(ROWS)]
-    if emitted_before is not None and closed_before != emitted_before:  # reopen, with an allowance
-        hidden.append(F.count_if(windowed & (F.col("_ts") < F.lit(emitted_before))).alias(REOPENED))
+    if window.retention_ms:  # reopen, with an allowance
+        hidden.append(F.count_if(windowed & (F.col("_ts") < F.col(EMITTED_BEFORE))).alias(REOPENED))
     partials = sessions.groupBy(*keys).agg(*spans, *aggregates(windowed), *hidden)
 
     def class_rows(classes: Sequence[str]) -> DataFrame:

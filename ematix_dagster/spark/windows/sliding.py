@@ -16,18 +16,19 @@ from typing import Callable, Sequence
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from ematix_dagster.spark.windows.base import CLASS, PRIMARY, REOPENED, ROWS, WindowedFrames, dead_letter_rows
+from ematix_dagster.spark.windows.base import (
+    CLASS, CLOSED_BEFORE, EMITTED_BEFORE, PRIMARY, REOPENED, ROWS, WindowedFrames, dead_letter_rows,
+)
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.windows import SlidingWindows
 
 
-def plan_partials(out: DataFrame, window: Window, aggregates: Callable[[Column], list[Column]], batch_id: int,
-                  closed_before: int | None, emitted_before: int | None) -> WindowedFrames:
+def plan_partials(out: DataFrame, window: Window, aggregates: Callable[[Column], list[Column]],
+                  batch_id: int) -> WindowedFrames:
     duration = SlidingWindows.for_window(window).duration
     ts = F.unix_micros("_event_ts")
     reason = F.col("_reason") if "_reason" in out.columns else F.lit(None).cast("string")
-    late = F.lit(None).cast("string") if closed_before is None else \
-        F.when(ts + F.lit(duration) < F.lit(closed_before), F.lit("late"))
+    late = F.when(ts + F.lit(duration) < F.col(CLOSED_BEFORE), F.lit("late"))
     # A NULL event time out of a SQL (its input had valid ones) has no window: a class of its own.
     cls = F.coalesce(reason, F.when(ts.isNull(), F.lit("invalid_event_time")), late)
     # One projection (each DataFrame step is analysed on the driver, every batch).
@@ -35,8 +36,8 @@ def plan_partials(out: DataFrame, window: Window, aggregates: Callable[[Column],
                       F.lit(True).alias(PRIMARY))
     windowed = F.col(CLASS).isNull()
     hidden = [F.count_if(F.col(PRIMARY)).alias(ROWS)]
-    if emitted_before is not None and closed_before != emitted_before:  # reopen, with an allowance
-        hidden.append(F.count_if(windowed & (F.col("_ts") < F.lit(emitted_before))).alias(REOPENED))
+    if window.retention_ms:  # reopen, with an allowance
+        hidden.append(F.count_if(windowed & (F.col("_ts") < F.col(EMITTED_BEFORE))).alias(REOPENED))
     keys = [F.col(CLASS), F.when(windowed, F.col("_ts")).alias("_ws")] + \
         [F.when(windowed, F.col(g)).alias(g) for g in window.group_by]
     partials = rows.groupBy(*keys).agg(*aggregates(windowed), *hidden)

@@ -57,12 +57,21 @@ def _jvm_threads(pid: int) -> dict[int, tuple[str, float]]:
 
 
 def spark_jobs(spark) -> tuple[int, int]:
-    """(jobs, stages) the Spark application has run so far, from its status store."""
+    """(jobs, stages) the Spark application has run so far: one more than the newest ids in its
+    status store (which keeps only the latest thousand of each)."""
     jvm = spark.sparkContext._jvm
     store = spark.sparkContext._jsc.sc().statusStore()
     stages = store.stageList(jvm.java.util.ArrayList(), False, False,
                              spark.sparkContext._gateway.new_array(jvm.double, 0), jvm.java.util.ArrayList())
-    return store.jobsList(jvm.java.util.ArrayList()).size(), stages.size()
+    return _newest(store.jobsList(jvm.java.util.ArrayList()), "jobId") + 1, _newest(stages, "stageId") + 1
+
+
+def _newest(items, id_name: str) -> int:
+    """The largest id in a Scala sequence of status records (-1: none)."""
+    newest, it = -1, items.iterator()
+    while it.hasNext():
+        newest = max(newest, getattr(it.next(), id_name)())
+    return newest
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -48,6 +48,11 @@ def postgres_target(url: str, table: str, *, create_table: bool | None = True,
     return _given(kind="postgres", url=url, table=table, create_table=create_table, same_transaction=same_transaction)
 
 
+def postgres_dead_letter(url: str, table: str) -> Table:
+    """``[dead_letter]`` into a PostgreSQL table the pipeline creates (``extra={"dead_letter": ...}``)."""
+    return {"kind": "postgres", "url": url, "table": table, "create_table": True}
+
+
 def sqlite_store(path: Path) -> Table:
     return {"kind": "sqlite", "path": str(path)}
 

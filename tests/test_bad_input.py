@@ -29,8 +29,8 @@ import tomli_w
 
 from ematix_dagster.spark.rejects import MAX_KEY_BYTES
 from ematix_dagster.spec import load_pipeline_str
-from tests.pipeline_toml import postgres_target, sqlite_store, windowed_pipeline_toml
 from tests.test_lateness_e2e import metric, run
+from tests.test_rejected_rows import hopping_into_postgres
 
 US = 1_000_000
 NOW_US = int(dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc).timestamp()) * US
@@ -77,13 +77,7 @@ def test_hostile_input_is_aggregated_or_dead_lettered_with_its_reason(spark, tmp
         [{**r, "v": str(r["v"]), "id": 30 + r["id"]} for r in ordinary[:3]], schema=drifted), p))
 
     table, dead = f"{pg_schema}.out", f"{pg_schema}.dead"
-    toml = windowed_pipeline_toml(
-        "hostile", tmp_path, window_kind="hopping", duration_ms=60_000, hop_ms=30_000,
-        aggregations=[{"agg": "count", "as": "n"}, {"agg": "sum", "column": "v", "as": "total"}],
-        target=postgres_target(pg_dsn, table), state_store=sqlite_store(tmp_path / "state.db"),
-        trigger="available_now", end_of_input="flush",
-        extra={"dead_letter": {"kind": "postgres", "url": pg_dsn, "table": dead, "create_table": True}})
-    doc = tomllib.loads(toml)
+    doc = tomllib.loads(hopping_into_postgres("hostile", tmp_path, pg_dsn, table, dead))
     doc["transform"]["sql"] = SQL
     doc["sources"][0]["on_unreadable_file"] = "skip"
     spec = load_pipeline_str(tomli_w.dumps(doc))

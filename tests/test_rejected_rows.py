@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import tomllib
+from pathlib import Path
 
 import psycopg
 import tomli_w
@@ -20,7 +21,7 @@ import pytest
 
 from ematix_dagster.spark.rejects import MAX_KEY_BYTES
 from ematix_dagster.spec import load_pipeline_str
-from tests.pipeline_toml import postgres_target, sqlite_store, windowed_pipeline_toml
+from tests.pipeline_toml import postgres_dead_letter, postgres_target, sqlite_store, windowed_pipeline_toml
 from tests.test_lateness_e2e import metric, run
 
 US = 1_000_000
@@ -30,6 +31,16 @@ BC_5000_US = -219_922_905_600 * US  # about 5000 BC
 YEAR_10000_US = 253_402_300_800 * US  # 10000-01-01T00:00:00Z
 SCHEMA = pa.schema([("id", pa.int64()), ("k", pa.string()), ("v", pa.int64()), ("page", pa.string()),
                     ("ts", pa.timestamp("us", tz="UTC"))])
+
+
+def hopping_into_postgres(name: str, root: Path, pg_dsn: str, table: str, dead: str) -> str:
+    """Count + sum(v) per k in 1-minute windows every 30 s into PostgreSQL ``table``, dead letters
+    into PostgreSQL ``dead``, SQLite state under ``root``; the run ends with the input, flushed."""
+    return windowed_pipeline_toml(
+        name, root, window_kind="hopping", duration_ms=60_000, hop_ms=30_000,
+        aggregations=[{"agg": "count", "as": "n"}, {"agg": "sum", "column": "v", "as": "total"}],
+        target=postgres_target(pg_dsn, table), state_store=sqlite_store(root / "state.db"),
+        trigger="available_now", end_of_input="flush", extra={"dead_letter": postgres_dead_letter(pg_dsn, dead)})
 
 
 def test_rows_the_target_cannot_hold_are_dead_lettered(spark, tmp_path, batch_files, pg_dsn, pg_schema):
@@ -45,13 +56,7 @@ def test_rows_the_target_cannot_hold_are_dead_lettered(spark, tmp_path, batch_fi
     files.write(pa.Table.from_pylist([{"id": i, "k": k, "v": v, "page": "p", "ts": ts} for i, k, v, ts in rows],
                                      schema=SCHEMA))
     table, dead = f"{pg_schema}.out", f"{pg_schema}.dead"
-    toml = windowed_pipeline_toml(
-        "rejects", tmp_path, window_kind="hopping", duration_ms=60_000, hop_ms=30_000,
-        aggregations=[{"agg": "count", "as": "n"}, {"agg": "sum", "column": "v", "as": "total"}],
-        target=postgres_target(pg_dsn, table), state_store=sqlite_store(tmp_path / "state.db"),
-        trigger="available_now", end_of_input="flush",
-        extra={"dead_letter": {"kind": "postgres", "url": pg_dsn, "table": dead, "create_table": True}})
-    spec = load_pipeline_str(toml)
+    spec = load_pipeline_str(hopping_into_postgres("rejects", tmp_path, pg_dsn, table, dead))
     summary, registry = run(spec, spark)
     assert summary.rows_in == len(rows)
 
@@ -105,7 +110,7 @@ def test_a_failing_sql_expression_dead_letters_its_row_with_the_expression(spark
                                               {"agg": "sum", "column": "v2", "as": "vs"}],
         target=postgres_target(pg_dsn, f"{pg_schema}.out"), state_store=sqlite_store(tmp_path / "state.db"),
         trigger="available_now", end_of_input="flush",
-        extra={"dead_letter": {"kind": "postgres", "url": pg_dsn, "table": f"{pg_schema}.dead", "create_table": True}})
+        extra={"dead_letter": postgres_dead_letter(pg_dsn, f"{pg_schema}.dead")})
     doc = tomllib.loads(toml)
     doc["transform"]["sql"] = sql
     toml = tomli_w.dumps(doc)

@@ -23,14 +23,14 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ematix_dagster.errors import PipelineConfigError, first_line
+from ematix_dagster.spark.batch_values import BATCH_TIME, BATCH_VALUES, with_batch_values
 from ematix_dagster.spark.observed import Observed
 from ematix_dagster.spark.recovery import HEARTBEAT
 from ematix_dagster.spark.rejects import REJECT_REASONS, reject_reason
 from ematix_dagster.spark.safe_sql import ERROR_COLUMN, guard_sql
 from ematix_dagster.spark.sources import CORRUPT
-from ematix_dagster.spark.batch_values import with_batch_values
 from ematix_dagster.spark.windows import partial_plan
-from ematix_dagster.spark.windows.base import BATCH_TIME, BATCH_VALUES, CLASS, LATE_ASSIGNMENTS, PRIMARY, REOPENED, ROWS
+from ematix_dagster.spark.windows.base import CLASS, LATE_ASSIGNMENTS, PRIMARY, REOPENED, ROWS
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.streaming.aggregators import Aggregator, make_aggregator
 from ematix_dagster.streaming.windows import MICROS_PER_MS

@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from ematix_dagster.spark.batch_values import BATCH_VALUES
 from ematix_dagster.spec import Window
 
 #: the row's class: NULL (it updates windows), "late", or the pre-SQL bad-row reason
@@ -26,12 +27,6 @@ PRIMARY = "_primary"
 ROWS = "_n"
 LATE_ASSIGNMENTS = "_late_assignments"
 REOPENED = "_reopened"
-#: the batch's own values (µs), columns of a one-row relation joined to every row
-#: (``ematix_dagster.spark.batch_values``); NULL before the first watermark
-BATCH_TIME = "_batch_time_us"
-CLOSED_BEFORE = "_closed_before_us"
-EMITTED_BEFORE = "_emitted_before_us"
-BATCH_VALUES = (BATCH_TIME, CLOSED_BEFORE, EMITTED_BEFORE)
 
 
 @dataclass
@@ -57,8 +52,8 @@ def dead_letter_rows(rows: DataFrame, classes: Sequence[str], batch_id: int, hel
             .withColumn("_batch_id", F.lit(batch_id).cast("bigint")).withColumn("_reason", F.col(CLASS)).drop(CLASS))
 
 
-#: (the SQL's output (with ``_reason`` when bad rows come along, and the ``BATCH_VALUES``
-#: columns: ``CLOSED_BEFORE`` / ``EMITTED_BEFORE`` as ``Engine`` gives them), the window spec, a
+#: (the SQL's output (with ``_reason`` when bad rows come along, and the batch values' columns
+#: of ``ematix_dagster.spark.batch_values``), the window spec, a
 #: function of the gate column (true for rows that update windows) returning the aggregate
 #: columns, batch id) -> the frames
 PartialPlan = Callable[[DataFrame, Window, Callable[[Column], list[Column]], int], WindowedFrames]

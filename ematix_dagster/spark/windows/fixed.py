@@ -13,8 +13,9 @@ from typing import Callable, Sequence
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from ematix_dagster.spark.batch_values import CLOSED_BEFORE, EMITTED_BEFORE
 from ematix_dagster.spark.windows.base import (
-    CLASS, CLOSED_BEFORE, EMITTED_BEFORE, LATE_ASSIGNMENTS, PRIMARY, REOPENED, ROWS, WindowedFrames, dead_letter_rows,
+    CLASS, LATE_ASSIGNMENTS, PRIMARY, REOPENED, ROWS, WindowedFrames, dead_letter_rows,
 )
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.windows import FixedWindows
@@ -29,14 +30,14 @@ def plan_partials(out: DataFrame, window: Window, aggregates: Callable[[Column],
     # Integer arithmetic throughout (pmod is a floor modulo): doubles would misplace rows near a
     # window bound once timestamps exceed 2^53 µs.
     last = ts - F.pmod(ts, F.lit(hop))
-    if tumbling:  # a row's only window
-        first = last
-    else:
-        start_of_first = ts - F.lit(duration)
-        first = start_of_first - F.pmod(start_of_first, F.lit(hop)) + F.lit(hop)
-    # streaming.windows.first_start(closed_before, D, hop); NULL (no watermark yet) leaves ``first``
-    first_after_closed = F.col(CLOSED_BEFORE) - F.lit(duration)
-    first_open = F.greatest(first, first_after_closed - F.pmod(first_after_closed, F.lit(hop)) + F.lit(hop))
+
+    def first_start(t: Column) -> Column:  # streaming.windows.first_start(t, D, hop)
+        before = t - F.lit(duration)
+        return before - F.pmod(before, F.lit(hop)) + F.lit(hop)
+
+    first = last if tumbling else first_start(ts)  # a tumbling row's only window is its last
+    # NULL closed_before (no watermark yet) leaves ``first``: greatest skips NULLs
+    first_open = F.greatest(first, first_start(F.col(CLOSED_BEFORE)))
     reason = F.col("_reason") if "_reason" in out.columns else F.lit(None).cast("string")
     cls = F.coalesce(reason, F.when(first_open > last, F.lit("late")))
     # One projection (each DataFrame step is analysed on the driver, every batch).

@@ -16,9 +16,8 @@ from typing import Callable, Sequence
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from ematix_dagster.spark.windows.base import (
-    CLASS, CLOSED_BEFORE, EMITTED_BEFORE, PRIMARY, REOPENED, ROWS, WindowedFrames, dead_letter_rows,
-)
+from ematix_dagster.spark.batch_values import CLOSED_BEFORE, EMITTED_BEFORE
+from ematix_dagster.spark.windows.base import CLASS, PRIMARY, REOPENED, ROWS, WindowedFrames, dead_letter_rows
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.windows import SlidingWindows
 

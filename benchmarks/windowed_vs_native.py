@@ -416,10 +416,12 @@ def print_splits(r: Result) -> None:
 
 
 def profile_ours(spark, data: Path, scratch: Path, workload: str, timer: DriverTimer, max_groups: int,
-                 top: int) -> None:
+                 top: int, out_path: str | None = None) -> None:
     timer.profiler = cProfile.Profile()
     result = run_ours(spark, data, scratch, workload, timer, max_groups, verbose=False)
     timer.profiler.disable()
+    if out_path:
+        timer.profiler.dump_stats(out_path)
     print(f"\nprofiled run (cProfile inside the foreachBatch callback; inflated): {result.line()}")
     for sort in ("tottime", "cumulative"):
         out = io.StringIO()
@@ -508,6 +510,7 @@ def main(argv: list[str] | None = None) -> int:
                          "heap on the full data set; '' keeps Spark's default)")
     ap.add_argument("--profile", action="store_true", help="one extra cProfile'd run of ours per workload at the end")
     ap.add_argument("--profile-top", type=int, default=35)
+    ap.add_argument("--profile-out", help="also write the profile's stats to this file (pstats format), per workload")
     ap.add_argument("--verbose", action="store_true", help="print our per-batch progress lines")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--scratch", default=None, help="directory for data and checkpoints (default: a temp dir)")
@@ -567,7 +570,8 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.profile:
             for workload in args.workloads:
-                profile_ours(spark, data, scratch, workload, timer, max_groups, args.profile_top)
+                profile_ours(spark, data, scratch, workload, timer, max_groups, args.profile_top,
+                             f"{args.profile_out}.{workload}" if args.profile_out else None)
 
         report(args, {k: _median(v) for k, v in results.items()}, beats)
         return 0

@@ -1,6 +1,6 @@
 """The Spark half of session windows (SPEC.md §8) against an independent pandas sessionizer.
 
-``plan_partials`` runs on small static DataFrames; its partials are compared with a ground truth
+``SessionPlan`` runs on small static DataFrames; its partials are compared with a ground truth
 that imports nothing from the engine: per (key, cap bucket ``t // cap``), rows sorted by event
 time, a new session where consecutive rows are more than ``gap`` apart; a row is late iff
 ``t < closed_before``; rows with a pre-SQL ``_reason`` or late rows are counted per class only.
@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from ematix_dagster.spark.batch_values import with_batch_values
 from ematix_dagster.spark.partials import _source_counts, batch_counts
 from ematix_dagster.spark.windows.base import CLASS, PRIMARY, ROWS
-from ematix_dagster.spark.windows.session import plan_partials
+from ematix_dagster.spark.windows.session import SessionPlan
 
 GAP_MS, CAP_MS = 10, 100
 GAP, CAP = GAP_MS * 1_000, CAP_MS * 1_000  # µs
@@ -89,7 +89,7 @@ def planned(spark: SparkSession, rows: list[Row], closed_before: int | None, wit
             aggs: Callable[[Column], list[Column]] = aggregates):
     """The plan over ``rows``, with the batch values the engine joins (``closed_before`` one of them)."""
     df = with_batch_values(frame(spark, rows, with_reason), 0, closed_before, None)
-    return plan_partials(df, WINDOW, aggs, 7)  # type: ignore[arg-type]
+    return SessionPlan(WINDOW, aggs, with_reason).frames(df, 7)  # type: ignore[arg-type]
 
 
 def run(spark: SparkSession, rows: list[Row], closed_before: int | None, with_reason: bool = True,

@@ -61,20 +61,18 @@ def rows_to_arrow(schema: pa.Schema, rows: Sequence[EmittedRow], group_width: in
                   session_ids: Sequence[int] | None = None) -> pa.Table:
     """The rows as the output schema's columns, in their order (``session_ids``: one per row, for
     session windows; a schema with ``_emit_seq`` numbers the rows 0, 1, ... as given)."""
-    columns: list[list[Any]] = [[] for _ in schema]
+    columns: list[Sequence[Any]] = [()] * len(schema)
     first_key = 2 if session_ids is None else 3
-    kind = schema.get_field_index(EMIT_KIND_COLUMN)
-    for r in rows:
-        columns[0].append(r.start)
-        columns[1].append(r.end)
-        for i, v in enumerate(r.key):
-            columns[first_key + i].append(v)
-        for j, v in enumerate(r.values):
-            columns[first_key + group_width + j].append(v)
-        columns[kind].append(r.kind)
+    if rows:  # one column at a time (each row's key and values transposed at C speed), not a call per cell
+        starts, ends, keys, values, kinds = zip(*rows)
+        columns[0], columns[1], columns[schema.get_field_index(EMIT_KIND_COLUMN)] = starts, ends, kinds
+        for i, column in enumerate(zip(*keys)):
+            columns[first_key + i] = column
+        for j, column in enumerate(zip(*values)):
+            columns[first_key + group_width + j] = column
     if session_ids is not None:
         columns[2] = list(session_ids)
     seq = schema.get_field_index(EMIT_SEQ_COLUMN)
     if seq >= 0:
-        columns[seq] = list(range(len(rows)))
+        columns[seq] = range(len(rows))
     return pa.table([pa.array(c, type=f.type) for c, f in zip(columns, schema)], schema=schema)

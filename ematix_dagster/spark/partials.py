@@ -29,7 +29,7 @@ from ematix_dagster.spark.recovery import HEARTBEAT
 from ematix_dagster.spark.rejects import REJECT_REASONS, reject_reason
 from ematix_dagster.spark.safe_sql import ERROR_COLUMN, guard_sql
 from ematix_dagster.spark.sources import CORRUPT
-from ematix_dagster.spark.windows import partial_plan
+from ematix_dagster.spark.windows import PartialPlan, partial_plan
 from ematix_dagster.spark.windows.base import CLASS, LATE_ASSIGNMENTS, PRIMARY, REOPENED, ROWS
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.streaming.aggregators import Aggregator, make_aggregator
@@ -123,6 +123,10 @@ class BatchPlan:
     def integral(self) -> tuple[bool, ...]:
         return tuple(a.agg == "sum" and isinstance(self.output_types[a.column], INTEGRAL)  # type: ignore[index]
                      for a in self.spec.window.aggregations)
+
+    @cached_property
+    def columns(self) -> BatchColumns:
+        return BatchColumns.for_plan(self)
 
     @cached_property
     def aggregators(self) -> list[Aggregator]:
@@ -223,6 +227,42 @@ class BatchFrames:
     class_rows: Callable[[Sequence[str]], DataFrame]  # post-SQL rows of some classes (late, rejected)
 
 
+@dataclass(frozen=True)
+class BatchColumns:
+    """The columns every batch of a run applies, built once (each Column is a round trip to the
+    JVM: built per batch, they were several hundred round trips a batch)."""
+
+    data: Column  # not a heartbeat row
+    processing_time: Column  # ``_event_ts`` under processing time: the batch time
+    classified: list[Column]  # ``_ts`` and ``_reason`` (the pre-SQL reason a row updates no window)
+    source_stats: list[Column]  # with a SQL: the per-source counters, observed on its input
+    valid: Column  # no pre-SQL reason
+    reason: Column | None  # the post-SQL ``_reason`` (rejections), None when no rule applies
+    windows: PartialPlan  # the window kind's plan
+
+    @classmethod
+    def for_plan(cls, plan: BatchPlan) -> "BatchColumns":
+        spec = plan.spec
+        skew = F.lit(None).cast("bigint")
+        for s in spec.sources:
+            skew = F.when(F.col("_source") == s.name, F.lit(s.max_future_skew_ms * MICROS_PER_MS)).otherwise(skew)
+        ts = F.unix_micros("_event_ts")
+        rejected = reject_reason(spec, plan.output_types)
+        reason = rejected
+        if rejected is not None and not spec.transform_sql:  # after the pre-SQL reasons: a row has one reason
+            reason = F.coalesce(F.col("_reason"), rejected)
+
+        def aggregates(gate: Column) -> list[Column]:
+            return plan.partial_columns(gate) + ([] if spec.transform_sql else _source_counts(spec))
+
+        has_reason = not spec.transform_sql or rejected is not None
+        return cls(data=F.col("_source") != HEARTBEAT, processing_time=F.timestamp_micros(F.col(BATCH_TIME)),
+                   classified=[ts.alias("_ts"), _reason(ts, F.col(BATCH_TIME) + skew).alias("_reason")],
+                   source_stats=_source_stats(spec) if spec.transform_sql else [],
+                   valid=F.col("_reason").isNull(), reason=reason,
+                   windows=partial_plan(spec.window, aggregates, has_reason))
+
+
 def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: int, batch_time_us: int,
                 closed_before: int | None, emitted_before: int | None) -> BatchFrames:
     """The batch's single Spark job, planned.
@@ -231,18 +271,15 @@ def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: i
     class rows, so every counter comes out of the partials' own job. A SQL may filter rows, and
     the source counters are taken before it (SPEC.md §2), so with a SQL they are observed on the
     SQL's input instead. The batch's values are columns (``ematix_dagster.spark.batch_values``),
-    so the plan's generated code is the same every batch.
+    so the plan's generated code is the same every batch, and its columns are the run's
+    (:class:`BatchColumns`): a batch only applies them to its rows.
     """
-    spec, window = plan.spec, plan.spec.window
+    spec, columns = plan.spec, plan.columns
     values = (batch_time_us, closed_before, emitted_before)
-    df = with_batch_values(df.filter(F.col("_source") != HEARTBEAT), *values)
-    if window.time_mode == "processing":
-        df = df.withColumn("_event_ts", F.timestamp_micros(F.col(BATCH_TIME)))
-    skew = F.lit(None).cast("bigint")
-    for s in spec.sources:
-        skew = F.when(F.col("_source") == s.name, F.lit(s.max_future_skew_ms * MICROS_PER_MS)).otherwise(skew)
-    ts = F.unix_micros("_event_ts")
-    df = df.select("*", ts.alias("_ts"), _reason(ts, F.col(BATCH_TIME) + skew).alias("_reason"))
+    df = with_batch_values(df.filter(columns.data), *values)
+    if spec.window.time_mode == "processing":
+        df = df.withColumn("_event_ts", columns.processing_time)
+    df = df.select("*", *columns.classified)
 
     def bad_rows() -> DataFrame:
         return (df.filter(F.col("_reason").isNotNull()).drop("_ts", *BATCH_VALUES)
@@ -250,22 +287,15 @@ def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: i
 
     source_stats: Observed | None = None
     if spec.transform_sql:
-        stats = _source_stats(spec)
-        source_stats = Observed(Observation(f"sources_{batch_id}"), df, stats)
-        valid = df.observe(source_stats.observation, *stats).filter(F.col("_reason").isNull())
+        source_stats = Observed(Observation(f"sources_{batch_id}"), df, columns.source_stats)
+        valid = df.observe(source_stats.observation, *columns.source_stats).filter(columns.valid)
         sql_input = valid.drop("_ts", "_reason", CORRUPT, *BATCH_VALUES)
         out = with_batch_values(apply_sql(spark, spec, sql_input, plan.sql_columns), *values)
     else:
-        out = df.drop(CORRUPT)
-
-    rejected = reject_reason(spec, plan.output_types)
-    if rejected is not None:  # after the pre-SQL reasons: a row has one reason, the first found
-        out = out.withColumn("_reason", F.coalesce(F.col("_reason"), rejected) if "_reason" in out.columns else rejected)
-
-    def aggregates(gate: Column) -> list[Column]:
-        return plan.partial_columns(gate) + ([] if spec.transform_sql else _source_counts(spec))
-
-    windowed = partial_plan(window)(out, window, aggregates, batch_id)
+        out = df.drop(CORRUPT, "_ts")  # the window plan adds ``_ts`` of the SQL's output
+    if columns.reason is not None:
+        out = out.withColumn("_reason", columns.reason)
+    windowed = columns.windows.frames(out, batch_id)
     return BatchFrames(windowed.partials, source_stats, bad_rows, windowed.class_rows)
 
 

@@ -598,11 +598,14 @@ def _quoted(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def _aligned(df: DataFrame, schema: T.StructType) -> DataFrame:
-    """``df`` with exactly the columns of ``schema`` (the union of every source), in its order."""
+def _alignment(df: DataFrame, schema: T.StructType) -> list[Column] | None:
+    """The projection giving ``df`` exactly the columns of ``schema`` (the union of every source), in
+    its order; None when it has them already."""
+    if df.schema == schema:
+        return None
     have = set(df.columns)
-    return df.select(*[(F.col(_quoted(f.name)) if f.name in have else F.lit(None)).cast(f.dataType).alias(f.name)
-                       for f in schema.fields])
+    return [(F.col(_quoted(f.name)) if f.name in have else F.lit(None)).cast(f.dataType).alias(f.name)
+            for f in schema.fields]
 
 
 class DeadLetters(Protocol):
@@ -655,6 +658,9 @@ class InputFiles:
         self.counter = counter  # unreadable_files_total{pipeline,source}
         self.progress = progress
         self.skipped: dict[str, int] = {}
+        # per (source index, TIMESTAMP(NANOS) columns): the projection that aligns its read rows with
+        # the stream's schema, None where they already are (the same every batch: built once)
+        self._alignments: dict[tuple[int, frozenset[str]], list[Column] | None] = {}
 
     @property
     def managed(self) -> bool:
@@ -749,7 +755,11 @@ class InputFiles:
                 if f.path not in skipped:
                     groups.setdefault(f.nanos, []).append(f.url)
             for nanos in sorted(groups, key=sorted):
-                frames.append(_aligned(read_files(session, spec, i, groups[nanos], nanos), df.schema))
+                rows = read_files(session, spec, i, groups[nanos], nanos)
+                if (i, nanos) not in self._alignments:
+                    self._alignments[(i, nanos)] = _alignment(rows, df.schema)
+                projection = self._alignments[(i, nanos)]
+                frames.append(rows if projection is None else rows.select(*projection))
         if not frames:
             return session.createDataFrame([], df.schema)
         return reduce(DataFrame.union, frames)

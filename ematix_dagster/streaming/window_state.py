@@ -42,6 +42,22 @@ def key_order(key: GroupKey) -> tuple[Any, ...]:
     return tuple((v is not None, order_key(v) if v is not None else 0) for v in key)
 
 
+def sorted_keys(keys: Iterable[GroupKey]) -> list[GroupKey]:
+    """``keys`` in Spark's order (:func:`key_order`).
+
+    Keys without None or NaN compare as tuples in that order already, which sorts several times
+    faster than building a :func:`key_order` per key (a batch sorts every key of each window it
+    emits); a None makes the comparison fail, a NaN makes it wrong, and both take the slow path.
+    """
+    keys = list(keys)
+    if not any(v != v for key in keys for v in key):  # NaN is the only value unequal to itself
+        try:
+            return sorted(keys)
+        except TypeError:  # None beside values
+            pass
+    return sorted(keys, key=key_order)
+
+
 @dataclass
 class WindowState:
     """All open (and, under ``reopen``, retained) windows of one pipeline."""
@@ -131,7 +147,7 @@ class WindowState:
     def _rows(self, start: int, keys: Iterable[GroupKey], kind: str) -> list[EmittedRow]:
         groups = self.windows[start]
         end = self.window_kind.bounds(start).end
-        ordered = sorted(keys, key=key_order)
+        ordered = sorted_keys(keys)
         states = [groups[key] for key in ordered]
         # one aggregator at a time over the window's groups, then one tuple per group
         columns = [list(map(agg.result, map(itemgetter(i), states))) for i, agg in enumerate(self.aggregators)]

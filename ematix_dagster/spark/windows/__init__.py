@@ -1,4 +1,4 @@
-"""The Spark half of each window kind: one function per kind plans a batch's partials.
+"""The Spark half of each window kind: one plan class per kind plans a run's batches' partials.
 
 It assigns the rows of the SQL's output to their open windows, splits off the late ones and
 pre-aggregates one partial per (window, group), by the rules of the kind's driver-side module
@@ -7,21 +7,26 @@ pre-aggregates one partial per (window, group), by the rules of the kind's drive
 
 from __future__ import annotations
 
+from typing import Callable
+
+from pyspark.sql import Column
+
 from ematix_dagster.spark.windows import fixed, session, sliding
 from ematix_dagster.spark.windows.base import PartialPlan, WindowedFrames
 from ematix_dagster.spec import Window
 
 #: spec ``kind`` -> its Spark plan (a new kind adds its line here)
-PLANS: dict[str, PartialPlan] = {
-    "tumbling": fixed.plan_partials,
-    "hopping": fixed.plan_partials,
-    "session": session.plan_partials,
-    "sliding": sliding.plan_partials,
+PLANS: dict[str, type[PartialPlan]] = {
+    "tumbling": fixed.FixedPlan,
+    "hopping": fixed.FixedPlan,
+    "session": session.SessionPlan,
+    "sliding": sliding.SlidingPlan,
 }
 
 
-def partial_plan(window: Window) -> PartialPlan:
-    return PLANS[window.kind]
+def partial_plan(window: Window, aggregates: Callable[[Column], list[Column]], has_reason: bool) -> PartialPlan:
+    """The window kind's plan for a run (see :class:`PartialPlan`)."""
+    return PLANS[window.kind](window, aggregates, has_reason)
 
 
 __all__ = ["PLANS", "PartialPlan", "WindowedFrames", "partial_plan"]

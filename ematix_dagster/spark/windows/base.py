@@ -11,7 +11,7 @@ row (a hopping row is copied into each of its windows), so counters count rows, 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -52,8 +52,16 @@ def dead_letter_rows(rows: DataFrame, classes: Sequence[str], batch_id: int, hel
             .withColumn("_batch_id", F.lit(batch_id).cast("bigint")).withColumn("_reason", F.col(CLASS)).drop(CLASS))
 
 
-#: (the SQL's output (with ``_reason`` when bad rows come along, and the batch values' columns
-#: of ``ematix_dagster.spark.batch_values``), the window spec, a
-#: function of the gate column (true for rows that update windows) returning the aggregate
-#: columns, batch id) -> the frames
-PartialPlan = Callable[[DataFrame, Window, Callable[[Column], list[Column]], int], WindowedFrames]
+class PartialPlan(Protocol):
+    """A window kind's plan for one run's batches.
+
+    Made once per run from the window spec, the function of the gate column (true for rows that
+    update windows) returning the aggregate columns, and whether the rows come with a ``_reason``
+    column: its columns are built then, since each Column is a round trip to the JVM (several
+    hundred a batch when built per batch). :meth:`frames` applies them to a batch: the SQL's output
+    with the batch values' columns (``ematix_dagster.spark.batch_values``), without ``_ts``.
+    """
+
+    def __init__(self, window: Window, aggregates: Callable[[Column], list[Column]], has_reason: bool) -> None: ...
+
+    def frames(self, out: DataFrame, batch_id: int) -> WindowedFrames: ...

@@ -21,46 +21,59 @@ from ematix_dagster.spec import Window
 from ematix_dagster.streaming.windows import FixedWindows
 
 
-def plan_partials(out: DataFrame, window: Window, aggregates: Callable[[Column], list[Column]],
-                  batch_id: int) -> WindowedFrames:
-    kind = FixedWindows.for_window(window)
-    duration, hop = kind.duration, kind.hop
-    tumbling = hop == duration
-    ts = F.unix_micros("_event_ts")
-    # Integer arithmetic throughout (pmod is a floor modulo): doubles would misplace rows near a
-    # window bound once timestamps exceed 2^53 µs.
-    last = ts - F.pmod(ts, F.lit(hop))
+#: the plan's own columns, dropped from dead-letter rows
+HELPERS = ("_ts", "_last", "_first", "_first_open")
 
-    def first_start(t: Column) -> Column:  # streaming.windows.first_start(t, D, hop)
-        before = t - F.lit(duration)
-        return before - F.pmod(before, F.lit(hop)) + F.lit(hop)
 
-    first = last if tumbling else first_start(ts)  # a tumbling row's only window is its last
-    # NULL closed_before (no watermark yet) leaves ``first``: greatest skips NULLs
-    first_open = F.greatest(first, first_start(F.col(CLOSED_BEFORE)))
-    reason = F.col("_reason") if "_reason" in out.columns else F.lit(None).cast("string")
-    cls = F.coalesce(reason, F.when(first_open > last, F.lit("late")))
-    # One projection (each DataFrame step is analysed on the driver, every batch).
-    out = out.select(*[c for c in out.columns if c != "_ts"], ts.alias("_ts"), last.alias("_last"), first.alias("_first"),
-                     first_open.alias("_first_open"), cls.alias(CLASS))
-    windowed = F.col(CLASS).isNull()
-    if tumbling:
-        rows = out.select("*", F.lit(True).alias(PRIMARY), F.when(windowed, F.col("_last")).alias("_ws"))
-    else:
-        starts = F.when(windowed, F.sequence(F.col("_first_open"), F.col("_last"), F.lit(hop).cast("bigint"))) \
-            .otherwise(F.array(F.lit(None).cast("bigint")))
-        rows = out.select("*", F.posexplode(starts).alias("_pos", "_ws")) \
-            .withColumn(PRIMARY, F.col("_pos") == 0)
-    counted = F.col(PRIMARY) & windowed
-    hidden = [F.count_if(F.col(PRIMARY)).alias(ROWS)]
-    if not tumbling:
-        hidden.append(F.sum(F.when(counted, F.expr(f"(_first_open - _first) div {hop}"))).alias(LATE_ASSIGNMENTS))
-    if window.late_data == "reopen":
-        hidden.append(F.count_if(counted & (F.col("_first_open") + duration <= F.col(EMITTED_BEFORE))).alias(REOPENED))
-    keys = [F.col(CLASS), F.col("_ws")] + [F.when(windowed, F.col(g)).alias(g) for g in window.group_by]
-    partials = rows.groupBy(*keys).agg(*aggregates(windowed), *hidden)
+class FixedPlan:
+    """A run's tumbling or hopping plan; ``has_reason``: the rows come with a ``_reason`` column."""
 
-    def class_rows(classes: Sequence[str]) -> DataFrame:
-        return dead_letter_rows(out, classes, batch_id, ("_ts", "_last", "_first", "_first_open"))
+    def __init__(self, window: Window, aggregates: Callable[[Column], list[Column]], has_reason: bool) -> None:
+        kind = FixedWindows.for_window(window)
+        duration, hop = kind.duration, kind.hop
+        self.tumbling = hop == duration
+        ts = F.unix_micros("_event_ts")
+        # Integer arithmetic throughout (pmod is a floor modulo): doubles would misplace rows near a
+        # window bound once timestamps exceed 2^53 µs.
+        last = ts - F.pmod(ts, F.lit(hop))
 
-    return WindowedFrames(partials, class_rows)
+        def first_start(t: Column) -> Column:  # streaming.windows.first_start(t, D, hop)
+            before = t - F.lit(duration)
+            return before - F.pmod(before, F.lit(hop)) + F.lit(hop)
+
+        first = last if self.tumbling else first_start(ts)  # a tumbling row's only window is its last
+        # NULL closed_before (no watermark yet) leaves ``first``: greatest skips NULLs
+        first_open = F.greatest(first, first_start(F.col(CLOSED_BEFORE)))
+        reason = F.col("_reason") if has_reason else F.lit(None).cast("string")
+        cls = F.coalesce(reason, F.when(first_open > last, F.lit("late")))
+        self.assigned = [ts.alias("_ts"), last.alias("_last"), first.alias("_first"),
+                         first_open.alias("_first_open"), cls.alias(CLASS)]
+        windowed = F.col(CLASS).isNull()
+        if self.tumbling:
+            self.copies = [F.lit(True).alias(PRIMARY), F.when(windowed, F.col("_last")).alias("_ws")]
+        else:
+            starts = F.when(windowed, F.sequence(F.col("_first_open"), F.col("_last"), F.lit(hop).cast("bigint"))) \
+                .otherwise(F.array(F.lit(None).cast("bigint")))
+            self.copies = [F.posexplode(starts).alias("_pos", "_ws")]
+            self.primary = F.col("_pos") == 0
+        counted = F.col(PRIMARY) & windowed
+        hidden = [F.count_if(F.col(PRIMARY)).alias(ROWS)]
+        if not self.tumbling:
+            hidden.append(F.sum(F.when(counted, F.expr(f"(_first_open - _first) div {hop}"))).alias(LATE_ASSIGNMENTS))
+        if window.late_data == "reopen":
+            hidden.append(F.count_if(counted & (F.col("_first_open") + duration <= F.col(EMITTED_BEFORE))).alias(REOPENED))
+        self.keys = [F.col(CLASS), F.col("_ws")] + [F.when(windowed, F.col(g)).alias(g) for g in window.group_by]
+        self.aggregates = [*aggregates(windowed), *hidden]
+
+    def frames(self, out: DataFrame, batch_id: int) -> WindowedFrames:
+        # One projection for the assignment (each DataFrame step is analysed on the driver, every batch).
+        out = out.drop("_ts").select("*", *self.assigned)
+        rows = out.select("*", *self.copies)
+        if not self.tumbling:
+            rows = rows.withColumn(PRIMARY, self.primary)
+        partials = rows.groupBy(*self.keys).agg(*self.aggregates)
+
+        def class_rows(classes: Sequence[str]) -> DataFrame:
+            return dead_letter_rows(out, classes, batch_id, HELPERS)
+
+        return WindowedFrames(partials, class_rows)

@@ -36,39 +36,41 @@ from ematix_dagster.streaming.windows.session import SessionWindows
 HELPERS = ("_ts", "_bucket", "_new", "_sid", PRIMARY, CLASS)
 
 
-def plan_partials(out: DataFrame, window: Window, aggregates: Callable[[Column], list[Column]],
-                  batch_id: int) -> WindowedFrames:
-    rules = SessionWindows.for_window(window)
-    gap, cap = rules.gap, rules.cap
-    ts = F.unix_micros("_event_ts")
-    reason = F.col("_reason") if "_reason" in out.columns else F.lit(None).cast("string")
-    late = F.when(ts < F.col(CLOSED_BEFORE), F.lit("late"))
-    # A NULL event time out of a SQL (its input had valid ones) joins no session: a class of its own.
-    cls = F.coalesce(reason, F.when(ts.isNull(), F.lit("invalid_event_time")), late)
-    # Integer floor division (pmod is a floor modulo): doubles would misplace rows past 2^53 µs.
-    bucket = F.expr(f"(unix_micros(`_event_ts`) - pmod(unix_micros(`_event_ts`), {cap}L)) div {cap}L")
-    # One projection per step (each DataFrame step is analysed on the driver, every batch).
-    rows = out.select(*[c for c in out.columns if c not in HELPERS], ts.alias("_ts"), cls.alias(CLASS),
-                      F.when(cls.isNull(), bucket).alias("_bucket"), F.lit(True).alias(PRIMARY))
-    windowed = F.col(CLASS).isNull()
-    # Class rows have a NULL bucket, so they never share a partition with windowed rows; their raw
-    # group columns spread a backlog of late rows over many partitions instead of one.
-    by_key = SparkWindow.partitionBy(F.col(CLASS), *[F.col(g) for g in window.group_by], F.col("_bucket")) \
-        .orderBy(F.col("_ts"))
-    gaps = rows.select("*", F.coalesce(F.col("_ts") - F.lag("_ts").over(by_key) > F.lit(gap), F.lit(False))
-                       .cast("int").alias("_new"))  # consecutive rows at most gap apart join (<=)
-    sessions = gaps.select("*", F.when(windowed, F.sum("_new").over(
-        by_key.rowsBetween(SparkWindow.unboundedPreceding, SparkWindow.currentRow))).alias("_sid"))
-    keys = [F.col(CLASS)] + [F.when(windowed, F.col(g)).alias(g) for g in window.group_by] + \
-        [F.col("_bucket"), F.col("_sid")]
-    session_ts = F.when(windowed, F.col("_ts"))
-    spans = [F.min(session_ts).alias("_first"), F.max(session_ts).alias("_last")]
-    hidden = [F.count_if(F.col(PRIMARY)).alias(ROWS)]
-    if window.retention_ms:  # reopen, with an allowance
-        hidden.append(F.count_if(windowed & (F.col("_ts") < F.col(EMITTED_BEFORE))).alias(REOPENED))
-    partials = sessions.groupBy(*keys).agg(*spans, *aggregates(windowed), *hidden)
+class SessionPlan:
+    """A run's session plan; ``has_reason``: the rows come with a ``_reason`` column."""
 
-    def class_rows(classes: Sequence[str]) -> DataFrame:
-        return dead_letter_rows(rows, classes, batch_id, [h for h in HELPERS if h != CLASS])
+    def __init__(self, window: Window, aggregates: Callable[[Column], list[Column]], has_reason: bool) -> None:
+        rules = SessionWindows.for_window(window)
+        gap, cap = rules.gap, rules.cap
+        ts = F.unix_micros("_event_ts")
+        reason = F.col("_reason") if has_reason else F.lit(None).cast("string")
+        late = F.when(ts < F.col(CLOSED_BEFORE), F.lit("late"))
+        cls = F.coalesce(reason, F.when(ts.isNull(), F.lit("invalid_event_time")), late)
+        bucket = F.expr(f"(unix_micros(`_event_ts`) - pmod(unix_micros(`_event_ts`), {cap}L)) div {cap}L")
+        self.assigned = [ts.alias("_ts"), cls.alias(CLASS), F.when(cls.isNull(), bucket).alias("_bucket"),
+                         F.lit(True).alias(PRIMARY)]
+        windowed = F.col(CLASS).isNull()
+        by_key = SparkWindow.partitionBy(F.col(CLASS), *[F.col(g) for g in window.group_by], F.col("_bucket")) \
+            .orderBy(F.col("_ts"))
+        # consecutive rows at most gap apart join (<=)
+        self.new = F.coalesce(F.col("_ts") - F.lag("_ts").over(by_key) > F.lit(gap), F.lit(False)).cast("int").alias("_new")
+        self.sid = F.when(windowed, F.sum("_new").over(
+            by_key.rowsBetween(SparkWindow.unboundedPreceding, SparkWindow.currentRow))).alias("_sid")
+        self.keys = [F.col(CLASS)] + [F.when(windowed, F.col(g)).alias(g) for g in window.group_by] + \
+            [F.col("_bucket"), F.col("_sid")]
+        session_ts = F.when(windowed, F.col("_ts"))
+        spans = [F.min(session_ts).alias("_first"), F.max(session_ts).alias("_last")]
+        hidden = [F.count_if(F.col(PRIMARY)).alias(ROWS)]
+        if window.retention_ms:  # reopen, with an allowance
+            hidden.append(F.count_if(windowed & (F.col("_ts") < F.col(EMITTED_BEFORE))).alias(REOPENED))
+        self.aggregates = [*spans, *aggregates(windowed), *hidden]
 
-    return WindowedFrames(partials, class_rows)
+    def frames(self, out: DataFrame, batch_id: int) -> WindowedFrames:
+        rows = out.drop(*HELPERS).select("*", *self.assigned)
+        sessions = rows.select("*", self.new).select("*", self.sid)
+        partials = sessions.groupBy(*self.keys).agg(*self.aggregates)
+
+        def class_rows(classes: Sequence[str]) -> DataFrame:
+            return dead_letter_rows(rows, classes, batch_id, [h for h in HELPERS if h != CLASS])
+
+        return WindowedFrames(partials, class_rows)

@@ -22,26 +22,31 @@ from ematix_dagster.spec import Window
 from ematix_dagster.streaming.windows import SlidingWindows
 
 
-def plan_partials(out: DataFrame, window: Window, aggregates: Callable[[Column], list[Column]],
-                  batch_id: int) -> WindowedFrames:
-    duration = SlidingWindows.for_window(window).duration
-    ts = F.unix_micros("_event_ts")
-    reason = F.col("_reason") if "_reason" in out.columns else F.lit(None).cast("string")
-    late = F.when(ts + F.lit(duration) < F.col(CLOSED_BEFORE), F.lit("late"))
-    # A NULL event time out of a SQL (its input had valid ones) has no window: a class of its own.
-    cls = F.coalesce(reason, F.when(ts.isNull(), F.lit("invalid_event_time")), late)
-    # One projection (each DataFrame step is analysed on the driver, every batch).
-    rows = out.select(*[c for c in out.columns if c != "_ts"], ts.alias("_ts"), cls.alias(CLASS),
-                      F.lit(True).alias(PRIMARY))
-    windowed = F.col(CLASS).isNull()
-    hidden = [F.count_if(F.col(PRIMARY)).alias(ROWS)]
-    if window.retention_ms:  # reopen, with an allowance
-        hidden.append(F.count_if(windowed & (F.col("_ts") < F.col(EMITTED_BEFORE))).alias(REOPENED))
-    keys = [F.col(CLASS), F.when(windowed, F.col("_ts")).alias("_ws")] + \
-        [F.when(windowed, F.col(g)).alias(g) for g in window.group_by]
-    partials = rows.groupBy(*keys).agg(*aggregates(windowed), *hidden)
+class SlidingPlan:
+    """A run's sliding plan; ``has_reason``: the rows come with a ``_reason`` column."""
 
-    def class_rows(classes: Sequence[str]) -> DataFrame:
-        return dead_letter_rows(rows, classes, batch_id, ("_ts", PRIMARY))
+    def __init__(self, window: Window, aggregates: Callable[[Column], list[Column]], has_reason: bool) -> None:
+        duration = SlidingWindows.for_window(window).duration
+        ts = F.unix_micros("_event_ts")
+        reason = F.col("_reason") if has_reason else F.lit(None).cast("string")
+        late = F.when(ts + F.lit(duration) < F.col(CLOSED_BEFORE), F.lit("late"))
+        # A NULL event time out of a SQL (its input had valid ones) has no window: a class of its own.
+        cls = F.coalesce(reason, F.when(ts.isNull(), F.lit("invalid_event_time")), late)
+        self.assigned = [ts.alias("_ts"), cls.alias(CLASS), F.lit(True).alias(PRIMARY)]
+        windowed = F.col(CLASS).isNull()
+        hidden = [F.count_if(F.col(PRIMARY)).alias(ROWS)]
+        if window.retention_ms:  # reopen, with an allowance
+            hidden.append(F.count_if(windowed & (F.col("_ts") < F.col(EMITTED_BEFORE))).alias(REOPENED))
+        self.keys = [F.col(CLASS), F.when(windowed, F.col("_ts")).alias("_ws")] + \
+            [F.when(windowed, F.col(g)).alias(g) for g in window.group_by]
+        self.aggregates = [*aggregates(windowed), *hidden]
 
-    return WindowedFrames(partials, class_rows)
+    def frames(self, out: DataFrame, batch_id: int) -> WindowedFrames:
+        # One projection (each DataFrame step is analysed on the driver, every batch).
+        rows = out.drop("_ts").select("*", *self.assigned)
+        partials = rows.groupBy(*self.keys).agg(*self.aggregates)
+
+        def class_rows(classes: Sequence[str]) -> DataFrame:
+            return dead_letter_rows(rows, classes, batch_id, ("_ts", PRIMARY))
+
+        return WindowedFrames(partials, class_rows)

@@ -28,7 +28,7 @@ from ematix_dagster.spark.observed import Observed
 from ematix_dagster.spark.recovery import HEARTBEAT
 from ematix_dagster.spark.rejects import REJECT_REASONS, reject_reason
 from ematix_dagster.spark.safe_sql import ERROR_COLUMN, guard_sql
-from ematix_dagster.spark.sources import CORRUPT
+from ematix_dagster.spark.sources import CORRUPT, has_heartbeat
 from ematix_dagster.spark.windows import PartialPlan, partial_plan
 from ematix_dagster.spark.windows.base import CLASS, LATE_ASSIGNMENTS, PRIMARY, REOPENED, ROWS
 from ematix_dagster.spec import PipelineSpec
@@ -276,7 +276,7 @@ def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: i
     """
     spec, columns = plan.spec, plan.columns
     values = (batch_time_us, closed_before, emitted_before)
-    df = with_batch_values(df.filter(columns.data), *values)
+    df = with_batch_values(df.filter(columns.data) if has_heartbeat(spec) else df, *values)
     if spec.window.time_mode == "processing":
         df = df.withColumn("_event_ts", columns.processing_time)
     df = df.select("*", *columns.classified)

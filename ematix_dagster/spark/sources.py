@@ -227,10 +227,15 @@ def heartbeat(spark: SparkSession) -> DataFrame:
                     F.lit(None).cast("string").alias(CORRUPT)))
 
 
+def has_heartbeat(spec: PipelineSpec) -> bool:
+    """Whether the stream carries heartbeat rows (``processing_time``: a batch runs on time without input)."""
+    return spec.run.trigger == "processing_time"
+
+
 def union_sources(spark: SparkSession, spec: PipelineSpec) -> DataFrame:
-    """All sources (and the heartbeat under ``processing_time``) as one stream."""
+    """All sources (and the heartbeat, :func:`has_heartbeat`) as one stream."""
     frames = [read_source(spark, spec, i) for i in range(len(spec.sources))]
-    if spec.run.trigger == "processing_time":
+    if has_heartbeat(spec):
         frames.append(heartbeat(spark))
     df = frames[0]
     for i, other in enumerate(frames[1:], start=1):

@@ -59,7 +59,8 @@ class PartialPlan(Protocol):
     update windows) returning the aggregate columns, and whether the rows come with a ``_reason``
     column: its columns are built then, since each Column is a round trip to the JVM (several
     hundred a batch when built per batch). :meth:`frames` applies them to a batch: the SQL's output
-    with the batch values' columns (``ematix_dagster.spark.batch_values``), without ``_ts``.
+    with the batch values' columns (``ematix_dagster.spark.batch_values``), without ``_ts`` (the plan
+    adds it from the output's ``_event_ts``).
     """
 
     def __init__(self, window: Window, aggregates: Callable[[Column], list[Column]], has_reason: bool) -> None: ...

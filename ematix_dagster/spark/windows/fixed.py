@@ -22,7 +22,7 @@ from ematix_dagster.streaming.windows import FixedWindows
 
 
 #: the plan's own columns, dropped from dead-letter rows
-HELPERS = ("_ts", "_last", "_first", "_first_open")
+HELPERS = ("_ts", "_last", "_first", "_first_open", PRIMARY, "_ws")
 
 
 class FixedPlan:
@@ -49,8 +49,8 @@ class FixedPlan:
         self.assigned = [ts.alias("_ts"), last.alias("_last"), first.alias("_first"),
                          first_open.alias("_first_open"), cls.alias(CLASS)]
         windowed = F.col(CLASS).isNull()
-        if self.tumbling:
-            self.copies = [F.lit(True).alias(PRIMARY), F.when(windowed, F.col("_last")).alias("_ws")]
+        if self.tumbling:  # a row is its only copy: assigned in the same projection
+            self.assigned += [F.lit(True).alias(PRIMARY), F.when(cls.isNull(), last).alias("_ws")]
         else:
             starts = F.when(windowed, F.sequence(F.col("_first_open"), F.col("_last"), F.lit(hop).cast("bigint"))) \
                 .otherwise(F.array(F.lit(None).cast("bigint")))
@@ -66,11 +66,10 @@ class FixedPlan:
         self.aggregates = [*aggregates(windowed), *hidden]
 
     def frames(self, out: DataFrame, batch_id: int) -> WindowedFrames:
-        # One projection for the assignment (each DataFrame step is analysed on the driver, every batch).
-        out = out.drop("_ts").select("*", *self.assigned)
-        rows = out.select("*", *self.copies)
+        # As few steps as can be: each DataFrame step is analysed on the driver, every batch.
+        out = rows = out.select("*", *self.assigned)
         if not self.tumbling:
-            rows = rows.withColumn(PRIMARY, self.primary)
+            rows = out.select("*", *self.copies).withColumn(PRIMARY, self.primary)
         partials = rows.groupBy(*self.keys).agg(*self.aggregates)
 
         def class_rows(classes: Sequence[str]) -> DataFrame:

@@ -43,7 +43,7 @@ class SlidingPlan:
 
     def frames(self, out: DataFrame, batch_id: int) -> WindowedFrames:
         # One projection (each DataFrame step is analysed on the driver, every batch).
-        rows = out.drop("_ts").select("*", *self.assigned)
+        rows = out.select("*", *self.assigned)
         partials = rows.groupBy(*self.keys).agg(*self.aggregates)
 
         def class_rows(classes: Sequence[str]) -> DataFrame:

@@ -45,11 +45,15 @@ class SessionPlan:
         ts = F.unix_micros("_event_ts")
         reason = F.col("_reason") if has_reason else F.lit(None).cast("string")
         late = F.when(ts < F.col(CLOSED_BEFORE), F.lit("late"))
+        # A NULL event time out of a SQL (its input had valid ones) joins no session: a class of its own.
         cls = F.coalesce(reason, F.when(ts.isNull(), F.lit("invalid_event_time")), late)
+        # Integer floor division (pmod is a floor modulo): doubles would misplace rows past 2^53 µs.
         bucket = F.expr(f"(unix_micros(`_event_ts`) - pmod(unix_micros(`_event_ts`), {cap}L)) div {cap}L")
         self.assigned = [ts.alias("_ts"), cls.alias(CLASS), F.when(cls.isNull(), bucket).alias("_bucket"),
                          F.lit(True).alias(PRIMARY)]
         windowed = F.col(CLASS).isNull()
+        # Class rows have a NULL bucket, so they never share a partition with windowed rows; their raw
+        # group columns spread a backlog of late rows over many partitions instead of one.
         by_key = SparkWindow.partitionBy(F.col(CLASS), *[F.col(g) for g in window.group_by], F.col("_bucket")) \
             .orderBy(F.col("_ts"))
         # consecutive rows at most gap apart join (<=)
@@ -66,6 +70,7 @@ class SessionPlan:
         self.aggregates = [*spans, *aggregates(windowed), *hidden]
 
     def frames(self, out: DataFrame, batch_id: int) -> WindowedFrames:
+        # One projection per step (each DataFrame step is analysed on the driver, every batch).
         rows = out.drop(*HELPERS).select("*", *self.assigned)
         sessions = rows.select("*", self.new).select("*", self.sid)
         partials = sessions.groupBy(*self.keys).agg(*self.aggregates)

@@ -43,6 +43,7 @@ import gc
 import struct
 import threading
 from contextlib import contextmanager
+from itertools import chain
 from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
 from typing import Any, Callable, Iterable, Iterator
@@ -289,6 +290,66 @@ def migrate(blob: bytes, from_version: int, to_version: int = STATE_VERSION) -> 
     return blob
 
 
+# ---- whole windows ---------------------------------------------------------------------------
+#
+# A window whose groups mostly changed in a batch is stored as one row instead of one per group
+# (``BatchCommit.whole_windows``): its key is ``WINDOW_KEY`` and its blob holds every group. The
+# blob is the state version byte and a msgpack array ``[keys, states]`` (the groups' encoded keys,
+# their accumulator lists): msgpack concatenates, so each state's bytes are exactly a group blob's
+# body, and a reader cuts the groups out without decoding a value (:func:`window_groups`).
+
+#: the group key of a whole-window row (an encoded key is never empty: it starts with ``KEY_FORMAT``)
+WINDOW_KEY = b""
+
+
+def encode_window(keys: list[bytes], states: list[list]) -> bytes:
+    """Every group of one window (encoded keys and their accumulator lists) as one blob, in one
+    msgpack call: a batch that changed most of a window writes it this way."""
+    if not set(map(type, chain.from_iterable(states))) <= _PLAIN_STATE_TYPES:
+        for accs in states:
+            _check_accumulators(accs)
+    if type(states) is not list or not set(map(type, states)) <= {list}:
+        states = [list(accs) for accs in states]
+    return _STATE_PREFIX + _packb([keys, states])
+
+
+def window_blob(version: int, keys: list[bytes], blobs: list[bytes]) -> bytes:
+    """The whole-window blob of groups already encoded (``blobs`` of version ``version``)."""
+    packer = msgpack.Packer(use_bin_type=True)
+    return b"".join([bytes([version]), packer.pack_array_header(2), packer.pack(keys),
+                     packer.pack_array_header(len(blobs)), *(blob[1:] for blob in blobs)])
+
+
+def window_groups(blob: bytes) -> list[tuple[bytes, bytes]]:
+    """The (encoded key, group blob) pairs of a whole-window blob, each group blob of the window's
+    version; raises :class:`CorruptState` for anything else."""
+    version = state_version(blob)
+    body = bytes(blob[1:])
+    try:
+        unpacker = msgpack.Unpacker(use_list=True, raw=False, max_buffer_size=max(len(body), 1))
+        unpacker.feed(body)
+        if unpacker.read_array_header() != 2:
+            raise ValueError("not [keys, states]")
+        keys = unpacker.unpack()
+        if type(keys) is not list or not set(map(type, keys)) <= {bytes}:
+            raise ValueError("its keys are not a list of byte strings")
+        if unpacker.read_array_header() != len(keys):
+            raise ValueError("it holds another number of states than keys")
+        prefix, bounds = bytes([version]), [unpacker.tell()]
+        for _ in keys:
+            unpacker.skip()
+            bounds.append(unpacker.tell())
+        if bounds[-1] != len(body):
+            raise ValueError("bytes follow its last state")
+    except CorruptState:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every decoding failure is corruption
+        raise CorruptState(f"whole-window blob is corrupt: {_describe(blob)} does not decode ({exc})") from None
+    if WINDOW_KEY in keys:
+        raise CorruptState(f"whole-window blob is corrupt: {_describe(blob)} holds an empty group key")
+    return [(key, prefix + body[a:b]) for key, a, b in zip(keys, bounds, bounds[1:])]
+
+
 # ---- helpers for stores and the engine --------------------------------------------------------
 
 
@@ -369,5 +430,5 @@ def _where(pipeline: str, store: str | None) -> str:
 
 __all__ = [
     "KEY_FORMAT", "STATE_VERSION", "encode_key", "decode_key", "encode_state", "decode_state",
-    "state_version", "migrate", "decode_groups",
+    "state_version", "migrate", "decode_groups", "WINDOW_KEY", "encode_window", "window_blob", "window_groups",
 ]

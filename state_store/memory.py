@@ -14,7 +14,9 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
-from state_store._common import bring_forward, check_batch, check_record_version, lease_held
+from state_store import codec
+from state_store._common import (bring_forward, bring_forward_stored, check_batch, check_record_version,
+                                 expand_windows, lease_held)
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, StateStore
 
 log = logging.getLogger(__name__)
@@ -115,7 +117,7 @@ class InMemoryStateStore(StateStore):
             flags = {(start, key): flag for start, by_key in data.windows.items()
                      for key, (_, _, flag) in by_key.items() if flag is not None} if groups else {}
         check_record_version(record, self.description)
-        rows, migrated = bring_forward(pipeline, self.description, rows)
+        rows, migrated = bring_forward(pipeline, self.description, expand_windows(pipeline, self.description, rows))
         return RecoveredState(record=record, groups=rows, migrated=migrated, emitted=flags)
 
     def commit(self, batch: BatchCommit) -> None:
@@ -132,6 +134,8 @@ class InMemoryStateStore(StateStore):
             data = space.pipelines.setdefault(pipeline, _Pipeline())
             windows = data.windows
             flag = batch.emitted.get
+            for start, end, blob in batch.whole_windows:
+                windows[start] = {codec.WINDOW_KEY: (end, blob, None)}
             for start, end, key, blob in batch.upserts:
                 groups = windows.get(start)
                 if groups is None:
@@ -165,7 +169,7 @@ class InMemoryStateStore(StateStore):
                 return 0
             rows = [(start, end, key, blob) for start, by_key in data.windows.items()
                     for key, (end, blob, _) in by_key.items()]
-            rows, migrated = bring_forward(pipeline, self.description, rows)
+            rows, migrated = bring_forward_stored(pipeline, self.description, rows)
             if migrated:
                 for start, end, key, blob in rows:
                     data.windows[start][key] = (end, blob, data.windows[start][key][2])

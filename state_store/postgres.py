@@ -36,8 +36,9 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from state_store import codec, migrations
-from state_store._common import (PIPELINE_COLUMNS, bring_forward, check_batch, check_record_version, fill_window_ends,
-                                 lease_held, lease_key, record_from_row, where)
+from state_store._common import (PIPELINE_COLUMNS, bring_forward, bring_forward_stored, check_batch,
+                                 check_record_version, expand_windows, fill_window_ends, lease_held, lease_key,
+                                 record_from_row, where)
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, StateStore
 from state_store.errors import EmatixError, StoreConfigError, StoreUnavailable
 from state_store.pg_rows import select_flags, select_groups, upsert_groups
@@ -275,6 +276,7 @@ class PostgresStateStore(StateStore):
                 flags = _flags(cur, select_flags(n), (pipeline,))
         record = record_from_row(pipeline, row, offsets, self.description)
         check_record_version(record, self.description)
+        groups = expand_windows(pipeline, self.description, groups)
         groups, migrated = bring_forward(pipeline, self.description, fill_window_ends(groups, record))
         return RecoveredState(record=record, groups=groups, migrated=migrated, emitted=flags)
 
@@ -287,6 +289,11 @@ class PostgresStateStore(StateStore):
         pipeline = record.pipeline
         with self._connection() as conn, conn.transaction():
             self._check_writer(conn, pipeline)
+            if batch.whole_windows:
+                conn.execute(sql.SQL("DELETE FROM {state} WHERE pipeline_name = %s AND window_start = ANY(%s::bigint[])")
+                             .format(**n), (pipeline, [start for start, _, _ in batch.whole_windows]))
+                self._upsert(conn, pipeline, [(start, end, codec.WINDOW_KEY, blob)
+                                              for start, end, blob in batch.whole_windows], {})
             if batch.upserts:
                 self._upsert(conn, pipeline, batch.upserts, batch.emitted)
             if batch.deletes:
@@ -348,11 +355,11 @@ class PostgresStateStore(StateStore):
             self._check_writer(conn, pipeline)
             cur = conn.cursor(binary=True)
             cur.execute(select_groups(self._names, stale_only=True), (pipeline, codec.STATE_VERSION))
-            rows, _ = bring_forward(pipeline, self.description, cur.fetchall())
+            rows, migrated = bring_forward_stored(pipeline, self.description, cur.fetchall())
             if rows:  # the flags are written back as they are
                 flags = _flags(cur, select_flags(self._names, stale_only=True), (pipeline, codec.STATE_VERSION))
                 self._upsert(conn, pipeline, rows, flags)
-            return len(rows)
+            return migrated
 
     def close(self) -> None:
         with self._lock:

@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Iterator
 
 from state_store import codec, migrations
-from state_store._common import (PIPELINE_COLUMNS, bring_forward, check_batch, check_record_version, file_safe,
-                                 fill_window_ends, lease_held, record_from_row, sources_to_json, where)
+from state_store._common import (PIPELINE_COLUMNS, bring_forward, bring_forward_stored, check_batch,
+                                 check_record_version, expand_windows, file_safe, fill_window_ends, lease_held,
+                                 record_from_row, sources_to_json, where)
 from state_store.base import BatchCommit, RecoveredState, StateStore
 from state_store.errors import CorruptState, StorePermissionError, StoreUnavailable
 
@@ -245,6 +246,7 @@ class SqliteStateStore(StateStore):
                 conn.execute("COMMIT")
         record = record_from_row(pipeline, row, offsets, self.description)
         check_record_version(record, self.description)
+        rows = expand_windows(pipeline, self.description, rows)
         rows, migrated = bring_forward(pipeline, self.description, fill_window_ends(rows, record))
         return RecoveredState(record=record, groups=rows, migrated=migrated, emitted=flags)
 
@@ -255,6 +257,10 @@ class SqliteStateStore(StateStore):
         with self._lock, self._errors("committing a batch", pipeline), self._writer(pipeline):
             with self._transaction() as conn:
                 now = conn.execute(f"SELECT {_NOW}").fetchone()[0]
+                if batch.whole_windows:
+                    conn.executemany(_DELETE_WINDOW, ((pipeline, start) for start, _, _ in batch.whole_windows))
+                    conn.executemany(_UPSERT, _upsert_rows(pipeline, now, [(start, end, codec.WINDOW_KEY, blob)
+                                                                           for start, end, blob in batch.whole_windows], {}))
                 if batch.upserts:
                     conn.executemany(_UPSERT, _upsert_rows(pipeline, now, batch.upserts, batch.emitted))
                 if batch.deletes:
@@ -298,10 +304,10 @@ class SqliteStateStore(StateStore):
                 stale = " AND state_version <> ?"
                 rows = conn.execute(_GROUPS + stale, (pipeline, codec.STATE_VERSION)).fetchall()
                 flags = _flags(conn, _FLAGS + stale, (pipeline, codec.STATE_VERSION))  # kept as they are
-                rows, migrated = bring_forward(pipeline, self.description, rows)
+                rows, migrated = bring_forward_stored(pipeline, self.description, rows)
                 now = conn.execute(f"SELECT {_NOW}").fetchone()[0]
                 conn.executemany(_UPSERT, _upsert_rows(pipeline, now, rows, flags))
-                return len(rows)
+                return migrated
 
     def close(self) -> None:
         with self._lock:

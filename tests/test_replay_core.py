@@ -55,8 +55,11 @@ def _engine() -> Engine:
     return Engine.for_window("replay", WINDOW, ("s",), integral=(False, True, False, False))
 
 
-def _commit(store: SqliteStateStore, engine: Engine) -> None:
-    store.commit(batch_commit(engine, "replay"))
+def _commit(store: SqliteStateStore, engine: Engine, written: list[str] | None = None) -> None:
+    commit = batch_commit(engine, "replay")
+    if written is not None:
+        written += ["whole"] * len(commit.whole_windows) + ["group"] * len(commit.upserts)
+    store.commit(commit)
 
 
 def _restore(store: SqliteStateStore) -> Engine:
@@ -80,18 +83,44 @@ def test_restore_after_every_batch_matches_an_uninterrupted_run(tmp_path, seed):
     store.open()
     store.acquire_lease("replay", "test")
     try:
-        got = []
+        got, written = [], []
         engine = _engine()
         for b in batches:
             if engine.last_batch_id is not None and b.batch_id <= engine.last_batch_id:
                 pytest.fail("a new batch id was taken for a replay")
             got.append(_rows(engine.process(b)))
-            _commit(store, engine)
+            _commit(store, engine, written)
             engine = _restore(store)  # "crash" and restart after every batch
             assert engine.last_batch_id == b.batch_id  # Spark's replay of b would be recognised and skipped
         assert got == expected
+        assert {"whole", "group"} <= set(written), "windows were written whole and group by group"
         assert engine.watermarks.global_wm == straight.watermarks.global_wm
         assert engine.counters == straight.counters
         assert engine.state.windows == straight.state.windows
+    finally:
+        store.close()
+
+
+def test_a_window_is_written_whole_once_half_its_groups_changed(tmp_path):
+    """One row for a window most of whose groups changed, one row per group below half."""
+    window = Window(kind="tumbling", duration_ms=60_000, lateness_ms=0, group_by=("k",), max_groups_per_window=100,
+                    aggregations=(Aggregation("count", "n"),))
+    engine = Engine.for_window("replay", window, ("s",), integral=(False,))
+    store = SqliteStateStore(str(tmp_path / "state.db"))
+    store.open()
+    try:
+        written = []
+        for b, keys in enumerate([range(10), range(4), range(5, 10), [3]]):
+            keys = [(f"k{i}",) for i in keys]
+            engine.process(BatchInput(batch_id=b, batch_time=b * S, sources={"s": SourceStats(rows=len(keys))},
+                                      starts=[0] * len(keys), keys=keys, partials=[[b + 1] * len(keys)]))
+            commit = batch_commit(engine, "replay")
+            written.append((len(commit.whole_windows), len(commit.upserts)))
+            store.commit(commit)
+        assert written == [(1, 0), (0, 4), (1, 0), (0, 1)]
+        restored = Engine.for_window("replay", window, ("s",), integral=(False,))
+        restore_engine(restored, store.load("replay"))
+        assert restored.state.windows == engine.state.windows
+        assert restored.state.windows[0][("k3",)] == [1 + 2 + 4] and restored.state.windows[0][("k9",)] == [1 + 3]
     finally:
         store.close()

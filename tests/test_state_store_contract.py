@@ -366,6 +366,58 @@ def test_older_blobs_are_migrated_on_load_and_by_migrate_state(make_store):
     assert store.migrate_state("old") == 0
 
 
+def whole(start: int, groups: dict[bytes, list]) -> tuple[int, int, bytes]:
+    return start, end(start), codec.encode_window(list(groups), list(groups.values()))
+
+
+def test_whole_windows_replace_their_window_and_group_rows_overlay_them(make_store):
+    """A window written whole is one row; later group upserts win over its entries, the next whole
+    write replaces both, and loads always give one tuple per group."""
+    store = make_store()
+    p = "whole"
+    store.commit(BatchCommit(record(p, 0), upserts=[(0, end(0), key(k), blob(1)) for k in "abc"]
+                             + [(60, end(60), key("a"), blob(2))]))
+    store.commit(BatchCommit(record("neighbour", 0), upserts=[(0, end(0), key("a"), blob(3))]))
+    store.commit(BatchCommit(record(p, 1), whole_windows=[whole(0, {key("a"): [10], key("b"): [11], key("d"): [12]})]))
+    assert groups_of(store.load(p)) == {(0, key("a")): blob(10), (0, key("b")): blob(11), (0, key("d")): blob(12),
+                                        (60, key("a")): blob(2)}
+    store.commit(BatchCommit(record(p, 2), upserts=[(0, end(0), key("a"), blob(20)), (0, end(0), key("e"), blob(21))]))
+    state = make_store().load(p)
+    assert sorted(state.groups) == sorted([(0, end(0), key("a"), blob(20)), (0, end(0), key("b"), blob(11)),
+                                           (0, end(0), key("d"), blob(12)), (0, end(0), key("e"), blob(21)),
+                                           (60, end(60), key("a"), blob(2))])
+    store.commit(BatchCommit(record(p, 3), whole_windows=[whole(0, {key("a"): [30], key("b"): [31]}),
+                                                          whole(120, {key("z"): [None, (1, "x"), {"s"}]})]))
+    assert groups_of(store.load(p)) == {(0, key("a")): blob(30), (0, key("b")): blob(31), (60, key("a")): blob(2),
+                                        (120, key("z")): blob(None, (1, "x"), {"s"})}
+    store.commit(BatchCommit(record(p, 4), deleted_windows=[0, 120]))
+    assert groups_of(store.load(p)) == {(60, key("a")): blob(2)}
+    assert groups_of(store.load("neighbour")) == {(0, key("a")): blob(3)}
+    with pytest.raises(ValueError, match="whole-window row"):
+        store.commit(BatchCommit(record(p, 5), upserts=[(0, end(0), codec.WINDOW_KEY, blob(1))]))
+    with pytest.raises(TypeError, match="a whole window must be"):
+        store.commit(BatchCommit(record(p, 5), whole_windows=[(0, end(0), "not bytes")]))  # type: ignore[list-item]
+    store.commit(BatchCommit(record(p, 5), whole_windows=[(0, end(0), bytes([codec.STATE_VERSION]) + b"\x92\xc1")]))
+    with pytest.raises(CorruptState, match="pipeline 'whole'.*window 0: whole-window blob is corrupt"):
+        store.load(p)
+
+
+def test_whole_window_rows_of_an_older_version_are_migrated_whole(make_store):
+    store = make_store()
+    v1 = {key(name): (FIXTURES / f"{name}.state.bin").read_bytes() for name in ("counts", "first_last", "exact_sets")}
+    stale = codec.window_blob(1, list(v1), list(v1.values()))
+    store.commit(BatchCommit(record("old-whole", 1), whole_windows=[(0, end(0), stale)],
+                             upserts=[(60, end(60), key("new"), blob(1))]))
+    state = store.load("old-whole")
+    assert state.migrated == 3
+    windows = codec.decode_groups("old-whole", state.groups)
+    assert windows[0][("counts",)] == [5, 0, None] and windows[0][("exact_sets",)][0] == {"a", "b", ""}
+    assert store.migrate_state("old-whole") == 3
+    again = store.load("old-whole")
+    assert again.migrated == 0 and groups_of(again) == groups_of(state)
+    assert store.migrate_state("old-whole") == 0
+
+
 def test_state_survives_a_new_store_object_and_threads(make_store):
     store = make_store()
     errors: list[BaseException] = []

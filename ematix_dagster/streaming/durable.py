@@ -14,10 +14,10 @@ from typing import Any, Callable, Sequence
 from ematix_dagster.streaming.micro_batch import Engine
 from ematix_dagster.streaming.session_state import SessionState
 from ematix_dagster.streaming.sliding_state import SlidingState
-from ematix_dagster.streaming.window_state import GroupKey
+from ematix_dagster.streaming.window_state import GroupKey, WindowState
 from ematix_dagster.streaming.windows import SessionWindows, WindowKind
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, SourceProgress
-from state_store.codec import STATE_VERSION, decode_groups, encode_key, encode_state
+from state_store.codec import STATE_VERSION, decode_groups, encode_key, encode_state, encode_window
 from state_store.errors import RESTORE_OR_RESET, CorruptState
 
 
@@ -41,6 +41,7 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
     deletes: list[tuple[int, bytes]] = []
     evicted: list[int] = []
     deleted_before: int | None = None
+    whole: list[tuple[int, int, bytes]] = []
     flags: dict[tuple[int, bytes], bool] = {}
     if isinstance(state, SessionState):
         # A session's end and emitted flag are its own (schema step 5: under reopen a merged session
@@ -58,11 +59,8 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
         partials, deleted_before = state.take_changes()
         upserts = [(t, t, encoded_key(key), encode_state(accs)) for t, key, accs in partials]
     else:
-        groups, evicted = state.take_changes()
-        bounds = state.window_kind.bounds
-        ends: dict[int, int] = {}
-        upserts = [(start, ends[start] if start in ends else ends.setdefault(start, bounds(start).end),
-                    encoded_key(key), encode_state(accs)) for start, key, accs in groups]
+        dirty, evicted = state.take_changes()
+        upserts, whole = fixed_window_rows(state, dirty)
     marks = engine.watermarks
     record = PipelineRecord(
         pipeline=pipeline, state_version=STATE_VERSION, query_id=provenance.query_id,
@@ -79,7 +77,33 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
         deleted_before=deleted_before,
         in_transaction=list(in_transaction),
         emitted=flags,
+        whole_windows=whole,
     )
+
+
+#: a window is written whole when at least this share of its groups changed: one row instead of one
+#: per group, at most twice the bytes of the changed groups alone
+WHOLE_WINDOW_SHARE = 0.5
+
+
+def fixed_window_rows(state: WindowState, changed: dict[int, set[GroupKey]]
+                      ) -> tuple[list[tuple[int, int, bytes, bytes]], list[tuple[int, int, bytes]]]:
+    """(group upserts, whole windows) for the changed groups of tumbling or hopping windows.
+
+    A window most of whose groups changed (always so in the batch that opens it) is written as one
+    row: a row costs the store far more than the bytes in it. A few changed groups of a big window
+    are written one by one, over its stored whole row.
+    """
+    upserts: list[tuple[int, int, bytes, bytes]] = []
+    whole: list[tuple[int, int, bytes]] = []
+    for start, keys in changed.items():
+        groups = state.windows[start]
+        end = state.window_kind.bounds(start).end
+        if len(keys) >= WHOLE_WINDOW_SHARE * len(groups):
+            whole.append((start, end, encode_window(list(map(encoded_key, groups)), list(groups.values()))))
+        else:
+            upserts += [(start, end, encoded_key(key), encode_state(groups[key])) for key in keys]
+    return upserts, whole
 
 
 #: A group's key is encoded again every batch that touches it (in every window it is in, and for a

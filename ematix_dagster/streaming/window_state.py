@@ -7,8 +7,9 @@ final window" are both cheap. When a window is final and when it is evicted is i
 Whether a window was already emitted is not stored: for fixed-size windows it is exactly "final
 at the watermark before this batch" (the watermark never goes back, and every window that became
 final was emitted in that batch), so late rows reaching a retained window make corrections, not
-second finals, and a restart knows the same from the committed watermark alone. Nothing
-per-window is rewritten on a commit except the groups that changed.
+second finals, and a restart knows the same from the committed watermark alone. A commit writes
+the groups that changed, or the whole window when most of its groups did
+(``streaming.durable.batch_commit``).
 """
 
 from __future__ import annotations
@@ -136,13 +137,13 @@ class WindowState:
             ) from None
         return touched
 
-    def take_changes(self) -> tuple[list[tuple[int, GroupKey, list[Any]]], list[int]]:
-        """Groups changed and windows evicted since the last call (what a store must write)."""
-        upserts = [(start, key, groups[key]) for start, keys in self.dirty.items()
-                   if (groups := self.windows.get(start)) is not None for key in keys]
+    def take_changes(self) -> tuple[dict[int, set[GroupKey]], list[int]]:
+        """The changed groups of each held window and the windows evicted since the last call (what
+        a store must write)."""
+        changed = {start: keys for start, keys in self.dirty.items() if start in self.windows}
         evicted = sorted(self.evicted)
         self.dirty, self.evicted = {}, set()
-        return upserts, evicted
+        return changed, evicted
 
     def _rows(self, start: int, keys: Iterable[GroupKey], kind: str) -> list[EmittedRow]:
         groups = self.windows[start]

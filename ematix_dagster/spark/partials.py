@@ -237,7 +237,9 @@ class BatchColumns:
     classified: list[Column]  # ``_ts`` and ``_reason`` (the pre-SQL reason a row updates no window)
     source_stats: list[Column]  # with a SQL: the per-source counters, observed on its input
     valid: Column  # no pre-SQL reason
-    reason: Column | None  # the post-SQL ``_reason`` (rejections), None when no rule applies
+    #: the ``_reason`` the window plan reads: with a SQL the rejections' (None when no rule applies),
+    #: without one the pre-SQL reason, then the rejections' (a row has one reason)
+    reason: Column | None
     windows: PartialPlan  # the window kind's plan
 
     @classmethod
@@ -247,17 +249,18 @@ class BatchColumns:
         for s in spec.sources:
             skew = F.when(F.col("_source") == s.name, F.lit(s.max_future_skew_ms * MICROS_PER_MS)).otherwise(skew)
         ts = F.unix_micros("_event_ts")
+        before_sql = _reason(ts, F.col(BATCH_TIME) + skew)
         rejected = reject_reason(spec, plan.output_types)
         reason = rejected
-        if rejected is not None and not spec.transform_sql:  # after the pre-SQL reasons: a row has one reason
-            reason = F.coalesce(F.col("_reason"), rejected)
+        if not spec.transform_sql:
+            reason = before_sql if rejected is None else F.coalesce(before_sql, rejected)
 
         def aggregates(gate: Column) -> list[Column]:
             return plan.partial_columns(gate) + ([] if spec.transform_sql else _source_counts(spec))
 
         has_reason = not spec.transform_sql or rejected is not None
         return cls(data=F.col("_source") != HEARTBEAT, processing_time=F.timestamp_micros(F.col(BATCH_TIME)),
-                   classified=[ts.alias("_ts"), _reason(ts, F.col(BATCH_TIME) + skew).alias("_reason")],
+                   classified=[ts.alias("_ts"), before_sql.alias("_reason")],
                    source_stats=_source_stats(spec) if spec.transform_sql else [],
                    valid=F.col("_reason").isNull(), reason=reason,
                    windows=partial_plan(spec.window, aggregates, has_reason))
@@ -279,22 +282,26 @@ def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: i
     df = with_batch_values(df.filter(columns.data) if has_heartbeat(spec) else df, *values)
     if spec.window.time_mode == "processing":
         df = df.withColumn("_event_ts", columns.processing_time)
-    df = df.select("*", *columns.classified)
+
+    def classified() -> DataFrame:
+        return df.select("*", *columns.classified)
 
     def bad_rows() -> DataFrame:
-        return (df.filter(F.col("_reason").isNotNull()).drop("_ts", *BATCH_VALUES)
+        return (classified().filter(F.col("_reason").isNotNull()).drop("_ts", *BATCH_VALUES)
                 .withColumn("_batch_id", F.lit(batch_id).cast("bigint")))
 
     source_stats: Observed | None = None
     if spec.transform_sql:
-        source_stats = Observed(Observation(f"sources_{batch_id}"), df, columns.source_stats)
-        valid = df.observe(source_stats.observation, *columns.source_stats).filter(columns.valid)
+        rows = classified()
+        source_stats = Observed(Observation(f"sources_{batch_id}"), rows, columns.source_stats)
+        valid = rows.observe(source_stats.observation, *columns.source_stats).filter(columns.valid)
         sql_input = valid.drop("_ts", "_reason", CORRUPT, *BATCH_VALUES)
         out = with_batch_values(apply_sql(spark, spec, sql_input, plan.sql_columns), *values)
-    else:
-        out = df.drop(CORRUPT, "_ts")  # the window plan adds ``_ts`` of the SQL's output
-    if columns.reason is not None:
-        out = out.withColumn("_reason", columns.reason)
+        if columns.reason is not None:
+            out = out.withColumn("_reason", columns.reason)
+    else:  # one step: each row's reason beside its columns (the window plan adds ``_ts``)
+        assert columns.reason is not None
+        out = df.select("*", columns.reason.alias("_reason"))
     windowed = columns.windows.frames(out, batch_id)
     return BatchFrames(windowed.partials, source_stats, bad_rows, windowed.class_rows)
 

@@ -17,6 +17,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from ematix_dagster.spark.batch_values import BATCH_VALUES
+from ematix_dagster.spark.sources import CORRUPT
 from ematix_dagster.spec import Window
 
 #: the row's class: NULL (it updates windows), "late", or the pre-SQL bad-row reason
@@ -46,9 +47,10 @@ class WindowedFrames:
 
 
 def dead_letter_rows(rows: DataFrame, classes: Sequence[str], batch_id: int, helpers: Sequence[str]) -> DataFrame:
-    """The rows of ``classes`` as dead letters: the plan's ``helpers`` columns and the batch values
-    dropped, ``_batch_id`` and ``_reason`` (the class) added last."""
-    return (rows.filter(F.col(CLASS).isin(*classes)).drop(*helpers, *BATCH_VALUES, "_reason")
+    """The rows of ``classes`` as dead letters: the plan's ``helpers`` columns, the batch values and
+    the reader's corrupt-record column (NULL in a row that parsed) dropped, ``_batch_id`` and
+    ``_reason`` (the class) added last."""
+    return (rows.filter(F.col(CLASS).isin(*classes)).drop(*helpers, *BATCH_VALUES, CORRUPT, "_reason")
             .withColumn("_batch_id", F.lit(batch_id).cast("bigint")).withColumn("_reason", F.col(CLASS)).drop(CLASS))
 
 

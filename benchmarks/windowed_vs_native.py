@@ -496,7 +496,10 @@ def prepare(args: argparse.Namespace, data: Path, tick_us: int = 1):
           flush=True)
     conf = {"spark.ui.showConsoleProgress": "false"}
     if args.driver_memory:
+        # the heap at its full size from the start: a heap that shrinks after each run's System.gc()
+        # and grows again makes the GC's share of a run vary several-fold (1.3-6.6 CPU s measured)
         conf["spark.driver.memory"] = args.driver_memory
+        conf["spark.driver.extraJavaOptions"] = f"-Xms{args.driver_memory}"
     spark = get_spark("ematix-bench", conf=conf)
     print(f"spark {spark.version} {spark.sparkContext.master}; shuffle partitions "
           f"{spark.conf.get('spark.sql.shuffle.partitions')}; JVM max heap "

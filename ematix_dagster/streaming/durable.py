@@ -84,6 +84,10 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
 #: a window is written whole when at least this share of its groups changed: one row instead of one
 #: per group, at most twice the bytes of the changed groups alone
 WHOLE_WINDOW_SHARE = 0.5
+#: the most a whole-window row may hold, its keys and its accumulators at their largest (an HLL
+#: sketch's dense image): a row is written and read in one piece, so a window beyond this (or one
+#: with exact distinct sets, which grow with their data) is written group by group
+WHOLE_WINDOW_MAX_BYTES = 64 << 20
 
 
 def fixed_window_rows(state: WindowState, changed: dict[int, set[GroupKey]]
@@ -96,13 +100,17 @@ def fixed_window_rows(state: WindowState, changed: dict[int, set[GroupKey]]
     """
     upserts: list[tuple[int, int, bytes, bytes]] = []
     whole: list[tuple[int, int, bytes]] = []
+    aggregators = state.aggregators
+    group_bytes = 0 if any(a.bytes_per_value for a in aggregators) else sum(a.state_bytes for a in aggregators)
     for start, keys in changed.items():
         groups = state.windows[start]
         end = state.window_kind.bounds(start).end
-        if len(keys) >= WHOLE_WINDOW_SHARE * len(groups):
-            whole.append((start, end, encode_window(list(map(encoded_key, groups)), list(groups.values()))))
-        else:
-            upserts += [(start, end, encoded_key(key), encode_state(groups[key])) for key in keys]
+        if group_bytes and len(keys) >= WHOLE_WINDOW_SHARE * len(groups):
+            encoded = list(map(encoded_key, groups))
+            if len(groups) * group_bytes + sum(map(len, encoded)) <= WHOLE_WINDOW_MAX_BYTES:
+                whole.append((start, end, encode_window(encoded, list(groups.values()))))
+                continue
+        upserts += [(start, end, encoded_key(key), encode_state(groups[key])) for key in keys]
     return upserts, whole
 
 

@@ -18,6 +18,10 @@ Accumulator lists (:func:`encode_state` / :func:`decode_state`)
     msgpack lacks. Older blobs are brought forward by :func:`migrate`, a chain of pure functions that
     lives forever; a newer blob is refused with :class:`StateVersionError`.
 
+Whole windows (:func:`encode_window` / :func:`window_groups`)
+    A window stored as one row: the state version byte + a msgpack array ``[keys, states]``, each
+    state's bytes exactly the body of that group's own blob (see "whole windows" below).
+
 Value types (keys and accumulators): ``None``, ``bool``, ``int`` (any size: outside msgpack's
 64-bit range as extension 1, two's complement big-endian), ``float``, ``str``, ``bytes``,
 ``Decimal`` (ext 2, its exact text, so the exponent survives), ``datetime`` (ext 3: tz-aware, as
@@ -43,9 +47,9 @@ import gc
 import struct
 import threading
 from contextlib import contextmanager
-from itertools import chain
 from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
+from itertools import chain
 from typing import Any, Callable, Iterable, Iterator
 
 import msgpack
@@ -341,8 +345,6 @@ def window_groups(blob: bytes) -> list[tuple[bytes, bytes]]:
             bounds.append(unpacker.tell())
         if bounds[-1] != len(body):
             raise ValueError("bytes follow its last state")
-    except CorruptState:
-        raise
     except Exception as exc:  # noqa: BLE001 - every decoding failure is corruption
         raise CorruptState(f"whole-window blob is corrupt: {_describe(blob)} does not decode ({exc})") from None
     if WINDOW_KEY in keys:

@@ -92,7 +92,8 @@ class WindowState:
 
     @property
     def state_rows(self) -> int:
-        """Rows the store holds for this state: one per (window, group)."""
+        """The state's size as reported (``state_groups``): one per (window, group), though the store
+        may keep a window's groups in one row (``streaming.durable.fixed_window_rows``)."""
         return self.group_count
 
     def merge(self, starts: Sequence[int], keys: Sequence[GroupKey], partials: Sequence[Sequence[Any]]) -> dict[int, set[GroupKey]]:

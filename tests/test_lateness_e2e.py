@@ -367,6 +367,69 @@ def test_hopping_dlq_and_idle_sources(spark, tmp_path, batch_files):
     assert any(r["_reason"] == "invalid_event_time" and r["id"] == 9 for rows in dlq.values() for r in rows)
 
 
+# -- lateness decided on the driver (tumbling, event time, no SQL): dlq, future rows, two sources ----
+
+
+@pytest.mark.parametrize("policy", ["dlq", "reopen"])
+def test_tumbling_lateness_on_the_driver_with_future_rows_and_two_sources(spark, tmp_path, batch_files, monkeypatch,
+                                                                           policy):
+    """The plan without batch values: late windows are classed on the driver, and a batch whose
+    newest event time may be in the future runs the exact way (batch 2 here)."""
+    from ematix_dagster.spark import batch as batch_module
+
+    calls = {"driver": 0, "exact": 0}
+
+    def spy(name, real):
+        def wrapper(*args, **kwargs):
+            result = real(*args, **kwargs)
+            calls[name] += 1 if (name == "driver" or result) else 0
+            return result
+        return wrapper
+
+    monkeypatch.setattr(batch_module, "late_windows", spy("driver", batch_module.late_windows))
+    monkeypatch.setattr(batch_module, "may_hold_future_rows", spy("exact", batch_module.may_hold_future_rows))
+    a, b = batch_files("a"), batch_files("b")
+    feed = Feed()
+    feed.parquet("a", a, [row(1, "x", 1, at(0, 10)), row(2, "y", 2, at(0, 20)), row(3, "x", 3, at(1, 10))])
+    feed.parquet("b", b, [row(4, "x", 4, at(1, 40)), row(5, None, 5, at(0, 50)), row(6, "y", 6, None)])
+    # a batch reads each source's next file: W after each is 1:10, 3:00 (a's 3:00 against b's 3:45), 3:45
+    feed.parquet("a", a, [
+        row(7, "x", 10, at(0, 30)),  # [0:00, 1:00) closed at W = 1:10: late
+        row(8, "y", 20, at(1, 5)), row(9, "x", 1, at(3, 0)),
+    ])
+    feed.parquet("b", b, [
+        row(10, "x", 7, FAR_FUTURE),  # future: this batch runs the exact way
+        row(11, "y", 1, at(1, 15)),  # [1:00, 2:00) still open at W = 1:10
+        row(12, "z", 2, at(3, 45)),
+    ])
+    feed.parquet("a", a, [
+        row(13, "z", 3, at(2, 30)),  # [2:00, 3:00) ends at W = 3:00: emitted, so late (reopen: reopened)
+        row(15, "x", 5, at(0, 1)),  # late
+        row(16, "x", 6, at(3, 10)),  # [3:00, 4:00) starts at W: open
+        row(14, "x", 4, at(4, 20)),
+    ])
+    window: dict[str, Any] = {
+        "kind": "tumbling", "duration_ms": 60_000, "lateness_ms": 0, "source_idleness_ms": 3_600_000,
+        "group_by": ["k"], "late_data": policy,
+        "aggregations": [{"agg": "count", "as": "n"}, {"agg": "sum", "column": "v", "as": "v_sum"}],
+    }
+    if policy == "reopen":
+        window["allowed_lateness_ms"] = 120_000
+    spec = make_spec(tmp_path, f"driver-late-{policy}", [files_source(s, f.directory) for s, f in (("a", a), ("b", b))],
+                     window, dead_letter=True, end_of_input="flush")
+    summary, registry = run(spec, spark)
+    expected = check_run(spec, feed, summary, registry)
+
+    c = expected.counters
+    assert c["future:b"] == 1 and c["invalid_event_time:b"] == 1
+    assert summary.last_batch_id == 2 and calls["exact"] == 1 and calls["driver"] == 2, \
+        "every batch but the future one classed on the driver"
+    if policy == "dlq":
+        assert c["late_rows"] == 3 and c["dead_letter:late"] == 3
+    else:
+        assert c["reopened_rows"] >= 2 and c["corrections"] >= 2
+
+
 # -- 5 (string / epoch event times), 6 (malformed json / csv), 4 (never-seen source), 10 ----------
 
 

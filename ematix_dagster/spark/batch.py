@@ -21,10 +21,11 @@ from ematix_dagster.errors import BatchDataError, StateNotDurableError, first_li
 from ematix_dagster.metrics import StreamingMetrics
 from ematix_dagster.spark import checkpoint
 from ematix_dagster.spark.convert import partial_lists, rows_to_arrow
-from ematix_dagster.spark.partials import BatchFrames, BatchPlan, batch_counts, build_batch
+from ematix_dagster.spark.partials import BatchFrames, BatchPlan, batch_counts, build_batch, may_hold_future_rows
 from ematix_dagster.spark.recovery import HEARTBEAT, checkpoint_offsets, named_offsets, offset_names
 from ematix_dagster.spark.sources import InputFiles, batch_files
 from ematix_dagster.spark.windows.base import CLASS
+from ematix_dagster.spark.windows.fixed import late_windows
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.streaming.durable import Provenance, batch_commit, encoded_key
 from ematix_dagster.streaming.micro_batch import BatchInput, BatchResult, Engine, SourceStats
@@ -171,9 +172,16 @@ class BatchStep:
         """The batch's Spark work: one job computes the partials and every counter."""
         engine, spec = self.engine, self.spec
         one_job_per_batch(df.sparkSession)
-        frames = build_batch(df.sparkSession, self.plan, df, batch_id, batch_time,
-                             engine.closed_before(), engine.emitted_before())
+        bounds = (engine.closed_before(), engine.emitted_before())
+        late_on_driver = self.plan.late_on_driver is not None
+        frames = build_batch(df.sparkSession, self.plan, df, batch_id, batch_time, *bounds, late_on_driver)
         table = frames.partials.toArrow()
+        if late_on_driver:
+            if may_hold_future_rows(spec, table, batch_time):  # this batch the exact way
+                frames = build_batch(df.sparkSession, self.plan, df, batch_id, batch_time, *bounds)
+                table = frames.partials.toArrow()
+            else:
+                table = late_windows(spec.window, table, *bounds)
         src, late = batch_counts(spec, table, frames.source_stats)
         stats = {s.name: SourceStats(rows=src[f"rows_{i}"], max_event_ts=src[f"max_{i}"], invalid=src[f"invalid_{i}"],
                                      future=src[f"future_{i}"], malformed=src[f"malformed_{i}"])

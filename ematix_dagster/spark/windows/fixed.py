@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -19,6 +21,7 @@ from ematix_dagster.spark.windows.base import (
 )
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.windows import FixedWindows
+from ematix_dagster.streaming.windows.fixed import first_start
 
 
 #: the plan's own columns, dropped from dead-letter rows
@@ -26,12 +29,22 @@ HELPERS = ("_ts", "_last", "_first", "_first_open", PRIMARY, "_ws")
 
 
 class FixedPlan:
-    """A run's tumbling or hopping plan; ``has_reason``: the rows come with a ``_reason`` column."""
+    """A run's tumbling or hopping plan; ``has_reason``: the rows come with a ``_reason`` column.
 
-    def __init__(self, window: Window, aggregates: Callable[[Column], list[Column]], has_reason: bool) -> None:
+    ``late_in_spark=False`` (tumbling only) leaves lateness to the driver (:func:`late_windows`):
+    a tumbling row is late exactly when its window is, so the plan needs no batch values.
+    """
+
+    def __init__(self, window: Window, aggregates: Callable[[Column], list[Column]], has_reason: bool,
+                 late_in_spark: bool = True) -> None:
         kind = FixedWindows.for_window(window)
         duration, hop = kind.duration, kind.hop
         self.tumbling = hop == duration
+        if not late_in_spark:
+            if not self.tumbling:
+                raise ValueError("only a tumbling window's lateness is its window's")
+            self._without_batch_values(window, aggregates, has_reason)
+            return
         ts = F.unix_micros("_event_ts")
         # Integer arithmetic throughout (pmod is a floor modulo): doubles would misplace rows near a
         # window bound once timestamps exceed 2^53 µs.
@@ -65,6 +78,17 @@ class FixedPlan:
         self.keys = [F.col(CLASS), F.col("_ws")] + [F.when(windowed, F.col(g)).alias(g) for g in window.group_by]
         self.aggregates = [*aggregates(windowed), *hidden]
 
+    def _without_batch_values(self, window: Window, aggregates: Callable[[Column], list[Column]],
+                              has_reason: bool) -> None:
+        ts = F.unix_micros("_event_ts")
+        last = ts - F.pmod(ts, F.lit(window.duration_ms * 1_000))
+        cls = F.col("_reason") if has_reason else F.lit(None).cast("string")
+        self.assigned = [ts.alias("_ts"), last.alias("_last"), cls.alias(CLASS), F.lit(True).alias(PRIMARY),
+                         F.when(cls.isNull(), last).alias("_ws")]
+        windowed = F.col(CLASS).isNull()
+        self.keys = [F.col(CLASS), F.col("_ws")] + [F.when(windowed, F.col(g)).alias(g) for g in window.group_by]
+        self.aggregates = [*aggregates(windowed), F.count_if(F.col(PRIMARY)).alias(ROWS)]
+
     def frames(self, out: DataFrame, batch_id: int) -> WindowedFrames:
         # As few steps as can be: each DataFrame step is analysed on the driver, every batch.
         out = rows = out.select("*", *self.assigned)
@@ -76,3 +100,28 @@ class FixedPlan:
             return dead_letter_rows(out, classes, batch_id, HELPERS)
 
         return WindowedFrames(partials, class_rows)
+
+
+def late_windows(window: Window, table: pa.Table, closed_before: int | None,
+                 emitted_before: int | None) -> pa.Table:
+    """The partials of a tumbling plan made with ``late_in_spark=False``, classed as Spark would
+    have: the groups of closed windows become ``late`` class rows (their partials are not merged;
+    their rows, per source, count as late), and under ``reopen`` ``REOPENED`` counts the rows of
+    windows emitted before the batch. Same rule as the Spark plan: a row is late when its window
+    starts before the first open one, ``first_start(closed_before)``.
+    """
+    classes, starts = table.column(CLASS), table.column("_ws")
+    if closed_before is not None:
+        duration = window.duration_ms * 1_000
+        first_open = first_start(closed_before, duration, duration)
+        late = pc.fill_null(pc.less(starts, pa.scalar(first_open, pa.int64())), False)
+        if pc.any(late).as_py():
+            classes = pc.if_else(late, pa.scalar("late", classes.type), classes)
+            table = table.set_column(table.schema.get_field_index(CLASS), CLASS, classes)
+    if window.late_data == "reopen":
+        emitted = pc.fill_null(pc.less_equal(pc.add(starts, window.duration_ms * 1_000),
+                                             pa.scalar(emitted_before, pa.int64())), False) \
+            if emitted_before is not None else pa.repeat(pa.scalar(False), len(table))
+        reopened = pc.if_else(pc.and_(pc.is_null(classes), emitted), table.column(ROWS), 0)
+        table = table.append_column(REOPENED, reopened)
+    return table

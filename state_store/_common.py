@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from operator import itemgetter
 from typing import Any, Callable, Iterable
 
 from state_store import codec
@@ -163,7 +164,7 @@ def check_batch(batch: BatchCommit) -> None:
                     or not isinstance(blob, bytes):
                 raise TypeError("an upsert must be (int window_start, int window_end, bytes key, bytes blob), "
                                 f"got {row!r:.200}")
-    if any(not row[2] for row in batch.upserts):
+    if not all(map(itemgetter(2), batch.upserts)):  # at C speed, like _plain_rows
         raise ValueError("an upsert's key is empty, the key of a whole-window row: write whole windows "
                          "with BatchCommit.whole_windows")
     for row in batch.whole_windows:

@@ -13,7 +13,7 @@ The last two follow the window kind's rules: its plan in ``ematix_dagster.spark.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cache, cached_property, lru_cache
 from typing import Any, Callable, Sequence
 
 import pyarrow as pa
@@ -310,6 +310,7 @@ def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: i
         assert fast.reason is not None
         partials = fast.windows.frames(rows.select("*", fast.reason.alias("_reason")), batch_id).partials
 
+        @cache  # bad rows and class rows of one batch from one exact plan
         def exact() -> BatchFrames:
             return build_batch(spark, plan, df, batch_id, *values)
 

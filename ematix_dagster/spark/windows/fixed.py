@@ -40,11 +40,8 @@ class FixedPlan:
         kind = FixedWindows.for_window(window)
         duration, hop = kind.duration, kind.hop
         self.tumbling = hop == duration
-        if not late_in_spark:
-            if not self.tumbling:
-                raise ValueError("only a tumbling window's lateness is its window's")
-            self._without_batch_values(window, aggregates, has_reason)
-            return
+        if not (late_in_spark or self.tumbling):
+            raise ValueError("only a tumbling window's lateness is its window's")
         ts = F.unix_micros("_event_ts")
         # Integer arithmetic throughout (pmod is a floor modulo): doubles would misplace rows near a
         # window bound once timestamps exceed 2^53 µs.
@@ -54,13 +51,17 @@ class FixedPlan:
             before = t - F.lit(duration)
             return before - F.pmod(before, F.lit(hop)) + F.lit(hop)
 
-        first = last if self.tumbling else first_start(ts)  # a tumbling row's only window is its last
-        # NULL closed_before (no watermark yet) leaves ``first``: greatest skips NULLs
-        first_open = F.greatest(first, first_start(F.col(CLOSED_BEFORE)))
         reason = F.col("_reason") if has_reason else F.lit(None).cast("string")
-        cls = F.coalesce(reason, F.when(first_open > last, F.lit("late")))
-        self.assigned = [ts.alias("_ts"), last.alias("_last"), first.alias("_first"),
-                         first_open.alias("_first_open"), cls.alias(CLASS)]
+        self.assigned = [ts.alias("_ts"), last.alias("_last")]
+        if late_in_spark:
+            first = last if self.tumbling else first_start(ts)  # a tumbling row's only window is its last
+            # NULL closed_before (no watermark yet) leaves ``first``: greatest skips NULLs
+            first_open = F.greatest(first, first_start(F.col(CLOSED_BEFORE)))
+            cls = F.coalesce(reason, F.when(first_open > last, F.lit("late")))
+            self.assigned += [first.alias("_first"), first_open.alias("_first_open")]
+        else:  # the driver classes the closed windows' partials (:func:`late_windows`)
+            cls = reason
+        self.assigned.append(cls.alias(CLASS))
         windowed = F.col(CLASS).isNull()
         if self.tumbling:  # a row is its only copy: assigned in the same projection
             self.assigned += [F.lit(True).alias(PRIMARY), F.when(cls.isNull(), last).alias("_ws")]
@@ -73,21 +74,10 @@ class FixedPlan:
         hidden = [F.count_if(F.col(PRIMARY)).alias(ROWS)]
         if not self.tumbling:
             hidden.append(F.sum(F.when(counted, F.expr(f"(_first_open - _first) div {hop}"))).alias(LATE_ASSIGNMENTS))
-        if window.late_data == "reopen":
+        if window.late_data == "reopen" and late_in_spark:
             hidden.append(F.count_if(counted & (F.col("_first_open") + duration <= F.col(EMITTED_BEFORE))).alias(REOPENED))
         self.keys = [F.col(CLASS), F.col("_ws")] + [F.when(windowed, F.col(g)).alias(g) for g in window.group_by]
         self.aggregates = [*aggregates(windowed), *hidden]
-
-    def _without_batch_values(self, window: Window, aggregates: Callable[[Column], list[Column]],
-                              has_reason: bool) -> None:
-        ts = F.unix_micros("_event_ts")
-        last = ts - F.pmod(ts, F.lit(window.duration_ms * 1_000))
-        cls = F.col("_reason") if has_reason else F.lit(None).cast("string")
-        self.assigned = [ts.alias("_ts"), last.alias("_last"), cls.alias(CLASS), F.lit(True).alias(PRIMARY),
-                         F.when(cls.isNull(), last).alias("_ws")]
-        windowed = F.col(CLASS).isNull()
-        self.keys = [F.col(CLASS), F.col("_ws")] + [F.when(windowed, F.col(g)).alias(g) for g in window.group_by]
-        self.aggregates = [*aggregates(windowed), F.count_if(F.col(PRIMARY)).alias(ROWS)]
 
     def frames(self, out: DataFrame, batch_id: int) -> WindowedFrames:
         # As few steps as can be: each DataFrame step is analysed on the driver, every batch.
@@ -111,15 +101,15 @@ def late_windows(window: Window, table: pa.Table, closed_before: int | None,
     starts before the first open one, ``first_start(closed_before)``.
     """
     classes, starts = table.column(CLASS), table.column("_ws")
+    duration = window.duration_ms * 1_000
     if closed_before is not None:
-        duration = window.duration_ms * 1_000
         first_open = first_start(closed_before, duration, duration)
         late = pc.fill_null(pc.less(starts, pa.scalar(first_open, pa.int64())), False)
         if pc.any(late).as_py():
             classes = pc.if_else(late, pa.scalar("late", classes.type), classes)
             table = table.set_column(table.schema.get_field_index(CLASS), CLASS, classes)
     if window.late_data == "reopen":
-        emitted = pc.fill_null(pc.less_equal(pc.add(starts, window.duration_ms * 1_000),
+        emitted = pc.fill_null(pc.less_equal(pc.add(starts, duration),
                                              pa.scalar(emitted_before, pa.int64())), False) \
             if emitted_before is not None else pa.repeat(pa.scalar(False), len(table))
         reopened = pc.if_else(pc.and_(pc.is_null(classes), emitted), table.column(ROWS), 0)

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 
 from ematix_dagster.metrics import StreamingMetrics, default_metrics, serve
 from ematix_dagster.streaming.micro_batch import BatchInput, BatchResult, SourceStats
-from ematix_dagster.streaming.window_state import EmittedRow
+from ematix_dagster.streaming.emitted import Emitted, EmittedRow
 
 
 def _record(metrics: StreamingMetrics) -> None:
@@ -17,9 +17,10 @@ def _record(metrics: StreamingMetrics) -> None:
                        sources={"a": SourceStats(rows=5, max_event_ts=9_000_000, invalid=1, future=2, malformed=1),
                                 "b": SourceStats(rows=0)},
                        late_rows=4, late_assignments=2, reopened_rows=1, dead_letters={"late": 4, "future": 2})
-    rows = [EmittedRow(0, 60, ("x",), (1,), "final"), EmittedRow(0, 60, ("y",), (2,), "final"),
-            EmittedRow(-60, 0, ("x",), (3,), "correction")]
-    result = BatchResult(batch_id=3, rows=rows, watermark_before=None, watermark=8_000_000,
+    emitted = Emitted()
+    emitted.add_rows([EmittedRow(0, 60, ("x",), (1,), "final"), EmittedRow(0, 60, ("y",), (2,), "final"),
+                      EmittedRow(-60, 0, ("x",), (3,), "correction")])
+    result = BatchResult(batch_id=3, emitted=emitted, watermark_before=None, watermark=8_000_000,
                          source_watermarks={"a": 8_000_000, "b": None}, idle_sources=["b"], windows_open=2, groups=7)
     metrics.record("p1", "hopping", "reopen", batch, result, 0.25)
 

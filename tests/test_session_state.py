@@ -26,7 +26,8 @@ import pytest
 import ematix_dagster.streaming.windows.session as session_module
 from ematix_dagster.errors import StateCapExceeded
 from ematix_dagster.streaming.aggregators import Avg, Count, ExactDistinct, First, Last, Max, Min, Sum
-from ematix_dagster.streaming.session_state import SessionRow, SessionState
+from ematix_dagster.streaming.emitted import EmittedRow
+from ematix_dagster.streaming.session_state import SessionState
 from ematix_dagster.streaming.windows.session import SessionWindows, session_id
 
 Key = tuple[Any, ...]
@@ -133,9 +134,9 @@ class Oracle:
         return canon(retracts), canon(out)
 
 
-def canon(rows: list[Out] | list[SessionRow]) -> list[Out]:
+def canon(rows: list[Out] | list[EmittedRow]) -> list[Out]:
     """Rows as (kind, start, end, key, values), in one order (keys holding None do not sort)."""
-    plain = [(r.kind, r.start, r.end, r.key, r.values) if isinstance(r, SessionRow) else r for r in rows]
+    plain = [(r.kind, r.start, r.end, r.key, r.values) if isinstance(r, EmittedRow) else r for r in rows]
     return sorted(plain, key=lambda r: (r[1], repr(r[3]), r[0]))
 
 

@@ -262,9 +262,12 @@ def test_the_postgres_writer_deletes_retracted_keys_before_its_upserts(pg_dsn, p
 
 
 def test_session_output_numbers_its_rows_and_fixed_output_is_unchanged(tmp_path) -> None:
-    from ematix_dagster.streaming.window_state import EmittedRow
+    from ematix_dagster.streaming.emitted import Emitted, EmittedRow
 
-    out = [EmittedRow(20, 30, ("a",), (2,), "retract"), EmittedRow(0, 30, ("a",), (3,), "correction")]
+    rows = [EmittedRow(20, 30, ("a",), (2,), "retract"), EmittedRow(0, 30, ("a",), (3,), "correction")]
+    out, last = Emitted(), Emitted()
+    out.add_rows(rows)
+    last.add_rows(rows[1:])
     schema = pa.schema([("window_start", UTC_MICROS), ("window_end", UTC_MICROS), ("session_id", pa.int64()),
                         ("k", pa.string()), ("n", pa.int64()), (KIND, pa.string()), (SEQ, pa.int64())])
     table = rows_to_arrow(schema, out, 1, [7, 8])
@@ -272,7 +275,7 @@ def test_session_output_numbers_its_rows_and_fixed_output_is_unchanged(tmp_path)
     assert table.to_pydict()["session_id"] == [7, 8] and table.to_pydict()["n"] == [2, 3]
     fixed = pa.schema([("window_start", UTC_MICROS), ("window_end", UTC_MICROS), ("k", pa.string()),
                        ("n", pa.int64()), (KIND, pa.string())])
-    assert rows_to_arrow(fixed, out[1:], 1).to_pydict() == {
+    assert rows_to_arrow(fixed, last, 1).to_pydict() == {
         "window_start": [dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)],
         "window_end": [dt.datetime(1970, 1, 1, 0, 0, 0, 30, tzinfo=dt.timezone.utc)],
         "k": ["a"], "n": [3], KIND: ["correction"]}

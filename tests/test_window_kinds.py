@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pytest
 
 from ematix_dagster.errors import AggregationOverflow
@@ -50,6 +52,37 @@ def test_merge_batch_names_the_failing_row() -> None:
     states = [[None], [2**63 - 2]]
     with pytest.raises(PartialRowError) as exc:
         Sum(integral=True).merge_batch(states, 0, [1, 5])
+    assert exc.value.row == 1 and isinstance(exc.value.error, AggregationOverflow)
+
+
+@pytest.mark.parametrize("agg, accs, partials, expected", [
+    # the C-speed cases: groups new to the window, groups already there
+    (Count(), [None, None], [3, 1], [3, 1]),
+    (Count(), [2, 7], [3, 1], [5, 8]),
+    (Sum(integral=True), [None, None], [Decimal(4), Decimal(-9)], [4, -9]),
+    (Sum(integral=True), [1, 2**63 - 5], [Decimal(4), Decimal(4)], [5, 2**63 - 1]),
+    (Sum(integral=False), [0.5, 1.0], [0.25, 2.0], [0.75, 3.0]),
+    (Sum(integral=False), [Decimal("1.5"), None], [Decimal("0.5"), Decimal("2")], [Decimal("2.0"), Decimal("2")]),
+    # the rest row by row: new and old groups mixed, all-NULL partials
+    (Count(), [None, 2], [3, None], [3, 2]),
+    (Sum(integral=True), [None, 3], [Decimal(1), None], [1, 3]),
+    (Avg(), [None, (1.0, 1)], [(2.0, 2), (3.0, 1)], [(2.0, 2), (4.0, 2)]),
+    (First(), [(5, "b"), None], [(5, "a"), (4, "z")], [(5, "a"), (4, "z")]),
+    (ExactDistinct(cap=10), [{"a"}, None], [["b"], []], [{"a", "b"}, None]),
+])
+def test_merge_column_folds_each_row_into_its_group(agg, accs, partials, expected) -> None:
+    before = list(accs)
+    merged = agg.merge_column(accs, partials)
+    assert merged == expected and [type(v) for v in merged] == [type(v) for v in expected]
+    assert merged == [agg.merge(a, p) for a, p in zip(accs, partials)]
+    assert accs == before  # the state's lists are replaced, never changed in place
+
+
+@pytest.mark.parametrize("accs", [[0, 2**63 - 2], [None, None]])
+def test_merge_column_names_the_row_that_overflows(accs) -> None:
+    partials = [Decimal(1), Decimal(2**63 + 3 if accs[1] is None else 5)]
+    with pytest.raises(PartialRowError) as exc:
+        Sum(integral=True).merge_column(accs, partials)
     assert exc.value.row == 1 and isinstance(exc.value.error, AggregationOverflow)
 
 

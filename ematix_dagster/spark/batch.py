@@ -245,10 +245,11 @@ class BatchStep:
 
     def _write(self, batch_id: int, result: BatchResult, in_transaction: InTransaction, part: str = "part-0") -> None:
         ids = None
+        emitted = result.emitted
         if self.spec.window.kind == "session":
             name = self.spec.pipeline_name
-            ids = [session_id(name, encoded_key(r.key), r.start) for r in result.rows]
-        table = rows_to_arrow(self.schema, result.rows, len(self.spec.window.group_by), ids)
+            ids = [session_id(name, encoded_key(key), start) for key, start in zip(emitted.keys, emitted.starts)]
+        table = rows_to_arrow(self.schema, emitted, len(self.spec.window.group_by), ids)
         if self.spec.target.same_transaction:
             in_transaction.append(lambda conn: self.target.write_in_transaction(conn, batch_id, table))
         else:

@@ -17,7 +17,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_type
 
 from ematix_dagster.spark.partials import BatchPlan
-from ematix_dagster.streaming.window_state import EmittedRow
+from ematix_dagster.streaming.emitted import Emitted
 from ematix_dagster.targets.base import EMIT_KIND_COLUMN, EMIT_SEQ_COLUMN
 
 UTC_MICROS = pa.timestamp("us", tz="UTC")
@@ -57,22 +57,22 @@ def partial_lists(plan: BatchPlan, table: pa.Table,
     return starts, keys, partials
 
 
-def rows_to_arrow(schema: pa.Schema, rows: Sequence[EmittedRow], group_width: int,
+def rows_to_arrow(schema: pa.Schema, emitted: Emitted, group_width: int,
                   session_ids: Sequence[int] | None = None) -> pa.Table:
-    """The rows as the output schema's columns, in their order (``session_ids``: one per row, for
-    session windows; a schema with ``_emit_seq`` numbers the rows 0, 1, ... as given)."""
+    """The emitted rows as the output schema's columns, in their order (``session_ids``: one per
+    row, for session windows; a schema with ``_emit_seq`` numbers the rows 0, 1, ... as given)."""
     columns: list[Sequence[Any]] = [()] * len(schema)
     first_key = 2 if session_ids is None else 3
-    if rows:  # one column at a time (each row's key and values transposed at C speed), not a call per cell
-        starts, ends, keys, values, kinds = zip(*rows)
-        columns[0], columns[1], columns[schema.get_field_index(EMIT_KIND_COLUMN)] = starts, ends, kinds
-        for i, column in enumerate(zip(*keys)):
+    if emitted:  # the group keys transposed at C speed; everything else is a column already
+        columns[0], columns[1] = emitted.starts, emitted.ends
+        columns[schema.get_field_index(EMIT_KIND_COLUMN)] = emitted.kinds
+        for i, column in enumerate(zip(*emitted.keys)):
             columns[first_key + i] = column
-        for j, column in enumerate(zip(*values)):
+        for j, column in enumerate(emitted.values):
             columns[first_key + group_width + j] = column
     if session_ids is not None:
         columns[2] = list(session_ids)
     seq = schema.get_field_index(EMIT_SEQ_COLUMN)
     if seq >= 0:
-        columns[seq] = range(len(rows))
+        columns[seq] = range(len(emitted))
     return pa.table([pa.array(c, type=f.type) for c, f in zip(columns, schema)], schema=schema)

@@ -51,7 +51,7 @@ import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import reduce
+from functools import lru_cache, reduce
 from pathlib import Path
 from typing import Callable, Protocol
 from urllib.parse import unquote, urlsplit
@@ -81,7 +81,7 @@ _NUMERIC = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.D
 
 def parse_schema(source: Source, key: str) -> T.StructType:
     try:
-        schema = T._parse_datatype_string(source.schema)  # type: ignore[attr-defined]
+        schema = _parsed(source.schema)
     except Exception as exc:  # Spark's parser raises several types
         raise PipelineConfigError(f"{key}.schema", f"{source.schema!r} is not a DDL schema ({first_line(exc)})",
                                   'write it like "user_id BIGINT, ts TIMESTAMP"') from None
@@ -89,6 +89,13 @@ def parse_schema(source: Source, key: str) -> T.StructType:
         raise PipelineConfigError(f"{key}.schema", f"{source.schema!r} is not a list of columns",
                                   'write it like "user_id BIGINT, ts TIMESTAMP"')
     return schema
+
+
+@lru_cache(maxsize=64)
+def _parsed(ddl: str) -> T.DataType:
+    """Spark's parse of a DDL schema: a round trip to the JVM, which a managed source's batches
+    would otherwise make twice each (listing its files, reading them)."""
+    return T._parse_datatype_string(ddl)  # type: ignore[attr-defined]
 
 
 def event_time(col: Column, dtype: T.DataType, unit: str, key: str) -> Column:
@@ -215,10 +222,10 @@ def _with_engine_columns(df: DataFrame, spec: PipelineSpec, index: int) -> DataF
     if column not in types:
         raise PipelineConfigError(key, f"event time column {column!r} is not in the source's columns {sorted(types)}",
                                   "name one of the source's columns")
-    df = df.withColumn("_event_ts", event_time(F.col(column), types[column], unit, key)).withColumn("_source", F.lit(source.name))
-    if CORRUPT not in df.columns:
-        df = df.withColumn(CORRUPT, F.lit(None).cast("string"))
-    return df
+    added = {"_event_ts": event_time(F.col(column), types[column], unit, key), "_source": F.lit(source.name)}
+    if CORRUPT not in types:
+        added[CORRUPT] = F.lit(None).cast("string")
+    return df.withColumns(added)  # one step: each is analysed, in every batch of a managed source
 
 
 def heartbeat(spark: SparkSession) -> DataFrame:

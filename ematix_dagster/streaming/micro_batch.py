@@ -27,10 +27,11 @@ from typing import Any, Iterable, NoReturn, Sequence
 from ematix_dagster.errors import CorruptState
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.aggregators import describe_value, make_aggregator
+from ematix_dagster.streaming.emitted import Emitted, EmittedRow
 from ematix_dagster.streaming.session_state import SessionState
 from ematix_dagster.streaming.sliding_state import SlidingState
 from ematix_dagster.streaming.watermark import Watermarks
-from ematix_dagster.streaming.window_state import EmittedRow, GroupKey, WindowState
+from ematix_dagster.streaming.window_state import GroupKey, WindowState
 from ematix_dagster.streaming.windows import MICROS_PER_MS, SessionWindows, SlidingWindows, window_kind
 from state_store.errors import RESTORE_OR_RESET
 
@@ -69,7 +70,7 @@ class BatchInput:
 @dataclass
 class BatchResult:
     batch_id: int
-    rows: list[EmittedRow]
+    emitted: Emitted
     watermark_before: int | None
     watermark: int | None
     source_watermarks: dict[str, int | None]
@@ -78,17 +79,21 @@ class BatchResult:
     groups: int
 
     @cached_property
+    def rows(self) -> list[EmittedRow]:
+        return self.emitted.rows
+
+    @property
     def finals(self) -> int:
-        return sum(1 for r in self.rows if r.kind == "final")
+        return self.emitted.count("final")
 
-    @cached_property
+    @property
     def corrections(self) -> int:
-        return sum(1 for r in self.rows if r.kind == "correction")
+        return self.emitted.count("correction")
 
-    @cached_property
+    @property
     def retractions(self) -> int:
         """``retract`` rows (session windows under reopen: keys that disappeared, SPEC.md §10)."""
-        return sum(1 for r in self.rows if r.kind == "retract")
+        return self.emitted.count("retract")
 
 
 @dataclass
@@ -268,7 +273,7 @@ class Engine:
             self.watermarks.observe(name, stats.rows, stats.max_event_ts, batch.batch_time)
             self._count(name, stats)
         self.watermarks.advance(batch.batch_time)
-        rows = self._emit(before, touched)
+        emitted = self._emit(before, touched)
         self.counters["late_rows_dropped"] += batch.late_rows
         self.counters["late_assignments_dropped"] += batch.late_assignments
         self.counters["late_rows_reopened"] += batch.reopened_rows
@@ -276,7 +281,7 @@ class Engine:
             self.counters[f"rejected_rows:{reason}"] += n
         for reason, n in batch.dead_letters.items():
             self.counters[f"dead_letter_rows:{reason}"] += n
-        return self._result(batch.batch_id, rows, before, batch.batch_time)
+        return self._result(batch.batch_id, emitted, before, batch.batch_time)
 
     def flush(self, batch_id: int, batch_time: int) -> BatchResult:
         """``end_of_input = "flush"``: emit every open window and close it for good."""
@@ -284,15 +289,19 @@ class Engine:
         flushed = self.state.flush_watermark
         if flushed is not None:
             self.watermarks.raise_to(flushed)
-        rows = self._emit(before, {})
-        return self._result(batch_id, rows, before, batch_time)
+        return self._result(batch_id, self._emit(before, {}), before, batch_time)
 
-    def _emit(self, before: int | None, touched: dict[int, set[GroupKey]]) -> list[EmittedRow]:
+    def _emit(self, before: int | None, touched: dict[int, set[GroupKey]]) -> Emitted:
         """The kind's output at the new watermark; a session's retractions come first (SPEC.md §10)."""
+        if isinstance(self.state, WindowState):
+            return self.state.emit(before, self.watermarks.global_wm, touched, self.retention)
+        out = Emitted()
         if isinstance(self.state, SessionState):
             emission = self.state.emit(self.watermarks.global_wm, self.retention)
-            return [*emission.retractions, *emission.rows]
-        return self.state.emit(before, self.watermarks.global_wm, touched, self.retention)
+            out.add_rows([*emission.retractions, *emission.rows])
+        else:
+            out.add_rows(self.state.emit(before, self.watermarks.global_wm, touched, self.retention))
+        return out
 
     def open_windows(self) -> int:
         """Windows (sessions) not emitted yet."""
@@ -306,11 +315,11 @@ class Engine:
         self.counters[f"future_rows:{name}"] += stats.future
         self.counters[f"malformed_rows:{name}"] += stats.malformed
 
-    def _result(self, batch_id: int, rows: list[EmittedRow], before: int | None, batch_time: int) -> BatchResult:
+    def _result(self, batch_id: int, emitted: Emitted, before: int | None, batch_time: int) -> BatchResult:
         self.last_batch_id = batch_id
         result = BatchResult(
             batch_id=batch_id,
-            rows=rows,
+            emitted=emitted,
             watermark_before=before,
             watermark=self.watermarks.global_wm,
             source_watermarks=self.watermarks.source_watermarks(),

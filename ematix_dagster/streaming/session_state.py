@@ -36,6 +36,7 @@ from typing import Any, Iterator, NamedTuple, NoReturn, Sequence
 
 from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
 from ematix_dagster.streaming.aggregators import Aggregator, PartialRowError, merge_partials
+from ematix_dagster.streaming.emitted import EmittedRow
 from ematix_dagster.streaming.window_state import GroupKey, key_order
 from ematix_dagster.streaming.windows.base import WindowBounds
 from ematix_dagster.streaming.windows.session import SessionWindows
@@ -47,21 +48,11 @@ SessionUpsert = tuple[int, int, GroupKey, list[Any], bool]
 SessionDelete = tuple[int, GroupKey]
 
 
-class SessionRow(NamedTuple):
-    """One output row before it becomes Arrow (``session_id`` is added there, from start and key)."""
-
-    start: int
-    end: int
-    key: GroupKey
-    values: tuple[Any, ...]
-    kind: str  # "final" | "correction" | "retract"
-
-
 class SessionEmission(NamedTuple):
     """A batch's output: retractions (written first, SPEC.md §10), then finals and corrections."""
 
-    retractions: list[SessionRow]
-    rows: list[SessionRow]
+    retractions: list[EmittedRow]
+    rows: list[EmittedRow]
 
 
 class Session:
@@ -86,7 +77,7 @@ class Session:
         return f"Session({self.start}, {self.end}, accs={self.accs!r}, emitted={self.emitted})"
 
 
-def _ordered(rows: list[SessionRow]) -> list[SessionRow]:
+def _ordered(rows: list[EmittedRow]) -> list[EmittedRow]:
     """Rows by (start, key), as fixed windows order them: the same input gives the same files."""
     if set(map(type, itertools.chain.from_iterable(row.key for row in rows))) <= {int, str}:
         return sorted(rows, key=lambda row: (row.start, row.key))  # plain keys order as they are
@@ -105,7 +96,7 @@ class SessionState:
     sessions: dict[GroupKey, list[Session]] = field(default_factory=dict)
     # since the last emit: sessions changed, and the rows emitted sessions had before they changed
     _changed: dict[int, tuple[GroupKey, Session]] = field(default_factory=dict, init=False, repr=False)
-    _superseded: dict[tuple[GroupKey, int], SessionRow] = field(default_factory=dict, init=False, repr=False)
+    _superseded: dict[tuple[GroupKey, int], EmittedRow] = field(default_factory=dict, init=False, repr=False)
     # since the last commit: sessions to write, and (start, key) rows to delete
     _dirty: dict[int, tuple[GroupKey, Session]] = field(default_factory=dict, init=False, repr=False)
     _dropped: dict[SessionDelete, None] = field(default_factory=dict, init=False, repr=False)
@@ -232,7 +223,7 @@ class SessionState:
             return olds[0]
         for s in olds:
             if s.emitted and not s.changed:  # what the target holds for it, before it changes
-                self._superseded[(key, s.start)] = SessionRow(s.start, s.end, key, self._values(s), "retract")
+                self._superseded[(key, s.start)] = EmittedRow(s.start, s.end, key, self._values(s), "retract")
         start, end = run[0][0], max(item[1] for item in run)
         last = max([s.last for s in olds] + [lasts[r] for r in rows])
         if olds:
@@ -315,7 +306,7 @@ class SessionState:
                     del self.sessions[key]
         # one aggregator at a time over the emitted sessions, then one tuple per session
         columns = [list(map(agg.result, (s.accs[i] for _, s, _ in emitted))) for i, agg in enumerate(self.aggregators)]
-        out = [SessionRow(s.start, s.end, key, values, kind) for (key, s, kind), values in zip(emitted, zip(*columns))]
+        out = [EmittedRow(s.start, s.end, key, values, kind) for (key, s, kind), values in zip(emitted, zip(*columns))]
         return SessionEmission(_ordered(retractions), _ordered(out))
 
     # -- durable state ----------------------------------------------------------------------------

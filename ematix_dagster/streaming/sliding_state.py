@@ -35,7 +35,8 @@ from typing import Any, Iterable, NoReturn, Sequence
 from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
 from ematix_dagster.streaming.aggregators import Aggregator, PartialRowError, merge_partials
 from ematix_dagster.streaming.two_stacks import TwoStacks
-from ematix_dagster.streaming.window_state import EmittedRow, GroupKey, key_order
+from ematix_dagster.streaming.emitted import EmittedRow
+from ematix_dagster.streaming.window_state import GroupKey, key_order
 from ematix_dagster.streaming.windows.sliding import SlidingWindows
 
 Accumulators = list[Any]

@@ -15,27 +15,14 @@ the groups that changed, or the whole window when most of its groups did
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from operator import itemgetter
-from typing import Any, Iterable, NamedTuple, Sequence
+from itertools import compress, groupby, repeat
+from operator import is_, itemgetter, not_
+from typing import Any, Iterable, Sequence
 
 from ematix_dagster.errors import StateCapExceeded
-from ematix_dagster.streaming.aggregators import Aggregator, PartialRowError, merge_partials, order_key
+from ematix_dagster.streaming.aggregators import Aggregator, PartialRowError, order_key
+from ematix_dagster.streaming.emitted import Emitted, GroupKey
 from ematix_dagster.streaming.windows import WindowKind
-
-GroupKey = tuple[Any, ...]
-
-
-class EmittedRow(NamedTuple):
-    """One output row before it becomes Arrow: window bounds, group key, finished values.
-
-    A named tuple: a batch emits one per (window, group), often tens of thousands.
-    """
-
-    start: int
-    end: int
-    key: GroupKey
-    values: tuple[Any, ...]
-    kind: str  # "final" | "correction"
 
 
 def key_order(key: GroupKey) -> tuple[Any, ...]:
@@ -99,44 +86,70 @@ class WindowState:
     def merge(self, starts: Sequence[int], keys: Sequence[GroupKey], partials: Sequence[Sequence[Any]]) -> dict[int, set[GroupKey]]:
         """Fold one batch of partials in; returns the groups touched per window.
 
-        Groups are found (or created, within the cap) row by row, then each aggregator merges its
-        whole column of partials at once. Partials come in runs of one window start (the batch
-        sorts them), so the window's dict and touched set are looked up once per run.
+        A batch from Spark holds one partial per (window start, group), in runs of one window start
+        (the batch sorts them). Each run is merged column by column: its groups'
+        accumulators are looked up at once, each aggregator folds its whole column
+        (``Aggregator.merge_column``), and the groups take the new accumulators in one dict update.
         """
         touched: dict[int, set[GroupKey]] = {}
-        width, cap, windows = len(self.aggregators), self.max_groups_per_window, self.windows
-        states: list[list[Any]] = []
-        current: int | None = None
-        groups: dict[GroupKey, list[Any]] = {}
-        seen: set[GroupKey] = set()
-        for start, key in zip(starts, keys):
-            if start != current:
-                current = start
-                groups = windows.setdefault(start, {})
-                seen = touched.setdefault(start, set())
-            accs = groups.get(key)
-            if accs is None:
-                if len(groups) >= cap:
-                    raise StateCapExceeded(
-                        f"window state cap hit: max_groups_per_window={cap} reached on window "
-                        f"{self.describe(start)} for pipeline {self.pipeline}"
-                    )
-                accs = groups[key] = [None] * width
-            states.append(accs)
-            seen.add(key)
+        row = 0
+        for start, run in groupby(starts):
+            end = row + len(list(run))
+            self._merge_run(start, keys[row:end], [column[row:end] for column in partials], touched)
+            row = end
         for start, keys_ in touched.items():
             self.dirty.setdefault(start, set()).update(keys_)
-        try:
-            merge_partials(self.aggregators, states, partials)
-        except PartialRowError as failed:
-            exc, start, key, alias = failed.error, starts[failed.row], keys[failed.row], self.aliases[failed.index]
-            raise type(exc)(
-                f"window state cap hit: {exc} on window {self.describe(start)} "
-                f"group {key!r} ({alias}) for pipeline {self.pipeline}"
-                if isinstance(exc, StateCapExceeded)
-                else f"{exc}: {alias} on window {self.describe(start)} group {key!r} for pipeline {self.pipeline}"
-            ) from None
         return touched
+
+    def _merge_run(self, start: int, keys: Sequence[GroupKey], partials: list[Sequence[Any]],
+                   touched: dict[int, set[GroupKey]]) -> None:
+        """Merge the partials of one window start."""
+        groups = self.windows.get(start)
+        if groups is None:
+            groups = self.windows[start] = {}
+        seen = touched.setdefault(start, set())
+        before = len(seen)
+        seen.update(keys)
+        if len(seen) - before != len(keys) and len(set(keys)) != len(keys):  # a group twice: row by row, in order
+            for row in range(len(keys)):
+                self._merge_run(start, keys[row:row + 1], [column[row:row + 1] for column in partials], touched)
+            return
+        olds = list(map(groups.get, keys))
+        new = olds.count(None)
+        if new and len(groups) + new > self.max_groups_per_window:
+            raise StateCapExceeded(
+                f"window state cap hit: max_groups_per_window={self.max_groups_per_window} reached on window "
+                f"{self.describe(start)} for pipeline {self.pipeline}"
+            )
+        if 0 < new < len(olds):  # groups new to the window beside held ones: each part column by column
+            fresh = list(map(is_, olds, repeat(None)))
+            held = list(map(not_, fresh))
+            self._merge_columns(groups, start, list(compress(keys, fresh)),
+                                [list(compress(column, fresh)) for column in partials], None)
+            self._merge_columns(groups, start, list(compress(keys, held)),
+                                [list(compress(column, held)) for column in partials], list(compress(olds, held)))
+        else:
+            self._merge_columns(groups, start, keys, partials, None if new else olds)
+
+    def _merge_columns(self, groups: dict[GroupKey, list[Any]], start: int, keys: Sequence[GroupKey],
+                       partials: Sequence[Sequence[Any]], olds: list[list[Any]] | None) -> None:
+        """Fold ``partials`` into the groups ``keys`` of one window: all of them held (``olds``, their
+        accumulators) or all new to it (None)."""
+        width = len(self.aggregators)
+        columns = [[None] * len(keys)] * width if olds is None else [list(map(itemgetter(i), olds)) for i in range(width)]
+        merged = []
+        for i, (agg, accs, column) in enumerate(zip(self.aggregators, columns, partials)):
+            try:
+                merged.append(agg.merge_column(accs, column))
+            except PartialRowError as failed:
+                exc, key, alias = failed.error, keys[failed.row], self.aliases[i]
+                raise type(exc)(
+                    f"window state cap hit: {exc} on window {self.describe(start)} "
+                    f"group {key!r} ({alias}) for pipeline {self.pipeline}"
+                    if isinstance(exc, StateCapExceeded)
+                    else f"{exc}: {alias} on window {self.describe(start)} group {key!r} for pipeline {self.pipeline}"
+                ) from None
+        groups.update(zip(keys, map(list, zip(*merged))))
 
     def take_changes(self) -> tuple[dict[int, set[GroupKey]], list[int]]:
         """The changed groups of each held window and the windows evicted since the last call (what
@@ -146,29 +159,29 @@ class WindowState:
         self.dirty, self.evicted = {}, set()
         return changed, evicted
 
-    def _rows(self, start: int, keys: Iterable[GroupKey], kind: str) -> list[EmittedRow]:
+    def _add(self, out: Emitted, start: int, keys: Iterable[GroupKey], kind: str) -> None:
+        """The rows of window ``start``'s groups ``keys`` (sorted as Spark would), one aggregator
+        at a time over the window's groups."""
         groups = self.windows[start]
-        end = self.window_kind.bounds(start).end
         ordered = sorted_keys(keys)
-        states = [groups[key] for key in ordered]
-        # one aggregator at a time over the window's groups, then one tuple per group
-        columns = [list(map(agg.result, map(itemgetter(i), states))) for i, agg in enumerate(self.aggregators)]
-        return [EmittedRow(start, end, key, values, kind) for key, values in zip(ordered, zip(*columns))]
+        states = list(map(groups.__getitem__, ordered))
+        columns = [agg.result_column(list(map(itemgetter(i), states))) for i, agg in enumerate(self.aggregators)]
+        out.add_window(start, self.window_kind.bounds(start).end, ordered, columns, kind)
 
     def emit(self, before: int | None, watermark: int | None, touched: dict[int, set[GroupKey]],
-             retention: int) -> list[EmittedRow]:
+             retention: int) -> Emitted:
         """Finals for windows that became final between the watermarks ``before`` and ``watermark``,
         corrections for windows emitted earlier (final at ``before``) and touched again; emitted
         windows are evicted by the kind's rule."""
-        out: list[EmittedRow] = []
+        out = Emitted()
         rules = self.window_kind
         for start in sorted(self.windows):
             bounds = rules.bounds(start)
             if rules.is_final(bounds, before):
                 if start in touched:
-                    out.extend(self._rows(start, touched[start], "correction"))
+                    self._add(out, start, touched[start], "correction")
             elif rules.is_final(bounds, watermark):
-                out.extend(self._rows(start, self.windows[start].keys(), "final"))
+                self._add(out, start, self.windows[start].keys(), "final")
         for start in [s for s in self.windows if rules.is_evicted(rules.bounds(s), watermark, retention)]:
             del self.windows[start]
             self.evicted.add(start)

@@ -3,8 +3,8 @@
 Modelled on quix-streams' ``Aggregator`` (start / agg / result), extended for a split engine:
 Spark pre-aggregates a *partial* per (window, group) and batch on the executors, the driver folds
 partials into an accumulator that lives in window state. Each class therefore holds its Spark
-partial expressions, the Arrow shape they reach the driver in, the merge (one batch of partials at
-a time, so it can be vectorised later), the result, the output type, the state size estimate and
+partial expressions, the Arrow shape they reach the driver in, the merge (a whole column of a
+batch's partials at a time, so the common aggregators merge at C speed), the result, the output type, the state size estimate and
 the checks of restored state. ``None`` is the empty accumulator.
 
 The Spark half receives the pyspark side through :class:`SparkInput` instead of importing it, so
@@ -174,8 +174,32 @@ class Aggregator:
             except (StateCapExceeded, AggregationOverflow, CorruptState) as exc:
                 raise PartialRowError(row, exc) from None
 
+    def merge_column(self, accs: Sequence[Any], partials: Sequence[Any]) -> list[Any]:
+        """The accumulators after ``partials[r]`` is folded into ``accs[r]``, one group per row.
+
+        A batch of fixed windows merges one call per aggregator and window instead of one per
+        group; overrides fold the common case with C-level ``map`` calls. Neither input changes
+        (``accs`` may be one list shared by several aggregators). A merge that fails raises
+        :class:`PartialRowError` naming the row.
+        """
+        merge = self.merge
+        try:
+            return list(map(merge, accs, partials))
+        except (StateCapExceeded, AggregationOverflow, CorruptState):
+            for row, (acc, partial) in enumerate(zip(accs, partials)):  # which row: merged again, one by one
+                try:
+                    merge(acc, partial)
+                except (StateCapExceeded, AggregationOverflow, CorruptState) as exc:
+                    raise PartialRowError(row, exc) from None
+            raise
+
     def result(self, acc: Any) -> Any:
         return acc
+
+    def result_column(self, accs: list[Any]) -> list[Any]:
+        """The results of a window's accumulators (one call per aggregator and window, like
+        :meth:`merge_column`); it may return ``accs`` itself."""
+        return accs if type(self).result is Aggregator.result else list(map(self.result, accs))
 
     # -- additive accumulators: sliding windows' prefix sums ----------------------------------
 

@@ -8,7 +8,7 @@ answer independent of how rows fall into micro-batches.
 from __future__ import annotations
 
 from decimal import Decimal
-from operator import itemgetter
+from operator import add, itemgetter
 from typing import TYPE_CHECKING, Any, Sequence
 
 import pyarrow as pa
@@ -46,8 +46,19 @@ class Count(Aggregator):
     def merge(self, acc: Any, partial: Any) -> Any:
         return (acc or 0) + (partial or 0)
 
+    def merge_column(self, accs: Sequence[Any], partials: Sequence[Any]) -> list[Any]:
+        if None not in partials:  # Spark's counts are never NULL
+            if None not in accs:
+                return list(map(add, accs, partials))
+            if accs.count(None) == len(accs):  # groups new to the window
+                return list(partials)
+        return super().merge_column(accs, partials)
+
     def result(self, acc: Any) -> Any:
         return acc or 0
+
+    def result_column(self, accs: list[Any]) -> list[Any]:
+        return accs if None not in accs else super().result_column(accs)
 
     additive_parts = 1
 
@@ -97,6 +108,20 @@ class Sum(Aggregator):
         if self.integral and not BIGINT_MIN <= total <= BIGINT_MAX:
             raise AggregationOverflow("integer sum left the BIGINT range")
         return total
+
+    def merge_column(self, accs: Sequence[Any], partials: Sequence[Any]) -> list[Any]:
+        if None not in partials:  # no group whose values were all NULL
+            if self.integral:
+                partials = list(map(int, partials))  # Spark's DECIMAL(38,0) partial sums
+            totals = None
+            if None not in accs:
+                totals = list(map(add, accs, partials))
+            elif accs.count(None) == len(accs):  # groups new to the window
+                totals = list(partials)
+            if totals is not None and (not self.integral or not totals
+                                       or (BIGINT_MIN <= min(totals) and max(totals) <= BIGINT_MAX)):
+                return totals
+        return super().merge_column(accs, partials)  # row by row: also names a row that overflows
 
     additive_parts = 2  # the sum, and how many non-empty accumulators it adds (none: NULL)
 

@@ -1,0 +1,81 @@
+"""What a batch emits, as the target's columns.
+
+A fixed window emits all its groups at once, tens of thousands of them in one batch: they go from
+the window state to the Arrow table the target writes (``spark.convert.rows_to_arrow``) as
+columns, one list extended per window, where a Python object per row cost more than merging the
+batch. Session and sliding windows emit row by row (:class:`EmittedRow`), transposed once.
+
+>>> out = Emitted()
+>>> out.add_window(0, 60, [("a",), ("b",)], [[2, 5]], "final")
+>>> out.add_rows([EmittedRow(60, 120, ("a",), (1,), "correction")])
+>>> len(out), out.count("final"), out.rows[2]
+(3, 2, EmittedRow(start=60, end=120, key=('a',), values=(1,), kind='correction'))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import repeat
+from typing import Any, Iterable, NamedTuple, Sequence
+
+GroupKey = tuple[Any, ...]
+
+
+class EmittedRow(NamedTuple):
+    """One output row: window bounds, group key, finished values."""
+
+    start: int
+    end: int
+    key: GroupKey
+    values: tuple[Any, ...]
+    kind: str  # "final" | "correction" | "retract"
+
+
+@dataclass
+class Emitted:
+    """A batch's output rows as columns, in output order (``values``: one column per aggregation)."""
+
+    starts: list[int] = field(default_factory=list)
+    ends: list[int] = field(default_factory=list)
+    keys: list[GroupKey] = field(default_factory=list)
+    values: list[list[Any]] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)
+
+    def add_window(self, start: int, end: int, keys: Sequence[GroupKey], values: Sequence[Sequence[Any]],
+                   kind: str) -> None:
+        """The rows of one window's groups ``keys``, their values a column per aggregation."""
+        n = len(keys)
+        self.starts.extend(repeat(start, n))
+        self.ends.extend(repeat(end, n))
+        self.keys.extend(keys)
+        self.kinds.extend(repeat(kind, n))
+        if not self.values:
+            self.values = [[] for _ in values]
+        for column, more in zip(self.values, values):
+            column.extend(more)
+
+    def add_rows(self, rows: Iterable[EmittedRow]) -> None:
+        rows = list(rows)
+        if not rows:
+            return
+        starts, ends, keys, values, kinds = zip(*rows)
+        self.starts.extend(starts)
+        self.ends.extend(ends)
+        self.keys.extend(keys)
+        self.kinds.extend(kinds)
+        if not self.values:
+            self.values = [[] for _ in values[0]]
+        for column, more in zip(self.values, zip(*values)):
+            column.extend(more)
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    def count(self, kind: str) -> int:
+        return self.kinds.count(kind)
+
+    @property
+    def rows(self) -> list[EmittedRow]:
+        """Row by row (built on each access: for tests, messages and session ids)."""
+        values = zip(*self.values) if self.values else repeat(())
+        return list(map(EmittedRow, self.starts, self.ends, self.keys, values, self.kinds))

@@ -26,7 +26,7 @@ from ematix_dagster.streaming.aggregators import (
 )
 from ematix_dagster.streaming.micro_batch import BatchInput, Engine, SourceStats
 from ematix_dagster.streaming.watermark import Watermarks
-from ematix_dagster.streaming.window_state import WindowState
+from ematix_dagster.streaming.window_state import WindowState, sorted_keys
 from ematix_dagster.streaming.windows import FixedWindows, format_us, format_window, window_starts
 
 NAN = float("nan")
@@ -639,6 +639,20 @@ def test_window_state_direct_emit_and_retention() -> None:
     assert st.emit(before=12, watermark=13, touched={}, retention=3).rows == []  # 10 + 3 <= 13: evicted
     assert set(st.windows) == {10} and st.open_windows(13) == 1
     assert st.flush_watermark == 20 and st.group_count == 1
+
+
+@pytest.mark.parametrize("keys", [
+    [(3,), (1,), (2,)],
+    [(3,), (None,), (1,)],
+    [(1.5,), (float("nan"),), (-2.0,), (None,)],
+    [("b", 2), ("a", float("nan")), ("a", 1.0), ("a", None)],
+])
+def test_emitted_keys_sort_as_spark_orders_them(keys) -> None:
+    # Spark: NULLs first, NaN above every other float
+    def spark_order(key):
+        return tuple((v is not None, (1, 0.0) if isinstance(v, float) and math.isnan(v) else (0, v) if v is not None else 0)
+                     for v in key)
+    assert [repr(k) for k in sorted_keys(keys)] == [repr(k) for k in sorted(keys, key=spark_order)]
 
 
 def test_window_state_merges_a_run_column_by_column_and_a_repeated_group_row_by_row() -> None:

@@ -15,7 +15,7 @@ the groups that changed, or the whole window when most of its groups did
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import compress, groupby, repeat
+from itertools import chain, compress, groupby, repeat
 from operator import is_, itemgetter, not_
 from typing import Any, Iterable, Sequence
 
@@ -38,7 +38,8 @@ def sorted_keys(keys: Iterable[GroupKey]) -> list[GroupKey]:
     emits); a None makes the comparison fail, a NaN makes it wrong, and both take the slow path.
     """
     keys = list(keys)
-    if not any(v != v for key in keys for v in key):  # NaN is the only value unequal to itself
+    # NaN, the only value unequal to itself, is a float: keys without floats skip the look for it
+    if float not in set(map(type, chain.from_iterable(keys))) or not any(v != v for key in keys for v in key):
         try:
             return sorted(keys)
         except TypeError:  # None beside values
@@ -98,7 +99,10 @@ class WindowState:
             self._merge_run(start, keys[row:end], [column[row:end] for column in partials], touched)
             row = end
         for start, keys_ in touched.items():
-            self.dirty.setdefault(start, set()).update(keys_)
+            if start in self.dirty:
+                self.dirty[start].update(keys_)
+            else:  # the batch's set itself (it is not changed after the merge)
+                self.dirty[start] = keys_
         return touched
 
     def _merge_run(self, start: int, keys: Sequence[GroupKey], partials: list[Sequence[Any]],
@@ -149,7 +153,12 @@ class WindowState:
                     if isinstance(exc, StateCapExceeded)
                     else f"{exc}: {alias} on window {self.describe(start)} group {key!r} for pipeline {self.pipeline}"
                 ) from None
-        groups.update(zip(keys, map(list, zip(*merged))))
+        if olds is None:
+            groups.update(zip(keys, map(list, zip(*merged))))
+        else:  # in place: no new lists, and no second lookup of keys arriving in random order
+            for i, column in enumerate(merged):
+                for accs, acc in zip(olds, column):
+                    accs[i] = acc
 
     def take_changes(self) -> tuple[dict[int, set[GroupKey]], list[int]]:
         """The changed groups of each held window and the windows evicted since the last call (what

@@ -33,7 +33,10 @@ batch, p50/p95 batch latency (ours: the batch's own timing; floor: the callback;
 ``triggerExecution``), peak RSS, the JVM's CPU by thread group (JIT compiler, tasks, the query's
 thread, GC) with the Spark jobs and stages per batch, and our driver-side split. Medians of
 ``--runs`` runs, the engines' order rotated from run to run, after ``--warmup`` unmeasured runs of
-each (the JVM keeps compiling the planner's code paths for about 100 of our batches).
+each (the JVM keeps compiling the planner's code paths for about 100 of our batches). The JVM's
+heap is at full size from the start and every engine runs under the parallel collector
+(``--gc g1`` for the JVM's default): under G1 the GC's share of one run depended on the garbage
+earlier runs left more than on the run itself.
 
     .venv/bin/python benchmarks/windowed_vs_native.py --events 200000 --runs 1   # smoke
     .venv/bin/python benchmarks/windowed_vs_native.py                            # full
@@ -480,6 +483,8 @@ def report(args, med: dict[tuple[str, str], Result], beats: dict[tuple[str, str]
 
 def add_data_arguments(ap: argparse.ArgumentParser) -> None:
     """The generated data's and the runs' options, shared with the other benchmarks."""
+    ap.add_argument("--gc", choices=["parallel", "g1"], default="parallel",
+                    help="the JVM's garbage collector for every engine (g1: the JVM's default)")
     ap.add_argument("--events", type=int, default=2_000_000)
     ap.add_argument("--keys", type=int, default=10_000)
     ap.add_argument("--files", type=int, default=20, help="parquet files = micro-batches")
@@ -498,15 +503,22 @@ def prepare(args: argparse.Namespace, data: Path, tick_us: int = 1):
           f"({sum(f.stat().st_size for f in data.iterdir()) / MB:.1f} MB, {time.perf_counter() - t0:.1f} s)",
           flush=True)
     conf = {"spark.ui.showConsoleProgress": "false"}
+    options = []
     if args.driver_memory:
         # the heap at its full size from the start: a heap that shrinks after each run's System.gc()
         # and grows again makes the GC's share of a run vary several-fold (1.3-6.6 CPU s measured)
         conf["spark.driver.memory"] = args.driver_memory
-        conf["spark.driver.extraJavaOptions"] = f"-Xms{args.driver_memory}"
+        options.append(f"-Xms{args.driver_memory}")
+    if args.gc == "parallel":
+        # G1's concurrent cycles, started by the garbage an earlier run left, put 0.1-5.5 CPU s of GC
+        # into one plain run of 20 batches (measured); the parallel collector's pauses are all young
+        options.append("-XX:+UseParallelGC")
+    if options:
+        conf["spark.driver.extraJavaOptions"] = " ".join(options)
     spark = get_spark("ematix-bench", conf=conf)
     print(f"spark {spark.version} {spark.sparkContext.master}; shuffle partitions "
           f"{spark.conf.get('spark.sql.shuffle.partitions')}; JVM max heap "
-          f"{spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory() / MB:.0f} MB", flush=True)
+          f"{spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory() / MB:.0f} MB, {args.gc} GC", flush=True)
     return spark
 
 

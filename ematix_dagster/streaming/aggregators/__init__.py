@@ -9,7 +9,9 @@ which the spec's validation reads; the class checks its input column (``input_pr
 7
 >>> First().merge((5, "b"), (5, "a"))
 (5, 'a')
->>> states = [[None], [2]]
+>>> Count().merge_column([None, 2], [3, 4])  # a fixed window's groups: one column at a time
+[3, 6]
+>>> states = [[None], [2]]  # sessions and sliding windows: rows may share a group
 >>> Count().merge_batch(states, 0, [3, 4])
 >>> states
 [[3], [6]]

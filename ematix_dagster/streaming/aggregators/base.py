@@ -164,7 +164,8 @@ class Aggregator:
     def merge_batch(self, states: Sequence[list[Any]], slot: int, partials: Sequence[Any]) -> None:
         """Fold a batch's partials in: ``states[r][slot]`` (row r's group's accumulators) takes ``partials[r]``.
 
-        Rows that share a group share its list and fold in row order. A merge that fails raises
+        Rows that share a group share its list and fold in row order (session and sliding windows'
+        batches; a fixed window's groups are one per row and merge with :meth:`merge_column`). A merge that fails raises
         :class:`PartialRowError` naming the row.
         """
         merge = self.merge

@@ -140,25 +140,37 @@ def test_a_window_is_written_whole_once_half_its_groups_changed(tmp_path):
         store.close()
 
 
-@pytest.mark.parametrize("aggregation, max_bytes, whole", [
-    (Aggregation("count", "n"), 10 * 40 + 10 * 5, True),  # ten counts and ten 5-byte keys fit exactly
-    (Aggregation("count", "n"), 10 * 40 + 10 * 5 - 1, False),
-    (Aggregation("count_distinct", "d", column="v"), 10 * (80 + (1 << 14)) + 50, True),  # lgK 14's dense image
-    (Aggregation("count_distinct", "d", column="v"), 10 * (80 + (1 << 14)) + 49, False),
-    (Aggregation("count_distinct", "d", column="v", mode="exact", max_distinct_values_per_group=5), 1 << 30, False),
+@pytest.mark.parametrize("aggregation", [
+    Aggregation("count", "n"),
+    Aggregation("count_distinct", "d", column="v"),  # sketches: their own size, not their dense image
+    Aggregation("count_distinct", "d", column="v", mode="exact", max_distinct_values_per_group=5),
 ])
-def test_a_window_too_big_for_one_row_is_written_group_by_group(monkeypatch, aggregation, max_bytes, whole):
-    """A whole-window row is bounded by its accumulators at their largest (an HLL sketch's dense
-    image); exact distinct sets, which grow with their data, are always written group by group."""
+@pytest.mark.parametrize("slack", [0, -1])
+def test_a_window_too_big_for_one_row_is_written_group_by_group(monkeypatch, aggregation, slack):
+    """A whole-window row is bounded by its size; exact distinct sets, which grow with their data,
+    are always written group by group."""
     import ematix_dagster.streaming.durable as durable
+    from datasketches import hll_sketch
 
-    monkeypatch.setattr(durable, "WHOLE_WINDOW_MAX_BYTES", max_bytes)
     window = Window(kind="tumbling", duration_ms=60_000, lateness_ms=0, group_by=("k",), max_groups_per_window=100,
                     aggregations=(aggregation,))
-    engine = Engine.for_window("replay", window, ("s",), integral=(False,))
-    keys = [(f"k{i}",) for i in range(10)]  # each encodes to 5 bytes
-    partial = [1] * 10 if aggregation.agg == "count" else [["x"]] * 10 if aggregation.mode == "exact" else [None] * 10
-    engine.process(BatchInput(batch_id=0, batch_time=0, sources={"s": SourceStats(rows=10)},
-                              starts=[0] * 10, keys=keys, partials=[partial]))
-    commit = batch_commit(engine, "replay")
+    keys = [(f"k{i}",) for i in range(10)]
+    sketch = hll_sketch(14)
+    sketch.update("x")
+    partial = [1] * 10 if aggregation.agg == "count" else [["x"]] * 10 if aggregation.mode == "exact" \
+        else [sketch.serialize_compact()] * 10
+
+    def commit_with(max_bytes: int):
+        monkeypatch.setattr(durable, "WHOLE_WINDOW_MAX_BYTES", max_bytes)
+        engine = Engine.for_window("replay", window, ("s",), integral=(False,))
+        engine.process(BatchInput(batch_id=0, batch_time=0, sources={"s": SourceStats(rows=10)},
+                                  starts=[0] * 10, keys=keys, partials=[partial]))
+        return batch_commit(engine, "replay")
+
+    if aggregation.mode == "exact":
+        commit, whole = commit_with(1 << 30), False
+    else:
+        size = len(commit_with(1 << 30).whole_windows[0][2])
+        assert size < 10 * (1 << 14)  # far below ten dense sketch images
+        commit, whole = commit_with(size + slack), slack == 0
     assert (len(commit.whole_windows), len(commit.upserts)) == ((1, 0) if whole else (0, 10))

@@ -88,9 +88,9 @@ class WindowState:
         """Fold one batch of partials in; returns the groups touched per window.
 
         A batch from Spark holds one partial per (window start, group), in runs of one window start
-        (the batch sorts them). Each run is merged column by column: its groups'
-        accumulators are looked up at once, each aggregator folds its whole column
-        (``Aggregator.merge_column``), and the groups take the new accumulators in one dict update.
+        (the batch sorts them). Each run is merged column by column: its groups' accumulators are
+        looked up at once, each aggregator folds its whole column (``Aggregator.merge_column``),
+        new groups enter in one dict update and held ones take their new accumulators in place.
         """
         touched: dict[int, set[GroupKey]] = {}
         row = 0

@@ -107,6 +107,8 @@ def fixed_window_rows(state: WindowState, changed: dict[int, set[GroupKey]]
         groups = state.windows[start]
         end = state.window_kind.bounds(start).end
         if may_be_whole and len(keys) >= WHOLE_WINDOW_SHARE * len(groups):
+            # encoded to learn its size: a window past the bound is encoded twice, which only a window
+            # of millions of groups is, where writing its rows one by one costs far more
             blob = encode_window(list(map(encoded_key, groups)), list(groups.values()))
             if len(blob) <= WHOLE_WINDOW_MAX_BYTES:
                 whole.append((start, end, blob))

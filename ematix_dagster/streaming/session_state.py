@@ -305,7 +305,7 @@ class SessionState:
                 else:
                     del self.sessions[key]
         # one aggregator at a time over the emitted sessions, then one tuple per session
-        columns = [list(map(agg.result, (s.accs[i] for _, s, _ in emitted))) for i, agg in enumerate(self.aggregators)]
+        columns = [agg.result_column([s.accs[i] for _, s, _ in emitted]) for i, agg in enumerate(self.aggregators)]
         out = [EmittedRow(s.start, s.end, key, values, kind) for (key, s, kind), values in zip(emitted, zip(*columns))]
         return SessionEmission(_ordered(retractions), _ordered(out))
 

@@ -4,8 +4,8 @@ Modelled on quix-streams' ``Aggregator`` (start / agg / result), extended for a 
 Spark pre-aggregates a *partial* per (window, group) and batch on the executors, the driver folds
 partials into an accumulator that lives in window state. Each class therefore holds its Spark
 partial expressions, the Arrow shape they reach the driver in, the merge (a whole column of a
-batch's partials at a time, so the common aggregators merge at C speed), the result, the output type, the state size estimate and
-the checks of restored state. ``None`` is the empty accumulator.
+batch's partials at a time, so the common aggregators merge at C speed), the result, the output
+type, the state size estimate and the checks of restored state. ``None`` is the empty accumulator.
 
 The Spark half receives the pyspark side through :class:`SparkInput` instead of importing it, so
 the driver engine stays importable and testable without Spark.
@@ -165,8 +165,8 @@ class Aggregator:
         """Fold a batch's partials in: ``states[r][slot]`` (row r's group's accumulators) takes ``partials[r]``.
 
         Rows that share a group share its list and fold in row order (session and sliding windows'
-        batches; a fixed window's groups are one per row and merge with :meth:`merge_column`). A merge that fails raises
-        :class:`PartialRowError` naming the row.
+        batches; a fixed window's groups are one per row and merge with :meth:`merge_column`). A
+        merge that fails raises :class:`PartialRowError` naming the row.
         """
         merge = self.merge
         for row, (accs, partial) in enumerate(zip(states, partials)):

@@ -26,6 +26,16 @@ if TYPE_CHECKING:
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 
+def _added(accs: Sequence[Any], partials: Sequence[Any]) -> list[Any] | None:
+    """``accs[r] + partials[r]`` at C speed where every group is held (no None) or every one is new
+    to the window (all None: the partials themselves); None for a mix, which merges row by row."""
+    if None not in accs:
+        return list(map(add, accs, partials))
+    if accs.count(None) == len(accs):
+        return list(partials)
+    return None
+
+
 def _needs_number(spec: Aggregation, spark: SparkInput) -> tuple[str, str] | None:
     if spark.numeric:
         return None
@@ -48,10 +58,9 @@ class Count(Aggregator):
 
     def merge_column(self, accs: Sequence[Any], partials: Sequence[Any]) -> list[Any]:
         if None not in partials:  # Spark's counts are never NULL
-            if None not in accs:
-                return list(map(add, accs, partials))
-            if accs.count(None) == len(accs):  # groups new to the window
-                return list(partials)
+            totals = _added(accs, partials)
+            if totals is not None:
+                return totals
         return super().merge_column(accs, partials)
 
     def result(self, acc: Any) -> Any:
@@ -113,11 +122,7 @@ class Sum(Aggregator):
         if None not in partials:  # no group whose values were all NULL
             if self.integral:
                 partials = list(map(int, partials))  # Spark's DECIMAL(38,0) partial sums
-            totals = None
-            if None not in accs:
-                totals = list(map(add, accs, partials))
-            elif accs.count(None) == len(accs):  # groups new to the window
-                totals = list(partials)
+            totals = _added(accs, partials)
             if totals is not None and (not self.integral or not totals
                                        or (BIGINT_MIN <= min(totals) and max(totals) <= BIGINT_MAX)):
                 return totals

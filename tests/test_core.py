@@ -19,11 +19,12 @@ from datasketches import hll_sketch
 
 import ematix_dagster.spec
 import ematix_dagster.streaming
-from ematix_dagster.errors import AggregationOverflow, StateCapExceeded
+from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
 from ematix_dagster.spec import Aggregation, Window
 from ematix_dagster.streaming.aggregators import (
     ApproxDistinct, Avg, Count, ExactDistinct, First, Last, Max, Min, Sum, make_aggregator,
 )
+from ematix_dagster.streaming.aggregators.base import PartialRowError
 from ematix_dagster.streaming.micro_batch import BatchInput, Engine, SourceStats
 from ematix_dagster.streaming.watermark import Watermarks
 from ematix_dagster.streaming.window_state import WindowState, sorted_keys
@@ -372,6 +373,26 @@ def test_approx_distinct_union_within_two_percent() -> None:
     single = _sketch(range(10))
     assert agg.merge(None, single) == single
     assert agg.result(agg.merge(single, _sketch(range(5, 15)))) == 15
+
+
+def test_approx_distinct_columns_match_one_group_at_a_time() -> None:
+    """The column-wise merge and results (one union reused, new groups' bytes kept) give what the
+    one-group merge gives; a stored sketch that does not load is named as corrupt, by row."""
+    agg = ApproxDistinct(14)
+    held = [_sketch(range(i, i + 5)) for i in range(0, 300, 3)] + [None, _sketch(range(4))]
+    partials = [_sketch(range(i + 2, i + 9)) for i in range(0, 300, 3)] + [_sketch(range(3)), None]
+    merged = agg.merge_column(held, partials)
+    assert merged == [agg.merge(a, p) for a, p in zip(held, partials)]
+    assert agg.merge_column([None] * len(partials), partials) == [agg.merge(None, p) for p in partials]
+    assert agg.result_column(merged) == [agg.result(a) for a in merged]
+    assert agg.result_column(merged)[:2] == [9, 9] and agg.result_column([None]) == [0]
+    corrupt = bytes([2, 1, 7, 14]) + b"\xff" * 4  # the preamble the restore's scan lets through
+    with pytest.raises(PartialRowError) as failed:
+        agg.merge_column([held[0], corrupt], partials[:2])
+    assert failed.value.row == 1 and isinstance(failed.value.error, CorruptState)
+    assert "stored HLL sketch is corrupt: 8 bytes (02010" in str(failed.value.error)
+    with pytest.raises(CorruptState, match="stored HLL sketch is corrupt"):
+        agg.result_column([held[0], corrupt])
 
 
 def test_make_aggregator() -> None:

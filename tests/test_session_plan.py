@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 
 from ematix_dagster.spark.batch_values import with_batch_values
 from ematix_dagster.spark.partials import _source_counts, batch_counts
-from ematix_dagster.spark.windows.base import CLASS, PRIMARY, ROWS
+from ematix_dagster.spark.windows.base import CLASS, PRIMARY, ROWS, Aggregates
 from ematix_dagster.spark.windows.session import SessionPlan
 
 GAP_MS, CAP_MS = 10, 100
@@ -34,8 +34,12 @@ Row = tuple[Any, Any, Any, str, Any]
 Session = tuple[Any, int, int, int, Any]  # (k, first, last, rows, sum of v)
 
 
-def aggregates(gate: Column) -> list[Column]:
-    return [F.count(F.lit(1)).alias("_p0"), F.sum(F.when(gate, F.col("v"))).alias("_p1")]
+def aggregates(gate: Column) -> Aggregates:
+    return Aggregates([], [F.count(F.lit(1)).alias("_p0"), F.sum(F.when(gate, F.col("v"))).alias("_p1")])
+
+
+def with_counts(gate: Column) -> Aggregates:
+    return Aggregates([], aggregates(gate).columns + _source_counts(SPEC))  # type: ignore[arg-type]
 
 
 def frame(spark: SparkSession, rows: list[Row], with_reason: bool = True) -> DataFrame:
@@ -86,14 +90,14 @@ def order(s: Session) -> tuple[Any, ...]:
 # -- running the plan --------------------------------------------------------------------------
 
 def planned(spark: SparkSession, rows: list[Row], closed_before: int | None, with_reason: bool = True,
-            aggs: Callable[[Column], list[Column]] = aggregates):
+            aggs: Callable[[Column], Aggregates] = aggregates):
     """The plan over ``rows``, with the batch values the engine joins (``closed_before`` one of them)."""
     df = with_batch_values(frame(spark, rows, with_reason), 0, closed_before, None)
     return SessionPlan(WINDOW, aggs, with_reason).frames(df, 7)  # type: ignore[arg-type]
 
 
 def run(spark: SparkSession, rows: list[Row], closed_before: int | None, with_reason: bool = True,
-        aggs: Callable[[Column], list[Column]] = aggregates) -> tuple[list[Session], dict[str, int], list[dict]]:
+        aggs: Callable[[Column], Aggregates] = aggregates) -> tuple[list[Session], dict[str, int], list[dict]]:
     frames = planned(spark, rows, closed_before, with_reason, aggs)
     table = frames.partials.toArrow()
     assert table.column_names[:6] == [CLASS, "k", "_bucket", "_sid", "_first", "_last"]
@@ -170,11 +174,9 @@ def test_bad_rows_are_class_rows_and_feed_the_batch_counters(spark: SparkSession
     rows = [windowed("a", 1, BASE + 5 * GAP), ("a", 9, None, "s1", "invalid_event_time"),
             ("a", 9, BASE + 6 * GAP, "s2", "future"), ("b", 9, None, "s2", "invalid_event_time"),
             windowed("a", 2, BASE + 6 * GAP, "s2"), windowed("b", 3, BASE, "s2"), windowed("a", 4, BASE + 7 * GAP)]
-    sessions, classes, _ = run(spark, rows, closed,
-                               aggs=lambda gate: aggregates(gate) + _source_counts(SPEC))  # type: ignore[arg-type]
+    sessions, classes, _ = run(spark, rows, closed, aggs=with_counts)
     assert sessions == expected_sessions(rows, closed) == [("a", BASE + 5 * GAP, BASE + 7 * GAP, 3, 7)]
     assert classes == expected_classes(rows, closed) == {"invalid_event_time": 2, "future": 1, "late": 1}
-    with_counts = lambda gate: aggregates(gate) + _source_counts(SPEC)  # type: ignore[arg-type]  # noqa: E731
     frames = planned(spark, rows, closed, aggs=with_counts)
     stats, late = batch_counts(SPEC, frames.partials.toArrow(), None)  # type: ignore[arg-type]
     assert late == {"late_rows": 1, "late_assignments": 0, "reopened_rows": 0, "rejected": {}}

@@ -12,7 +12,7 @@ from typing import Callable
 from pyspark.sql import Column
 
 from ematix_dagster.spark.windows import fixed, session, sliding
-from ematix_dagster.spark.windows.base import PartialPlan, WindowedFrames
+from ematix_dagster.spark.windows.base import Aggregates, PartialPlan, WindowedFrames
 from ematix_dagster.spec import Window
 
 #: spec ``kind`` -> its Spark plan (a new kind adds its line here)
@@ -24,7 +24,7 @@ PLANS: dict[str, type[PartialPlan]] = {
 }
 
 
-def partial_plan(window: Window, aggregates: Callable[[Column], list[Column]], has_reason: bool) -> PartialPlan:
+def partial_plan(window: Window, aggregates: Callable[[Column], Aggregates], has_reason: bool) -> PartialPlan:
     """The window kind's plan for a run (see :class:`PartialPlan`)."""
     return PLANS[window.kind](window, aggregates, has_reason)
 

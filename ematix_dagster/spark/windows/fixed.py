@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 
 from ematix_dagster.spark.batch_values import CLOSED_BEFORE, EMITTED_BEFORE
 from ematix_dagster.spark.windows.base import (
-    CLASS, LATE_ASSIGNMENTS, PRIMARY, REOPENED, ROWS, WindowedFrames, dead_letter_rows,
+    CLASS, LATE_ASSIGNMENTS, PRIMARY, REOPENED, ROWS, Aggregates, WindowedFrames, dead_letter_rows, with_inputs,
 )
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.windows import FixedWindows
@@ -35,7 +35,7 @@ class FixedPlan:
     a tumbling row is late exactly when its window is, so the plan needs no batch values.
     """
 
-    def __init__(self, window: Window, aggregates: Callable[[Column], list[Column]], has_reason: bool,
+    def __init__(self, window: Window, aggregates: Callable[[Column], Aggregates], has_reason: bool,
                  late_in_spark: bool = True) -> None:
         kind = FixedWindows.for_window(window)
         duration, hop = kind.duration, kind.hop
@@ -77,13 +77,17 @@ class FixedPlan:
         if window.late_data == "reopen" and late_in_spark:
             hidden.append(F.count_if(counted & (F.col("_first_open") + duration <= F.col(EMITTED_BEFORE))).alias(REOPENED))
         self.keys = [F.col(CLASS), F.col("_ws")] + [F.when(windowed, F.col(g)).alias(g) for g in window.group_by]
-        self.aggregates = [*aggregates(windowed), *hidden]
+        found = aggregates(windowed)
+        self.inputs = found.inputs
+        self.aggregates = [*found.columns, *hidden]
 
     def frames(self, out: DataFrame, batch_id: int) -> WindowedFrames:
         # As few steps as can be: each DataFrame step is analysed on the driver, every batch.
         out = rows = out.select("*", *self.assigned)
-        if not self.tumbling:
-            rows = out.select("*", *self.copies).withColumn(PRIMARY, self.primary)
+        if self.tumbling:
+            rows = with_inputs(rows, self.inputs)
+        else:
+            rows = out.select("*", *self.copies, *self.inputs).withColumn(PRIMARY, self.primary)
         partials = rows.groupBy(*self.keys).agg(*self.aggregates)
 
         def class_rows(classes: Sequence[str]) -> DataFrame:

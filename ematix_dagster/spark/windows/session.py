@@ -28,7 +28,9 @@ from pyspark.sql import Column, DataFrame, Window as SparkWindow
 from pyspark.sql import functions as F
 
 from ematix_dagster.spark.batch_values import CLOSED_BEFORE, EMITTED_BEFORE
-from ematix_dagster.spark.windows.base import CLASS, PRIMARY, REOPENED, ROWS, WindowedFrames, dead_letter_rows
+from ematix_dagster.spark.windows.base import (
+    CLASS, PRIMARY, REOPENED, ROWS, Aggregates, WindowedFrames, dead_letter_rows, with_inputs,
+)
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.windows.session import SessionWindows
 
@@ -39,7 +41,7 @@ HELPERS = ("_ts", "_bucket", "_new", "_sid", PRIMARY, CLASS)
 class SessionPlan:
     """A run's session plan; ``has_reason``: the rows come with a ``_reason`` column."""
 
-    def __init__(self, window: Window, aggregates: Callable[[Column], list[Column]], has_reason: bool) -> None:
+    def __init__(self, window: Window, aggregates: Callable[[Column], Aggregates], has_reason: bool) -> None:
         rules = SessionWindows.for_window(window)
         gap, cap = rules.gap, rules.cap
         ts = F.unix_micros("_event_ts")
@@ -67,12 +69,14 @@ class SessionPlan:
         hidden = [F.count_if(F.col(PRIMARY)).alias(ROWS)]
         if window.retention_ms:  # reopen, with an allowance
             hidden.append(F.count_if(windowed & (F.col("_ts") < F.col(EMITTED_BEFORE))).alias(REOPENED))
-        self.aggregates = [*spans, *aggregates(windowed), *hidden]
+        found = aggregates(windowed)
+        self.inputs = found.inputs
+        self.aggregates = [*spans, *found.columns, *hidden]
 
     def frames(self, out: DataFrame, batch_id: int) -> WindowedFrames:
         # One projection per step (each DataFrame step is analysed on the driver, every batch).
         rows = out.drop(*HELPERS).select("*", *self.assigned)
-        sessions = rows.select("*", self.new).select("*", self.sid)
+        sessions = rows.select("*", self.new).select("*", self.sid, *self.inputs)
         partials = sessions.groupBy(*self.keys).agg(*self.aggregates)
 
         def class_rows(classes: Sequence[str]) -> DataFrame:

@@ -17,7 +17,9 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from ematix_dagster.spark.batch_values import CLOSED_BEFORE, EMITTED_BEFORE
-from ematix_dagster.spark.windows.base import CLASS, PRIMARY, REOPENED, ROWS, WindowedFrames, dead_letter_rows
+from ematix_dagster.spark.windows.base import (
+    CLASS, PRIMARY, REOPENED, ROWS, Aggregates, WindowedFrames, dead_letter_rows, with_inputs,
+)
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.windows import SlidingWindows
 
@@ -25,7 +27,7 @@ from ematix_dagster.streaming.windows import SlidingWindows
 class SlidingPlan:
     """A run's sliding plan; ``has_reason``: the rows come with a ``_reason`` column."""
 
-    def __init__(self, window: Window, aggregates: Callable[[Column], list[Column]], has_reason: bool) -> None:
+    def __init__(self, window: Window, aggregates: Callable[[Column], Aggregates], has_reason: bool) -> None:
         duration = SlidingWindows.for_window(window).duration
         ts = F.unix_micros("_event_ts")
         reason = F.col("_reason") if has_reason else F.lit(None).cast("string")
@@ -39,12 +41,14 @@ class SlidingPlan:
             hidden.append(F.count_if(windowed & (F.col("_ts") < F.col(EMITTED_BEFORE))).alias(REOPENED))
         self.keys = [F.col(CLASS), F.when(windowed, F.col("_ts")).alias("_ws")] + \
             [F.when(windowed, F.col(g)).alias(g) for g in window.group_by]
-        self.aggregates = [*aggregates(windowed), *hidden]
+        found = aggregates(windowed)
+        self.inputs = found.inputs
+        self.aggregates = [*found.columns, *hidden]
 
     def frames(self, out: DataFrame, batch_id: int) -> WindowedFrames:
         # One projection (each DataFrame step is analysed on the driver, every batch).
         rows = out.select("*", *self.assigned)
-        partials = rows.groupBy(*self.keys).agg(*self.aggregates)
+        partials = with_inputs(rows, self.inputs).groupBy(*self.keys).agg(*self.aggregates)
 
         def class_rows(classes: Sequence[str]) -> DataFrame:
             return dead_letter_rows(rows, classes, batch_id, ("_ts", PRIMARY))

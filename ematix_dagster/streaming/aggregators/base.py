@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import pyarrow as pa
 
@@ -101,6 +101,20 @@ class PartialRowError(Exception):
         self.index = index
 
 
+def merged_rows(merge: Callable[[Any, Any], Any], accs: Sequence[Any], partials: Sequence[Any]) -> list[Any]:
+    """``merge`` over the rows of a column; a merge that fails raises :class:`PartialRowError`
+    naming the row (found by merging again, one row at a time: failures are rare)."""
+    try:
+        return list(map(merge, accs, partials))
+    except (StateCapExceeded, AggregationOverflow, CorruptState):
+        for row, (acc, partial) in enumerate(zip(accs, partials)):
+            try:
+                merge(acc, partial)
+            except (StateCapExceeded, AggregationOverflow, CorruptState) as exc:
+                raise PartialRowError(row, exc) from None
+        raise
+
+
 def merge_partials(aggregators: Sequence["Aggregator"], states: Sequence[list[Any]],
                    partials: Sequence[Sequence[Any]]) -> None:
     """Every aggregator folds its column of a batch's partials into ``states`` (row r's group's
@@ -183,16 +197,7 @@ class Aggregator:
         (``accs`` may be one list shared by several aggregators). A merge that fails raises
         :class:`PartialRowError` naming the row.
         """
-        merge = self.merge
-        try:
-            return list(map(merge, accs, partials))
-        except (StateCapExceeded, AggregationOverflow, CorruptState):
-            for row, (acc, partial) in enumerate(zip(accs, partials)):  # which row: merged again, one by one
-                try:
-                    merge(acc, partial)
-                except (StateCapExceeded, AggregationOverflow, CorruptState) as exc:
-                    raise PartialRowError(row, exc) from None
-            raise
+        return merged_rows(self.merge, accs, partials)
 
     def result(self, acc: Any) -> Any:
         return acc

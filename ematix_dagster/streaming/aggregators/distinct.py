@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from datasketches import hll_sketch, hll_union
 
 from ematix_dagster.errors import CorruptState, StateCapExceeded
 from ematix_dagster.spec import Aggregation
-from ematix_dagster.streaming.aggregators.base import NONE, Aggregator, SparkInput, describe_value, not_none
+from ematix_dagster.streaming.aggregators.base import (
+    NONE, Aggregator, SparkInput, describe_value, merged_rows, not_none,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
@@ -55,10 +57,41 @@ class ApproxDistinct(_Distinct):
         union.update(hll_sketch.deserialize(bytes(partial)))
         return union.get_result().serialize_compact()
 
+    def merge_column(self, accs: Sequence[Any], partials: Sequence[Any]) -> list[Any]:
+        """A window's new groups take Spark's sketch bytes (Arrow's) as they are; held ones are
+        unioned through one union, reset for each group: a union per group, or a method call per
+        step, costs a fifth of the merge."""
+        if accs.count(None) == len(accs):
+            return list(partials)
+        union = hll_union(self.lg_k)
+        reset, update, get_result, load = union.reset, union.update, union.get_result, hll_sketch.deserialize
+
+        def merged(acc: Any, partial: Any) -> Any:
+            if partial is None:
+                return acc
+            if acc is None:
+                return partial
+            reset()
+            update(load(acc))
+            update(load(partial))
+            return get_result().serialize_compact()
+
+        try:
+            return list(map(merged, accs, partials))
+        except Exception:  # noqa: BLE001 - a stored sketch that does not load: found again, named
+            return merged_rows(self.merge, accs, partials)
+
     def result(self, acc: Any) -> Any:
         if acc is None:
             return 0
-        return int(round(self._sketch(acc).get_estimate()))
+        return round(self._sketch(acc).get_estimate())
+
+    def result_column(self, accs: list[Any]) -> list[Any]:
+        load = hll_sketch.deserialize
+        try:
+            return [0 if acc is None else round(load(acc).get_estimate()) for acc in accs]
+        except Exception:  # noqa: BLE001 - a stored sketch that does not load: found again, named
+            return list(map(self.result, accs))
 
     def _sketch(self, acc: bytes) -> Any:
         """The stored sketch; one that the restore's header scan let through but does not load is corrupt."""

@@ -84,10 +84,12 @@ class SparkInput(Protocol):
         """The column's Spark SQL type, for messages."""
 
     def canonical(self) -> Column:
-        """SPEC.md §4's cast for distinct counting: BIGINT or canonical string."""
+        """SPEC.md §4's cast for distinct counting: BIGINT or canonical string (a column computed
+        before the groupBy, where an aggregate Spark does not generate code for reads it)."""
 
     def hll_input(self) -> Column:
-        """The canonical value in a form ``hll_sketch_agg`` takes (the empty string counted)."""
+        """The canonical value in a form ``hll_sketch_agg`` takes (the empty string counted), a
+        column computed before the groupBy like :meth:`canonical`."""
 
 
 class PartialRowError(Exception):

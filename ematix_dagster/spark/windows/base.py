@@ -37,7 +37,7 @@ class Aggregates:
     Spark generates code for an aggregate such as ``count`` or ``sum`` with its input expression,
     but an imperative one (``hll_sketch_agg``, ``collect_set``) evaluates its input expression row
     by row, interpreted; projected before the groupBy, the expression is generated code and the
-    aggregate reads a column (measured: a seventh of a sketch workload's task CPU).
+    aggregate reads a column (measured: an eighth of a sketch groupBy's time).
     """
 
     inputs: list[Column]  # projected onto the rows before the groupBy
@@ -78,9 +78,9 @@ class PartialPlan(Protocol):
     """A window kind's plan for one run's batches.
 
     Made once per run from the window spec, the function of the gate column (true for rows that
-    update windows) returning the aggregate columns and their projected inputs, and whether the rows come with a ``_reason``
-    column: its columns are built then, since each Column is a round trip to the JVM (several
-    hundred a batch when built per batch). :meth:`frames` applies them to a batch: the SQL's output
+    update windows) returning the aggregate columns and their projected inputs, and whether the
+    rows come with a ``_reason`` column: its columns are built then, since each Column is a round
+    trip to the JVM (several hundred a batch when built per batch). :meth:`frames` applies them to a batch: the SQL's output
     with the batch values' columns (``ematix_dagster.spark.batch_values``), without ``_ts`` (the plan
     adds it from the output's ``_event_ts``).
     """

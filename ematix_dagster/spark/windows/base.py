@@ -80,9 +80,9 @@ class PartialPlan(Protocol):
     Made once per run from the window spec, the function of the gate column (true for rows that
     update windows) returning the aggregate columns and their projected inputs, and whether the
     rows come with a ``_reason`` column: its columns are built then, since each Column is a round
-    trip to the JVM (several hundred a batch when built per batch). :meth:`frames` applies them to a batch: the SQL's output
-    with the batch values' columns (``ematix_dagster.spark.batch_values``), without ``_ts`` (the plan
-    adds it from the output's ``_event_ts``).
+    trip to the JVM (several hundred a batch when built per batch). :meth:`frames` applies them to
+    a batch: the SQL's output with the batch values' columns (``ematix_dagster.spark.batch_values``),
+    without ``_ts`` (the plan adds it from the output's ``_event_ts``).
     """
 
     def __init__(self, window: Window, aggregates: Callable[[Column], Aggregates], has_reason: bool) -> None: ...

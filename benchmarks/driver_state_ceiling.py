@@ -3,7 +3,7 @@
 
 Window state lives in the driver process (one Python dict per window, one list of accumulators
 per group), so the driver's memory is the ceiling of a pipeline's open state. This script fills
-the engine's real ``WindowState`` with ``--groups`` groups (one BIGINT key column; count and sum,
+the engine's real ``FixedState`` with ``--groups`` groups (one BIGINT key column; count and sum,
 or ``--aggs`` others) the way a batch does, measures the driver's RSS growth with psutil, then
 commits every group to a fresh SQLite (and, with ``--postgres URL``, PostgreSQL) state store
 through the same ``batch_commit`` a batch uses, and times it. It extrapolates the number of

@@ -76,7 +76,8 @@ from ematix_dagster.spark.recovery import HEARTBEAT  # noqa: E402
 from ematix_dagster.spark.sources import batch_files, read_files, union_sources  # noqa: E402
 from ematix_dagster.spec import load_pipeline_str  # noqa: E402
 from ematix_dagster.streaming.micro_batch import Engine  # noqa: E402
-from ematix_dagster.streaming.window_state import WindowState  # noqa: E402
+from ematix_dagster.streaming import micro_batch as micro_batch_mod  # noqa: E402
+from ematix_dagster.streaming.state.fixed import FixedState  # noqa: E402
 
 SCHEMA_DDL = "key BIGINT, amount DOUBLE, item STRING, ts TIMESTAMP"
 BASE_US = 1_704_067_230_000_000  # 2024-01-01T00:00:30Z: each 60 s file spans two 1-minute windows
@@ -179,8 +180,8 @@ def install_timers() -> DriverTimer:
     timer.wrap(ClassicDataFrame, "toArrow", "partials.toArrow (Spark job + Arrow)")
     timer.wrap(batch_mod, "partial_lists", "convert.partial_lists")
     timer.wrap(Engine, "process", "Engine.process")
-    timer.wrap(WindowState, "merge", "  WindowState.merge")
-    timer.wrap(WindowState, "emit", "  WindowState.emit")
+    timer.wrap(FixedState, "merge", "  FixedState.merge")
+    timer.wrap(micro_batch_mod, "emit", "  emission.emit")
     timer.wrap(BatchStep, "_write", "target write")
     timer.wrap(BatchStep, "_commit", "state store commit (encode + store)")
     return timer

@@ -27,7 +27,9 @@ from ematix_dagster.streaming.aggregators import (
 from ematix_dagster.streaming.aggregators.base import PartialRowError
 from ematix_dagster.streaming.micro_batch import BatchInput, Engine, SourceStats
 from ematix_dagster.streaming.watermark import Watermarks
-from ematix_dagster.streaming.window_state import WindowState, sorted_keys
+from ematix_dagster.streaming.emission import emit
+from ematix_dagster.streaming.state.fixed import FixedState
+from ematix_dagster.streaming.state.order import sorted_keys
 from ematix_dagster.streaming.windows import FixedWindows, format_us, format_window, window_starts
 
 NAN = float("nan")
@@ -640,24 +642,25 @@ def test_engine_reopen_corrections_only_for_touched_groups_and_eviction() -> Non
     assert eng.counters["late_rows_reopened"] == 2
 
 
-def test_window_state_direct_emit_and_retention() -> None:
-    st = WindowState(pipeline="p", window_kind=FixedWindows(10, 10), aggregators=[Count()], aliases=["n"],
-                     max_groups_per_window=5)
-    touched = st.merge([0, 0, 10, 0], [("a",), (None,), ("a",), ("a",)], [[1, 2, 3, 4]])
-    assert touched == {0: {("a",), (None,)}, 10: {("a",)}}
-    out = st.emit(before=None, watermark=9, touched=touched, retention=0).rows
+def test_fixed_state_direct_emit_and_retention() -> None:
+    st = FixedState(pipeline="p", kind=FixedWindows(10, 10), aggregators=[Count()], aliases=["n"],
+                    max_groups_per_window=5)
+    st.merge([0, 0, 10, 0], [("a",), (None,), ("a",), ("a",)], [[1, 2, 3, 4]])
+    assert st.touched == {0: {("a",), (None,)}, 10: {("a",)}}
+    out = emit(st, before=None, watermark=9, retention=0).rows
     assert out == [] and st.open_windows(9) == 2
-    out = st.emit(before=9, watermark=10, touched={}, retention=3).rows
+    out = emit(st, before=9, watermark=10, retention=3).rows
     # NULL group keys are a group of their own and sort first
     assert [(r.start, r.end, r.key, r.values, r.kind) for r in out] == [
         (0, 10, (None,), (2,), "final"), (0, 10, ("a",), (5,), "final")]
     assert st.open_windows(10) == 1 and set(st.windows) == {0, 10}
-    assert st.emit(before=10, watermark=12, touched={}, retention=3).rows == []  # emitted once only; 10 + 3 > 12
+    assert emit(st, before=10, watermark=12, retention=3).rows == []  # emitted once only; 10 + 3 > 12
     assert set(st.windows) == {0, 10}
     # a retained window touched again makes corrections for the touched groups only
-    out = st.emit(before=12, watermark=12, touched={0: {("a",)}}, retention=3).rows
-    assert [(r.start, r.key, r.kind) for r in out] == [(0, ("a",), "correction")]
-    assert st.emit(before=12, watermark=13, touched={}, retention=3).rows == []  # 10 + 3 <= 13: evicted
+    st.merge([0], [("a",)], [[1]])
+    out = emit(st, before=12, watermark=12, retention=3).rows
+    assert [(r.start, r.key, r.values, r.kind) for r in out] == [(0, ("a",), (6,), "correction")]
+    assert emit(st, before=12, watermark=13, retention=3).rows == []  # 10 + 3 <= 13: evicted
     assert set(st.windows) == {10} and st.open_windows(13) == 1
     assert st.flush_watermark == 20 and st.group_count == 1
 
@@ -676,9 +679,9 @@ def test_emitted_keys_sort_as_spark_orders_them(keys) -> None:
     assert [repr(k) for k in sorted_keys(keys)] == [repr(k) for k in sorted(keys, key=spark_order)]
 
 
-def test_window_state_merges_a_run_column_by_column_and_a_repeated_group_row_by_row() -> None:
-    st = WindowState(pipeline="p", window_kind=FixedWindows(10, 10), aggregators=[Count(), Sum(integral=True)],
-                     aliases=["n", "s"], max_groups_per_window=3)
+def test_fixed_state_merges_a_run_column_by_column_and_a_repeated_group_row_by_row() -> None:
+    st = FixedState(pipeline="p", kind=FixedWindows(10, 10), aggregators=[Count(), Sum(integral=True)],
+                    aliases=["n", "s"], max_groups_per_window=3)
     st.merge([0, 0], [("a",), ("b",)], [[1, 2], [10, 20]])
     # old and new groups in one run, then one group twice in a run (not from Spark, still exact)
     st.merge([0, 0, 0, 0], [("c",), ("a",), ("a",), ("b",)], [[5, 1, 2, 3], [50, 1, None, 2]])
@@ -835,7 +838,7 @@ def test_engine_idle_sources_and_processing_time() -> None:
 # ---------------------------------------------------------------------------------------------
 
 def _doctest_modules() -> list[str]:
-    names = [f"ematix_dagster.streaming.{m.name}" for m in pkgutil.iter_modules(ematix_dagster.streaming.__path__)]
+    names = [m.name for m in pkgutil.walk_packages(ematix_dagster.streaming.__path__, "ematix_dagster.streaming.")]
     return ["ematix_dagster.streaming", *sorted(names), "ematix_dagster.spec.window"]
 
 

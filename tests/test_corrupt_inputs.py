@@ -435,15 +435,18 @@ def test_check_reports_corrupt_checkpoint(setup):
 def test_check_groups_vets_decoded_state_before_spark_knows_the_column_types(tmp_path, request):
     """``check_groups`` (for a run's preflight and for ``check``): no Spark, so sums may be int, float or decimal."""
     from ematix_dagster.streaming.micro_batch import check_groups
+    from ematix_dagster.streaming.state.base import StoredGroup
 
     window = Setup("sqlite", tmp_path, request).spec.window
-    good = [(start, key, accs) for (start, key), accs in GOOD.items()]
+    good = [StoredGroup(start, None, key, accs) for (start, key), accs in GOOD.items()]
     check_groups(PIPELINE, window, good)
-    check_groups(PIPELINE, window, good + [(0, ("d",), _with(1, 4.5))])  # a float sum: the column type is unknown
+    float_sum = StoredGroup(0, None, ("d",), _with(1, 4.5))
+    check_groups(PIPELINE, window, good + [float_sum])  # a float sum: the column type is unknown
     for thorough in (False, True):
         with pytest.raises(CorruptState) as info:
-            check_groups(PIPELINE, window, good + [(0, ("d",), _with(2, (7.5, 3, 1)))], "the store", thorough=thorough)
+            check_groups(PIPELINE, window, good + [StoredGroup(0, None, ("d",), _with(2, (7.5, 3, 1)))], "the store",
+                         thorough=thorough)
         text = _terminal(info.value)
         assert "pipeline 'corrupt-inputs' in the store" in text and "('d',)" in text and "'mean' (avg)" in text
     with pytest.raises(CorruptState):
-        check_groups(PIPELINE, window, good + [(0, ("d",), _with(1, 4.5))], integral=INTEGRAL)
+        check_groups(PIPELINE, window, good + [float_sum], integral=INTEGRAL)

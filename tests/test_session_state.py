@@ -27,13 +27,15 @@ import ematix_dagster.streaming.windows.session as session_module
 from ematix_dagster.errors import StateCapExceeded
 from ematix_dagster.streaming.aggregators import Avg, Count, ExactDistinct, First, Last, Max, Min, Sum
 from ematix_dagster.streaming.emitted import EmittedRow
-from ematix_dagster.streaming.session_state import SessionState
+from ematix_dagster.streaming.emission import RETRACT, emit
+from ematix_dagster.streaming.state.base import StoreChanges, StoredGroup
+from ematix_dagster.streaming.state.session import SessionState
 from ematix_dagster.streaming.windows.session import SessionWindows, session_id
 
 Key = tuple[Any, ...]
 Row = tuple[Key, int, Any]  # (group key, event time µs, value or None)
 Out = tuple[str, int, int, Key, tuple[Any, ...]]  # (kind, start, end, key, values)
-Partials = tuple[list[Key], list[int], list[int], list[list[Any]]]  # SessionState.merge's arguments
+Partials = tuple[list[Key], list[int], list[int], list[list[Any]]]  # keys, firsts, lasts, partial columns
 
 # n = count(*), n_v = count(v), then sum, min, max, first, last, exact distinct and avg of v
 ALIASES = ["n", "n_v", "sum_v", "min_v", "max_v", "first_v", "last_v", "distinct_v", "avg_v"]
@@ -177,23 +179,24 @@ class Harness:
         closed_before = None if self.max_seen is None else self.max_seen - p.lateness - p.retention
         accepted = [r for r in rows if self.rules.row_windows(r[1], closed_before)]
         self.late += len(rows) - len(accepted)
-        self.state.merge(*partials_of(accepted, p, self.rng))
+        merge(self.state, partials_of(accepted, p, self.rng))
         self.max_seen = max([t for _, t, _ in rows] + [m for m in (self.max_seen,) if m is not None], default=None)
         w = None if self.max_seen is None else self.max_seen - p.lateness
-        emission = self.state.emit(w, p.retention)
+        retractions, out = split(emit(self.state, None, w, p.retention).rows)
         self.commit()
-        for r in emission.retractions:
+        for r in retractions:
             del self.target[(r.start, r.key)]
-        for r in emission.rows:
+        for r in out:
             self.target[(r.start, r.key)] = (r.end, r.values)
-        self.kinds.update(r.kind for r in emission.retractions + emission.rows)
-        self.outputs.append((canon(emission.retractions), canon(emission.rows)))
+        self.kinds.update(r.kind for r in retractions + out)
+        self.outputs.append((canon(retractions), canon(out)))
         return self.outputs[-1]
 
     def commit(self) -> None:
         """Apply take_changes like a store (deletes, then upserts); it must mirror the state exactly
         and write only sessions that differ from what the store holds."""
-        upserts, deletes = self.state.take_changes()
+        changes = self.state.take_changes()
+        upserts, deletes = changes.upserts, changes.deletes
         for start, key in deletes:
             del self.store[(start, key)]
         for start, end, key, accs, emitted in upserts:
@@ -206,8 +209,21 @@ class Harness:
     def restart(self) -> None:
         """A restart: a new SessionState from the store's rows."""
         self.state = self.fresh()
-        self.state.restore([(start, end, key, copy.deepcopy(accs), emitted)
-                            for (start, key), (end, accs, emitted) in self.store.items()])
+        self.state.restore([StoredGroup(start, end, key, copy.deepcopy(accs), emitted)
+                            for (start, key), (end, accs, emitted) in self.store.items()], None)
+
+
+def merge(state: SessionState, partials: Partials) -> None:
+    """``partials`` (as Spark forms them) merged as the engine merges them."""
+    keys, firsts, lasts, columns = partials
+    state.merge(firsts, keys, columns, lasts)
+
+
+def split(rows: list[EmittedRow]) -> tuple[list[EmittedRow], list[EmittedRow]]:
+    """A batch's rows as (retractions, the rest); the retractions must come first (SPEC.md §10)."""
+    retractions = [r for r in rows if r.kind == RETRACT]
+    assert rows[:len(retractions)] == retractions, "a retraction after a row it may retract"
+    return retractions, rows[len(retractions):]
 
 
 def run_both(p: Params, batches: list[list[Row]], restart_after: int | None = None, seed: int = 0) -> Harness:
@@ -246,8 +262,9 @@ def test_session_rules_spec_late_rule_bounds_and_estimate() -> None:
     assert rules.row_windows(49, closed_before=None) != []
     assert rules.expected_open_windows(lateness=0, retention=0) == 3
     assert rules.expected_open_windows(lateness=40, retention=50) == 13
-    with pytest.raises(NotImplementedError):
-        rules.bounds(0)
+    assert not hasattr(rules, "bounds")  # no start alone names a session's window
+    assert rules.valid_end(0, 10) and rules.valid_end(95, 100) and not rules.valid_end(95, 101)
+    assert rules.describe_at(0) == "session starting 1970-01-01T00:00:00Z"
 
 
 def test_session_id_is_sha256_of_msgpack_pipeline_key_start() -> None:
@@ -272,7 +289,7 @@ def test_sessions_are_cut_at_cap_bucket_boundaries() -> None:
     h.batch([(A, 85, 1), (A, 95, 2)])
     assert [(s.start, s.end) for s in h.state.sessions[A]] == [(85, 100)]  # end capped at the bucket end
     with pytest.raises(ValueError, match="one cap bucket"):
-        h.state.merge([A], [190], [210], [[1]] * len(ALIASES))
+        h.state.merge([190], [A], [[1]] * len(ALIASES), [210])
     h = run_both(Params(), [[(A, 85, 1), (A, 95, 2)], [(A, 100, 3), (A, 105, 4)], [(Z, 300, 0)]])
     # 95 -> 100 is within gap, but in the next bucket; W = 105 closes the capped session
     assert h.outputs == [([], []), ([], [("final", 85, 100, A, vals(1, 2))]),
@@ -309,7 +326,7 @@ def test_late_rows_under_reopen_bridge_three_sessions(late: list[Row], merged: t
     assert [r[1] for r in h.outputs[0][1]] == [0, 15, 30]
     assert h.outputs[1] == ([("retract", 15, 25, A, vals(2)), ("retract", 30, 40, A, vals(3))],
                             [("correction", 0, 40, A, merged)])
-    assert h.state.open_sessions() == 1 and h.state.session_count == 2  # z's [100, 110) is still open
+    assert h.state.open_windows(None) == 1 and h.state.window_count == 2  # z's [100, 110) is still open
 
 
 def test_late_row_moving_a_start_retracts_the_old_start_and_bridging_an_open_session() -> None:
@@ -351,17 +368,19 @@ def test_take_changes_and_two_merges_before_one_emit() -> None:
     h = Harness(Params(policy="reopen", allowed=100))
     h.batch([(A, 20, 2), (A, 40, 4), (Z, 100, 0)])  # store: a@20, a@40, z@100
     state = h.state
-    state.merge(*partials_of([(A, 25, 5)], h.p, h.rng))  # [20, 25]
-    state.merge(*partials_of([(A, 33, 3), (A, 12, 1)], h.p, h.rng))  # [12, 40]: start moved, bridged
-    upserts, deletes = state.take_changes()
+    merge(state, partials_of([(A, 25, 5)], h.p, h.rng))  # [20, 25]
+    merge(state, partials_of([(A, 33, 3), (A, 12, 1)], h.p, h.rng))  # [12, 40]: start moved, bridged
+    changes = state.take_changes()
+    upserts, deletes = changes.upserts, changes.deletes
     assert [(u[0], u[1], u[2], u[4]) for u in upserts] == [(12, 50, A, True)] and upserts[0][3][0] == 5
-    assert sorted(deletes) == [(20, A), (40, A)] and state.take_changes() == ([], [])
-    out = state.emit(watermark=100, retention=100)  # retractions repeat the rows as emitted
-    assert (canon(out.retractions), canon(out.rows)) == (
+    assert sorted(deletes) == [(20, A), (40, A)] and state.take_changes() == StoreChanges()
+    retractions, out = split(emit(state, None, 100, retention=100).rows)  # retractions repeat the rows as emitted
+    assert (canon(retractions), canon(out)) == (
         [("retract", 20, 30, A, vals(2)), ("retract", 40, 50, A, vals(4))],
         [("correction", 12, 50, A, vals(1, 2, 5, 3, 4))])
-    state.emit(watermark=200, retention=100)  # 50 + 100 < 200: evicted; z [100, 110) final, kept
-    upserts, deletes = state.take_changes()
+    emit(state, None, 200, retention=100)  # 50 + 100 < 200: evicted; z [100, 110) final, kept
+    changes = state.take_changes()
+    upserts, deletes = changes.upserts, changes.deletes
     assert deletes == [(12, A)] and [(u[0], u[2], u[4]) for u in upserts] == [(100, Z, True)]
 
 

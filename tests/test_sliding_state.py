@@ -38,6 +38,7 @@ import pytest
 
 from ematix_dagster.errors import StateCapExceeded
 from ematix_dagster.spec import Aggregation, Window
+from ematix_dagster.streaming.state.base import StoredGroup
 from ematix_dagster.streaming.micro_batch import BatchInput, Engine, SourceStats
 
 Key = tuple[Any, ...]
@@ -252,10 +253,12 @@ class Harness:
     def commit(self) -> None:
         """Apply the state's changes like a store: the range delete, then upserts (one row per (event
         time, key))."""
-        upserts, evicted_before = self.engine.state.take_changes()
+        changes = self.engine.state.take_changes()
+        upserts, evicted_before = changes.upserts, changes.deleted_before
         if evicted_before is not None:  # a range delete: every row of an older event time
             self.store = {tk: accs for tk, accs in self.store.items() if tk[0] >= evicted_before}
-        for t, key, accs in upserts:
+        for t, end, key, accs, _emitted in upserts:
+            assert end == t
             self.store[(t, key)] = copy.deepcopy(accs)
 
     def restart(self) -> None:
@@ -263,7 +266,7 @@ class Harness:
         old = self.engine
         clock = old.watermarks.clocks["s"]
         self.engine = Engine.for_window("p", self.p.window(), sources=("s",), integral=self.p.pick(INTEGRAL))
-        groups = [(t, key, copy.deepcopy(accs)) for (t, key), accs in self.store.items()]
+        groups = [StoredGroup(t, t, key, copy.deepcopy(accs)) for (t, key), accs in self.store.items()]
         self.engine.restore(old.last_batch_id, old.watermarks.global_wm,
                             {"s": (clock.max_event_ts, clock.last_arrival)}, dict(old.counters), groups)
         assert self.engine.closed_before() == old.closed_before()

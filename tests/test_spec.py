@@ -19,6 +19,7 @@ import tomli_w
 
 from ematix_dagster.errors import EmatixError, PipelineConfigError
 from ematix_dagster.streaming.state_size import estimate_state
+from ematix_dagster.streaming.windows import SessionWindows
 from ematix_dagster.spec import (
     Aggregation,
     DeadLetter,
@@ -682,9 +683,9 @@ def test_session_rules_name_the_key(changes: dict[str, Any], field: str, words: 
     base = load_pipeline_str(MINIMAL_TOML).window
     good = replace(base, kind="session", duration_ms=None, gap_ms=30_000, max_session_duration_ms=3_600_000,
                    group_by=("user_id",))
-    good._validate_session("transform.window")  # the valid one passes
+    SessionWindows.validate(good, "transform.window")  # the valid one passes
     with pytest.raises(PipelineConfigError) as exc:
-        replace(good, **changes)._validate_session("transform.window")
+        SessionWindows.validate(replace(good, **changes), "transform.window")
     assert exc.value.key == f"transform.window.{field}"
     assert all(w in str(exc.value) for w in words), str(exc.value)
 

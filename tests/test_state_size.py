@@ -2,7 +2,7 @@
 
 The estimate's bytes per group (``ematix_dagster.streaming.state_size``, each aggregator's
 ``state_bytes`` and ``bytes_per_value``) are constants; these tests measure the real layout,
-20,000 groups merged into ``WindowState`` the way a batch does, and fail when a constant drifts
+20,000 groups merged into ``FixedState`` the way a batch does, and fail when a constant drifts
 more than a third from what Python allocates.
 """
 
@@ -16,7 +16,8 @@ from datasketches import hll_sketch
 
 from ematix_dagster.spec import Aggregation, Window
 from ematix_dagster.streaming.state_size import estimate_state
-from ematix_dagster.streaming.window_state import WindowState
+from ematix_dagster.streaming.emission import emit
+from ematix_dagster.streaming.state.fixed import FixedState
 from ematix_dagster.streaming.windows import window_kind
 from ematix_dagster.streaming.aggregators import make_aggregator
 
@@ -53,9 +54,9 @@ def _measured_bytes_per_group(window: Window, make_partials: Callable[[], list[l
     Keys and partials are made inside the measurement, as the batch's Arrow conversion makes them;
     what the state keeps of them (key tuples, pairs, sets, sketch bytes) is then the state's.
     """
-    state = WindowState(pipeline="p", window_kind=window_kind(window), aliases=["a"] * len(window.aggregations),
-                        aggregators=[make_aggregator(a, True, window.hll_precision) for a in window.aggregations],
-                        max_groups_per_window=GROUPS)
+    state = FixedState(pipeline="p", kind=window_kind(window), aliases=["a"] * len(window.aggregations),
+                       aggregators=[make_aggregator(a, True, window.hll_precision) for a in window.aggregations],
+                       max_groups_per_window=GROUPS)
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
@@ -63,7 +64,8 @@ def _measured_bytes_per_group(window: Window, make_partials: Callable[[], list[l
         partials = make_partials()
         state.merge([0] * GROUPS, keys, partials)
         del keys, partials
-        state.dirty.clear()  # the commit's bookkeeping, not the state
+        state.dirty.clear()  # the commit's and the report's bookkeeping, not the state
+        state.touched.clear()
         grown = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
@@ -120,10 +122,10 @@ def test_bytes_per_sliding_partial_match_the_measured_layout(aggs: tuple[Aggrega
         before = tracemalloc.get_traced_memory()[0]
         keys = [(f"user-{i % 2_000:06d}",) for i in range(GROUPS)]
         times = [1_700_000_000_000_000 + i * 1_000 for i in range(GROUPS)]
-        touched = state.merge(times, keys, [[3] * GROUPS])
-        rows = state.emit(None, newest + 1, touched, 0)  # every window final, nothing evicted
+        state.merge(times, keys, [[3] * GROUPS])
+        rows = emit(state, None, newest + 1, 0)  # every window final, nothing evicted
         assert len(rows) == GROUPS
-        del keys, times, touched, rows
+        del keys, times, rows
         state.take_changes()  # the commit's bookkeeping, not the state
         measured = (tracemalloc.get_traced_memory()[0] - before) / GROUPS
     finally:

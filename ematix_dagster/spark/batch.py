@@ -30,7 +30,6 @@ from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.streaming.durable import Provenance, batch_commit, encoded_key
 from ematix_dagster.streaming.micro_batch import BatchInput, BatchResult, Engine, SourceStats
 from ematix_dagster.streaming.windows import format_us
-from ematix_dagster.streaming.windows.session import session_id
 from ematix_dagster.targets import DeadLetterWriter, WindowWriter
 from state_store.base import PipelineRecord, StateStore
 from state_store.codec import gc_paused
@@ -189,12 +188,11 @@ class BatchStep:
         dead = self._write_dead_letters(dead_letter, batch_id, frames, stats, late["late_rows"], late["rejected"],
                                         in_transaction)
         windowed = table.filter(pc.is_null(table.column(CLASS)))
-        lasts: list[int] = []
-        if spec.window.kind == "session":  # a partial session: its first and last event time
-            starts, keys, values = partial_lists(self.plan, windowed, start_column="_first")
-            lasts = windowed.column("_last").to_pylist()
-        else:  # sorted by window start: the engine then merges runs of one window (WindowState.merge)
-            starts, keys, values = partial_lists(self.plan, windowed.sort_by("_ws"))
+        kind_plan = self.plan.columns.windows
+        if kind_plan.sort_by_start:  # the kind's state then merges runs of one window (FixedState.merge)
+            windowed = windowed.sort_by(kind_plan.start_column)
+        starts, keys, values = partial_lists(self.plan, windowed, kind_plan.start_column)
+        lasts = windowed.column(kind_plan.last_column).to_pylist() if kind_plan.last_column else []
         return BatchInput(batch_id=batch_id, batch_time=batch_time, sources=stats, starts=starts, keys=keys,
                           partials=values, lasts=lasts, late_rows=late["late_rows"],
                           late_assignments=late["late_assignments"], reopened_rows=late["reopened_rows"],
@@ -246,9 +244,9 @@ class BatchStep:
     def _write(self, batch_id: int, result: BatchResult, in_transaction: InTransaction, part: str = "part-0") -> None:
         ids = None
         emitted = result.emitted
-        if self.spec.window.kind == "session":
-            name = self.spec.pipeline_name
-            ids = [session_id(name, encoded_key(key), start) for key, start in zip(emitted.keys, emitted.starts)]
+        kind = self.engine.state.kind
+        if kind.id_column is not None:
+            ids = kind.row_ids(self.spec.pipeline_name, list(map(encoded_key, emitted.keys)), emitted.starts)
         table = rows_to_arrow(self.schema, emitted, len(self.spec.window.group_by), ids)
         if self.spec.target.same_transaction:
             in_transaction.append(lambda conn: self.target.write_in_transaction(conn, batch_id, table))

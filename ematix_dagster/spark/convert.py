@@ -2,10 +2,10 @@
 
 Partials arrive as an Arrow table (one row per (window start, group)); emitted rows leave as an
 Arrow table with the output schema of seed 000: window bounds, group columns, aggregations, plus
-``_emit_kind``. Session windows add ``session_id`` after the bounds and, because their batches can
-hold ``retract`` rows that must be read before the rows replacing them, ``_emit_seq`` (the row's
-order within the batch, from 0) after ``_emit_kind`` (SPEC.md §10). Fixed windows never retract
-and keep the seed's columns.
+``_emit_kind``. A kind with an id column (sessions: ``session_id``) adds it after the bounds and
+a kind that may retract (sessions), because its batches can hold ``retract`` rows that must be
+read before the rows replacing them, adds ``_emit_seq`` (the row's order within the batch, from
+0) after ``_emit_kind`` (SPEC.md §10). Fixed windows never retract and keep the seed's columns.
 """
 
 from __future__ import annotations
@@ -18,23 +18,24 @@ from pyspark.sql.pandas.types import to_arrow_type
 
 from ematix_dagster.spark.partials import BatchPlan
 from ematix_dagster.streaming.emitted import Emitted
+from ematix_dagster.streaming.windows import window_kind
 from ematix_dagster.targets.base import EMIT_KIND_COLUMN, EMIT_SEQ_COLUMN
 
 UTC_MICROS = pa.timestamp("us", tz="UTC")
-SESSION_ID = "session_id"  # session windows' informational id (SPEC.md §8)
 
 
 def output_schema(plan: BatchPlan) -> pa.Schema:
     window, types = plan.spec.window, plan.output_types
+    kind = window_kind(window)
     fields = [pa.field(window.window_start_column, UTC_MICROS), pa.field(window.window_end_column, UTC_MICROS)]
-    if window.kind == "session":
-        fields.append(pa.field(SESSION_ID, pa.int64()))
+    if kind.id_column is not None:
+        fields.append(pa.field(kind.id_column, pa.int64()))
     fields += [pa.field(g, _arrow(types[g])) for g in window.group_by]
     for a, agg in zip(window.aggregations, plan.aggregators):
         input_type = _arrow(types[a.column]) if agg.reads_input_type else None  # type: ignore[index]
         fields.append(pa.field(a.as_, agg.output_type(input_type)))
     fields.append(pa.field(EMIT_KIND_COLUMN, pa.string()))
-    if window.kind == "session":
+    if kind.retracts:
         fields.append(pa.field(EMIT_SEQ_COLUMN, pa.int64()))
     return pa.schema(fields)
 
@@ -58,11 +59,11 @@ def partial_lists(plan: BatchPlan, table: pa.Table,
 
 
 def rows_to_arrow(schema: pa.Schema, emitted: Emitted, group_width: int,
-                  session_ids: Sequence[int] | None = None) -> pa.Table:
-    """The emitted rows as the output schema's columns, in their order (``session_ids``: one per
-    row, for session windows; a schema with ``_emit_seq`` numbers the rows 0, 1, ... as given)."""
+                  row_ids: Sequence[int] | None = None) -> pa.Table:
+    """The emitted rows as the output schema's columns, in their order (``row_ids``: one per row,
+    for a kind with an id column; a schema with ``_emit_seq`` numbers the rows 0, 1, ... as given)."""
     columns: list[Sequence[Any]] = [()] * len(schema)
-    first_key = 2 if session_ids is None else 3
+    first_key = 2 if row_ids is None else 3
     if emitted:  # the group keys transposed at C speed; everything else is a column already
         columns[0], columns[1] = emitted.starts, emitted.ends
         columns[schema.get_field_index(EMIT_KIND_COLUMN)] = emitted.kinds
@@ -70,8 +71,8 @@ def rows_to_arrow(schema: pa.Schema, emitted: Emitted, group_width: int,
             columns[first_key + i] = column
         for j, column in enumerate(emitted.values):
             columns[first_key + group_width + j] = column
-    if session_ids is not None:
-        columns[2] = list(session_ids)
+    if row_ids is not None:
+        columns[2] = list(row_ids)
     seq = schema.get_field_index(EMIT_SEQ_COLUMN)
     if seq >= 0:
         columns[seq] = range(len(emitted))

@@ -104,40 +104,14 @@ class Window:
         kinds = " or ".join(f'"{k}"' for k in KINDS)
         if self.kind not in KINDS:
             _fail(f"{key}.kind", f"unknown window kind {self.kind!r}", f"use {kinds}")
-        if self.kind != "session":
-            for name in ("gap_ms", "max_session_duration_ms"):
-                if getattr(self, name) is not None:
-                    _fail(f"{key}.{name}", f"{name} only applies to session windows, not {self.kind!r}",
-                          'remove it or use kind = "session"')
-        if self.kind != "sliding" and self.max_events_per_group is not None:
-            _fail(f"{key}.max_events_per_group", f"max_events_per_group only applies to sliding windows, not "
-                  f"{self.kind!r}", 'remove it or use kind = "sliding"')
-        if self.kind == "session":
-            self._validate_session(key)
-        elif self.kind == "sliding":
-            self._validate_sliding(key)
-        else:
-            self._validate_fixed(key)
+        rules = KINDS[self.kind]
+        for name, other in KINDS.items():  # another kind's own keys
+            for field_name in other.own_keys:
+                if field_name not in rules.own_keys and getattr(self, field_name) is not None:
+                    _fail(f"{key}.{field_name}", f"{field_name} only applies to {name} windows, not {self.kind!r}",
+                          f'remove it or use kind = "{name}"')
+        rules.validate(self, key)
         self._validate_common(key)
-
-    def _validate_duration(self, key: str, what: str) -> None:
-        if self.duration_ms is None:
-            _fail(f"{key}.duration_ms", f"is required for {self.kind} windows", f"set {what} in ms")
-        _positive(f"{key}.duration_ms", self.duration_ms)
-
-    def _validate_fixed(self, key: str) -> None:
-        self._validate_duration(key, "the window's length")
-        if self.kind == "hopping":
-            if self.hop_ms is None:
-                _fail(f"{key}.hop_ms", "is required for hopping windows",
-                      "set hop_ms (the distance between window starts), <= duration_ms")
-            _positive(f"{key}.hop_ms", self.hop_ms)
-            if self.hop_ms > self.duration_ms:
-                _fail(f"{key}.hop_ms", f"{self.hop_ms} is larger than duration_ms={self.duration_ms}",
-                      "use hop_ms <= duration_ms (gaps between windows would drop rows)")
-        elif self.hop_ms is not None:
-            _fail(f"{key}.hop_ms", f"hop_ms = {self.hop_ms!r} only applies to hopping windows, not {self.kind!r}",
-                  'remove it or use kind = "hopping"')
 
     def _validate_common(self, key: str) -> None:
         if self.event_time_unit not in TIME_UNITS:
@@ -210,40 +184,11 @@ class Window:
                 _fail(f"{akey}.as", f"{agg.as_!r} collides with the {seen[agg.as_.lower()]}", "pick a unique alias")
             seen[agg.as_.lower()] = "alias of another aggregation"
 
-    def _validate_session(self, key: str) -> None:
-        """SPEC.md §8's rules, each naming its key."""
-        for name in ("duration_ms", "hop_ms"):
-            if getattr(self, name) is not None:
-                _fail(f"{key}.{name}", f"{name} does not apply to session windows (a session's length "
-                      "follows its rows)", "remove it; set gap_ms and max_session_duration_ms")
-        if self.gap_ms is None:
-            _fail(f"{key}.gap_ms", "is required for session windows",
-                  "set the most time (ms) between a key's consecutive rows of one session")
-        _positive(f"{key}.gap_ms", self.gap_ms)
-        if self.max_session_duration_ms is None:
-            _fail(f"{key}.max_session_duration_ms", "is required for session windows",
-                  "set the longest a session may run (ms); sessions are cut at its multiples")
-        _positive(f"{key}.max_session_duration_ms", self.max_session_duration_ms)
-        if self.max_session_duration_ms <= self.gap_ms:
-            _fail(f"{key}.max_session_duration_ms", f"{self.max_session_duration_ms} is not larger than "
-                  f"gap_ms={self.gap_ms}", "use a cap larger than the gap")
-        names = [*self.group_by, *(a.as_ for a in self.aggregations)]
-        if "session_id" in (n.lower() for n in names):
-            _fail(f"{key}.group_by", "session_id is the session windows' id column", "rename that column or alias")
-        if not self.group_by:
-            _fail(f"{key}.group_by", "is required for session windows (sessions are per key)",
-                  'group by the column that identifies a session\'s owner, e.g. group_by = ["user_id"]')
-
-    def _validate_sliding(self, key: str) -> None:
-        """SPEC.md §9's rules, each naming its key."""
-        self._validate_duration(key, "the time difference D (each window is [t - D, t])")
-        if self.hop_ms is not None:
-            _fail(f"{key}.hop_ms", "hop_ms does not apply to sliding windows (one window per distinct event time)",
-                  'remove it, or use kind = "hopping" for windows at fixed steps')
-        if self.max_events_per_group is None:
-            _fail(f"{key}.max_events_per_group", "is required for sliding windows",
-                  "set the most distinct event times one key may retain, e.g. 10_000")
-        _positive(f"{key}.max_events_per_group", self.max_events_per_group)
+    def validate_duration(self, key: str, what: str) -> None:
+        """``duration_ms`` is given and positive (``what``: what it means for this kind)."""
+        if self.duration_ms is None:
+            _fail(f"{key}.duration_ms", f"is required for {self.kind} windows", f"set {what} in ms")
+        _positive(f"{key}.duration_ms", self.duration_ms)
 
     @property
     def shape(self) -> str:

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Callable, Sequence
 
+from ematix_dagster.streaming.aggregators import Aggregator
+from ematix_dagster.streaming.emitted import GroupKey
 from ematix_dagster.streaming.micro_batch import Engine
-from ematix_dagster.streaming.session_state import SessionState
-from ematix_dagster.streaming.sliding_state import SlidingState
-from ematix_dagster.streaming.window_state import GroupKey, WindowState
-from ematix_dagster.streaming.windows import SessionWindows, WindowKind
+from ematix_dagster.streaming.state.base import StoredGroup
+from ematix_dagster.streaming.windows import WindowKind
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, SourceProgress
 from state_store.codec import STATE_VERSION, decode_groups, encode_key, encode_state, encode_window
 from state_store.errors import RESTORE_OR_RESET, CorruptState
@@ -37,30 +37,14 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
 
     Takes the engine's pending changes, so call it once per commit.
     """
-    state = engine.state
-    deletes: list[tuple[int, bytes]] = []
-    evicted: list[int] = []
-    deleted_before: int | None = None
-    whole: list[tuple[int, int, bytes]] = []
+    changes = engine.state.take_changes()
+    upserts, whole = window_rows(engine.state.aggregators, changes.windows)
     flags: dict[tuple[int, bytes], bool] = {}
-    if isinstance(state, SessionState):
-        # A session's end and emitted flag are its own (schema step 5: under reopen a merged session
-        # counts as emitted before its end passes W); gone sessions are deleted one by one.
-        changed, gone = state.take_changes()
-        upserts = []
-        for start, end, key, accs, emitted in changed:
-            encoded = encoded_key(key)
-            upserts.append((start, end, encoded, encode_state(accs)))
+    for start, end, key, accs, emitted in changes.upserts:
+        encoded = encoded_key(key)
+        upserts.append((start, end, encoded, encode_state(accs)))
+        if emitted is not None:  # a session's flag is its own (schema step 5)
             flags[(start, encoded)] = emitted
-        deletes = [(start, encoded_key(key)) for start, key in gone]
-    elif isinstance(state, SlidingState):
-        # one row per retained (event time, key) partial, stored with start = end = its event time;
-        # eviction is by event time, so one range delete
-        partials, deleted_before = state.take_changes()
-        upserts = [(t, t, encoded_key(key), encode_state(accs)) for t, key, accs in partials]
-    else:
-        dirty, evicted = state.take_changes()
-        upserts, whole = fixed_window_rows(state, dirty)
     marks = engine.watermarks
     record = PipelineRecord(
         pipeline=pipeline, state_version=STATE_VERSION, query_id=provenance.query_id,
@@ -72,9 +56,9 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
     return BatchCommit(
         record=record,
         upserts=upserts,
-        deletes=deletes,
-        deleted_windows=evicted,
-        deleted_before=deleted_before,
+        deletes=[(start, encoded_key(key)) for start, key in changes.deletes],
+        deleted_windows=changes.deleted_windows,
+        deleted_before=changes.deleted_before,
         in_transaction=list(in_transaction),
         emitted=flags,
         whole_windows=whole,
@@ -90,9 +74,10 @@ WHOLE_WINDOW_SHARE = 0.5
 WHOLE_WINDOW_MAX_BYTES = 64 << 20
 
 
-def fixed_window_rows(state: WindowState, changed: dict[int, set[GroupKey]]
-                      ) -> tuple[list[tuple[int, int, bytes, bytes]], list[tuple[int, int, bytes]]]:
-    """(group upserts, whole windows) for the changed groups of tumbling or hopping windows.
+def window_rows(aggregators: Sequence[Aggregator],
+                windows: list[tuple[int, int, dict[GroupKey, list[Any]], set[GroupKey]]]
+                ) -> tuple[list[tuple[int, int, bytes, bytes]], list[tuple[int, int, bytes]]]:
+    """(group upserts, whole windows) for the changed groups of windows a store may write whole.
 
     A window most of whose groups changed (always so in the batch that opens it) is written as one
     row: a row costs the store far more than the bytes in it. A few changed groups of a big window
@@ -102,10 +87,8 @@ def fixed_window_rows(state: WindowState, changed: dict[int, set[GroupKey]]
     """
     upserts: list[tuple[int, int, bytes, bytes]] = []
     whole: list[tuple[int, int, bytes]] = []
-    may_be_whole = not any(a.bytes_per_value for a in state.aggregators)
-    for start, keys in changed.items():
-        groups = state.windows[start]
-        end = state.window_kind.bounds(start).end
+    may_be_whole = not any(a.bytes_per_value for a in aggregators)
+    for start, end, groups, keys in windows:
         if may_be_whole and len(keys) >= WHOLE_WINDOW_SHARE * len(groups):
             # encoded to learn its size: a window past the bound is encoded twice, which only a window
             # of millions of groups is, where writing its rows one by one costs far more
@@ -132,29 +115,29 @@ def restore_engine(engine: Engine, recovered: RecoveredState, store: str | None 
     if record is None:
         return None
     state = engine.state
-    kind = state.rules if isinstance(state, SessionState) else state.window_kind
-    check_window_ends(state.pipeline, kind, recovered.groups, store)
-    groups = decoded_groups(state.pipeline, recovered, store)
-    ends = emitted = None
-    if isinstance(state, SessionState):  # each session's stored end and emitted flag (None: not stored)
-        stored = {(start, key): end for start, end, key, _ in recovered.groups}
-        flags = recovered.emitted
-        ends, emitted = {}, {}
-        for start, key, _ in groups:
-            encoded = encoded_key(key)
-            ends[(start, key)] = stored[(start, encoded)]
-            emitted[(start, key)] = flags.get((start, encoded))
+    check_window_ends(state.pipeline, state.kind, recovered.groups, store)
+    groups = decoded_groups(state.pipeline, recovered, store, ends_stored=state.kind.ends_stored)
     engine.restore(record.last_batch_id, record.watermark,
                    {n: (p.max_event_ts, p.last_arrival) for n, p in record.sources.items()},
-                   record.counters, groups, store=store, ends=ends, emitted=emitted)
+                   record.counters, groups, store=store)
     return record
 
 
-def decoded_groups(pipeline: str, recovered: RecoveredState,
-                   store: str | None = None) -> list[tuple[int, GroupKey, list[Any]]]:
-    """The loaded groups as (window start, group key, accumulators), in the shape ``Engine.restore`` takes."""
+def decoded_groups(pipeline: str, recovered: RecoveredState, store: str | None = None,
+                   ends_stored: bool = False) -> list[StoredGroup]:
+    """The loaded groups in the shape ``Engine.restore`` takes; with ``ends_stored`` (a kind whose
+    start names no end) each group's stored end and emitted flag (None: not stored) come along."""
     windows = decode_groups(pipeline, recovered.groups, store)
-    return [(start, key, accs) for start, by_key in windows.items() for key, accs in by_key.items()]
+    if not ends_stored:
+        return [StoredGroup(start, None, key, accs) for start, by_key in windows.items() for key, accs in by_key.items()]
+    ends = {(start, key): end for start, end, key, _ in recovered.groups}
+    flags = recovered.emitted
+    out = []
+    for start, by_key in windows.items():
+        for key, accs in by_key.items():
+            encoded = encoded_key(key)
+            out.append(StoredGroup(start, ends[(start, encoded)], key, accs, flags.get((start, encoded))))
+    return out
 
 
 def check_window_ends(pipeline: str, kind: WindowKind, groups: list[tuple[int, int | None, bytes, bytes]],
@@ -171,8 +154,6 @@ def check_window_ends(pipeline: str, kind: WindowKind, groups: list[tuple[int, i
             continue
         if not kind.valid_end(start, end):
             where = f"pipeline {pipeline!r}" + (f" in {store}" if store else "")
-            allowed = "a session's end after its start, within its cap bucket" if isinstance(kind, SessionWindows) \
-                else kind.bounds(start).end
             raise CorruptState(f"{where}: window {start} is stored with end {end}, but its window kind gives "
-                               f"{allowed}", way_out=RESTORE_OR_RESET)
+                               f"{kind.end_rule(start)}", way_out=RESTORE_OR_RESET)
         checked.add((start, end))

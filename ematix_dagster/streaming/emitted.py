@@ -2,11 +2,11 @@
 
 A fixed window emits all its groups at once, tens of thousands of them in one batch: they go from
 the window state to the Arrow table the target writes (``spark.convert.rows_to_arrow``) as
-columns, one list extended per window, where a Python object per row cost more than merging the
-batch. Session and sliding windows emit row by row (:class:`EmittedRow`), transposed once.
+columns (``streaming.emission``), where a Python object per row cost more than merging the
+batch. :class:`EmittedRow` is for the few rows built one by one (a session's retractions).
 
 >>> out = Emitted()
->>> out.add_window(0, 60, [("a",), ("b",)], [[2, 5]], "final")
+>>> out.add_columns([0, 0], [60, 60], [("a",), ("b",)], [[2, 5]], ["final", "final"])
 >>> out.add_rows([EmittedRow(60, 120, ("a",), (1,), "correction")])
 >>> len(out), out.count("final"), out.rows[2]
 (3, 2, EmittedRow(start=60, end=120, key=('a',), values=(1,), kind='correction'))
@@ -41,18 +41,26 @@ class Emitted:
     values: list[list[Any]] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)
 
-    def add_window(self, start: int, end: int, keys: Sequence[GroupKey], values: Sequence[Sequence[Any]],
-                   kind: str) -> None:
-        """The rows of one window's groups ``keys``, their values a column per aggregation."""
-        n = len(keys)
-        self.starts.extend(repeat(start, n))
-        self.ends.extend(repeat(end, n))
+    def add_columns(self, starts: Sequence[int], ends: Sequence[int], keys: Sequence[GroupKey],
+                    values: Sequence[Sequence[Any]], kinds: Sequence[str]) -> None:
+        """Rows given as columns (``values``: one column per aggregation)."""
+        self.starts.extend(starts)
+        self.ends.extend(ends)
         self.keys.extend(keys)
-        self.kinds.extend(repeat(kind, n))
+        self.kinds.extend(kinds)
         if not self.values:
             self.values = [[] for _ in values]
         for column, more in zip(self.values, values):
             column.extend(more)
+
+    def select(self, rows: Sequence[int]) -> Emitted:
+        """The rows at positions ``rows``, in that order."""
+        out = Emitted()
+        if rows:
+            out.add_columns(*(list(map(column.__getitem__, rows)) for column in (self.starts, self.ends, self.keys)),
+                            [list(map(column.__getitem__, rows)) for column in self.values],
+                            list(map(self.kinds.__getitem__, rows)))
+        return out
 
     def add_rows(self, rows: Iterable[EmittedRow]) -> None:
         rows = list(rows)

@@ -27,15 +27,14 @@ from typing import Any, Iterable, NoReturn, Sequence
 from ematix_dagster.errors import CorruptState
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.aggregators import describe_value, make_aggregator
-from ematix_dagster.streaming.emitted import Emitted, EmittedRow
-from ematix_dagster.streaming.session_state import SessionState
-from ematix_dagster.streaming.sliding_state import SlidingState
+from ematix_dagster.streaming.emission import RETRACT, emit
+from ematix_dagster.streaming.emitted import Emitted, EmittedRow, GroupKey
+from ematix_dagster.streaming.state.base import KindState, StoredGroup
 from ematix_dagster.streaming.watermark import Watermarks
-from ematix_dagster.streaming.window_state import GroupKey, WindowState
-from ematix_dagster.streaming.windows import MICROS_PER_MS, SessionWindows, SlidingWindows, window_kind
+from ematix_dagster.streaming.windows import MICROS_PER_MS, window_kind
 from state_store.errors import RESTORE_OR_RESET
 
-_SECOND, _THIRD = itemgetter(1), itemgetter(2)
+_KEY, _ACCS = itemgetter(2), itemgetter(3)
 
 
 @dataclass
@@ -93,7 +92,7 @@ class BatchResult:
     @property
     def retractions(self) -> int:
         """``retract`` rows (session windows under reopen: keys that disappeared, SPEC.md §10)."""
-        return self.emitted.count("retract")
+        return self.emitted.count(RETRACT)
 
 
 @dataclass
@@ -101,7 +100,7 @@ class Engine:
     """The driver's whole view of a pipeline: window state, watermarks and counters."""
 
     window: Window
-    state: WindowState | SessionState | SlidingState
+    state: KindState
     watermarks: Watermarks
     counters: Counter[str] = field(default_factory=Counter)
     last_batch_id: int | None = None
@@ -117,15 +116,7 @@ class Engine:
         """
         aggs = [make_aggregator(a, integral[i], window.hll_precision) for i, a in enumerate(window.aggregations)]
         aliases = [a.as_ for a in window.aggregations]
-        kind = window_kind(window)
-        state: WindowState | SessionState | SlidingState
-        if isinstance(kind, SessionWindows):
-            state = SessionState(pipeline, aggs, aliases, window.max_groups_per_window, kind)
-        elif isinstance(kind, SlidingWindows):
-            state = SlidingState(pipeline, aggs, aliases, window.max_groups_per_window, kind)
-        else:
-            state = WindowState(pipeline=pipeline, window_kind=kind, aggregators=aggs, aliases=aliases,
-                                max_groups_per_window=window.max_groups_per_window)
+        state = window_kind(window).make_state(pipeline, aggs, aliases, window.max_groups_per_window)
         marks = Watermarks(
             lateness=window.lateness_ms * MICROS_PER_MS,
             idleness=window.source_idleness_ms * MICROS_PER_MS,
@@ -136,9 +127,7 @@ class Engine:
 
     def restore(self, last_batch_id: int | None, watermark: int | None,
                 sources: dict[str, tuple[int | None, int | None]], counters: dict[str, int],
-                groups: Iterable[tuple[int, GroupKey, list[Any]]], store: str | None = None,
-                thorough: bool = False, ends: dict[tuple[int, GroupKey], int] | None = None,
-                emitted: dict[tuple[int, GroupKey], bool | None] | None = None) -> None:
+                groups: Iterable[StoredGroup], store: str | None = None, thorough: bool = False) -> None:
         """Continue from durable state; ``sources`` maps name -> (max event time, last arrival).
 
         The groups are checked against the window's group_by and aggregations first: state that
@@ -147,8 +136,6 @@ class Engine:
         :class:`CorruptState` naming the pipeline, ``store``, the window, the group and what is
         wrong, and nothing is restored. The check is a few C-level scans per aggregation
         (see ``_check_groups``); ``thorough`` (``ematix-dagster check``) also opens every sketch.
-        Session windows also need each group's stored end (``ends``, by (start, key)) and take its
-        stored emitted flag (``emitted``; a missing or None flag is derived, see below).
         """
         groups = groups if isinstance(groups, list) else list(groups)
         self._check_groups(groups, store, thorough)
@@ -159,32 +146,9 @@ class Engine:
                 clock = self.watermarks.clocks[name]
                 clock.max_event_ts, clock.last_arrival = max_ts, last_arrival
         self.counters.update(counters)
-        if isinstance(self.state, SessionState):
-            # The stored flag decides: under reopen a session that absorbed an emitted one counts as
-            # emitted while its end is still after W. A row without one (written before schema step
-            # 5, when sessions ran under drop / dlq only) is emitted exactly when its end is before
-            # W: without reopen no accepted row can reach an emitted session.
-            assert ends is not None, "session windows restore with their stored ends"
-            flags = emitted or {}
-            rows = []
-            for start, key, accs in groups:
-                end, flag = ends[(start, key)], flags.get((start, key))
-                if flag is None:
-                    flag = watermark is not None and end < watermark
-                rows.append((start, end, key, accs, flag))
-            self.state.restore(rows)
-            return
-        if isinstance(self.state, SlidingState):
-            self.state.restore(groups)
-            return
-        windows = self.state.windows
-        for start, key, accs in groups:
-            group = windows.get(start)
-            if group is None:
-                group = windows[start] = {}
-            group[key] = accs
+        self.state.restore(groups, watermark)
 
-    def _check_groups(self, groups: list[tuple[int, GroupKey, list[Any]]], store: str | None, thorough: bool) -> None:
+    def _check_groups(self, groups: list[StoredGroup], store: str | None, thorough: bool) -> None:
         """Raise ``CorruptState`` for the first group whose key or accumulators do not fit the window.
 
         Cheap by construction (it runs on every start, for up to millions of groups): a few
@@ -198,7 +162,7 @@ class Engine:
             return
         aggs = self.state.aggregators
         width, key_width = len(aggs), len(self.window.group_by)
-        keys, accs = list(map(_SECOND, groups)), list(map(_THIRD, groups))
+        keys, accs = list(map(_KEY, groups)), list(map(_ACCS, groups))
         if not (set(map(type, accs)) <= {list} and set(map(len, accs)) <= {width}
                 and set(map(type, keys)) <= {tuple} and set(map(len, keys)) <= {key_width}):
             self._walk(groups, store, thorough)
@@ -206,11 +170,11 @@ class Engine:
             if not agg.scan_states(list(map(itemgetter(i), accs))):
                 self._walk(groups, store, thorough)
 
-    def _walk(self, groups: list[tuple[int, GroupKey, list[Any]]], store: str | None, thorough: bool) -> None:
+    def _walk(self, groups: list[StoredGroup], store: str | None, thorough: bool) -> None:
         """Group by group: raise for the first one that does not fit (returns when none is found)."""
         aggs = self.state.aggregators
         width, key_width = len(aggs), len(self.window.group_by)
-        for start, key, accs in groups:
+        for start, _end, key, accs, _emitted in groups:
             if type(accs) is not list or len(accs) != width or type(key) is not tuple or len(key) != key_width:
                 self._reject(store, start, key, accs)
             for i, (agg, acc) in enumerate(zip(aggs, accs)):
@@ -233,12 +197,7 @@ class Engine:
             wrong = agg.check_state(accs[index]) or f"expected {agg.expected}, got {describe_value(accs[index])}"
             problem = f"aggregation {spec.as_!r} ({spec.agg}): {wrong}"
         place = f"pipeline {self.state.pipeline!r}" + (f" in {store}" if store else "")
-        if type(start) is not int:
-            window = repr(start)
-        elif isinstance(self.state, SessionState):
-            window = self.state.describe(key, start)
-        else:
-            window = self.state.describe(start)
+        window = repr(start) if type(start) is not int else self.state.describe(start, key)
         raise CorruptState(
             f"{place}: window {window} (window_start {start!r}), group {key!r:.200}: the stored state does not "
             f"match the pipeline's aggregations: {problem}",
@@ -262,18 +221,12 @@ class Engine:
             self.watermarks.start_run(batch.batch_time)
             self.running = True
         before = self.watermarks.global_wm
-        # A window final at ``before`` counts as emitted even if it held no rows then: rows that
-        # reach it now (reopen, within allowance) make corrections, never a late "final".
-        touched: dict[int, set[GroupKey]] = {}
-        if isinstance(self.state, SessionState):
-            self.state.merge(batch.keys, batch.starts, batch.lasts, batch.partials)
-        else:
-            touched = self.state.merge(batch.starts, batch.keys, batch.partials)
+        self.state.merge(batch.starts, batch.keys, batch.partials, batch.lasts)
         for name, stats in batch.sources.items():
             self.watermarks.observe(name, stats.rows, stats.max_event_ts, batch.batch_time)
             self._count(name, stats)
         self.watermarks.advance(batch.batch_time)
-        emitted = self._emit(before, touched)
+        emitted = emit(self.state, before, self.watermarks.global_wm, self.retention)
         self.counters["late_rows_dropped"] += batch.late_rows
         self.counters["late_assignments_dropped"] += batch.late_assignments
         self.counters["late_rows_reopened"] += batch.reopened_rows
@@ -289,24 +242,11 @@ class Engine:
         flushed = self.state.flush_watermark
         if flushed is not None:
             self.watermarks.raise_to(flushed)
-        return self._result(batch_id, self._emit(before, {}), before, batch_time)
-
-    def _emit(self, before: int | None, touched: dict[int, set[GroupKey]]) -> Emitted:
-        """The kind's output at the new watermark; a session's retractions come first (SPEC.md §10)."""
-        if isinstance(self.state, WindowState):
-            return self.state.emit(before, self.watermarks.global_wm, touched, self.retention)
-        out = Emitted()
-        if isinstance(self.state, SessionState):
-            emission = self.state.emit(self.watermarks.global_wm, self.retention)
-            out.add_rows([*emission.retractions, *emission.rows])
-        else:
-            out.add_rows(self.state.emit(before, self.watermarks.global_wm, touched, self.retention))
-        return out
+        return self._result(batch_id, emit(self.state, before, self.watermarks.global_wm, self.retention),
+                            before, batch_time)
 
     def open_windows(self) -> int:
         """Windows (sessions) not emitted yet."""
-        if isinstance(self.state, SessionState):
-            return self.state.open_sessions()
         return self.state.open_windows(self.watermarks.global_wm)
 
     def _count(self, name: str, stats: SourceStats) -> None:
@@ -332,7 +272,7 @@ class Engine:
         return result
 
 
-def check_groups(pipeline: str, window: Window, groups: Sequence[tuple[int, GroupKey, list[Any]]],
+def check_groups(pipeline: str, window: Window, groups: Sequence[StoredGroup],
                  store: str | None = None, integral: Sequence[bool | None] | None = None,
                  thorough: bool = False) -> None:
     """Raise ``CorruptState`` for the first decoded group that does not fit ``window`` (what

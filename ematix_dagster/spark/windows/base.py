@@ -85,6 +85,13 @@ class PartialPlan(Protocol):
     without ``_ts`` (the plan adds it from the output's ``_event_ts``).
     """
 
+    #: the partials' column the kind's state takes as ``starts`` (``KindState.merge``)
+    start_column: str
+    #: the partials' column it takes as ``lasts`` (a partial session's last event time), if any
+    last_column: str | None
+    #: the state merges runs of one start: the partials come sorted by ``start_column``
+    sort_by_start: bool
+
     def __init__(self, window: Window, aggregates: Callable[[Column], Aggregates], has_reason: bool) -> None: ...
 
     def frames(self, out: DataFrame, batch_id: int) -> WindowedFrames: ...

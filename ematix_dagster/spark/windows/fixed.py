@@ -35,6 +35,10 @@ class FixedPlan:
     a tumbling row is late exactly when its window is, so the plan needs no batch values.
     """
 
+    start_column = "_ws"
+    last_column: str | None = None
+    sort_by_start = True
+
     def __init__(self, window: Window, aggregates: Callable[[Column], Aggregates], has_reason: bool,
                  late_in_spark: bool = True) -> None:
         kind = FixedWindows.for_window(window)

@@ -41,6 +41,10 @@ HELPERS = ("_ts", "_bucket", "_new", "_sid", PRIMARY, CLASS)
 class SessionPlan:
     """A run's session plan; ``has_reason``: the rows come with a ``_reason`` column."""
 
+    start_column = "_first"
+    last_column: str | None = "_last"
+    sort_by_start = False
+
     def __init__(self, window: Window, aggregates: Callable[[Column], Aggregates], has_reason: bool) -> None:
         rules = SessionWindows.for_window(window)
         gap, cap = rules.gap, rules.cap

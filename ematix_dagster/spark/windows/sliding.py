@@ -27,6 +27,10 @@ from ematix_dagster.streaming.windows import SlidingWindows
 class SlidingPlan:
     """A run's sliding plan; ``has_reason``: the rows come with a ``_reason`` column."""
 
+    start_column = "_ws"
+    last_column: str | None = None
+    sort_by_start = True
+
     def __init__(self, window: Window, aggregates: Callable[[Column], Aggregates], has_reason: bool) -> None:
         duration = SlidingWindows.for_window(window).duration
         ts = F.unix_micros("_event_ts")

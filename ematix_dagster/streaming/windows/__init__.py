@@ -1,8 +1,10 @@
 """Window kinds: which windows a row or a partial updates, when they close, finish and go.
 
 One module per kind behind :class:`WindowKind` (``base``): ``fixed`` (tumbling, hopping),
-``session`` and ``sliding``. Times
-are microseconds since the epoch (UTC).
+``session`` and ``sliding``; each builds its driver state (``streaming.state``). A new kind is a
+:class:`WindowKind` registered in :data:`KINDS` and a Spark plan registered in
+``ematix_dagster.spark.windows.PLANS``, both by its spec name; no engine module changes. Times are
+microseconds since the epoch (UTC).
 
 >>> list(window_starts(125, duration=100, hop=40))
 [40, 80, 120]
@@ -20,14 +22,14 @@ are microseconds since the epoch (UTC).
 from __future__ import annotations
 
 from ematix_dagster.spec import Window
-from ematix_dagster.streaming.windows.base import WindowBounds, WindowKind
+from ematix_dagster.streaming.windows.base import KeyedByStart, WindowBounds, WindowKind
 from ematix_dagster.streaming.windows.fixed import FixedWindows, first_start, last_start, window_starts
 from ematix_dagster.streaming.windows.session import SessionWindows
 from ematix_dagster.streaming.windows.sliding import SlidingWindows
 from ematix_dagster.streaming.windows.units import MICROS_PER_MS, format_us, format_window
 
 
-#: spec ``kind`` -> the class of its rules (a new kind adds its line here)
+#: spec ``kind`` -> the class of its rules (a new kind adds its line here, or registers itself here)
 KINDS: dict[str, type[WindowKind]] = {
     "tumbling": FixedWindows,
     "hopping": FixedWindows,
@@ -42,6 +44,6 @@ def window_kind(window: Window) -> WindowKind:
 
 
 __all__ = [
-    "KINDS", "MICROS_PER_MS", "FixedWindows", "SessionWindows", "SlidingWindows", "WindowBounds", "WindowKind", "first_start", "format_us", "format_window",
+    "KINDS", "MICROS_PER_MS", "FixedWindows", "KeyedByStart", "SessionWindows", "SlidingWindows", "WindowBounds", "WindowKind", "first_start", "format_us", "format_window",
     "last_start", "window_kind", "window_starts",
 ]

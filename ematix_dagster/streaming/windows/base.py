@@ -9,27 +9,33 @@ only asks it. Times are microseconds since the epoch (UTC).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Sequence
 
+from ematix_dagster.streaming.bounds import WindowBounds
 from ematix_dagster.streaming.windows.units import format_window
 
 if TYPE_CHECKING:
     from ematix_dagster.spec import Window
-
-
-class WindowBounds(NamedTuple):
-    """A window's identity in memory: its start and its end, as the kind defines the end."""
-
-    start: int
-    end: int
+    from ematix_dagster.streaming.aggregators import Aggregator
+    from ematix_dagster.streaming.state.base import KindState
 
 
 class WindowKind(ABC):
-    """The rules of one window kind.
+    """The rules of one window kind, and the entry point to everything else about it: its spec
+    keys, its state and its output columns.
 
     ``closed_before`` is the threshold an (assignment to a) window is judged late against: the
     watermark before the batch, less the retention under ``reopen``.
     """
+
+    #: ``[transform.window]`` keys only this kind takes (another kind's spec refuses them)
+    own_keys: tuple[str, ...] = ()
+    #: a column the kind adds to its output after the window bounds (:meth:`row_ids` fills it)
+    id_column: str | None = None
+    #: the kind may retract rows it wrote, so its rows are numbered in their batch (``_emit_seq``)
+    retracts: bool = False
+    #: no start names a window's end, so each group's stored end and emitted flag are restored
+    ends_stored: bool = False
 
     @classmethod
     @abstractmethod
@@ -38,12 +44,18 @@ class WindowKind(ABC):
 
     @classmethod
     @abstractmethod
+    def validate(cls, window: Window, key: str) -> None:
+        """Refuse a spec of this kind whose own keys are missing or wrong, naming the key."""
+
+    @classmethod
+    @abstractmethod
     def fingerprint(cls, window: Window) -> dict[str, Any]:
         """The spec's sizes that the stored state depends on (SPEC.md §7), by fingerprint key."""
 
     @abstractmethod
-    def bounds(self, start: int) -> WindowBounds:
-        """The window a partial keyed by ``start`` updates."""
+    def make_state(self, pipeline: str, aggregators: Sequence[Aggregator], aliases: Sequence[str],
+                   max_groups_per_window: int) -> KindState:
+        """An empty driver state of this kind."""
 
     @abstractmethod
     def row_windows(self, t: int, closed_before: int | None) -> list[WindowBounds]:
@@ -63,11 +75,40 @@ class WindowKind(ABC):
         """How many windows of one group are held at once in steady state: open until the watermark
         (``lateness`` behind the newest event) passes them, then ``retention`` longer."""
 
+    @abstractmethod
     def valid_end(self, start: int, end: int) -> bool:
         """``end`` can be the end of a window of this kind starting at ``start`` (a stored end is
         checked with it on restore and by ``ematix-dagster check``)."""
-        return end == self.bounds(start).end
+
+    @abstractmethod
+    def end_rule(self, start: int) -> str:
+        """What :meth:`valid_end` allows for ``start``, in words."""
+
+    @abstractmethod
+    def describe_at(self, start: int) -> str:
+        """The window a row keyed by ``start`` is in, for messages."""
 
     def describe(self, window: WindowBounds) -> str:
         """The window for messages a human reads."""
         return format_window(window.start, window.end)
+
+    def row_ids(self, pipeline: str, encoded_keys: Sequence[bytes], starts: Sequence[int]) -> list[int]:
+        """The :attr:`id_column` of rows of ``encoded_keys`` (the store's key encoding) at ``starts``."""
+        raise TypeError(f"{type(self).__name__} adds no id column")
+
+
+class KeyedByStart(WindowKind):
+    """A kind whose window follows from the start it is keyed by (fixed and sliding windows)."""
+
+    @abstractmethod
+    def bounds(self, start: int) -> WindowBounds:
+        """The window a partial keyed by ``start`` updates."""
+
+    def valid_end(self, start: int, end: int) -> bool:
+        return end == self.bounds(start).end
+
+    def end_rule(self, start: int) -> str:
+        return str(self.bounds(start).end)
+
+    def describe_at(self, start: int) -> str:
+        return f"window {self.describe(self.bounds(start))}"

@@ -7,13 +7,16 @@ one does not. A tumbling window is a hopping window whose hop is its duration.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
-from ematix_dagster.streaming.windows.base import WindowBounds, WindowKind
+from ematix_dagster.spec.rules import _fail, _positive
+from ematix_dagster.streaming.state.fixed import FixedState
+from ematix_dagster.streaming.windows.base import KeyedByStart, WindowBounds
 from ematix_dagster.streaming.windows.units import MICROS_PER_MS
 
 if TYPE_CHECKING:
     from ematix_dagster.spec import Window
+    from ematix_dagster.streaming.aggregators import Aggregator
 
 
 def last_start(t: int, hop: int) -> int:
@@ -31,7 +34,7 @@ def window_starts(t: int, duration: int, hop: int) -> range:
     return range(first_start(t, duration, hop), last_start(t, hop) + 1, hop)
 
 
-class FixedWindows(WindowKind):
+class FixedWindows(KeyedByStart):
     """Fixed-size windows; a window is closed, final and evicted by its exclusive end."""
 
     def __init__(self, duration: int, hop: int) -> None:
@@ -43,8 +46,28 @@ class FixedWindows(WindowKind):
         return cls(window.duration_ms * MICROS_PER_MS, window.hop * MICROS_PER_MS)
 
     @classmethod
+    def validate(cls, window: Window, key: str) -> None:
+        window.validate_duration(key, "the window's length")
+        assert window.duration_ms is not None
+        if window.kind == "hopping":
+            if window.hop_ms is None:
+                _fail(f"{key}.hop_ms", "is required for hopping windows",
+                      "set hop_ms (the distance between window starts), <= duration_ms")
+            _positive(f"{key}.hop_ms", window.hop_ms)
+            if window.hop_ms > window.duration_ms:
+                _fail(f"{key}.hop_ms", f"{window.hop_ms} is larger than duration_ms={window.duration_ms}",
+                      "use hop_ms <= duration_ms (gaps between windows would drop rows)")
+        elif window.hop_ms is not None:
+            _fail(f"{key}.hop_ms", f"hop_ms = {window.hop_ms!r} only applies to hopping windows, not {window.kind!r}",
+                  'remove it or use kind = "hopping"')
+
+    @classmethod
     def fingerprint(cls, window: Window) -> dict[str, Any]:
         return {"window.duration_ms": window.duration_ms, "window.hop_ms": window.hop_ms}
+
+    def make_state(self, pipeline: str, aggregators: Sequence[Aggregator], aliases: Sequence[str],
+                   max_groups_per_window: int) -> FixedState:
+        return FixedState(pipeline, aggregators, aliases, max_groups_per_window, self)
 
     def bounds(self, start: int) -> WindowBounds:
         return WindowBounds(start, start + self.duration)

@@ -26,15 +26,21 @@ microseconds since the epoch (UTC).
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import msgpack
 
+from ematix_dagster.spec.rules import _fail, _positive
+from ematix_dagster.streaming.state.session import SessionState
 from ematix_dagster.streaming.windows.base import WindowBounds, WindowKind
-from ematix_dagster.streaming.windows.units import MICROS_PER_MS
+from ematix_dagster.streaming.windows.units import MICROS_PER_MS, format_us
 
 if TYPE_CHECKING:
     from ematix_dagster.spec import Window
+    from ematix_dagster.streaming.aggregators import Aggregator
+
+#: the session windows' id column (SPEC.md §8)
+SESSION_ID = "session_id"
 
 
 def session_id(pipeline: str, encoded_key: bytes, window_start: int) -> int:
@@ -61,7 +67,13 @@ class SessionWindows(WindowKind):
     A session is final once ``window_end < W`` (strict: a row at exactly ``last + gap`` still
     joins, and the late rule accepts rows at ``t >= W_prev``), and under ``reopen`` it is retained
     until ``window_end + retention < W``. Then no accepted row can reach an evicted session.
+    Sessions merge, so the rows written for one may be retracted (SPEC.md §10).
     """
+
+    own_keys = ("gap_ms", "max_session_duration_ms")
+    id_column = SESSION_ID
+    retracts = True
+    ends_stored = True
 
     def __init__(self, gap: int, cap: int) -> None:
         if not 0 < gap < cap:
@@ -71,14 +83,41 @@ class SessionWindows(WindowKind):
 
     @classmethod
     def for_window(cls, window: Window) -> SessionWindows:
-        # getattr: the spec's session fields are added by the session that wires sessions in.
-        return cls(getattr(window, "gap_ms") * MICROS_PER_MS,
-                   getattr(window, "max_session_duration_ms") * MICROS_PER_MS)
+        assert window.gap_ms is not None and window.max_session_duration_ms is not None
+        return cls(window.gap_ms * MICROS_PER_MS, window.max_session_duration_ms * MICROS_PER_MS)
+
+    @classmethod
+    def validate(cls, window: Window, key: str) -> None:
+        """SPEC.md §8's rules, each naming its key."""
+        for name in ("duration_ms", "hop_ms"):
+            if getattr(window, name) is not None:
+                _fail(f"{key}.{name}", f"{name} does not apply to session windows (a session's length "
+                      "follows its rows)", "remove it; set gap_ms and max_session_duration_ms")
+        if window.gap_ms is None:
+            _fail(f"{key}.gap_ms", "is required for session windows",
+                  "set the most time (ms) between a key's consecutive rows of one session")
+        _positive(f"{key}.gap_ms", window.gap_ms)
+        if window.max_session_duration_ms is None:
+            _fail(f"{key}.max_session_duration_ms", "is required for session windows",
+                  "set the longest a session may run (ms); sessions are cut at its multiples")
+        _positive(f"{key}.max_session_duration_ms", window.max_session_duration_ms)
+        if window.max_session_duration_ms <= window.gap_ms:
+            _fail(f"{key}.max_session_duration_ms", f"{window.max_session_duration_ms} is not larger than "
+                  f"gap_ms={window.gap_ms}", "use a cap larger than the gap")
+        names = [*window.group_by, *(a.as_ for a in window.aggregations)]
+        if SESSION_ID in (n.lower() for n in names):
+            _fail(f"{key}.group_by", "session_id is the session windows' id column", "rename that column or alias")
+        if not window.group_by:
+            _fail(f"{key}.group_by", "is required for session windows (sessions are per key)",
+                  'group by the column that identifies a session\'s owner, e.g. group_by = ["user_id"]')
 
     @classmethod
     def fingerprint(cls, window: Window) -> dict[str, Any]:
-        return {"window.gap_ms": getattr(window, "gap_ms"),
-                "window.max_session_duration_ms": getattr(window, "max_session_duration_ms")}
+        return {"window.gap_ms": window.gap_ms, "window.max_session_duration_ms": window.max_session_duration_ms}
+
+    def make_state(self, pipeline: str, aggregators: Sequence[Aggregator], aliases: Sequence[str],
+                   max_groups_per_window: int) -> SessionState:
+        return SessionState(pipeline, aggregators, aliases, max_groups_per_window, self)
 
     # -- pure helpers ---------------------------------------------------------------------------
 
@@ -100,12 +139,18 @@ class SessionWindows(WindowKind):
 
     # -- the WindowKind interface -----------------------------------------------------------------
 
-    def bounds(self, start: int) -> WindowBounds:
-        raise NotImplementedError("a session's end depends on its rows; SessionState holds it")
-
     def valid_end(self, start: int, end: int) -> bool:
         """A session ends after its start (by the gap at least) and never past its bucket's end."""
         return start < end <= self.bucket_end(self.bucket(start))
+
+    def end_rule(self, start: int) -> str:
+        return "a session's end after its start, within its cap bucket"
+
+    def describe_at(self, start: int) -> str:
+        return f"session starting {format_us(start)}"
+
+    def row_ids(self, pipeline: str, encoded_keys: Sequence[bytes], starts: Sequence[int]) -> list[int]:
+        return [session_id(pipeline, key, start) for key, start in zip(encoded_keys, starts)]
 
     def row_windows(self, t: int, closed_before: int | None) -> list[WindowBounds]:
         """The row's own one-row session (state merges it with its neighbours), or none if late."""

@@ -20,16 +20,19 @@ WindowBounds(start=15, end=25)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
-from ematix_dagster.streaming.windows.base import WindowBounds, WindowKind
+from ematix_dagster.spec.rules import _fail, _positive
+from ematix_dagster.streaming.state.sliding import SlidingState
+from ematix_dagster.streaming.windows.base import KeyedByStart, WindowBounds
 from ematix_dagster.streaming.windows.units import MICROS_PER_MS, format_us
 
 if TYPE_CHECKING:
     from ematix_dagster.spec import Window
+    from ematix_dagster.streaming.aggregators import Aggregator
 
 
-class SlidingWindows(WindowKind):
+class SlidingWindows(KeyedByStart):
     """Windows ``[t - duration, t]``; ``max_events`` caps the distinct event times a key retains.
 
     The late rule is the window's, not the row's: a row at ``x`` counts in the windows ending in
@@ -38,6 +41,8 @@ class SlidingWindows(WindowKind):
     open (``x >= closed_before``). A window is final once ``t < W`` and, under ``reopen``,
     retained until ``t + retention < W``.
     """
+
+    own_keys = ("max_events_per_group",)
 
     def __init__(self, duration: int, max_events: int) -> None:
         if duration <= 0 or max_events <= 0:
@@ -51,8 +56,24 @@ class SlidingWindows(WindowKind):
         return cls(window.duration_ms * MICROS_PER_MS, window.max_events_per_group)
 
     @classmethod
+    def validate(cls, window: Window, key: str) -> None:
+        """SPEC.md §9's rules, each naming its key."""
+        window.validate_duration(key, "the time difference D (each window is [t - D, t])")
+        if window.hop_ms is not None:
+            _fail(f"{key}.hop_ms", "hop_ms does not apply to sliding windows (one window per distinct event time)",
+                  'remove it, or use kind = "hopping" for windows at fixed steps')
+        if window.max_events_per_group is None:
+            _fail(f"{key}.max_events_per_group", "is required for sliding windows",
+                  "set the most distinct event times one key may retain, e.g. 10_000")
+        _positive(f"{key}.max_events_per_group", window.max_events_per_group)
+
+    @classmethod
     def fingerprint(cls, window: Window) -> dict[str, Any]:
         return {"window.duration_ms": window.duration_ms}
+
+    def make_state(self, pipeline: str, aggregators: Sequence[Aggregator], aliases: Sequence[str],
+                   max_groups_per_window: int) -> SlidingState:
+        return SlidingState(pipeline, aggregators, aliases, max_groups_per_window, self)
 
     def is_late(self, t: int, closed_before: int | None) -> bool:
         """No window the row at ``t`` belongs to can still be open or created."""

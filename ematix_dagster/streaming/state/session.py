@@ -15,15 +15,16 @@ always equal what was last written (every change is re-emitted in its batch), so
 retraction repeats is computed from them before the batch first changes them.
 
 >>> from ematix_dagster.streaming.aggregators import Count
+>>> from ematix_dagster.streaming.emission import emit
+>>> from ematix_dagster.streaming.windows import SessionWindows
 >>> state = SessionState("p", [Count()], ["n"], 10, SessionWindows(gap=10, cap=100))
->>> state.merge([("a",), ("a",)], firsts=[0, 22], lasts=[5, 22], partials=[[2, 1]])
+>>> state.merge([0, 22], [("a",), ("a",)], [[2, 1]], lasts=[5, 22])
 >>> [(s.start, s.end, s.accs) for s in state.sessions[("a",)]]
 [(0, 15, [2]), (22, 32, [1])]
->>> [(row.start, row.end, row.values, row.kind) for row in state.emit(watermark=35, retention=50).rows]
+>>> [(row.start, row.end, row.values, row.kind) for row in emit(state, None, 35, retention=50).rows]
 [(0, 15, (2,), 'final'), (22, 32, (1,), 'final')]
->>> state.merge([("a",)], firsts=[14], lasts=[14], partials=[[1]])  # late under reopen, bridges both
->>> out = state.emit(watermark=35, retention=50)
->>> [(row.start, row.end, row.values, row.kind) for row in out.retractions + out.rows]
+>>> state.merge([14], [("a",)], [[1]], lasts=[14])  # late under reopen, bridges both
+>>> [(row.start, row.end, row.values, row.kind) for row in emit(state, 35, 35, retention=50).rows]
 [(22, 32, (1,), 'retract'), (0, 32, (4,), 'correction')]
 """
 
@@ -32,27 +33,16 @@ from __future__ import annotations
 import heapq
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Iterator, NamedTuple, NoReturn, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
-from ematix_dagster.streaming.aggregators import Aggregator, PartialRowError, merge_partials
-from ematix_dagster.streaming.emitted import EmittedRow
-from ematix_dagster.streaming.window_state import GroupKey, key_order
-from ematix_dagster.streaming.windows.base import WindowBounds
-from ematix_dagster.streaming.windows.session import SessionWindows
-from ematix_dagster.streaming.windows.units import format_us
+from ematix_dagster.streaming.aggregators import PartialRowError, merge_partials
+from ematix_dagster.streaming.emitted import EmittedRow, GroupKey
+from ematix_dagster.streaming.state.base import Accumulators, Report, StateBase, StoreChanges, StoredGroup
+from ematix_dagster.streaming.bounds import WindowBounds
 
-#: what a commit writes for one session: (start, end, key, accumulators, emitted)
-SessionUpsert = tuple[int, int, GroupKey, list[Any], bool]
-#: what a commit deletes: (start the session was stored under, key)
-SessionDelete = tuple[int, GroupKey]
-
-
-class SessionEmission(NamedTuple):
-    """A batch's output: retractions (written first, SPEC.md §10), then finals and corrections."""
-
-    retractions: list[EmittedRow]
-    rows: list[EmittedRow]
+if TYPE_CHECKING:
+    from ematix_dagster.streaming.windows.session import SessionWindows
 
 
 class Session:
@@ -61,7 +51,7 @@ class Session:
 
     __slots__ = ("start", "last", "end", "bucket", "accs", "emitted", "changed", "stored_start", "alive")
 
-    def __init__(self, start: int, last: int, end: int, bucket: int, accs: list[Any], emitted: bool,
+    def __init__(self, start: int, last: int, end: int, bucket: int, accs: Accumulators, emitted: bool,
                  stored_start: int | None = None) -> None:
         self.start = start
         self.last = last
@@ -69,7 +59,7 @@ class Session:
         self.bucket = bucket
         self.accs = accs
         self.emitted = emitted
-        self.changed = False  # changed since the last emit
+        self.changed = False  # changed since the last report
         self.stored_start = stored_start  # the start a commit last wrote it under (None: never)
         self.alive = True  # False once merged away or evicted (its heap entries are then stale)
 
@@ -77,29 +67,21 @@ class Session:
         return f"Session({self.start}, {self.end}, accs={self.accs!r}, emitted={self.emitted})"
 
 
-def _ordered(rows: list[EmittedRow]) -> list[EmittedRow]:
-    """Rows by (start, key), as fixed windows order them: the same input gives the same files."""
-    if set(map(type, itertools.chain.from_iterable(row.key for row in rows))) <= {int, str}:
-        return sorted(rows, key=lambda row: (row.start, row.key))  # plain keys order as they are
-    return sorted(rows, key=lambda row: (row.start, key_order(row.key)))
-
-
 @dataclass
-class SessionState:
-    """Every key's open (and, under ``reopen``, retained) sessions, sorted by start."""
+class SessionState(StateBase):
+    """Every key's open (and, under ``reopen``, retained) sessions, sorted by start.
 
-    pipeline: str
-    aggregators: Sequence[Aggregator]
-    aliases: Sequence[str]
-    max_groups_per_window: int  # keys holding an open or retained session at once
-    rules: SessionWindows
+    ``max_groups_per_window`` caps the keys holding an open or retained session at once.
+    """
+
+    kind: SessionWindows
     sessions: dict[GroupKey, list[Session]] = field(default_factory=dict)
-    # since the last emit: sessions changed, and the rows emitted sessions had before they changed
+    # since the last report: sessions changed, and the rows emitted sessions had before they changed
     _changed: dict[int, tuple[GroupKey, Session]] = field(default_factory=dict, init=False, repr=False)
     _superseded: dict[tuple[GroupKey, int], EmittedRow] = field(default_factory=dict, init=False, repr=False)
     # since the last commit: sessions to write, and (start, key) rows to delete
     _dirty: dict[int, tuple[GroupKey, Session]] = field(default_factory=dict, init=False, repr=False)
-    _dropped: dict[SessionDelete, None] = field(default_factory=dict, init=False, repr=False)
+    _dropped: dict[tuple[int, GroupKey], None] = field(default_factory=dict, init=False, repr=False)
     # sessions by end, to finalise and to evict without scanning every key each batch: entries
     # (end, sequence, key, session), stale once the session's end moved or it left state
     _to_final: list[tuple[int, int, GroupKey, Session]] = field(default_factory=list, init=False, repr=False)
@@ -112,17 +94,13 @@ class SessionState:
         return len(self.sessions)
 
     @property
-    def session_count(self) -> int:
-        return sum(map(len, self.sessions.values()))
-
-    @property
     def window_count(self) -> int:
-        return self.session_count
+        return sum(map(len, self.sessions.values()))
 
     @property
     def state_rows(self) -> int:
         """Rows the store holds for this state: one per session."""
-        return self.session_count
+        return self.window_count
 
     @property
     def flush_watermark(self) -> int | None:
@@ -130,19 +108,15 @@ class SessionState:
         end = max((s.end for held in self.sessions.values() for s in held), default=None)
         return None if end is None else end + 1
 
-    def open_sessions(self) -> int:
-        """Sessions not emitted yet (retained ones under ``reopen`` were)."""
+    def open_windows(self, watermark: int | None) -> int:
+        """Sessions not emitted yet (retained ones under ``reopen`` were): the flag decides, not W."""
         return sum(1 for held in self.sessions.values() for s in held if not s.emitted)
-
-    def describe(self, key: GroupKey, start: int) -> str:
-        """A session for messages."""
-        return f"session starting {format_us(start)} of group {key!r:.200} for pipeline {self.pipeline}"
 
     # -- merge ----------------------------------------------------------------------------------
 
-    def merge(self, keys: Sequence[GroupKey], firsts: Sequence[int], lasts: Sequence[int],
-              partials: Sequence[Sequence[Any]]) -> None:
-        """Fold one batch's session partials in (row r: ``keys[r]``, event times ``firsts[r]`` to
+    def merge(self, starts: Sequence[int], keys: Sequence[GroupKey], partials: Sequence[Sequence[Any]],
+              lasts: Sequence[int] = ()) -> None:
+        """Fold one batch's session partials in (row r: ``keys[r]``, event times ``starts[r]`` to
         ``lasts[r]`` in one cap bucket, ``partials[i][r]`` for aggregator i, as ``merge_batch`` takes them).
 
         Sessions are joined and bridged first, so every partial row knows the accumulator list it
@@ -151,29 +125,29 @@ class SessionState:
         rows_by_key: dict[GroupKey, list[int]] = {}
         for r, key in enumerate(keys):
             rows_by_key.setdefault(key, []).append(r)
-        self._check_cap(rows_by_key)
-        states: list[list[Any]] = [[] for _ in keys]
+        self._check_cap(rows_by_key, starts)
+        states: list[Accumulators] = [[] for _ in keys]
         for key, rows in rows_by_key.items():
-            self.sessions[key] = self._merge_key(key, self.sessions.get(key, []), rows, firsts, lasts, states)
+            self.sessions[key] = self._merge_key(key, self.sessions.get(key, []), rows, starts, lasts, states)
         try:
             merge_partials(self.aggregators, states, partials)
         except PartialRowError as failed:
-            self._fail(failed.error, failed.index, keys[failed.row], firsts[failed.row])
+            self.failed_merge(failed.error, failed.index, keys[failed.row], starts[failed.row])
 
-    def _check_cap(self, rows_by_key: dict[GroupKey, list[int]]) -> None:
+    def _check_cap(self, rows_by_key: dict[GroupKey, list[int]], starts: Sequence[int]) -> None:
         """Refuse the batch before changing anything when its new keys would pass the cap."""
         cap = self.max_groups_per_window
         room = cap - len(self.sessions)
         new = [key for key in rows_by_key if key not in self.sessions]
         if len(new) > room:
-            raise StateCapExceeded(
-                f"session state cap hit: max_groups_per_window={cap} keys already hold a session when "
-                f"group {new[max(room, 0)]!r:.200} opens one, for pipeline {self.pipeline}")
+            key = new[max(room, 0)]
+            raise self.cap_hit(f"max_groups_per_window={cap}", "keys already hold a session", key,
+                               starts[rows_by_key[key][0]])
 
     def _merge_key(self, key: GroupKey, held: list[Session], rows: list[int], firsts: Sequence[int],
-                   lasts: Sequence[int], states: list[list[Any]]) -> list[Session]:
+                   lasts: Sequence[int], states: list[Accumulators]) -> list[Session]:
         """The key's sessions after its partials join them; ``states[r]`` gets row r's accumulators."""
-        rules = self.rules
+        rules = self.kind
         if len(rows) == 1 and (not held or firsts[rows[0]] > max(s.end for s in held)):
             # the common case: one partial after everything the key holds opens a new session
             r = rows[0]
@@ -214,7 +188,7 @@ class SessionState:
         return kept
 
     def _join(self, key: GroupKey, bucket: int, run: list[tuple[int, int, Session | None, int]],
-              lasts: Sequence[int], states: list[list[Any]]) -> Session:
+              lasts: Sequence[int], states: list[Accumulators]) -> Session:
         """One session from a run of existing sessions and partial rows (sorted by start)."""
         olds = [item[2] for item in run if item[2] is not None]
         rows = [item[3] for item in run if item[2] is None]
@@ -223,7 +197,8 @@ class SessionState:
             return olds[0]
         for s in olds:
             if s.emitted and not s.changed:  # what the target holds for it, before it changes
-                self._superseded[(key, s.start)] = EmittedRow(s.start, s.end, key, self._values(s), "retract")
+                values = tuple(column[0] for column in self.value_columns([s.accs]))
+                self._superseded[(key, s.start)] = EmittedRow(s.start, s.end, key, values, "retract")
         start, end = run[0][0], max(item[1] for item in run)
         last = max([s.last for s in olds] + [lasts[r] for r in rows])
         if olds:
@@ -233,7 +208,7 @@ class SessionState:
                     try:
                         survivor.accs[i] = agg.merge(survivor.accs[i], other.accs[i])
                     except (StateCapExceeded, AggregationOverflow, CorruptState) as exc:
-                        self._fail(exc, i, key, start)
+                        self.failed_merge(exc, i, key, start)
                 survivor.emitted = survivor.emitted or other.emitted
                 self._forget(key, other)
             survivor.start, survivor.last, survivor.end = start, last, end
@@ -247,7 +222,7 @@ class SessionState:
         return survivor
 
     def _track(self, key: GroupKey, session: Session) -> None:
-        """Index ``session`` by its (new) end for :meth:`emit`."""
+        """Index ``session`` by its (new) end for :meth:`report` and :meth:`evict`."""
         entry = (session.end, next(self._seq), key, session)
         heapq.heappush(self._to_final, entry)
         heapq.heappush(self._to_evict, entry)
@@ -260,41 +235,45 @@ class SessionState:
         if session.stored_start is not None:
             self._dropped[(session.stored_start, key)] = None
 
-    def _fail(self, exc: Exception, index: int, key: GroupKey, start: int) -> NoReturn:
-        if isinstance(exc, StateCapExceeded):
-            raise StateCapExceeded(f"session state cap hit: {exc} ({self.aliases[index]}) on "
-                                   f"{self.describe(key, start)}") from None
-        raise type(exc)(f"{exc}: {self.aliases[index]} on {self.describe(key, start)}") from None
-
     # -- emission and eviction ----------------------------------------------------------------------
 
-    def _values(self, session: Session) -> tuple[Any, ...]:
-        return tuple(agg.result(acc) for agg, acc in zip(self.aggregators, session.accs))
-
-    def emit(self, watermark: int | None, retention: int) -> SessionEmission:
-        """The batch's output once W has advanced to ``watermark``, then eviction.
-
-        A session not emitted yet whose end is before W is ``final``; an emitted one (or one that
-        absorbed an emitted one) changed since the last emit is one ``correction``. A row emitted
-        earlier whose (start, key) no longer exists is retracted with the values it was written
-        with. Sessions with ``end + retention < W`` leave state.
-        """
-        rules = self.rules
-        emitted: list[tuple[GroupKey, Session, str]] = [
-            (key, s, "correction") for key, s in self._changed.values() if s.emitted]
-        retractions = [row for (key, start), row in self._superseded.items()
-                       if not any(s.start == start for s in self.sessions.get(key, ()))]
-        for _, s in self._changed.values():
+    def report(self, before: int | None, watermark: int | None, retention: int) -> Report:
+        """Every session changed since the last report, and every other one whose end passed W;
+        the rows written for sessions whose (start, key) no longer exists."""
+        out = Report()
+        rules = self.kind
+        for key, s in self._changed.values():
+            out.add_row(s.start, s.end, key, s, True, s.emitted,
+                        rules.is_final(WindowBounds(s.start, s.end), watermark))
             s.changed = False
-        self._changed, self._superseded = {}, {}
+        reported, self._changed = set(self._changed), {}  # a session has as many heap entries as changes
+        out.gone.add_rows(row for (key, start), row in self._superseded.items()
+                          if not any(s.start == start for s in self.sessions.get(key, ())))
+        self._superseded = {}
         finals = self._to_final
         while finals and rules.is_final(WindowBounds(finals[0][3].start, finals[0][0]), watermark):
             end, _, key, s = heapq.heappop(finals)
-            if s.alive and s.end == end and not s.emitted:
-                emitted.append((key, s, "final"))
+            if s.alive and s.end == end and not s.emitted and id(s) not in reported:
+                reported.add(id(s))
+                out.add_row(s.start, s.end, key, s, False, False, True)
+        return out
+
+    def accumulators(self, report: Report, rows: Sequence[int]) -> list[Accumulators]:
+        handles = report.handles
+        return [handles[r].accs for r in rows]
+
+    def mark_emitted(self, report: Report, rows: Sequence[int]) -> None:
+        """The flag is stored with the session: a session that absorbs an emitted one is emitted
+        before its end passes W, which W alone cannot tell."""
+        handles, keys = report.handles, report.keys
+        for r in rows:
+            s = handles[r]
+            if not s.emitted:
                 s.emitted = True
-                self._dirty[id(s)] = (key, s)
-        evict = self._to_evict
+                self._dirty[id(s)] = (keys[r], s)
+
+    def evict(self, watermark: int | None, retention: int) -> None:
+        rules, evict = self.kind, self._to_evict
         while evict and rules.is_evicted(WindowBounds(evict[0][3].start, evict[0][0]), watermark, retention):
             end, _, key, s = heapq.heappop(evict)
             if s.alive and s.end == end:
@@ -304,34 +283,39 @@ class SessionState:
                     self.sessions[key] = held
                 else:
                     del self.sessions[key]
-        # one aggregator at a time over the emitted sessions, then one tuple per session
-        columns = [agg.result_column([s.accs[i] for _, s, _ in emitted]) for i, agg in enumerate(self.aggregators)]
-        out = [EmittedRow(s.start, s.end, key, values, kind) for (key, s, kind), values in zip(emitted, zip(*columns))]
-        return SessionEmission(_ordered(retractions), _ordered(out))
 
     # -- durable state ----------------------------------------------------------------------------
 
-    def take_changes(self) -> tuple[list[SessionUpsert], list[SessionDelete]]:
-        """Sessions changed and (start, key) rows gone since the last call (what a store writes:
-        deletes first, then upserts). A session whose start moved is deleted under its old start."""
-        upserts: list[SessionUpsert] = []
+    def take_changes(self) -> StoreChanges:
+        """Sessions changed and (start, key) rows gone since the last call (a store deletes first,
+        then upserts). A session whose start moved is deleted under its old start."""
+        upserts: list[StoredGroup] = []
         deletes = dict(self._dropped)
         for key, s in self._dirty.values():
             if s.stored_start is not None and s.stored_start != s.start:
                 deletes[(s.stored_start, key)] = None
             s.stored_start = s.start
-            upserts.append((s.start, s.end, key, s.accs, s.emitted))
-        for start, _, key, _, _ in upserts:
-            deletes.pop((start, key), None)
+            upserts.append(StoredGroup(s.start, s.end, key, s.accs, s.emitted))
+        for group in upserts:
+            deletes.pop((group.start, group.key), None)
         self._dirty, self._dropped = {}, {}
-        return upserts, list(deletes)
+        return StoreChanges(upserts=upserts, deletes=list(deletes))
 
-    def restore(self, rows: Sequence[SessionUpsert]) -> None:
-        """Load sessions a store returned (as :meth:`take_changes` wrote them) into empty state."""
+    def restore(self, groups: Iterable[StoredGroup], watermark: int | None) -> None:
+        """Load sessions a store returned into empty state.
+
+        The stored flag decides: under reopen a session that absorbed an emitted one counts as
+        emitted while its end is still after W. A row without one (written before schema step 5,
+        when sessions ran under drop / dlq only) is emitted exactly when its end is before W:
+        without reopen no accepted row can reach an emitted session.
+        """
         if self.sessions:
             raise RuntimeError("restore needs an empty SessionState")
-        gap, bucket = self.rules.gap, self.rules.bucket
-        for start, end, key, accs, emitted in rows:
+        gap, bucket = self.kind.gap, self.kind.bucket
+        for start, end, key, accs, emitted in groups:
+            assert end is not None, "sessions are stored with their ends"
+            if emitted is None:
+                emitted = self.kind.is_final(WindowBounds(start, end), watermark)
             session = Session(start, max(start, end - gap), end, bucket(start), list(accs), bool(emitted),
                               stored_start=start)
             self.sessions.setdefault(key, []).append(session)

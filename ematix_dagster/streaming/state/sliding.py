@@ -16,10 +16,11 @@ are evicted. A window was emitted exactly when ``t < W``. The partials older tha
 that may still be created or changed needs (``t < W - retention - D``) leave state.
 
 >>> from ematix_dagster.streaming.aggregators import Count
->>> from ematix_dagster.streaming.windows.sliding import SlidingWindows
+>>> from ematix_dagster.streaming.emission import emit
+>>> from ematix_dagster.streaming.windows import SlidingWindows
 >>> state = SlidingState("p", [Count()], ["n"], 10, SlidingWindows(duration=10, max_events=100))
->>> touched = state.merge([0, 5, 5, 20], [("a",)] * 4, [[1, 1, 1, 1]])
->>> [(row.start, row.end, row.values, row.kind) for row in state.emit(None, 21, touched, retention=0)]
+>>> state.merge([0, 5, 5, 20], [("a",)] * 4, [[1, 1, 1, 1]])
+>>> [(row.start, row.end, row.values, row.kind) for row in emit(state, None, 21, retention=0).rows]
 [(-10, 0, (1,), 'final'), (-5, 5, (3,), 'final'), (10, 20, (1,), 'final')]
 >>> sorted(state.keys[("a",)])  # 20 may still be in a window created at 21 or later: [11, 21]
 [20]
@@ -30,33 +31,34 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Any, Iterable, NoReturn, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
-from ematix_dagster.streaming.aggregators import Aggregator, PartialRowError, merge_partials
+from ematix_dagster.streaming.aggregators import PartialRowError, merge_partials
+from ematix_dagster.streaming.emitted import GroupKey
+from ematix_dagster.streaming.state.base import Accumulators, Report, StateBase, StoreChanges, StoredGroup
 from ematix_dagster.streaming.two_stacks import TwoStacks
-from ematix_dagster.streaming.emitted import EmittedRow
-from ematix_dagster.streaming.window_state import GroupKey, key_order
-from ematix_dagster.streaming.windows.sliding import SlidingWindows
 
-Accumulators = list[Any]
+if TYPE_CHECKING:
+    from ematix_dagster.streaming.windows.sliding import SlidingWindows
 
 
 @dataclass
-class SlidingState:
-    """Every key's retained partials, by event time, for one pipeline."""
+class SlidingState(StateBase):
+    """Every key's retained partials, by event time, for one pipeline.
 
-    pipeline: str
-    aggregators: Sequence[Aggregator]
-    aliases: Sequence[str]
-    max_groups_per_window: int  # keys holding retained partials at once
-    rules: SlidingWindows
+    ``max_groups_per_window`` caps the keys holding retained partials at once.
+    """
+
+    kind: SlidingWindows
     #: key -> event time -> accumulators (the partials of that event time, merged)
     keys: dict[GroupKey, dict[int, Accumulators]] = field(default_factory=dict)
     #: key -> its retained event times, ascending
     times: dict[GroupKey, list[int]] = field(default_factory=dict)
     # since the last commit: partials to upsert, and the event time every older row is evicted before
     _dirty: dict[tuple[int, GroupKey], None] = field(default_factory=dict, init=False, repr=False)
+    # since the last report: the event times the batch's partials landed in, with their keys
+    _touched: dict[int, set[GroupKey]] = field(default_factory=dict, init=False, repr=False)
     _evicted_before: int | None = field(default=None, init=False, repr=False)
     # additive aggregators: key -> per accumulator part, the prefix sums over the key's partials
     # (``[0, p0, p0 + p1, ...]``, one longer than its times), extended as partials are appended,
@@ -66,10 +68,6 @@ class SlidingState:
 
     def __post_init__(self) -> None:
         self._additive = all(agg.additive_parts for agg in self.aggregators)
-
-    @property
-    def window_kind(self) -> SlidingWindows:
-        return self.rules
 
     @property
     def group_count(self) -> int:
@@ -98,17 +96,14 @@ class SlidingState:
             return self.window_count
         return sum(len(times) - bisect_left(times, watermark) for times in self.times.values())
 
-    def describe(self, start: int) -> str:
-        """The window ending at ``start``, for messages."""
-        return self.rules.describe(self.rules.bounds(start))
-
     # -- merge ----------------------------------------------------------------------------------
 
-    def merge(self, starts: Sequence[int], keys: Sequence[GroupKey], partials: Sequence[Sequence[Any]]) -> dict[int, set[GroupKey]]:
-        """Fold one batch of partials in (row r: event time ``starts[r]`` of ``keys[r]``); returns
-        the event times touched, with their keys (what :meth:`emit` re-emits windows for)."""
-        touched: dict[int, set[GroupKey]] = {}
-        width, cap, events_cap = len(self.aggregators), self.max_groups_per_window, self.rules.max_events
+    def merge(self, starts: Sequence[int], keys: Sequence[GroupKey], partials: Sequence[Sequence[Any]],
+              lasts: Sequence[int] = ()) -> None:
+        """Fold one batch of partials in (row r: event time ``starts[r]`` of ``keys[r]``); the event
+        times touched, with their keys, are what the next report re-emits windows for."""
+        touched = self._touched
+        width, cap, events_cap = len(self.aggregators), self.max_groups_per_window, self.kind.max_events
         held, times_of, prefix = self.keys, self.times, self._prefix
         states: list[Accumulators] = []
         appended: dict[GroupKey, list[int]] = {}  # keys whose cached prefix sums grow at the end
@@ -116,19 +111,15 @@ class SlidingState:
             events = held.get(key)
             if events is None:
                 if len(held) >= cap:
-                    raise StateCapExceeded(
-                        f"sliding window state cap hit: max_groups_per_window={cap} keys already hold rows when "
-                        f"group {key!r:.200} arrives with window {self.describe(t)} for pipeline {self.pipeline}")
+                    raise self.cap_hit(f"max_groups_per_window={cap}", "keys already hold rows", key, t)
                 events = held[key] = {}
                 times_of[key] = []
             accs = events.get(t)
             if accs is None:
                 times = times_of[key]
                 if len(times) >= events_cap:
-                    raise StateCapExceeded(
-                        f"sliding window state cap hit: max_events_per_group={events_cap} distinct event times "
-                        f"retained for group {key!r:.200} when window {self.describe(t)} arrives, for pipeline "
-                        f"{self.pipeline}")
+                    raise self.cap_hit(f"max_events_per_group={events_cap}",
+                                       "distinct event times are already retained for the group", key, t)
                 accs = events[t] = [None] * width
                 if not times or t > times[-1]:
                     times.append(t)
@@ -145,50 +136,43 @@ class SlidingState:
         try:
             merge_partials(self.aggregators, states, partials)
         except PartialRowError as failed:
-            self._fail(failed.error, keys[failed.row], starts[failed.row], failed.index)
+            self.failed_merge(failed.error, failed.index, keys[failed.row], starts[failed.row])
         for key, new in appended.items():
             if key in prefix:
                 self._extend_prefix(prefix[key], [held[key][t] for t in new])
-        return touched
-
-    def _fail(self, exc: StateCapExceeded | AggregationOverflow | CorruptState, key: GroupKey, t: int,
-              index: int | None = None) -> NoReturn:
-        alias = "" if index is None else f" ({self.aliases[index]})"
-        where = f"on window {self.describe(t)} group {key!r:.200}{alias} for pipeline {self.pipeline}"
-        if isinstance(exc, StateCapExceeded):
-            raise StateCapExceeded(f"sliding window state cap hit: {exc} {where}") from None
-        raise type(exc)(f"{exc} {where}") from None
 
     # -- emission and eviction ------------------------------------------------------------------
 
-    def emit(self, before: int | None, watermark: int | None, touched: dict[int, set[GroupKey]],
-             retention: int) -> list[EmittedRow]:
-        """Finals for windows with ``before <= t < W``, corrections for emitted windows (and
-        windows created behind ``before``) that a partial of this batch reaches; then eviction.
+    def report(self, before: int | None, watermark: int | None, retention: int) -> Report:
+        """Finals for windows with ``before <= t < W``, and the windows emitted (or created behind
+        ``before``) that a partial of this batch reaches. Sliding windows fire on the watermark
+        only (SPEC.md §9): windows still open are not looked at, and a closing window's ``changed``
+        is not looked for.
 
         Finals are found by a bisection per key holding partials (keys hold partials only while a
         window may still need them), not by an index per partial.
         """
-        targets: dict[GroupKey, dict[int, str]] = {}
+        targets: dict[GroupKey, dict[int, bool]] = {}  # key -> window end -> emitted (a correction)
         if watermark is not None:
             for key, times in self.times.items():
                 lo = 0 if before is None else bisect_left(times, before)
                 hi = bisect_left(times, watermark, lo)
                 if lo < hi:
-                    targets[key] = dict.fromkeys(times[lo:hi], "final")
+                    targets[key] = dict.fromkeys(times[lo:hi], False)
         if before is not None:
-            self._corrections(before - retention, before, touched, targets)
-        rows: list[EmittedRow] = []
-        for key in sorted(targets, key=key_order):
-            rows.extend(self._rows(key, targets[key]))
-        rows.sort(key=lambda row: row.end)  # by window, then key (sorted is stable)
-        self._evict(self.rules.needed_from(watermark, retention))
-        return rows
+            self._corrections(before - retention, before, self._touched, targets)
+        self._touched = {}
+        out = Report()
+        duration = self.kind.duration
+        for key, ends in targets.items():
+            for t, emitted in ends.items():
+                out.add_row(t - duration, t, key, None, emitted, emitted, True)
+        return out
 
     def _corrections(self, held_from: int, before: int, touched: dict[int, set[GroupKey]],
-                     targets: dict[GroupKey, dict[int, str]]) -> None:
+                     targets: dict[GroupKey, dict[int, bool]]) -> None:
         """Emitted windows (``held_from <= t < before``) holding a partial of this batch."""
-        duration = self.rules.duration
+        duration = self.kind.duration
         by_key: dict[GroupKey, list[int]] = {}
         for t, keys in touched.items():
             if t + duration >= held_from and t < before:  # may reach a retained, emitted window
@@ -203,25 +187,31 @@ class SlidingState:
                 # a changed event time in [t - D, t]
                 i = bisect_left(changed, t - duration)
                 if i < len(changed) and changed[i] <= t:
-                    targets.setdefault(key, {})[t] = "correction"
+                    targets.setdefault(key, {})[t] = True
 
-    def _rows(self, key: GroupKey, wanted: dict[int, str]) -> list[EmittedRow]:
-        """The key's windows ending at ``wanted``'s times, computed in one pass over its partials."""
-        ends = sorted(wanted)
-        try:
-            if all(agg.additive_parts for agg in self.aggregators):
-                accs = self._by_prefix_sums(key, ends)
-            else:
-                accs = self._by_two_stacks(key, ends)
-        except (StateCapExceeded, AggregationOverflow, CorruptState) as exc:
-            self._fail(exc, key, ends[0])
-        duration, aggs = self.rules.duration, self.aggregators
-        return [EmittedRow(t - duration, t, key, tuple(agg.result(acc) for agg, acc in zip(aggs, window)), wanted[t])
-                for t, window in zip(ends, accs)]
+    def accumulators(self, report: Report, rows: Sequence[int]) -> list[Accumulators]:
+        """Each window's accumulators, computed per key in one pass over its partials."""
+        by_key: dict[GroupKey, list[int]] = {}
+        for r in rows:
+            by_key.setdefault(report.keys[r], []).append(r)
+        found: dict[int, Accumulators] = {}
+        for key, key_rows in by_key.items():
+            ends = sorted(report.ends[r] for r in key_rows)
+            try:
+                accs = self._by_prefix_sums(key, ends) if self._additive else self._by_two_stacks(key, ends)
+            except (StateCapExceeded, AggregationOverflow, CorruptState) as exc:
+                self.failed_merge(exc, None, key, ends[0])
+            by_end = dict(zip(ends, accs))
+            for r in key_rows:
+                found[r] = by_end[report.ends[r]]
+        return [found[r] for r in rows]
+
+    def mark_emitted(self, report: Report, rows: Sequence[int]) -> None:
+        """Nothing to keep: a sliding window was emitted exactly when ``t`` was before the last W."""
 
     def _by_prefix_sums(self, key: GroupKey, ends: list[int]) -> list[list[Any]]:
         """Each window's accumulators as differences of the key's prefix sums."""
-        duration, aggs, times = self.rules.duration, self.aggregators, self.times[key]
+        duration, aggs, times = self.kind.duration, self.aggregators, self.times[key]
         prefixes = self._prefix.get(key)
         if prefixes is None:
             prefixes = self._prefix[key] = [[0] for agg in aggs for _ in range(agg.additive_parts)]
@@ -251,7 +241,7 @@ class SlidingState:
     def _by_two_stacks(self, key: GroupKey, ends: list[int]) -> list[list[Any]]:
         """Each window's accumulators from a two-stack queue slid over the key's partials (for
         aggregators that cannot subtract: min, max, distinct sets, sketches, first, last)."""
-        duration, aggs = self.rules.duration, self.aggregators
+        duration, aggs = self.kind.duration, self.aggregators
         events, times = self.keys[key], self.times[key]
 
         def merge(a: Accumulators | None, b: Accumulators | None) -> Accumulators | None:
@@ -278,8 +268,9 @@ class SlidingState:
             out.append(queue.total())
         return out
 
-    def _evict(self, needed_from: int | None) -> None:
+    def evict(self, watermark: int | None, retention: int) -> None:
         """Partials no window that may still be created or changed can contain leave state."""
+        needed_from = self.kind.needed_from(watermark, retention)
         if needed_from is None:
             return
         for key in [key for key, times in self.times.items() if times[0] < needed_from]:
@@ -298,18 +289,19 @@ class SlidingState:
 
     # -- durable state ----------------------------------------------------------------------------
 
-    def take_changes(self) -> tuple[list[tuple[int, GroupKey, Accumulators]], int | None]:
-        """Partials changed since the last call, and the event time before which every stored row
-        is gone (None: none evicted): what a store writes."""
-        upserts = [(t, key, self.keys[key][t]) for t, key in self._dirty]
+    def take_changes(self) -> StoreChanges:
+        """Partials changed since the last call, one row per (event time, key) stored with
+        start = end = its event time, and the event time before which every stored row is gone
+        (eviction is by event time: one range delete)."""
+        upserts = [StoredGroup(t, t, key, self.keys[key][t]) for t, key in self._dirty]
         evicted_before, self._dirty, self._evicted_before = self._evicted_before, {}, None
-        return upserts, evicted_before
+        return StoreChanges(upserts=upserts, deleted_before=evicted_before)
 
-    def restore(self, groups: Iterable[tuple[int, GroupKey, Accumulators]]) -> None:
+    def restore(self, groups: Iterable[StoredGroup], watermark: int | None) -> None:
         """Load partials a store returned (as :meth:`take_changes` wrote them) into empty state."""
         if self.keys:
             raise RuntimeError("restore needs an empty SlidingState")
-        for t, key, accs in groups:
+        for t, _end, key, accs, _emitted in groups:
             self.keys.setdefault(key, {})[t] = accs
         for key, events in self.keys.items():
             self.times[key] = sorted(events)

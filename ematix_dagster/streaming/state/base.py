@@ -1,0 +1,207 @@
+"""One state interface for every window kind: what a batch did, reported as columns.
+
+Each kind keeps its windows its own way (a dict of fixed windows, each key's sessions, each key's
+partials by event time), but the engine asks every kind the same things, in this order, once per
+batch (``streaming.emission``):
+
+1. :meth:`KindState.merge` folds the batch's partials in;
+2. :meth:`KindState.report` says, as columns, every (window, group) the batch may emit a row for:
+   whether it *changed* in the batch (took accepted rows; a session: created, extended or
+   merged), whether a ``final`` or ``correction`` of it was *emitted* before, whether it is
+   *closed* at the new watermark; and the rows already written whose (window start, key) no
+   longer exists (``gone``: merged away or moved), with the values they were written with;
+3. the engine decides each row's kind from those flags alone, then asks the kind for the chosen
+   rows' accumulators (:meth:`KindState.accumulators`: a sliding window's are computed, the others
+   are held) and tells it which rows it wrote (:meth:`KindState.mark_emitted`);
+4. :meth:`KindState.evict` drops what the kind's retention rule says no row can reach any more.
+
+What a store must write is asked separately, once per commit, in the store's own vocabulary
+(:class:`StoreChanges`), and a restart hands the stored rows back (:meth:`KindState.restore`).
+Cap errors, failed merges and value columns are written once, in :class:`StateBase`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import repeat
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, NoReturn, Protocol, Sequence
+
+from ematix_dagster.errors import StateCapExceeded
+from ematix_dagster.streaming.aggregators import Aggregator
+from ematix_dagster.streaming.emitted import Emitted, GroupKey
+
+if TYPE_CHECKING:
+    from ematix_dagster.streaming.windows.base import WindowKind
+
+#: one group's accumulators, one per aggregation
+Accumulators = list[Any]
+
+
+@dataclass
+class Report:
+    """What one batch did to a kind's state, one entry per (window, group) it may emit a row for.
+
+    ``changed``: the group took accepted rows in the batch (a session: created, extended or
+    merged). ``emitted``: a ``final`` or ``correction`` of it was written, or its window closed
+    before the batch (then nothing but a correction may follow). ``closed``: the window is final at
+    the new watermark. ``handles`` are the kind's own: what :meth:`KindState.accumulators` reads a
+    row's values from.
+    """
+
+    starts: list[int] = field(default_factory=list)
+    ends: list[int] = field(default_factory=list)
+    keys: list[GroupKey] = field(default_factory=list)
+    changed: list[bool] = field(default_factory=list)
+    emitted: list[bool] = field(default_factory=list)
+    closed: list[bool] = field(default_factory=list)
+    handles: list[Any] = field(default_factory=list)
+    #: rows written earlier whose (window start, key) no longer exists: retracted as written (kind
+    #: ``retract``)
+    gone: Emitted = field(default_factory=Emitted)
+
+    def add(self, start: int, end: int, keys: Sequence[GroupKey], handles: Sequence[Any],
+            changed: bool | Sequence[bool], emitted: bool, closed: bool) -> None:
+        """The rows of one window's groups ``keys`` (``changed``: one flag for all, or one per key)."""
+        n = len(keys)
+        self.starts.extend(repeat(start, n))
+        self.ends.extend(repeat(end, n))
+        self.keys.extend(keys)
+        self.handles.extend(handles)
+        self.changed.extend(repeat(changed, n) if isinstance(changed, bool) else changed)
+        self.emitted.extend(repeat(emitted, n))
+        self.closed.extend(repeat(closed, n))
+
+    def add_row(self, start: int, end: int, key: GroupKey, handle: Any, changed: bool, emitted: bool,
+                closed: bool) -> None:
+        self.starts.append(start)
+        self.ends.append(end)
+        self.keys.append(key)
+        self.handles.append(handle)
+        self.changed.append(changed)
+        self.emitted.append(emitted)
+        self.closed.append(closed)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+class StoredGroup(NamedTuple):
+    """One group as a store writes and returns it: a kind's window start, the window's end, the
+    group key, its accumulators and (sessions) whether it was emitted (None: follows from W)."""
+
+    start: int
+    end: int | None
+    key: GroupKey
+    accs: Accumulators
+    emitted: bool | None = None
+
+
+@dataclass
+class StoreChanges:
+    """What changed since the last commit, in the store's vocabulary.
+
+    ``windows``: changed groups of windows a store may write whole (one row per window when most of
+    its groups changed): (start, end, every group of the window, the changed keys).
+    """
+
+    upserts: list[StoredGroup] = field(default_factory=list)
+    deletes: list[tuple[int, GroupKey]] = field(default_factory=list)
+    deleted_windows: list[int] = field(default_factory=list)
+    deleted_before: int | None = None
+    windows: list[tuple[int, int, dict[GroupKey, Accumulators], set[GroupKey]]] = field(default_factory=list)
+
+
+class KindState(Protocol):
+    """The driver state of one window kind (see the module docstring for the order of calls)."""
+
+    pipeline: str
+    aggregators: Sequence[Aggregator]
+    aliases: Sequence[str]
+    kind: WindowKind
+
+    def merge(self, starts: Sequence[int], keys: Sequence[GroupKey], partials: Sequence[Sequence[Any]],
+              lasts: Sequence[int] = ()) -> None:
+        """Fold one batch's partials in: row r is ``keys[r]`` at ``starts[r]`` (a fixed window's
+        start, a sliding window's event time, a partial session's first event time, ``lasts[r]``
+        its last), ``partials[i][r]`` for aggregator i."""
+
+    def report(self, before: int | None, watermark: int | None, retention: int) -> Report:
+        """The batch's candidate rows now that W moved from ``before`` to ``watermark``."""
+
+    def accumulators(self, report: Report, rows: Sequence[int]) -> list[Accumulators]:
+        """The accumulators of ``report``'s rows ``rows`` (what their values are computed from)."""
+
+    def mark_emitted(self, report: Report, rows: Sequence[int]) -> None:
+        """``report``'s rows ``rows`` were written as ``final`` or ``correction``."""
+
+    def evict(self, watermark: int | None, retention: int) -> None:
+        """Drop what no accepted row can reach any more (``retention``: how long ``reopen`` keeps
+        emitted windows)."""
+
+    def take_changes(self) -> StoreChanges:
+        """What changed since the last call (a store writes it; without one it is forgotten)."""
+
+    def restore(self, groups: Iterable[StoredGroup], watermark: int | None) -> None:
+        """Continue from a store's rows (as :meth:`take_changes` wrote them), into empty state."""
+
+    @property
+    def group_count(self) -> int:
+        """What ``max_groups_per_window`` caps."""
+
+    @property
+    def window_count(self) -> int:
+        """Windows held (reported as ``windows_open``)."""
+
+    @property
+    def state_rows(self) -> int:
+        """The state's size as reported (``state_groups``)."""
+
+    @property
+    def flush_watermark(self) -> int | None:
+        """The watermark at which every held window is final (None: nothing held)."""
+
+    def open_windows(self, watermark: int | None) -> int:
+        """Windows not emitted yet at ``watermark``."""
+
+    def describe(self, start: int, key: GroupKey | None = None) -> str:
+        """The window a row at ``start`` (of ``key``) is in, for messages."""
+
+    def value_columns(self, accumulators: Sequence[Accumulators]) -> list[list[Any]]:
+        """The finished values of groups' ``accumulators``, one column per aggregation."""
+
+
+@dataclass
+class StateBase:
+    """What every kind's state shares: its pipeline, aggregators and group cap, and the errors and
+    value columns written once for all kinds."""
+
+    pipeline: str
+    aggregators: Sequence[Aggregator]
+    aliases: Sequence[str]
+    max_groups_per_window: int
+    kind: WindowKind
+
+    def describe(self, start: int, key: GroupKey | None = None) -> str:
+        """The window a row at ``start`` is in, for messages."""
+        return self.kind.describe_at(start)
+
+    def cap_hit(self, cap: str, held: str, key: GroupKey, start: int) -> StateCapExceeded:
+        """A cap would be passed by ``key`` arriving at ``start``: ``cap`` names it (``name=value``),
+        ``held`` says what already holds it."""
+        return StateCapExceeded(f"window state cap hit: {cap} {held} when group {key!r:.200} arrives in "
+                                f"{self.describe(start, key)}, for pipeline {self.pipeline}")
+
+    def failed_merge(self, exc: Exception, index: int | None, key: GroupKey, start: int) -> NoReturn:
+        """Raise ``exc`` again, naming the pipeline, the window, the group and (``index``) the
+        aggregation."""
+        where = f"{self.describe(start, key)} group {key!r:.200}"
+        alias = "" if index is None else f" ({self.aliases[index]})"
+        if isinstance(exc, StateCapExceeded):
+            raise StateCapExceeded(f"window state cap hit: {exc}{alias} on {where} for pipeline {self.pipeline}") from None
+        raise type(exc)(f"{exc}:{alias} on {where} for pipeline {self.pipeline}") from None
+
+    def value_columns(self, accumulators: Sequence[Accumulators]) -> list[list[Any]]:
+        """The finished values of groups' ``accumulators``, one column per aggregation (each
+        aggregator over its whole column at once)."""
+        return [agg.result_column(list(map(itemgetter(i), accumulators))) for i, agg in enumerate(self.aggregators)]

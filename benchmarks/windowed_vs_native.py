@@ -19,7 +19,7 @@ has no session counterpart). Per workload, three engines:
   with the same aggregates (``approx_count_distinct(item, 0.009)`` is HLL++ p = 14), default
   state store, ``noop`` sink, append mode;
 - ``floor``: the Spark floor of our design: the same source as ours (``union_sources``: Spark
-  lists each batch's files, the batch reads them, ``sources.read_files``) with a ``foreachBatch``
+  lists each batch's files, the batch reads them, ``input_files.read_files``) with a ``foreachBatch``
   that only runs the batch's ``groupBy(window start, key)`` with the same partial aggregates and
   ``toArrow`` — what any engine that pre-aggregates each batch in Spark and hands the partials to
   the driver must pay.
@@ -73,7 +73,9 @@ from ematix_dagster.spark.batch import BatchStep  # noqa: E402
 from ematix_dagster.spark.runner import PipelineRunner  # noqa: E402
 from ematix_dagster.spark.session import get_spark  # noqa: E402
 from ematix_dagster.spark.recovery import HEARTBEAT  # noqa: E402
-from ematix_dagster.spark.sources import batch_files, read_files, union_sources  # noqa: E402
+from ematix_dagster.spark.checkpoint import batch_files  # noqa: E402
+from ematix_dagster.spark.input_files import read_files  # noqa: E402
+from ematix_dagster.spark.readers import union_sources  # noqa: E402
 from ematix_dagster.spec import load_pipeline_str  # noqa: E402
 from ematix_dagster.streaming.micro_batch import Engine  # noqa: E402
 from ematix_dagster.streaming import micro_batch as micro_batch_mod  # noqa: E402

@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Sequence
 
 from ematix_dagster.errors import ConfigError, UnexpectedError
-from ematix_dagster.failures import classify
+from ematix_dagster.spark.failures import classify
 from ematix_dagster.spec import PipelineSpec, load_pipeline, spec_warnings
 
 
 def _validate(spec: PipelineSpec) -> None:
     from ematix_dagster.spark.partials import analyse
     from ematix_dagster.spark.session import get_spark
-    from ematix_dagster.spark.sources import union_sources
+    from ematix_dagster.spark.readers import union_sources
 
     resolved = spec.resolved()
     spark = get_spark(f"ematix-validate-{spec.pipeline_name}")

@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable
 from state_store import codec
 from state_store.base import BatchCommit, PipelineRecord, SourceProgress
 from state_store.errors import RESTORE_OR_RESET, CorruptState, LeaseHeld, StateVersionError
-from state_store.migrations import PIPELINES_TABLE
+from state_store.names import PIPELINES_TABLE
 
 
 def where(pipeline: str | None, store: str) -> str:
@@ -243,12 +243,6 @@ def lease_held(pipeline: str, store: str, holder: str | None) -> LeaseHeld:
     err.pipeline = pipeline
     err.holder = text
     return err
-
-
-def lease_key(schema: str, pipeline: str) -> int:
-    """A stable signed 64-bit advisory-lock key for (schema, pipeline)."""
-    digest = hashlib.blake2b(f"ematix-dagster lease\0{schema}\0{pipeline}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
 
 
 _SAFE = re.compile(r"^[A-Za-z0-9_-]{1,100}$")

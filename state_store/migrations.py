@@ -62,11 +62,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from state_store.errors import StateVersionError
-
-STATE_TABLE = "ematix_streaming_state"
-OFFSETS_TABLE = "ematix_streaming_offsets"
-PIPELINES_TABLE = "ematix_streaming_pipelines"
-SCHEMA_VERSION_TABLE = "ematix_streaming_schema_version"
+from state_store.names import OFFSETS_TABLE, PIPELINES_TABLE, SCHEMA_VERSION_TABLE, STATE_TABLE, lease_key
 
 
 @dataclass(frozen=True)
@@ -226,8 +222,6 @@ def postgres_version(conn, schema: str) -> int:
 def apply_postgres(conn, schema: str, store: str, steps: Sequence[SchemaStep] = STEPS) -> int:
     """Bring the schema to ``steps[-1].version``; ``conn`` is a non-autocommit psycopg connection."""
     from psycopg import sql
-
-    from state_store._common import lease_key
 
     _check_steps(steps)
     target = steps[-1].version

@@ -37,10 +37,11 @@ from psycopg_pool import ConnectionPool
 
 from state_store import codec, migrations
 from state_store._common import (PIPELINE_COLUMNS, bring_forward, bring_forward_stored, check_batch,
-                                 check_record_version, expand_windows, fill_window_ends, lease_held, lease_key,
+                                 check_record_version, expand_windows, fill_window_ends, lease_held,
                                  record_from_row, where)
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, StateStore
 from state_store.errors import EmatixError, StoreConfigError, StoreUnavailable
+from state_store.names import lease_key
 from state_store.pg_rows import select_flags, select_groups, upsert_groups
 from state_store.pg_url import describe, parse_url, store_error
 

@@ -23,7 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from ematix_dagster.spark.batch import one_job_per_batch
 from ematix_dagster.spark.partials import analyse, build_batch
-from ematix_dagster.spark.sources import CORRUPT
+from ematix_dagster.spark.readers import CORRUPT
 from ematix_dagster.spec import load_pipeline_str
 from tests.pipeline_toml import windowed_pipeline_toml
 

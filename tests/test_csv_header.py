@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from ematix_dagster.errors import InputSchemaMismatch
 from ematix_dagster.metrics import StreamingMetrics
-from ematix_dagster.spark.sources import classify_read_error
+from ematix_dagster.spark.read_errors import classify_read_error
 from ematix_dagster.spec import PipelineSpec, load_pipeline_str
 
 DDL = "id BIGINT, k STRING, v BIGINT, ts STRING"

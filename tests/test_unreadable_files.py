@@ -2,7 +2,7 @@
 
 A truncated parquet file, one whose column type drifted, or one whose data pages are corrupt used
 to fail every retry as a transient Spark error; a parquet file written by ``pandas.to_parquet``
-(TIMESTAMP(NANOS)) could not be read at all. Now (``ematix_dagster.spark.sources``):
+(TIMESTAMP(NANOS)) could not be read at all. Now (``ematix_dagster.spark.input_files``):
 
 * nanosecond columns are read, truncated (floor) to microseconds, beside microsecond files of the
   same directory and batch (compared with pandas over the same rows);
@@ -39,8 +39,9 @@ from ematix_dagster.metrics import StreamingMetrics
 from ematix_dagster.operations import summary as stored_summary
 from ematix_dagster.spark.runner import PipelineRunner, RunSummary
 from ematix_dagster.errors import UnreadableInputFile
-from ematix_dagster.spark.sources import (UNREADABLE_FILE, _declared_type_refused, _from_nanos,
-                                          classify_read_error, managed)
+from ematix_dagster.spark.input_files import UNREADABLE_FILE, _declared_type_refused, _from_nanos
+from ematix_dagster.spark.read_errors import classify_read_error
+from ematix_dagster.spark.readers import managed
 from ematix_dagster.spec import dump_pipeline, load_pipeline_str
 
 PIPELINE = "unreadable"
@@ -593,7 +594,7 @@ def _checkpoint(tmp: Path, offsets: list[str], logs: dict[str, list[tuple[str, i
 def test_a_batch_reads_the_log_entries_between_its_offsets(tmp_path: Path) -> None:
     """The file log is numbered by the source's offsets, not by batch ids (a heartbeat-only batch or
     another source's batch does not move it), and Spark compacts it every tenth entry."""
-    from ematix_dagster.spark.sources import batch_files
+    from ematix_dagster.spark.checkpoint import batch_files
 
     log = lambda k: '{"logOffset":%d}' % k  # noqa: E731
     cp = _checkpoint(tmp_path, ["-", log(0), log(0), log(2), log(4)], {

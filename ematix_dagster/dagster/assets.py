@@ -32,7 +32,7 @@ from ematix_dagster.dagster.resources import EmatixSparkResource, MetricsResourc
 from ematix_dagster.dagster.translator import EmatixTranslator
 from ematix_dagster.dagster.watcher import DEFAULT_WATCH_INTERVAL_SECONDS, RunWatcher
 from ematix_dagster.errors import LeaseHeld
-from ematix_dagster.failures import classify
+from ematix_dagster.spark.failures import classify
 from ematix_dagster.spec import PipelineSpec, spec_warnings
 
 log = logging.getLogger("ematix_dagster")

@@ -20,10 +20,11 @@ from ematix_dagster import faults
 from ematix_dagster.errors import BatchDataError, StateNotDurableError, first_line
 from ematix_dagster.metrics import StreamingMetrics
 from ematix_dagster.spark import checkpoint
+from ematix_dagster.spark.checkpoint import batch_files
 from ematix_dagster.spark.convert import partial_lists, rows_to_arrow
+from ematix_dagster.spark.input_files import UNREADABLE_FILE, InputFiles, WithFileRows
 from ematix_dagster.spark.partials import BatchFrames, BatchPlan, batch_counts, build_batch, may_hold_future_rows
 from ematix_dagster.spark.recovery import HEARTBEAT, checkpoint_offsets, named_offsets, offset_names
-from ematix_dagster.spark.sources import InputFiles, batch_files
 from ematix_dagster.spark.windows.base import CLASS
 from ematix_dagster.spark.windows.fixed import late_windows
 from ematix_dagster.spec import PipelineSpec
@@ -285,9 +286,10 @@ class BatchStep:
         )
 
     # -- input files the engine reads itself (issue 13) ------------------------------------------
-    # ``sources.InputFiles`` reads the batch's files of the managed files sources (parquet on a local
-    # path, and every source with on_unreadable_file = "skip") and leaves unreadable ones out; their
-    # dead-letter rows join the batch's own in one write (a postgres write replaces the batch's rows).
+    # ``input_files.InputFiles`` reads the batch's files of the managed files sources (parquet on a
+    # local path, and every source with on_unreadable_file = "skip"); the batch is planned again
+    # without each file Spark fails on. The left-out files' dead-letter rows join the batch's own in
+    # one write (a postgres write replaces the batch's rows).
 
     input_files: InputFiles | None = None
 
@@ -295,20 +297,29 @@ class BatchStep:
                          in_transaction: InTransaction) -> BatchInput:
         if self.input_files is None:
             self.input_files = InputFiles(self.spec, self.metrics.unreadable_files, self.progress)
-        if not self.input_files.managed:
+        reader = self.input_files
+        if not reader.managed:
             return self._aggregate(df, batch_id, batch_time, in_transaction, self.dead_letter)
         own, queued = self.dead_letter, len(in_transaction)
-
-        def attempt(frame: DataFrame, dead_letter) -> BatchInput:
+        files = reader.open_batch(batch_id)  # raises for a file known unreadable under "fail"
+        while True:
             del in_transaction[queued:]  # what a failed attempt queued
-            return self._aggregate(frame, batch_id, batch_time, in_transaction, dead_letter)
-
-        def write_own(rows: pa.Table) -> None:
-            assert own is not None
-            self._write_dead_letter_rows(own, batch_id, rows, in_transaction)
-
-        batch = self.input_files.aggregate(df, batch_id, attempt, own, write_own)
-        for source, n in self.input_files.skipped.items():
+            frame = reader.frame(df, files)
+            rows = reader.dead_letter_rows(files) if own is not None else None
+            writer = own if rows is None else WithFileRows(own, rows, files.key)
+            try:
+                batch = self._aggregate(frame, batch_id, batch_time, in_transaction, writer)
+                break
+            except Exception as exc:
+                if not reader.leave_out(exc, files):  # raises for the file under "fail"
+                    raise
+        skipped = reader.record(files, dead_lettered=rows is not None)
+        if rows is not None:
+            if not batch.dead_letters:  # no write of the batch's own carried the files' rows
+                assert own is not None
+                self._write_dead_letter_rows(own, batch_id, rows, in_transaction)
+            batch.dead_letters = {**batch.dead_letters, UNREADABLE_FILE: rows.num_rows}
+        for source, n in skipped.items():
             self.engine.counters[f"unreadable_files:{source}"] += n
         return batch
 

@@ -3,7 +3,8 @@
 Inside ``foreachBatch`` the current batch's timestamp and offsets are only in
 ``<checkpoint>/offsets/<batch_id>`` (``query.lastProgress`` describes the previous batch):
 line 1 is the version, line 2 the batch metadata (``batchTimestampMs``, conf), then one JSON
-offset per source in source order (DESIGN.md §3).
+offset per source in source order (DESIGN.md §3). A file source's offset numbers its own file log,
+``sources/<i>/``, from which :func:`batch_files` finds the files a batch reads.
 
 A file that is not in Spark's format (missing lines, text that is not JSON, a batch entry of
 ``offsets/`` or ``commits/`` that is not a file) raises :class:`CorruptCheckpoint`
@@ -135,3 +136,77 @@ def query_id(location: str) -> str | None:
 
 def offsets_exist(location: str, batch_id: int) -> bool:
     return (local_path(location) / "offsets" / str(batch_id)).is_file()
+
+
+# ---------------------------------------------------------------------------------------------
+# A file source's log: the files each batch reads
+
+def batch_files(location: str, index: int, batch_id: int) -> list[str]:
+    """The files source ``index`` reads in batch ``batch_id``, as Spark's checkpoint records them.
+
+    A file source's offset (line ``index`` of ``offsets/N``, ``{"logOffset": k}``) numbers its own
+    file log, ``sources/<i>/<k>``, which moves only when new files arrive: batch N reads the log's
+    entries after the previous batch's offset, up to its own (what ``FileStreamSource.getBatch``
+    reads). Every tenth log entry Spark compacts the log into ``<k>.compact``, which holds all
+    entries so far, each with its ``batchId``; the plain files before it are deleted later.
+    """
+    end = _log_offset(location, batch_id, index)
+    if end is None:
+        return []
+    start = _log_offset(location, batch_id - 1, index) if batch_id > 0 and offsets_exist(location, batch_id - 1) \
+        else None
+    directory = local_path(location) / "sources" / str(index)
+    compacted: dict[int, list[tuple[int, str]]] = {}
+    paths: list[str] = []
+    for k in range(-1 if start is None else start, end):
+        k += 1
+        if (directory / str(k)).exists():
+            paths += source_log(location, index, k)
+            continue
+        covering = sorted(c for c in _compact_ids(directory) if c >= k)
+        if not covering:
+            raise CorruptCheckpoint(f"the checkpoint's file log {directory} has no entry {k} (neither {k} nor a "
+                                    f"compacted file after it), which batch {batch_id} reads",
+                                    way_out="Way out: restore the checkpoint directory from a backup, or start over "
+                                    "with `ematix-dagster reset PIPELINE.toml --yes`")
+        if covering[0] not in compacted:
+            compacted[covering[0]] = _compact_entries(directory / f"{covering[0]}.compact")
+        paths += [path for batch, path in compacted[covering[0]] if batch == k]
+    return paths
+
+
+def _log_offset(location: str, batch_id: int, index: int) -> int | None:
+    """A file source's log offset in ``offsets/<batch_id>``; None when it has none yet (``-``)."""
+    lines = read_offsets(location, batch_id).offsets
+    if index >= len(lines) or lines[index].strip() in ("", "-"):
+        return None
+    try:
+        value = json.loads(lines[index])
+        return int(value["logOffset"] if isinstance(value, dict) else value)
+    except (ValueError, KeyError, TypeError):
+        raise CorruptCheckpoint(f"the checkpoint file {local_path(location) / 'offsets' / str(batch_id)} is not in "
+                                f"Spark's format: line {index + 3} is not a file source's offset: "
+                                f"{lines[index][:80]!r}",
+                                way_out="Way out: restore the checkpoint directory from a backup, or start over "
+                                "with `ematix-dagster reset PIPELINE.toml --yes`") from None
+
+
+def _compact_ids(directory: Path) -> list[int]:
+    names = (p.name[: -len(".compact")] for p in directory.glob("*.compact"))
+    return [int(name) for name in names if name.isdigit()]
+
+
+def _compact_entries(path: Path) -> list[tuple[int, str]]:
+    entries = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines()[1:], start=2):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+            entries.append((int(entry["batchId"]), str(entry["path"])))
+        except (ValueError, KeyError, TypeError):
+            raise CorruptCheckpoint(f"the checkpoint file {path} is not in Spark's format: line {number} is not a "
+                                    f"file entry: {line[:80]!r}",
+                                    way_out="Way out: restore the checkpoint directory from a backup, or start over "
+                                    "with `ematix-dagster reset PIPELINE.toml --yes`") from None
+    return entries

@@ -23,16 +23,16 @@ from pyspark.sql.streaming import StreamingQuery
 from ematix_dagster.errors import (
     CheckpointDiverged, FingerprintChanged, SparkQueryFailed, StateNotDurableError, first_line,
 )
-from ematix_dagster.failures import classify
 from ematix_dagster.fingerprint import describe_changes, fingerprint, fingerprint_doc
 from ematix_dagster.metrics import StreamingMetrics, default_metrics, serve
 from ematix_dagster.spark import checkpoint
 from ematix_dagster.spark.batch import BatchReport, BatchStep
 from ematix_dagster.spark.convert import output_schema
+from ematix_dagster.spark.failures import classify
 from ematix_dagster.spark.partials import analyse
 from ematix_dagster.spark.recovery import validate_checkpoint
 from ematix_dagster.spark.session import get_spark
-from ematix_dagster.spark.sources import union_sources
+from ematix_dagster.spark.readers import union_sources
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.streaming.durable import Provenance, restore_engine
 from ematix_dagster.streaming.micro_batch import Engine

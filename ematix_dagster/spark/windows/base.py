@@ -17,7 +17,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from ematix_dagster.spark.batch_values import BATCH_VALUES
-from ematix_dagster.spark.sources import CORRUPT
+from ematix_dagster.spark.readers import CORRUPT
 from ematix_dagster.spec import Window
 
 #: the row's class: NULL (it updates windows), "late", or the pre-SQL bad-row reason

@@ -4,6 +4,10 @@ The CLI prints ``error (terminal)`` or ``error (transient)`` from it and Dagster
 whether to retry, so an exception from Spark, the database driver or the operating system must
 not reach them raw: a raw exception used to be treated as transient, and a pipeline that fails
 the same way every time was then retried forever.
+
+It lives with Spark because what it tells apart is mostly Spark's: an input file Spark cannot read
+(:mod:`.read_errors`), a failed query (PySpark's and py4j's errors); every caller (the runner, the
+CLI, the Dagster asset) runs a Spark query.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import errno
 
 from ematix_dagster.errors import EmatixError, SparkQueryFailed, TargetError, UnexpectedError, first_line
+from ematix_dagster.spark.read_errors import classify_read_error
 
 #: OS errors that go away by themselves (a full disk being cleaned, a network blip).
 _TRANSIENT_ERRNOS = {errno.ENOSPC, errno.EAGAIN, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNREFUSED,
@@ -21,8 +26,6 @@ def classify(exc: BaseException, pipeline: str) -> EmatixError:
     """``exc`` itself when it is an EmatixError, else the EmatixError that says what it means."""
     if isinstance(exc, EmatixError):
         return exc
-    from ematix_dagster.spark.sources import classify_read_error
-
     read_error = classify_read_error(exc)
     if read_error is not None:
         return read_error

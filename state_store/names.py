@@ -1,0 +1,20 @@
+"""The store's names: its tables, and the advisory-lock key of a (schema, pipeline) lease.
+
+A leaf: it imports nothing of the project, so the migrations and the stores' shared pieces
+(``_common``) both take their names from here without importing each other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+STATE_TABLE = "ematix_streaming_state"
+OFFSETS_TABLE = "ematix_streaming_offsets"
+PIPELINES_TABLE = "ematix_streaming_pipelines"
+SCHEMA_VERSION_TABLE = "ematix_streaming_schema_version"
+
+
+def lease_key(schema: str, pipeline: str) -> int:
+    """A stable signed 64-bit advisory-lock key for (schema, pipeline)."""
+    digest = hashlib.blake2b(f"ematix-dagster lease\0{schema}\0{pipeline}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)

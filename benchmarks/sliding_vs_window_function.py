@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Our sliding windows (SPEC.md §9) vs a one-shot Spark window function, same data, same process.
+"""Our sliding windows (docs/contract/windows.md) vs a one-shot Spark window function, same data, same process.
 
 Data: ``--events`` rows (default 2,000,000) over ``--keys`` keys (default 10,000) in ``--files``
 parquet files (default 20: one file = one micro-batch of ours), columns ``key BIGINT, amount

@@ -1,4 +1,4 @@
-"""The fingerprint of the state-relevant part of a spec (SPEC.md §7).
+"""The fingerprint of the state-relevant part of a spec (docs/contract/operations.md).
 
 State written under one window shape cannot be read under another: changing the sources or
 their order, the window kind or sizes, group_by, the aggregations, hll_precision or time_mode

@@ -1,4 +1,4 @@
-"""Prometheus metrics exactly as SPEC.md §6: one registry per process, partitioned by label.
+"""Prometheus metrics exactly as docs/contract/operations.md: one registry per process, partitioned by label.
 
 Families are created once per process (a second pipeline in the same process reuses them with its
 own ``pipeline`` label), so nothing is registered twice. The HTTP endpoint binds to 127.0.0.1.

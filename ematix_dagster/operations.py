@@ -1,4 +1,4 @@
-"""Operator actions on a pipeline's state: check, state summary, migrate, reset (SPEC.md §7).
+"""Operator actions on a pipeline's state: check, state summary, migrate, reset (docs/contract/operations.md).
 
 The CLI and the Dagster ops call these. Each opens the configured store, respects the pipeline's
 lease (a running pipeline is never reset or migrated under its feet) and closes the store again.

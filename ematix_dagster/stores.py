@@ -1,4 +1,4 @@
-"""From ``[state_store]`` to a StateStore, and the guarantee a pipeline gets (SPEC.md §5)."""
+"""From ``[state_store]`` to a StateStore, and the guarantee a pipeline gets (docs/contract/targets-and-guarantees.md)."""
 
 from __future__ import annotations
 

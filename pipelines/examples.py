@@ -77,7 +77,7 @@ def clicks_hopping_5min():
 )
 def user_sessions():
     """Browsing sessions per user: a session ends after 30 s without a click, and none runs across a
-    full hour (SPEC.md §8). Batch-style (available_now), written to Parquet batch directories."""
+    full hour (docs/contract/windows.md). Batch-style (available_now), written to Parquet batch directories."""
 
 
 @streaming_pipeline(
@@ -98,7 +98,7 @@ def user_sessions():
 )
 def card_payments():
     """Payments per card in the 10 minutes before each payment: one sliding window [t - 10 min, t] per
-    distinct payment time t of a card (SPEC.md §9, KIP-450). Batch-style (available_now), written to
+    distinct payment time t of a card (docs/contract/windows.md, KIP-450). Batch-style (available_now), written to
     Parquet batch directories."""
 
 

@@ -3,7 +3,7 @@
 Data lives in a process-global dict keyed by the store's ``name``, so two store objects with the
 same name see the same data (that is how tests simulate a restart within one process) and the
 lease works between them. ``durable`` is False: the engine must refuse to resume a checkpoint
-with it (SPEC.md §5).
+with it (docs/contract/targets-and-guarantees.md).
 """
 
 from __future__ import annotations

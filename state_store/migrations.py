@@ -13,7 +13,7 @@ State *blobs* are versioned separately (``state_store.codec.STATE_VERSION``).
 
 Step 3 (``window_end``): a stored window is named by its bounds, ``(pipeline, window_start,
 window_end, group_key)`` in meaning, so window kinds whose end is not ``start + duration``
-(session windows, SPEC.md §8) fit. Layout decision:
+(session windows, docs/contract/windows.md) fit. Layout decision:
 
 * ``window_end`` is a plain, nullable column; the PRIMARY KEY stays ``(pipeline_name,
   window_start, group_key)``. Uniqueness on start and key holds for every planned kind: tumbling,
@@ -38,7 +38,7 @@ window's emission follows from its bounds and the committed watermark (see
 change keeps that flag on its own rows.
 
 Step 5 (``emitted``): that flag, a nullable boolean on every state row (SQLite: INTEGER 0/1).
-Session windows under ``late_data = "reopen"`` (SPEC.md §8) need it: a late row can bridge an
+Session windows under ``late_data = "reopen"`` (docs/contract/windows.md) need it: a late row can bridge an
 emitted session with one still open, and the merged session counts as emitted although its end
 is after the watermark, so a restart cannot derive the flag. Layout decision:
 

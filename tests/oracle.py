@@ -1,4 +1,4 @@
-"""Ground truth for SPEC.md §2-§3: a slow, literal pandas re-statement of the batch-by-batch rules.
+"""Ground truth for docs/contract/time-and-watermarks.md and docs/contract/windows.md: a slow, literal pandas re-statement of the batch-by-batch rules.
 
 It deliberately shares no code with ``ematix_dagster`` and makes no attempt to be fast: window
 state is the list of raw rows each window took (aggregates are recomputed from them at every
@@ -16,7 +16,7 @@ plus the batch time in µs (the test reads it from the checkpoint's ``offsets/N`
 Output (:class:`OracleResult`): for every batch id (the ``end_of_input = "flush"`` rows count
 with the last batch, whose directory they are written to), the emitted rows (``window_start``/``window_end`` µs, group columns, aggregates,
 ``_emit_kind``), the dead-letter rows, the watermark after the batch, and the counters of
-SPEC.md §6.
+docs/contract/operations.md.
 """
 
 from __future__ import annotations

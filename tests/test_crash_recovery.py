@@ -13,7 +13,7 @@ exactly-once (``same_transaction``) PostgreSQL. The test checks that every fault
 process of a killed group survives, and that the final target equals the pandas oracle
 (``tests/oracle.py``, the session and sliding oracles of ``tests/test_session_state.py`` and
 ``tests/test_sliding_state.py``) fed with the batches Spark actually formed (its ``offsets/N``
-and ``sources/0/N``). A parquet target is read as SPEC.md §10 tells readers to: per key the row
+and ``sources/0/N``). A parquet target is read as docs/contract/emission.md tells readers to: per key the row
 with the largest ``(batch_id, _emit_seq)``, keys whose latest row is a ``retract`` dropped.
 """
 
@@ -230,7 +230,7 @@ def actual_target(dsn: str, table: str) -> dict[tuple, tuple]:
 
 
 def parquet_view(path: str) -> dict[tuple, tuple]:
-    """What a reader of a parquet target sees (SPEC.md §10): the latest row per key by
+    """What a reader of a parquet target sees (docs/contract/emission.md): the latest row per key by
     ``(batch_id, _emit_seq)``, retracts dropped. A batch's flush file only holds keys its
     ``part-0`` did not write, so the two files of one batch never compete for a key."""
     latest: dict[tuple, tuple] = {}

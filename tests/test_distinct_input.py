@@ -1,4 +1,4 @@
-"""A distinct count's input in Spark hashes as DataSketches' own ``update`` does (SPEC.md §4).
+"""A distinct count's input in Spark hashes as DataSketches' own ``update`` does (docs/contract/aggregators.md).
 
 The driver unions Spark's sketches with the ones stored by earlier runs, so the canonical form
 each row is brought to before ``hll_sketch_agg`` must give the sketch DataSketches builds from the

@@ -1,4 +1,4 @@
-"""Metric families and labels as SPEC.md §6, and the endpoint bound to 127.0.0.1."""
+"""Metric families and labels as docs/contract/operations.md, and the endpoint bound to 127.0.0.1."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Spark half of session windows (SPEC.md §8) against an independent pandas sessionizer.
+"""The Spark half of session windows (docs/contract/windows.md) against an independent pandas sessionizer.
 
 ``SessionPlan`` runs on small static DataFrames; its partials are compared with a ground truth
 that imports nothing from the engine: per (key, cap bucket ``t // cap``), rows sorted by event

@@ -1,4 +1,4 @@
-"""Session windows on the driver (SPEC.md §8) against an independent pandas ground truth.
+"""Session windows on the driver (docs/contract/windows.md) against an independent pandas ground truth.
 
 The oracle below imports nothing from the engine: each batch it applies the late rule against the
 previous watermark, recomputes every key's sessions from all accepted rows so far (per key and cap
@@ -70,7 +70,7 @@ def sessionize(rows: list[Row], gap: int, cap: int) -> list[tuple[Key, list[int]
     return [(by_id[g["kid"].iloc[0]], g["ts"].tolist(), g["v"].tolist()) for _, g in df.groupby("sess", sort=True)]
 
 
-# -- the oracle: SPEC.md §8 applied batch by batch, from scratch -----------------------------------
+# -- the oracle: docs/contract/windows.md applied batch by batch, from scratch -----------------------------------
 
 def oracle_values(ts: list[int], vs: list[Any]) -> tuple[Any, ...]:
     vals = [v for v in vs if v is not None]
@@ -220,7 +220,7 @@ def merge(state: SessionState, partials: Partials) -> None:
 
 
 def split(rows: list[EmittedRow]) -> tuple[list[EmittedRow], list[EmittedRow]]:
-    """A batch's rows as (retractions, the rest); the retractions must come first (SPEC.md §10)."""
+    """A batch's rows as (retractions, the rest); the retractions must come first (docs/contract/emission.md)."""
     retractions = [r for r in rows if r.kind == RETRACT]
     assert rows[:len(retractions)] == retractions, "a retraction after a row it may retract"
     return retractions, rows[len(retractions):]

@@ -1,10 +1,10 @@
-"""Session windows end to end on real Spark (SPEC.md §8): files -> sessions -> parquet, against the oracle.
+"""Session windows end to end on real Spark (docs/contract/windows.md): files -> sessions -> parquet, against the oracle.
 
 Each file is one micro-batch. The ground truth is the session oracle of
-``tests/test_session_state.py`` (pandas; SPEC.md §8 applied batch by batch, no engine code), fed
+``tests/test_session_state.py`` (pandas; docs/contract/windows.md applied batch by batch, no engine code), fed
 the rows each batch read according to Spark's checkpoint. The target must hold exactly the
 oracle's ``final`` rows, batch by batch, with the aggregates of every aggregator; late rows are
-dropped or dead-lettered; ``session_id`` is SPEC.md §8's hash.
+dropped or dead-lettered; ``session_id`` is docs/contract/windows.md's hash.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def test_sessions_match_the_oracle(spark, tmp_path, batch_files, policy):
     t0 = us(T0)
     assert starts[("a", t0)] == t0 + 20 * S and starts[("a", t0 + 20_001_000)] == t0 + 30_001_000
     assert starts[("b", t0 + 55 * S)] == t0 + 60 * S and starts[("b", t0 + 62 * S)] == t0 + 72 * S
-    for r in got:  # SPEC.md §8: the first 8 bytes of SHA-256 over msgpack([pipeline, key bytes, start µs])
+    for r in got:  # docs/contract/windows.md: the first 8 bytes of SHA-256 over msgpack([pipeline, key bytes, start µs])
         doc = msgpack.packb([spec.pipeline_name, encode_key((r["k"],)), us(r["window_start"])], use_bin_type=True)
         assert r["session_id"] == int.from_bytes(hashlib.sha256(doc).digest()[:8], "big", signed=True)
     if policy == "dlq":

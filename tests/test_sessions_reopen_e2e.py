@@ -1,6 +1,6 @@
-"""Session windows under ``late_data = "reopen"`` (SPEC.md §8, §10): corrections, retractions, durable flags.
+"""Session windows under ``late_data = "reopen"`` (docs/contract/windows.md, docs/contract/emission.md): corrections, retractions, durable flags.
 
-The ground truth is the session oracle of ``tests/test_session_state.py`` (pandas, SPEC.md §8
+The ground truth is the session oracle of ``tests/test_session_state.py`` (pandas, docs/contract/windows.md
 applied batch by batch, no engine code), fed the rows each micro-batch read according to Spark's
 checkpoint; it gives each batch's ``final`` / ``correction`` rows, the ``retract`` rows of keys that
 disappeared, and the final target. Checked here:
@@ -134,7 +134,7 @@ def test_reopen_is_allowed_and_the_allowance_is_the_retention_and_the_late_rule(
     assert (window.late_data, window.retention_ms) == ("reopen", ALLOWED_S * 1000)
     engine = Engine.for_window("p", window, ("a",), integral=(None,) * len(AGGREGATIONS))
     engine.process(BatchInput(batch_id=0, batch_time=0, sources={"a": SourceStats(rows=1, max_event_ts=500 * S)}))
-    # the Spark plan's late rule: a row is late iff t < W_prev - allowed_lateness (SPEC.md §8)
+    # the Spark plan's late rule: a row is late iff t < W_prev - allowed_lateness (docs/contract/windows.md)
     assert engine.closed_before() == 500 * S - ALLOWED_S * S and engine.retention == ALLOWED_S * S
 
 
@@ -292,7 +292,7 @@ def test_late_rows_bridging_two_and_three_sessions_into_parquet(spark, tmp_path,
     assert oracle.reopened > 0
     assert metric(registry, "late_rows_reopened_total", pipeline="sessions-reopen") == oracle.reopened
     t0 = us(at(0))
-    # batch 1: one correction per key, the vanished starts retracted (SPEC.md §8, §10)
+    # batch 1: one correction per key, the vanished starts retracted (docs/contract/windows.md, docs/contract/emission.md)
     retracts, rows = expected[1]
     assert [(r[0], r[1] - t0, r[3]) for r in retracts] == [
         ("retract", 14 * S, ("b",)), ("retract", 15 * S, ("a",)), ("retract", 28 * S, ("b",)),

@@ -1,7 +1,7 @@
-"""Sliding windows end to end on real Spark (SPEC.md §9): files -> windows -> parquet, against the oracle.
+"""Sliding windows end to end on real Spark (docs/contract/windows.md): files -> windows -> parquet, against the oracle.
 
 Each file is one micro-batch. The ground truth is the sliding oracle of
-``tests/test_sliding_state.py`` (SPEC.md §9 applied batch by batch, no engine code), fed the rows
+``tests/test_sliding_state.py`` (docs/contract/windows.md applied batch by batch, no engine code), fed the rows
 each batch read according to Spark's checkpoint. Every batch's rows in the target must be exactly
 the oracle's rows of that batch (the end-of-input flush's with the last batch), with the values of
 every aggregator; late rows are dropped, dead-lettered or (under ``reopen``) let in by the

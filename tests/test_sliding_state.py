@@ -1,4 +1,4 @@
-"""Sliding windows (KIP-450, SPEC.md §9) on the driver against an independent ground truth.
+"""Sliding windows (KIP-450, docs/contract/windows.md) on the driver against an independent ground truth.
 
 The oracle below imports nothing from the engine. It keeps every accepted row with the number of
 the batch that brought it and, each batch, applies §9 from scratch:
@@ -108,7 +108,7 @@ def canon(rows: list[Any]) -> list[Out]:
     return sorted(plain, key=lambda r: (r[1], repr(r[3]), r[0]))
 
 
-# -- the oracle: SPEC.md §9 applied batch by batch, from scratch -----------------------------------
+# -- the oracle: docs/contract/windows.md applied batch by batch, from scratch -----------------------------------
 
 def oracle_values(ts: list[int], vs: list[Any]) -> tuple[Any, ...]:
     """The nine aggregations over rows (event time, value); first/last break event-time ties by value,

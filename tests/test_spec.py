@@ -1,7 +1,7 @@
-"""Spec loading, validation and round-tripping (SPEC.md §1, seed 000 "SQL surface", "Memory caps",
+"""Spec loading, validation and round-tripping (docs/contract/toml-reference.md, seed 000 "SQL surface", "Memory caps",
 "Output schema").
 
-Error cases are one table: a mutation of the reference TOML (SPEC.md §1 with a parquet target and
+Error cases are one table: a mutation of the reference TOML (docs/contract/toml-reference.md with a parquet target and
 no ``${ENV}`` placeholders) -> the key the error must name and substrings its message must hold
 (the bad value where there is one, and the fix).
 """
@@ -38,7 +38,7 @@ from ematix_dagster.spec import (
     with_overrides,
 )
 
-# SPEC.md §1, with a parquet target (no env vars) and three aggregations so that alias clashes
+# docs/contract/toml-reference.md, with a parquet target (no env vars) and three aggregations so that alias clashes
 # between aggregations can be expressed as one-key mutations.
 FULL_TOML = '''
 pipeline_name = "user-clicks-per-minute"
@@ -391,7 +391,7 @@ ERROR_CASES: list[tuple[str, dict[str, Any], str, tuple[str, ...]]] = [
     ("idleness-zero", {f"{W}.source_idleness_ms": 0}, f"{W}.source_idleness_ms", ("0", "> 0")),
     ("unknown-window-kind", {f"{W}.kind": "rolling"}, f"{W}.kind", ("'rolling'", "tumbling")),
     ("session-with-duration", {f"{W}.kind": "session"}, f"{W}.duration_ms", ("does not apply to session windows",)),
-    # --- sliding windows (SPEC.md §9)
+    # --- sliding windows (docs/contract/windows.md)
     ("sliding-without-event-cap", {f"{W}.kind": "sliding"}, f"{W}.max_events_per_group",
      ("required for sliding windows", "distinct event times")),
     ("sliding-event-cap-zero", {f"{W}.kind": "sliding", f"{W}.max_events_per_group": 0}, f"{W}.max_events_per_group",
@@ -665,7 +665,7 @@ def test_state_upper_bound_reflects_aggregation_state() -> None:
                           ).total_bytes < (1 << 30)  # once "894.1 GiB" (two caps multiplied)
 
 
-# ---- session windows (SPEC.md §8) ----------------------------------------------------------------
+# ---- session windows (docs/contract/windows.md) ----------------------------------------------------------------
 
 SESSION_RULES = [  # (changes, the key named, words in the message)
     ({"gap_ms": None}, "gap_ms", ("required",)),

@@ -1,4 +1,4 @@
-"""Dagster resources: Spark, the state store and metrics (DESIGN.md §4, SPEC.md §7).
+"""Dagster resources: Spark, the state store and metrics (docs/dagster.md, docs/contract/operations.md).
 
 Constructing or loading these resources starts no Spark session and opens no database
 connection: the Spark session is created when a step first asks for it, and the store is opened

@@ -1,6 +1,6 @@
 """Sensors: a keep-alive sensor per long-running pipeline, and a run-failure reporter.
 
-The keep-alive sensor is the only restarter (DESIGN.md §4, SPEC.md §7). On each evaluation it
+The keep-alive sensor is the only restarter (docs/dagster.md, docs/contract/operations.md). On each evaluation it
 requests a run of the pipeline's job only when
 
 1. no run of the pipeline is queued or in progress (runs tagged ``ematix/pipeline``, runs of its

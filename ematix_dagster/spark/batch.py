@@ -1,4 +1,4 @@
-"""One micro-batch, end to end: plan, collect, engine, write, commit (DESIGN.md §1, steps 1-7).
+"""One micro-batch, end to end: plan, collect, engine, write, commit (docs/design.md, steps 1-7).
 
 Kept apart from the runner, which owns the query's lifecycle and threads, so that what a batch
 does can be read in one place and the order of its side effects (target, dead letters, store

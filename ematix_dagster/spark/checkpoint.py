@@ -3,7 +3,7 @@
 Inside ``foreachBatch`` the current batch's timestamp and offsets are only in
 ``<checkpoint>/offsets/<batch_id>`` (``query.lastProgress`` describes the previous batch):
 line 1 is the version, line 2 the batch metadata (``batchTimestampMs``, conf), then one JSON
-offset per source in source order (DESIGN.md §3). A file source's offset numbers its own file log,
+offset per source in source order (docs/contract/targets-and-guarantees.md). A file source's offset numbers its own file log,
 ``sources/<i>/``, from which :func:`batch_files` finds the files a batch reads.
 
 A file that is not in Spark's format (missing lines, text that is not JSON, a batch entry of

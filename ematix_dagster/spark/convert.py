@@ -5,7 +5,7 @@ Arrow table with the output schema of seed 000: window bounds, group columns, ag
 ``_emit_kind``. A kind with an id column (sessions: ``session_id``) adds it after the bounds and
 a kind that may retract (sessions), because its batches can hold ``retract`` rows that must be
 read before the rows replacing them, adds ``_emit_seq`` (the row's order within the batch, from
-0) after ``_emit_kind`` (SPEC.md §10). Fixed windows never retract and keep the seed's columns.
+0) after ``_emit_kind`` (docs/contract/emission.md). Fixed windows never retract and keep the seed's columns.
 """
 
 from __future__ import annotations

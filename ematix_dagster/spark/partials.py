@@ -51,9 +51,9 @@ def _reason(ts: Column, future_after: Column | None) -> Column:
 
 
 def canonical(col: Column, dtype: T.DataType) -> Column:
-    """SPEC.md §4's one cast policy for distinct counting: BIGINT or canonical string.
+    """docs/contract/aggregators.md's one cast policy for distinct counting: BIGINT or canonical string.
 
-    Spark's HLL skips the empty string, which SPEC.md counts as a value; it is hashed as the
+    Spark's HLL skips the empty string, which docs/README.md counts as a value; it is hashed as the
     single byte 0xFF, which no UTF-8 string encodes to, so it cannot collide with a real value.
     """
     if isinstance(dtype, INTEGRAL):
@@ -315,7 +315,7 @@ def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: i
 
     Without ``[transform] sql`` the rows with a bad event time ride along into the aggregation as
     class rows, so every counter comes out of the partials' own job. A SQL may filter rows, and
-    the source counters are taken before it (SPEC.md §2), so with a SQL they are observed on the
+    the source counters are taken before it (docs/contract/time-and-watermarks.md), so with a SQL they are observed on the
     SQL's input instead. The batch's values are columns (``ematix_dagster.spark.batch_values``),
     so the plan's generated code is the same every batch, and its columns are the run's
     (:class:`BatchColumns`): a batch only applies them to its rows.

@@ -1,10 +1,10 @@
-"""Spark readStream sources, each adding ``_event_ts`` and ``_source`` (SPEC.md §1-2).
+"""Spark readStream sources, each adding ``_event_ts`` and ``_source`` (docs/contract/toml-reference.md-2).
 
 Every source yields its payload columns plus ``_event_ts`` (TIMESTAMP, NULL when the event time
 is missing or unparseable), ``_source`` (its name) and ``_corrupt_record`` (the raw line of a
 malformed json/csv row, else NULL). The sources are unioned by name; the heartbeat (a 1-row/s
 rate source) is added for ``processing_time`` runs so that idleness is noticed when nothing
-arrives (DESIGN.md §2).
+arrives (docs/design.md).
 
 Bad event times never fail a batch: numbers outside the timestamp range and unparseable strings
 become NULL through ``try_*`` functions (ANSI mode is on in Spark 4). A file that does not fit the

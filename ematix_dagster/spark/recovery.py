@@ -1,6 +1,6 @@
-"""Is it safe to continue? Checks of Spark's checkpoint against the state store (SPEC.md §7).
+"""Is it safe to continue? Checks of Spark's checkpoint against the state store (docs/contract/operations.md).
 
-Healthy means (DESIGN.md §3): ``last Spark commit <= store batch <= last Spark commit + 1``, the
+Healthy means (docs/contract/targets-and-guarantees.md): ``last Spark commit <= store batch <= last Spark commit + 1``, the
 store's batch has the same offsets in the checkpoint, both belong to the same query, and the
 stored state is not newer than this code. Each problem says what is wrong in plain words and the
 way out. File-source offsets are indexes into the checkpoint's own log, so a lost checkpoint

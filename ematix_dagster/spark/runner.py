@@ -6,7 +6,7 @@ the ``foreachBatch`` callback's locking, stop and cleanup. What one micro-batch 
 
 Blocking py4j calls (waiting for the query) run on a background thread and batch reports travel
 through a queue, so the caller's thread (the CLI, or a Dagster step that may be interrupted)
-never sits inside py4j (DESIGN.md §4).
+never sits inside py4j (docs/dagster.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The local SparkSession every run and test shares.
 
-Spark binds to 127.0.0.1 with its UI off (SPEC.md §7), works in UTC and uses few shuffle
-partitions: on a small machine the default 200 costs ~10x in scheduling (DESIGN.md §1).
+Spark binds to 127.0.0.1 with its UI off (docs/contract/operations.md), works in UTC and uses few shuffle
+partitions: on a small machine the default 200 costs ~10x in scheduling (docs/design.md).
 
 Against a cluster master (``spark://``, ``yarn``, ``k8s://``) the driver is not pinned to
 127.0.0.1: executors on other hosts must reach it, so its address comes from Spark's own

@@ -1,6 +1,6 @@
 """The pipeline spec: typed dataclasses, TOML load/dump and every load-time rule.
 
-The TOML file is the single description of a pipeline (SPEC.md §1). The dataclasses mirror it one
+The TOML file is the single description of a pipeline (docs/contract/toml-reference.md). The dataclasses mirror it one
 to one so that ``load_pipeline_str(dump_pipeline(spec)) == spec``. Strings keep their ``${NAME}``
 placeholders, so secrets stay out of dumps, fingerprints and code versions; whatever does I/O works
 on :meth:`PipelineSpec.resolved`, the copy with every placeholder expanded.

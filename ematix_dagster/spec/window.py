@@ -80,8 +80,8 @@ class Window:
     group_by: tuple[str, ...] = ()
     hop_ms: int | None = None
     gap_ms: int | None = None  # session: the most time between a key's consecutive rows in one session
-    max_session_duration_ms: int | None = None  # session: sessions never cross a multiple of it (SPEC.md §8)
-    max_events_per_group: int | None = None  # sliding: distinct event times one key retains (SPEC.md §9)
+    max_session_duration_ms: int | None = None  # session: sessions never cross a multiple of it (docs/contract/windows.md)
+    max_events_per_group: int | None = None  # sliding: distinct event times one key retains (docs/contract/windows.md)
     event_time_column: str = "_event_ts"
     event_time_unit: str = "ms"
     time_mode: str = "event"

@@ -1,4 +1,4 @@
-"""Which rows a batch writes, decided once for every window kind (SPEC.md §3, §8, §9, §10).
+"""Which rows a batch writes, decided once for every window kind (docs/contract/windows.md, docs/contract/emission.md).
 
 A kind's state reports, as columns, every (window, group) the batch may write a row for, with
 three flags (``streaming.state.base.Report``); the row's kind follows from them alone:

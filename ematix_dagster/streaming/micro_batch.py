@@ -91,7 +91,7 @@ class BatchResult:
 
     @property
     def retractions(self) -> int:
-        """``retract`` rows (session windows under reopen: keys that disappeared, SPEC.md §10)."""
+        """``retract`` rows (session windows under reopen: keys that disappeared, docs/contract/emission.md)."""
         return self.emitted.count(RETRACT)
 
 

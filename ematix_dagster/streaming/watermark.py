@@ -1,4 +1,4 @@
-"""Per-source and pipeline watermarks (SPEC.md §2), driven only by batch time.
+"""Per-source and pipeline watermarks (docs/contract/time-and-watermarks.md), driven only by batch time.
 
 Every clock here is the batch timestamp Spark recorded in ``offsets/N``, never the wall clock, so
 a replayed batch makes exactly the decisions the original made.

@@ -5,7 +5,7 @@ Everything here is pyarrow and psycopg: no Spark. The engine hands each writer o
 Writers are built from the resolved spec (:meth:`~ematix_dagster.spec.PipelineSpec.resolved`), so
 URLs and paths are used as they are.
 
-Replays and the guarantee (SPEC.md §5)
+Replays and the guarantee (docs/contract/targets-and-guarantees.md)
 --------------------------------------
 Spark re-runs the last micro-batch after a crash with the same batch id and the same input, and a
 durable state store makes it emit the same rows again. Every durable writer is therefore written
@@ -19,7 +19,7 @@ at-least-once delivery of Spark into effectively-once output:
   batch the last row of a key wins. The key constraint is ``UNIQUE NULLS NOT DISTINCT`` so that
   NULL group keys form one group (PostgreSQL >= 15). ``_emit_kind`` is not stored: the table
   always holds the latest row per key. A ``retract`` row (session windows under ``reopen``: a key
-  that disappeared because a session's start moved or sessions merged, SPEC.md §10) deletes its
+  that disappeared because a session's start moved or sessions merged, docs/contract/emission.md) deletes its
   key's row instead; the batch's deletes run before its upserts, in the same transaction, so a
   replay deletes nothing more. :meth:`PostgresWindowWriter.write_in_transaction` does the
   same on a caller's connection without committing, so a Postgres state store in the same
@@ -33,7 +33,7 @@ at-least-once delivery of Spark into effectively-once output:
   Session windows may also write ``retract`` rows (under ``reopen``, for keys that disappeared),
   each repeating the row it withdraws and written before the rows that replace it, and add
   ``_emit_seq`` (the row's order within its batch file): readers keep the row with the largest
-  ``(batch_id, _emit_seq)`` per key and drop keys whose latest row is a ``retract`` (SPEC.md §10).
+  ``(batch_id, _emit_seq)`` per key and drop keys whose latest row is a ``retract`` (docs/contract/emission.md).
   The end-of-input flush file of a batch holds only ``final`` rows of keys its ``part-0`` did
   not write, so the two never need ordering against each other.
   Only local paths (or ``file://``) are supported.

@@ -7,7 +7,7 @@ from typing import Protocol, runtime_checkable
 import pyarrow as pa
 
 EMIT_KIND_COLUMN = "_emit_kind"
-#: A row's order within its batch (session windows, whose batches may retract rows: SPEC.md §10).
+#: A row's order within its batch (session windows, whose batches may retract rows: docs/contract/emission.md).
 EMIT_SEQ_COLUMN = "_emit_seq"
 #: The ``_emit_kind`` of a row that withdraws a key written earlier (it repeats that row exactly).
 RETRACT = "retract"

@@ -45,7 +45,7 @@ class PostgresWindowWriter:
     """Upserts closed windows into a PostgreSQL table (see :mod:`ematix_dagster.targets`).
 
     ``retract`` rows (session windows under reopen: a key that disappeared because a session's start
-    moved or sessions merged, SPEC.md §10) delete their key's row instead, before the batch's upserts
+    moved or sessions merged, docs/contract/emission.md) delete their key's row instead, before the batch's upserts
     and in the same transaction.
     """
 

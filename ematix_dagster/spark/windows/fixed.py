@@ -1,6 +1,6 @@
 """Tumbling and hopping windows in Spark: each row's open window starts, exploded, pre-aggregated.
 
-Lateness is decided per (row, window) against the watermark before the batch (SPEC.md §3): with
+Lateness is decided per (row, window) against the watermark before the batch (docs/contract/windows.md): with
 ``closed_before`` the end at or below which windows are closed, a row's open starts are the
 multiples of the hop in ``(max(t - D, closed_before - D), t]``; a row with none is late. This is
 :meth:`~ematix_dagster.streaming.windows.FixedWindows.row_windows` as column arithmetic.

@@ -1,4 +1,4 @@
-"""Session windows in Spark (SPEC.md §8): each batch's accepted rows, sessionized per key and bucket.
+"""Session windows in Spark (docs/contract/windows.md): each batch's accepted rows, sessionized per key and bucket.
 
 A session's end depends on its rows, so no row-local arithmetic names its window (as fixed windows'
 starts do): the rows of each (group key, cap bucket) are ordered by event time and a new session

@@ -1,4 +1,4 @@
-"""Sliding windows in Spark (SPEC.md §9): one partial per (group key, event time) of a batch.
+"""Sliding windows in Spark (docs/contract/windows.md): one partial per (group key, event time) of a batch.
 
 A row at ``x`` belongs to every window of its key ending in ``[x, x + D]``, which only the driver
 knows (windows exist where the key has rows), so Spark does not assign windows: it pre-aggregates

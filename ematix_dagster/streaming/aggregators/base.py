@@ -84,7 +84,7 @@ class SparkInput(Protocol):
         """The column's Spark SQL type, for messages."""
 
     def canonical(self) -> Column:
-        """SPEC.md §4's cast for distinct counting: BIGINT or canonical string (a column computed
+        """docs/contract/aggregators.md's cast for distinct counting: BIGINT or canonical string (a column computed
         before the groupBy, where an aggregate Spark does not generate code for reads it)."""
 
     def hll_input(self) -> Column:
@@ -228,7 +228,7 @@ class Aggregator:
         return pa.int64()
 
     def fingerprint(self, spec: Aggregation) -> list[Any]:
-        """What of ``spec`` the stored accumulators depend on (SPEC.md §7's fingerprint)."""
+        """What of ``spec`` the stored accumulators depend on (docs/contract/operations.md's fingerprint)."""
         return [spec.agg, spec.column, spec.as_, None]
 
     # -- restored state ----------------------------------------------------------------------

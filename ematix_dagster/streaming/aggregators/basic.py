@@ -1,7 +1,7 @@
 """count, sum, min, max, first, last, avg.
 
 Ordering follows Spark's, so the driver and the executors agree: NULLs are skipped and NaN sorts
-above every other float. first/last break event-time ties by value (SPEC.md §4), which makes the
+above every other float. first/last break event-time ties by value (docs/contract/aggregators.md), which makes the
 answer independent of how rows fall into micro-batches.
 """
 

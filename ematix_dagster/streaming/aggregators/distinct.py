@@ -1,4 +1,4 @@
-"""count_distinct: approximate (HLL sketches) or exact (sets of canonical values), SPEC.md §4."""
+"""count_distinct: approximate (HLL sketches) or exact (sets of canonical values), docs/contract/aggregators.md."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ class ApproxDistinct(_Distinct):
 
     Keeping bytes (not sketch objects) makes the common case, a group seen once per window,
     free of deserialisation, and the state is already in its persisted form. Spark's
-    ``hll_sketch_agg`` and DataSketches hash alike (DESIGN.md §2).
+    ``hll_sketch_agg`` and DataSketches hash alike (docs/design.md).
     """
 
     state_types = frozenset({NONE, bytes})

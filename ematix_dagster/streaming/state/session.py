@@ -1,4 +1,4 @@
-"""Session window state on the driver (SPEC.md §8): each key's open and retained sessions.
+"""Session window state on the driver (docs/contract/windows.md): each key's open and retained sessions.
 
 Spark sessionizes a batch's accepted rows per (key, cap bucket) into batch-local *partials*
 (first and last event time, partial aggregates) and never sends raw rows. :meth:`SessionState.merge`
@@ -10,7 +10,7 @@ restored session needs no more than the (start, end) it was stored with.
 
 Unlike fixed windows, whether a session was emitted is stored per session: a late row under
 ``reopen`` can bridge an emitted session with one that is still open, and the result counts as
-emitted (SPEC.md §8), which the watermark alone cannot tell. An emitted session's accumulators
+emitted (docs/contract/windows.md), which the watermark alone cannot tell. An emitted session's accumulators
 always equal what was last written (every change is re-emitted in its batch), so the row a
 retraction repeats is computed from them before the batch first changes them.
 

@@ -1,4 +1,4 @@
-"""Sliding window state on the driver (SPEC.md §9): each key's partials by event time.
+"""Sliding window state on the driver (docs/contract/windows.md): each key's partials by event time.
 
 Spark pre-aggregates one partial per (key, event time) of a batch's accepted rows; the driver
 folds them into the key's time-ordered partials and computes each window ``[t - D, t]`` from them
@@ -146,7 +146,7 @@ class SlidingState(StateBase):
     def report(self, before: int | None, watermark: int | None, retention: int) -> Report:
         """Finals for windows with ``before <= t < W``, and the windows emitted (or created behind
         ``before``) that a partial of this batch reaches. Sliding windows fire on the watermark
-        only (SPEC.md §9): windows still open are not looked at, and a closing window's ``changed``
+        only (docs/contract/windows.md): windows still open are not looked at, and a closing window's ``changed``
         is not looked for.
 
         Finals are found by a bisection per key holding partials (keys hold partials only while a

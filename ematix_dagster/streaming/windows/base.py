@@ -1,7 +1,7 @@
 """What a window kind decides, so the engine never assumes "a start plus one fixed duration".
 
 Tumbling and hopping windows (``fixed``) are fixed-size; session and KIP-450 sliding windows
-(SPEC.md §8, §9) are not: a window's end depends on the rows in it and, for sliding windows, is
+(docs/contract/windows.md) are not: a window's end depends on the rows in it and, for sliding windows, is
 inclusive. Everything that differs between kinds sits behind :class:`WindowKind`; the engine
 only asks it. Times are microseconds since the epoch (UTC).
 """
@@ -50,7 +50,7 @@ class WindowKind(ABC):
     @classmethod
     @abstractmethod
     def fingerprint(cls, window: Window) -> dict[str, Any]:
-        """The spec's sizes that the stored state depends on (SPEC.md §7), by fingerprint key."""
+        """The spec's sizes that the stored state depends on (docs/contract/operations.md), by fingerprint key."""
 
     @abstractmethod
     def make_state(self, pipeline: str, aggregators: Sequence[Aggregator], aliases: Sequence[str],

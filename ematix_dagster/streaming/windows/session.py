@@ -1,4 +1,4 @@
-"""Session windows (SPEC.md §8): runs of a key's rows at most ``gap`` apart, cut at cap buckets.
+"""Session windows (docs/contract/windows.md): runs of a key's rows at most ``gap`` apart, cut at cap buckets.
 
 A session's end depends on its rows, so unlike fixed windows a start alone does not name a window:
 the driver keeps each key's sessions in :mod:`ematix_dagster.streaming.session_state`, and this
@@ -39,12 +39,12 @@ if TYPE_CHECKING:
     from ematix_dagster.spec import Window
     from ematix_dagster.streaming.aggregators import Aggregator
 
-#: the session windows' id column (SPEC.md §8)
+#: the session windows' id column (docs/contract/windows.md)
 SESSION_ID = "session_id"
 
 
 def session_id(pipeline: str, encoded_key: bytes, window_start: int) -> int:
-    """The informational BIGINT ``session_id`` of SPEC.md §8.
+    """The informational BIGINT ``session_id`` of docs/contract/windows.md.
 
     The hashed bytes are ``msgpack.packb([pipeline, encoded_key, window_start], use_bin_type=True)``:
     a 3-element array of the pipeline name as a msgpack str (UTF-8), the state store's key encoding
@@ -67,7 +67,7 @@ class SessionWindows(WindowKind):
     A session is final once ``window_end < W`` (strict: a row at exactly ``last + gap`` still
     joins, and the late rule accepts rows at ``t >= W_prev``), and under ``reopen`` it is retained
     until ``window_end + retention < W``. Then no accepted row can reach an evicted session.
-    Sessions merge, so the rows written for one may be retracted (SPEC.md §10).
+    Sessions merge, so the rows written for one may be retracted (docs/contract/emission.md).
     """
 
     own_keys = ("gap_ms", "max_session_duration_ms")
@@ -88,7 +88,7 @@ class SessionWindows(WindowKind):
 
     @classmethod
     def validate(cls, window: Window, key: str) -> None:
-        """SPEC.md §8's rules, each naming its key."""
+        """docs/contract/windows.md's rules, each naming its key."""
         for name in ("duration_ms", "hop_ms"):
             if getattr(window, name) is not None:
                 _fail(f"{key}.{name}", f"{name} does not apply to session windows (a session's length "

@@ -1,4 +1,4 @@
-"""Sliding windows (SPEC.md §9, KIP-450): one window ``[t - D, t]`` per distinct event time of a key.
+"""Sliding windows (docs/contract/windows.md, KIP-450): one window ``[t - D, t]`` per distinct event time of a key.
 
 Both bounds are inclusive, so a row exactly ``D`` before ``t`` is in window ``t``. Which windows
 exist depends on the key's rows (a window per distinct event time), so the driver keeps each key's
@@ -57,7 +57,7 @@ class SlidingWindows(KeyedByStart):
 
     @classmethod
     def validate(cls, window: Window, key: str) -> None:
-        """SPEC.md §9's rules, each naming its key."""
+        """docs/contract/windows.md's rules, each naming its key."""
         window.validate_duration(key, "the time difference D (each window is [t - D, t])")
         if window.hop_ms is not None:
             _fail(f"{key}.hop_ms", "hop_ms does not apply to sliding windows (one window per distinct event time)",

@@ -18,6 +18,7 @@ from ematix_dagster.fingerprint import describe_changes, fingerprint, fingerprin
 from ematix_dagster.spark import checkpoint
 from ematix_dagster.spark.recovery import Problem, validate_checkpoint
 from ematix_dagster.spec import PipelineSpec
+from ematix_dagster.streaming.windows import window_kind
 from ematix_dagster.stores import make_store
 from state_store.base import PipelineRecord, StateStore, make_holder
 from state_store.codec import STATE_VERSION
@@ -68,7 +69,6 @@ def check(spec: PipelineSpec) -> CheckReport:
     from ematix_dagster.spark.recovery import RESET
     from ematix_dagster.streaming.durable import check_window_ends, decoded_groups
     from ematix_dagster.streaming.micro_batch import check_groups
-    from ematix_dagster.streaming.windows import window_kind
 
     def corrupt_state(exc: CorruptState) -> Problem:
         return Problem("corrupt_state", f"the stored state cannot be used: {exc.cause.rstrip('.')}.",
@@ -133,8 +133,7 @@ def summary(spec: PipelineSpec, windows: bool = True) -> dict[str, Any]:
                     for n, p in (record.sources.items() if record else [])},
         "counters": dict(record.counters) if record else {},
         "windows": per_window,
-        **({"sessions": _held_per_key(recovered.groups, "sessions")} if spec.window.kind == "session" else {}),
-        **({"events": _held_per_key(recovered.groups, "events")} if spec.window.kind == "sliding" else {}),
+        **({noun: _held_per_key(recovered.groups, noun)} if (noun := window_kind(spec.window).rows_per_key) else {}),
     }
 
 

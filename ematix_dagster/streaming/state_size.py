@@ -1,8 +1,8 @@
 """How much driver memory a pipeline's window state is expected to take, said before it runs.
 
 The estimate multiplies the window kind's steady-state number of open windows by the group cap
-and by bytes per group measured for the real in-memory layout (``tests/test_state_size.py``
-measures them with tracemalloc). Exact distinct sets grow with their data, which no spec can
+and by bytes per group measured for the kind's real in-memory layout (its state class's
+``bytes_per_group``; ``tests/test_state_size.py`` measures them with tracemalloc). Exact distinct sets grow with their data, which no spec can
 predict, so their per-value cost is stated as a rate instead of assuming every set is full:
 multiplying two caps gave warnings such as "894.1 GiB" for pipelines that hold a few hundred MB.
 
@@ -20,16 +20,6 @@ from dataclasses import dataclass
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.aggregators import make_aggregator
 from ematix_dagster.streaming.windows import MICROS_PER_MS, window_kind
-
-#: one group without its accumulators: the window's dict slot, the key tuple, the accumulator list
-GROUP_BYTES = 150
-#: each group_by value in the key tuple (a slot and a short string)
-KEY_VALUE_BYTES = 60
-#: a sliding window's partial without its accumulators: its slot in the key's dict of event times
-#: and in the key's sorted times, the accumulator list (the key itself is shared by its partials)
-SLIDING_PARTIAL_BYTES = 130
-#: each prefix sum a sliding window of additive aggregators keeps per partial and accumulator part
-PREFIX_PART_BYTES = 30
 
 GIB = 1 << 30
 
@@ -59,17 +49,11 @@ class StateEstimate:
 def estimate_state(window: Window) -> StateEstimate:
     kind = window_kind(window)
     aggregators = [make_aggregator(a, None, window.hll_precision) for a in window.aggregations]
-    accumulators = sum(a.state_bytes for a in aggregators)
-    if window.kind == "sliding":  # per retained (key, event time) partial
-        prefix_sums = sum(a.additive_parts for a in aggregators) if all(a.additive_parts for a in aggregators) else 0
-        per_group = SLIDING_PARTIAL_BYTES + accumulators + PREFIX_PART_BYTES * prefix_sums
-    else:
-        per_group = GROUP_BYTES + KEY_VALUE_BYTES * len(window.group_by) + accumulators
     return StateEstimate(
         open_windows=kind.expected_open_windows(window.lateness_ms * MICROS_PER_MS,
                                                 window.retention_ms * MICROS_PER_MS),
         groups_per_window=window.max_groups_per_window,
-        bytes_per_group=per_group,
+        bytes_per_group=kind.state_class.bytes_per_group(aggregators, len(window.group_by)),
         bytes_per_distinct_value=sum(a.bytes_per_value for a in aggregators),
-        held="event times per key (max_events_per_group)" if window.kind == "sliding" else "open windows",
+        held=kind.held,
     )

@@ -34,13 +34,20 @@ from itertools import accumulate
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
-from ematix_dagster.streaming.aggregators import PartialRowError, merge_partials
+from ematix_dagster.streaming.aggregators import Aggregator, PartialRowError, merge_partials
 from ematix_dagster.streaming.emitted import GroupKey
 from ematix_dagster.streaming.state.base import Accumulators, Report, StateBase, StoreChanges, StoredGroup
 from ematix_dagster.streaming.two_stacks import TwoStacks
 
 if TYPE_CHECKING:
     from ematix_dagster.streaming.windows.sliding import SlidingWindows
+
+
+#: a partial without its accumulators: its slot in the key's dict of event times and in the key's
+#: sorted times, the accumulator list (measured by ``tests/test_state_size.py``)
+SLIDING_PARTIAL_BYTES = 130
+#: each prefix sum an additive aggregator keeps per partial and accumulator part
+PREFIX_PART_BYTES = 30
 
 
 @dataclass
@@ -65,6 +72,12 @@ class SlidingState(StateBase):
     # rebased as old ones leave, dropped when a partial lands among older ones (rebuilt when needed)
     _prefix: dict[GroupKey, list[list[Any]]] = field(default_factory=dict, init=False, repr=False)
     _additive: bool = field(default=False, init=False, repr=False)
+
+    @staticmethod
+    def bytes_per_group(aggregators: Sequence[Aggregator], key_width: int) -> int:
+        """One retained (key, event time) partial: the key itself is shared by its partials."""
+        prefix_sums = sum(a.additive_parts for a in aggregators) if all(a.additive_parts for a in aggregators) else 0
+        return SLIDING_PARTIAL_BYTES + sum(a.state_bytes for a in aggregators) + PREFIX_PART_BYTES * prefix_sums
 
     def __post_init__(self) -> None:
         self._additive = all(agg.additive_parts for agg in self.aggregators)

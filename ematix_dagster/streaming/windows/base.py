@@ -17,7 +17,7 @@ from ematix_dagster.streaming.windows.units import format_window
 if TYPE_CHECKING:
     from ematix_dagster.spec import Window
     from ematix_dagster.streaming.aggregators import Aggregator
-    from ematix_dagster.streaming.state.base import KindState
+    from ematix_dagster.streaming.state.base import KindState, StateBase
 
 
 class WindowKind(ABC):
@@ -36,6 +36,12 @@ class WindowKind(ABC):
     retracts: bool = False
     #: no start names a window's end, so each group's stored end and emitted flag are restored
     ends_stored: bool = False
+    #: the driver state of this kind's windows (:meth:`make_state`)
+    state_class: type[StateBase]
+    #: what the driver-memory estimate multiplies the group cap by, in words (``streaming.state_size``)
+    held: str = "open windows"
+    #: the noun ``ematix-dagster state`` counts each key's stored rows in (None: a row per window)
+    rows_per_key: str | None = None
 
     @classmethod
     @abstractmethod
@@ -52,10 +58,10 @@ class WindowKind(ABC):
     def fingerprint(cls, window: Window) -> dict[str, Any]:
         """The spec's sizes that the stored state depends on (docs/contract/operations.md), by fingerprint key."""
 
-    @abstractmethod
     def make_state(self, pipeline: str, aggregators: Sequence[Aggregator], aliases: Sequence[str],
                    max_groups_per_window: int) -> KindState:
         """An empty driver state of this kind."""
+        return self.state_class(pipeline, aggregators, aliases, max_groups_per_window, self)  # type: ignore[return-value]
 
     @abstractmethod
     def row_windows(self, t: int, closed_before: int | None) -> list[WindowBounds]:

@@ -7,7 +7,7 @@ one does not. A tumbling window is a hopping window whose hop is its duration.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ematix_dagster.spec.rules import _fail, _positive
 from ematix_dagster.streaming.state.fixed import FixedState
@@ -16,7 +16,6 @@ from ematix_dagster.streaming.windows.units import MICROS_PER_MS
 
 if TYPE_CHECKING:
     from ematix_dagster.spec import Window
-    from ematix_dagster.streaming.aggregators import Aggregator
 
 
 def last_start(t: int, hop: int) -> int:
@@ -36,6 +35,8 @@ def window_starts(t: int, duration: int, hop: int) -> range:
 
 class FixedWindows(KeyedByStart):
     """Fixed-size windows; a window is closed, final and evicted by its exclusive end."""
+
+    state_class = FixedState
 
     def __init__(self, duration: int, hop: int) -> None:
         self.duration = duration
@@ -64,10 +65,6 @@ class FixedWindows(KeyedByStart):
     @classmethod
     def fingerprint(cls, window: Window) -> dict[str, Any]:
         return {"window.duration_ms": window.duration_ms, "window.hop_ms": window.hop_ms}
-
-    def make_state(self, pipeline: str, aggregators: Sequence[Aggregator], aliases: Sequence[str],
-                   max_groups_per_window: int) -> FixedState:
-        return FixedState(pipeline, aggregators, aliases, max_groups_per_window, self)
 
     def bounds(self, start: int) -> WindowBounds:
         return WindowBounds(start, start + self.duration)

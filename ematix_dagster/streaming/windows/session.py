@@ -37,7 +37,6 @@ from ematix_dagster.streaming.windows.units import MICROS_PER_MS, format_us
 
 if TYPE_CHECKING:
     from ematix_dagster.spec import Window
-    from ematix_dagster.streaming.aggregators import Aggregator
 
 #: the session windows' id column (docs/contract/windows.md)
 SESSION_ID = "session_id"
@@ -74,6 +73,8 @@ class SessionWindows(WindowKind):
     id_column = SESSION_ID
     retracts = True
     ends_stored = True
+    state_class = SessionState
+    rows_per_key = "sessions"
 
     def __init__(self, gap: int, cap: int) -> None:
         if not 0 < gap < cap:
@@ -114,10 +115,6 @@ class SessionWindows(WindowKind):
     @classmethod
     def fingerprint(cls, window: Window) -> dict[str, Any]:
         return {"window.gap_ms": window.gap_ms, "window.max_session_duration_ms": window.max_session_duration_ms}
-
-    def make_state(self, pipeline: str, aggregators: Sequence[Aggregator], aliases: Sequence[str],
-                   max_groups_per_window: int) -> SessionState:
-        return SessionState(pipeline, aggregators, aliases, max_groups_per_window, self)
 
     # -- pure helpers ---------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ WindowBounds(start=15, end=25)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ematix_dagster.spec.rules import _fail, _positive
 from ematix_dagster.streaming.state.sliding import SlidingState
@@ -29,7 +29,6 @@ from ematix_dagster.streaming.windows.units import MICROS_PER_MS, format_us
 
 if TYPE_CHECKING:
     from ematix_dagster.spec import Window
-    from ematix_dagster.streaming.aggregators import Aggregator
 
 
 class SlidingWindows(KeyedByStart):
@@ -43,6 +42,9 @@ class SlidingWindows(KeyedByStart):
     """
 
     own_keys = ("max_events_per_group",)
+    state_class = SlidingState
+    held = "event times per key (max_events_per_group)"
+    rows_per_key = "events"
 
     def __init__(self, duration: int, max_events: int) -> None:
         if duration <= 0 or max_events <= 0:
@@ -70,10 +72,6 @@ class SlidingWindows(KeyedByStart):
     @classmethod
     def fingerprint(cls, window: Window) -> dict[str, Any]:
         return {"window.duration_ms": window.duration_ms}
-
-    def make_state(self, pipeline: str, aggregators: Sequence[Aggregator], aliases: Sequence[str],
-                   max_groups_per_window: int) -> SlidingState:
-        return SlidingState(pipeline, aggregators, aliases, max_groups_per_window, self)
 
     def is_late(self, t: int, closed_before: int | None) -> bool:
         """No window the row at ``t`` belongs to can still be open or created."""

@@ -17,8 +17,10 @@ truth is pandas over the same events, with no engine code.
 
 from __future__ import annotations
 
+import ast
 import copy
 import random
+from pathlib import Path
 from dataclasses import replace
 from typing import Any, Callable, Iterator
 
@@ -201,6 +203,32 @@ def test_a_window_is_final_only_once_closed() -> None:
             for kind_of_row, start, end, _key, _values in out:
                 if kind_of_row == "final":
                     assert kind.is_final(WindowBounds(start, end), result.watermark), (name, start, end)
+
+
+ENGINE_CORE = ("streaming/micro_batch.py", "streaming/durable.py", "spark/batch.py", "spark/convert.py")
+
+
+@pytest.mark.parametrize("module", ENGINE_CORE)
+def test_the_engine_core_never_asks_which_kind_it_runs(module: str) -> None:
+    """No ``isinstance`` on a window kind or state class, and no comparison with a kind's name: a
+    kind's differences are answers of its ``WindowKind``, its state and its Spark plan."""
+    path = Path(__file__).resolve().parent.parent / "ematix_dagster" / module
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    kinds = set(KINDS) | {"tumbling_offset"}
+    names = {"WindowKind", "KeyedByStart", "FixedWindows", "SessionWindows", "SlidingWindows",
+             "KindState", "StateBase", "FixedState", "SessionState", "SlidingState", "WindowState"}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
+            checked = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}
+            checked |= {n.attr for n in ast.walk(node.args[1]) if isinstance(n, ast.Attribute)}
+            if checked & names:
+                found.append(f"line {node.lineno}: isinstance on {sorted(checked & names)}")
+        if isinstance(node, ast.Compare):
+            consts = {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+            if consts & kinds:
+                found.append(f"line {node.lineno}: compares with kind name {sorted(consts & kinds)}")
+    assert not found, f"{module} asks which window kind it runs:\n" + "\n".join(found)
 
 
 # -- a kind registered from the tests: tumbling windows shifted by an offset ------------------------

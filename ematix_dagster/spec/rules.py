@@ -11,8 +11,8 @@ from typing import Any
 
 from ematix_dagster.errors import PipelineConfigError
 
-# Window kinds and aggregators are whatever their registries hold (``streaming.windows.KINDS``,
-# ``streaming.aggregators.AGGREGATORS``): a new one is registered there, not listed here too.
+# Window kinds and aggregators are whatever their registries hold (``spec.registries``, filled by
+# ``streaming.windows`` and ``streaming.aggregators``): a new one is registered there, not listed here.
 LATE_POLICIES = ("drop", "reopen", "dlq")
 TIME_MODES = ("event", "processing")
 TIME_UNITS = ("ms", "us", "s")

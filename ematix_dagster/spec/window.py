@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ematix_dagster.spec.registries import AGGREGATIONS, WINDOW_KINDS
 from ematix_dagster.spec.rules import (
     LATE_POLICIES, TIME_MODES, TIME_UNITS, _fail, _is_ident, _is_reserved, _listed_as_tuple, _non_negative, _positive,
 )
@@ -24,10 +25,8 @@ class Aggregation:
     max_distinct_values_per_group: int | None = None
 
     def validate(self, key: str) -> None:
-        from ematix_dagster.streaming.aggregators import AGGREGATORS  # the registry imports this module
-
-        if self.agg not in AGGREGATORS:
-            _fail(f"{key}.agg", f"unknown aggregator {self.agg!r}", f"use one of {', '.join(AGGREGATORS)}")
+        if self.agg not in AGGREGATIONS:
+            _fail(f"{key}.agg", f"unknown aggregator {self.agg!r}", f"use one of {', '.join(AGGREGATIONS)}")
         if not _is_ident(self.as_):
             _fail(f"{key}.as", f"{self.as_!r} is not a valid column name", "use letters, digits and _")
         if _is_reserved(self.as_):
@@ -99,13 +98,11 @@ class Window:
         _listed_as_tuple(self, "group_by", "aggregations")
 
     def validate(self, key: str = "transform.window") -> None:
-        from ematix_dagster.streaming.windows import KINDS  # the registry imports this module
-
-        kinds = " or ".join(f'"{k}"' for k in KINDS)
-        if self.kind not in KINDS:
+        kinds = " or ".join(f'"{k}"' for k in WINDOW_KINDS)
+        if self.kind not in WINDOW_KINDS:
             _fail(f"{key}.kind", f"unknown window kind {self.kind!r}", f"use {kinds}")
-        rules = KINDS[self.kind]
-        for name, other in KINDS.items():  # another kind's own keys
+        rules = WINDOW_KINDS[self.kind]
+        for name, other in WINDOW_KINDS.items():  # another kind's own keys
             for field_name in other.own_keys:
                 if field_name not in rules.own_keys and getattr(self, field_name) is not None:
                     _fail(f"{key}.{field_name}", f"{field_name} only applies to {name} windows, not {self.kind!r}",

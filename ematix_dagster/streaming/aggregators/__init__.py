@@ -22,14 +22,17 @@ from __future__ import annotations
 from typing import Callable
 
 from ematix_dagster.spec import Aggregation
+from ematix_dagster.spec.registries import AGGREGATIONS
 from ematix_dagster.streaming.aggregators.base import (
     SCALAR_TYPES, Aggregator, PartialRowError, SparkInput, describe_value, merge_partials, order_key,
 )
 from ematix_dagster.streaming.aggregators.basic import Avg, Count, First, Last, Max, Min, Sum
 from ematix_dagster.streaming.aggregators.distinct import ApproxDistinct, ExactDistinct
 
-#: spec ``agg`` -> (the spec entry, whether a sum is integral, hll_precision) -> its aggregator
-AGGREGATORS: dict[str, Callable[[Aggregation, bool | None, int], Aggregator]] = {
+#: spec ``agg`` -> (the spec entry, whether a sum is integral, hll_precision) -> its aggregator; the
+#: spec's own registry, which the spec validates against
+AGGREGATORS: dict[str, Callable[[Aggregation, bool | None, int], Aggregator]] = AGGREGATIONS
+AGGREGATORS.update({
     "count": lambda a, integral, lg_k: Count(),
     "count_col": lambda a, integral, lg_k: Count(),
     "sum": lambda a, integral, lg_k: Sum(integral),
@@ -40,7 +43,7 @@ AGGREGATORS: dict[str, Callable[[Aggregation, bool | None, int], Aggregator]] = 
     "last": lambda a, integral, lg_k: Last(),
     "count_distinct": lambda a, integral, lg_k: ApproxDistinct(lg_k) if a.distinct_mode == "approximate"
     else ExactDistinct(a.max_distinct_values_per_group or 0),
-}
+})
 
 
 def make_aggregator(agg: Aggregation, integral: bool | None, hll_precision: int) -> Aggregator:

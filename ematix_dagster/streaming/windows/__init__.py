@@ -22,6 +22,7 @@ microseconds since the epoch (UTC).
 from __future__ import annotations
 
 from ematix_dagster.spec import Window
+from ematix_dagster.spec.registries import WINDOW_KINDS
 from ematix_dagster.streaming.windows.base import KeyedByStart, WindowBounds, WindowKind
 from ematix_dagster.streaming.windows.fixed import FixedWindows, first_start, last_start, window_starts
 from ematix_dagster.streaming.windows.session import SessionWindows
@@ -29,13 +30,15 @@ from ematix_dagster.streaming.windows.sliding import SlidingWindows
 from ematix_dagster.streaming.windows.units import MICROS_PER_MS, format_us, format_window
 
 
-#: spec ``kind`` -> the class of its rules (a new kind adds its line here, or registers itself here)
-KINDS: dict[str, type[WindowKind]] = {
+#: spec ``kind`` -> the class of its rules (a new kind adds its line here, or registers itself here);
+#: the spec's own registry, which the spec validates against
+KINDS: dict[str, type[WindowKind]] = WINDOW_KINDS  # type: ignore[assignment]  # WindowKind is a SpecKind
+KINDS.update({
     "tumbling": FixedWindows,
     "hopping": FixedWindows,
     "session": SessionWindows,
     "sliding": SlidingWindows,
-}
+})
 
 
 def window_kind(window: Window) -> WindowKind:

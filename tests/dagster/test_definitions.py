@@ -14,7 +14,7 @@ import pytest
 
 from ematix_dagster.spec import load_pipeline
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 EXPECTED_ASSETS = {"public/user_clicks_1min", "ematix/clicks-hopping-5min", "ematix/user-sessions",
                    "ematix/card-payments", "ematix/revenue-per-channel"}

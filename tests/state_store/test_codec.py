@@ -16,7 +16,7 @@ from datasketches import hll_sketch, hll_union
 from ematix_dagster.errors import CorruptState, StateVersionError
 from state_store import codec
 
-FIXTURES = Path(__file__).parent / "fixtures" / "state_v1"
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "state_v1"
 UTC = timezone.utc
 
 

@@ -22,7 +22,7 @@ from ematix_dagster.stores import make_store
 from state_store import codec
 from tests.dagster_support import HeldLease, commit_state, small_spec
 
-FIXTURES = Path(__file__).parent / "fixtures" / "state_v1"
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "state_v1"
 _INSTANCES: list[dg.DagsterInstance] = []
 
 

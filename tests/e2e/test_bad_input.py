@@ -29,8 +29,8 @@ import tomli_w
 
 from ematix_dagster.spark.rejects import MAX_KEY_BYTES
 from ematix_dagster.spec import load_pipeline_str
-from tests.test_lateness_e2e import metric, run
-from tests.test_rejected_rows import hopping_into_postgres
+from tests.e2e.test_lateness import metric, run
+from tests.e2e.test_rejected_rows import hopping_into_postgres
 
 US = 1_000_000
 NOW_US = int(dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc).timestamp()) * US

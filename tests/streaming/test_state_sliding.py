@@ -19,7 +19,7 @@ Each batch yields a canonical sorted list of (kind, start = t - D, end = t, key,
 
 The engine side is fed what Spark will send: the late rule applied with ``Engine.closed_before()``,
 then one partial per (key, event time) of the batch's accepted rows, built per aggregator exactly as
-Spark's partial aggregates come out (the formats of ``tests/test_session_state.py``), in a shuffled
+Spark's partial aggregates come out (the formats of ``tests/streaming/test_state_session.py``), in a shuffled
 order, merged by the real ``Engine`` with the real aggregator classes. After each batch the state's
 ``take_changes`` is applied to a simulated store; the randomised runs restart once from it (a new
 Engine restored from the store, the watermark and the source clock). No Spark is started.

@@ -23,7 +23,7 @@ from ematix_dagster.spark.runner import PipelineRunner
 from ematix_dagster.spec import load_pipeline_str
 from state_store.sqlite import SqliteStateStore
 from tests.pipeline_toml import sqlite_store, windowed_pipeline_toml
-from tests.test_lateness_e2e import SCHEMA, at, row
+from tests.e2e.test_lateness import SCHEMA, at, row
 
 
 def _spec(tmp: Path, duration_ms: int = 60_000, checkpoint: str = "cp", state: str = "state.db"):

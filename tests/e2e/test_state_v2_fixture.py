@@ -20,9 +20,9 @@ import pytest
 from ematix_dagster.spec import load_pipeline_str
 from state_store import migrations
 from tests.pipeline_toml import windowed_pipeline_toml
-from tests.test_lateness_e2e import at, row
+from tests.e2e.test_lateness import at, row
 
-FIXTURES = Path(__file__).parent / "fixtures" / "state_v2"
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "state_v2"
 # The committed run was made from spec() and minute_rows() below: changing them breaks the fixture.
 FIRST_RUN_MINUTES = 3  # input files (= micro-batches) the committed run consumed
 MINUTES = 6
@@ -45,7 +45,7 @@ def minute_rows(minute: int) -> list[dict[str, Any]]:
 
 
 def write_minute(files, minute: int):
-    from tests.test_lateness_e2e import SCHEMA
+    from tests.e2e.test_lateness import SCHEMA
 
     files.count = minute
     return files.write(minute_rows(minute), schema=SCHEMA)
@@ -56,7 +56,7 @@ def write_minute(files, minute: int):
 
 def test_v2_blobs_decode_to_the_fixture_values_and_reencode_to_the_same_bytes():
     from state_store import codec
-    from tests.test_state_codec import same, typed_value
+    from tests.state_store.test_codec import same, typed_value
 
     v1 = FIXTURES.parent / "state_v1"
     expected = json.loads((v1 / "expected.json").read_text())
@@ -95,7 +95,7 @@ def test_sqlite_store_at_schema_2_migrates_and_the_run_continues_exactly(spark, 
     from ematix_dagster.operations import check, summary
     from state_store.sqlite import SqliteStateStore
     from tests import oracle
-    from tests.test_lateness_e2e import Feed, compare_output, oracle_params, run
+    from tests.e2e.test_lateness import Feed, compare_output, oracle_params, run
 
     _install(tmp_path)
     db = tmp_path / "state.db"

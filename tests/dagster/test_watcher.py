@@ -17,7 +17,7 @@ import pytest
 
 from ematix_dagster.dagster.watcher import RunWatcher
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 @pytest.fixture

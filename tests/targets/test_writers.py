@@ -25,11 +25,7 @@ from ematix_dagster.targets import (
     make_window_writer,
     redact_url,
 )
-
-try:
-    from tests.pg import drop_schema, ensure_postgres, fresh_schema
-except ImportError:  # pragma: no cover - tests/ imported as a rootdir, not a package
-    from pg import drop_schema, ensure_postgres, fresh_schema  # type: ignore[no-redef]
+from tests.pg import drop_schema, ensure_postgres, fresh_schema
 
 UTC = dt.timezone.utc
 PIPE = "clicks-per-minute"
@@ -299,7 +295,7 @@ def test_mixed_case_and_reserved_identifiers(dsn, schema):
 
 
 def test_description_names_the_server_and_empty_batch_is_noop(dsn, schema):
-    # Writers get URLs resolved (PipelineSpec.resolved): tests/test_env_placeholders.py covers ${NAME}.
+    # Writers get URLs resolved (PipelineSpec.resolved): tests/e2e/test_env_placeholders.py covers ${NAME}.
     w = make_window_writer(Target(kind="postgres", url=dsn, table=f"{schema}.out", create_table=True),
                            PIPE, SIMPLE, SIMPLE_KEY)
     assert "127.0.0.1:5432/test" in w.description

@@ -31,8 +31,8 @@ from state_store.memory import InMemoryStateStore
 from state_store.postgres import PostgresStateStore
 from state_store.sqlite import SqliteStateStore
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = Path(__file__).parent / "fixtures" / "state_v1"
+ROOT = Path(__file__).resolve().parent.parent.parent
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "state_v1"
 KINDS = ["in_memory", "sqlite", "postgres"]
 
 

@@ -29,7 +29,7 @@ from tests import oracle
 from tests.pipeline_toml import postgres_store, postgres_target, windowed_pipeline_toml
 from tests.spark_cluster import spark_cluster_fixture  # noqa: F401 - a fixture
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 FILES = 6
 ROWS_PER_FILE = 500
 KEYS = 5

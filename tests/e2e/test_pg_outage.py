@@ -23,7 +23,7 @@ import pytest
 from ematix_dagster.spec import load_pipeline
 from tests.pg_cluster import PgCluster, pg_cluster  # noqa: F401 - the module-scoped fixture
 from tests.pipeline_toml import postgres_store, postgres_target
-from tests.test_crash_recovery import (
+from tests.e2e.test_crash_recovery import (
     HOPPING_REOPEN, MIDDLE, TUMBLING_DROP, actual_target, expected_target, feed, finish, pipeline_toml, start_run,
     wait_group_gone,
 )

@@ -26,11 +26,7 @@ from ematix_dagster.metrics import StreamingMetrics
 from ematix_dagster.spark.checkpoint import read_offsets, source_log
 from ematix_dagster.spark.runner import PipelineRunner, RunSummary
 from ematix_dagster.spec import load_pipeline_str
-
-try:
-    from tests import oracle
-except ImportError:  # pragma: no cover - tests/ imported as a rootdir
-    import oracle  # type: ignore[no-redef]
+from tests import oracle
 
 UTC = dt.timezone.utc
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=UTC)

@@ -28,7 +28,7 @@ from ematix_dagster.spec import load_pipeline_str
 from state_store.sqlite import SqliteStateStore
 from tests.conftest import BatchFiles
 from tests.pipeline_toml import postgres_store, postgres_target, windowed_pipeline_toml
-from tests.test_lateness_e2e import at, row
+from tests.e2e.test_lateness import at, row
 
 SECRET = "s3cret-pw"
 

@@ -246,7 +246,7 @@ def vals(*vs: int) -> tuple[Any, ...]:
 
 
 def test_session_rules_spec_late_rule_bounds_and_estimate() -> None:
-    result = doctest.testmod(session_module, optionflags=doctest.ELLIPSIS)  # tests/streaming/test_micro_batch.py skips subpackages
+    result = doctest.testmod(session_module, optionflags=doctest.ELLIPSIS)  # tests/test_doctests.py skips subpackages
     assert result.attempted >= 8 and result.failed == 0
     spec = SimpleNamespace(gap_ms=30_000, max_session_duration_ms=3_600_000)
     rules = SessionWindows.for_window(spec)  # type: ignore[arg-type]

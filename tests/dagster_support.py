@@ -77,7 +77,7 @@ class HeldLease:
 
 
 # -- a real ``dagster dev`` driven through GraphQL ---------------------------------------------------
-# Shared by tests/test_dagster_graphql_e2e.py and tests/test_dagster_crash_restart.py.
+# Shared by tests/e2e/test_dagster_graphql.py and tests/e2e/test_dagster_crash_restart.py.
 
 
 ROOT = Path(__file__).resolve().parent.parent

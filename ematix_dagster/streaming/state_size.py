@@ -2,7 +2,7 @@
 
 The estimate multiplies the window kind's steady-state number of open windows by the group cap
 and by bytes per group measured for the kind's real in-memory layout (its state class's
-``bytes_per_group``; ``tests/test_state_size.py`` measures them with tracemalloc). Exact distinct sets grow with their data, which no spec can
+``bytes_per_group``; ``tests/streaming/test_state_size.py`` measures them with tracemalloc). Exact distinct sets grow with their data, which no spec can
 predict, so their per-value cost is stated as a rate instead of assuming every set is full:
 multiplying two caps gave warnings such as "894.1 GiB" for pipelines that hold a few hundred MB.
 

@@ -147,7 +147,7 @@ class Aggregator:
     looks_inside = False
     expected = "an accumulator"
     #: driver memory one accumulator adds to a group (list slot and object), measured with
-    #: tracemalloc (tests/test_state_size.py keeps it honest); the start-up state estimate reads it
+    #: tracemalloc (tests/streaming/test_state_size.py keeps it honest); the start-up state estimate reads it
     state_bytes = 40
     #: driver memory each distinct value held adds (exact distinct sets only)
     bytes_per_value = 0

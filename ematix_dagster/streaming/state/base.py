@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 #: one group's accumulators, one per aggregation
 Accumulators = list[Any]
 #: one group without its accumulators: the window's dict slot, the key tuple, the accumulator list
-#: (measured with tracemalloc by ``tests/test_state_size.py``)
+#: (measured with tracemalloc by ``tests/streaming/test_state_size.py``)
 GROUP_BYTES = 150
 #: each group_by value in the key tuple (a slot and a short string)
 KEY_VALUE_BYTES = 60

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 
 #: a partial without its accumulators: its slot in the key's dict of event times and in the key's
-#: sorted times, the accumulator list (measured by ``tests/test_state_size.py``)
+#: sorted times, the accumulator list (measured by ``tests/streaming/test_state_size.py``)
 SLIDING_PARTIAL_BYTES = 130
 #: each prefix sum an additive aggregator keeps per partial and accumulator part
 PREFIX_PART_BYTES = 30

@@ -1,0 +1,45 @@
+"""Fixed-window state (``ematix_dagster/streaming/state/fixed.py``; no Spark): merges, emission, retention, caps."""
+
+from __future__ import annotations
+
+import pytest
+
+from ematix_dagster.errors import StateCapExceeded
+from ematix_dagster.streaming.aggregators import Count, Sum
+from ematix_dagster.streaming.emission import emit
+from ematix_dagster.streaming.state.fixed import FixedState
+from ematix_dagster.streaming.windows import FixedWindows
+
+
+def test_fixed_state_direct_emit_and_retention() -> None:
+    st = FixedState(pipeline="p", kind=FixedWindows(10, 10), aggregators=[Count()], aliases=["n"],
+                    max_groups_per_window=5)
+    st.merge([0, 0, 10, 0], [("a",), (None,), ("a",), ("a",)], [[1, 2, 3, 4]])
+    assert st.touched == {0: {("a",), (None,)}, 10: {("a",)}}
+    out = emit(st, before=None, watermark=9, retention=0).rows
+    assert out == [] and st.open_windows(9) == 2
+    out = emit(st, before=9, watermark=10, retention=3).rows
+    # NULL group keys are a group of their own and sort first
+    assert [(r.start, r.end, r.key, r.values, r.kind) for r in out] == [
+        (0, 10, (None,), (2,), "final"), (0, 10, ("a",), (5,), "final")]
+    assert st.open_windows(10) == 1 and set(st.windows) == {0, 10}
+    assert emit(st, before=10, watermark=12, retention=3).rows == []  # emitted once only; 10 + 3 > 12
+    assert set(st.windows) == {0, 10}
+    # a retained window touched again makes corrections for the touched groups only
+    st.merge([0], [("a",)], [[1]])
+    out = emit(st, before=12, watermark=12, retention=3).rows
+    assert [(r.start, r.key, r.values, r.kind) for r in out] == [(0, ("a",), (6,), "correction")]
+    assert emit(st, before=12, watermark=13, retention=3).rows == []  # 10 + 3 <= 13: evicted
+    assert set(st.windows) == {10} and st.open_windows(13) == 1
+    assert st.flush_watermark == 20 and st.group_count == 1
+
+
+def test_fixed_state_merges_a_run_column_by_column_and_a_repeated_group_row_by_row() -> None:
+    st = FixedState(pipeline="p", kind=FixedWindows(10, 10), aggregators=[Count(), Sum(integral=True)],
+                    aliases=["n", "s"], max_groups_per_window=3)
+    st.merge([0, 0], [("a",), ("b",)], [[1, 2], [10, 20]])
+    # old and new groups in one run, then one group twice in a run (not from Spark, still exact)
+    st.merge([0, 0, 0, 0], [("c",), ("a",), ("a",), ("b",)], [[5, 1, 2, 3], [50, 1, None, 2]])
+    assert st.windows == {0: {("a",): [4, 11], ("b",): [5, 22], ("c",): [5, 50]}}
+    with pytest.raises(StateCapExceeded, match="max_groups_per_window=3"):
+        st.merge([0, 0], [("a",), ("d",)], [[1, 1], [1, 1]])

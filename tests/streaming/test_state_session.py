@@ -1,0 +1,429 @@
+"""Session windows on the driver (docs/contract/windows.md) against an independent pandas ground truth.
+
+The oracle below imports nothing from the engine: each batch it applies the late rule against the
+previous watermark, recomputes every key's sessions from all accepted rows so far (per key and cap
+bucket, a new session when consecutive rows are more than ``gap`` apart), emits the sessions whose
+end is before W as ``final``, re-emits emitted sessions that took rows in the batch as
+``correction`` and retracts target rows whose (start, key) no longer exists. The engine side is fed
+what Spark will send: each batch's accepted rows sessionized per (key, cap bucket) into partials,
+merged with the real aggregator classes. No Spark is started.
+"""
+
+from __future__ import annotations
+
+import copy
+import doctest
+import hashlib
+import random
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import msgpack
+import pandas as pd
+import pytest
+
+import ematix_dagster.streaming.windows.session as session_module
+from ematix_dagster.errors import StateCapExceeded
+from ematix_dagster.streaming.aggregators import Avg, Count, ExactDistinct, First, Last, Max, Min, Sum
+from ematix_dagster.streaming.emitted import EmittedRow
+from ematix_dagster.streaming.emission import RETRACT, emit
+from ematix_dagster.streaming.state.base import StoreChanges, StoredGroup
+from ematix_dagster.streaming.state.session import SessionState
+from ematix_dagster.streaming.windows.session import SessionWindows, session_id
+
+Key = tuple[Any, ...]
+Row = tuple[Key, int, Any]  # (group key, event time µs, value or None)
+Out = tuple[str, int, int, Key, tuple[Any, ...]]  # (kind, start, end, key, values)
+Partials = tuple[list[Key], list[int], list[int], list[list[Any]]]  # keys, firsts, lasts, partial columns
+
+# n = count(*), n_v = count(v), then sum, min, max, first, last, exact distinct and avg of v
+ALIASES = ["n", "n_v", "sum_v", "min_v", "max_v", "first_v", "last_v", "distinct_v", "avg_v"]
+
+
+@dataclass(frozen=True)
+class Params:
+    gap: int = 10
+    cap: int = 100
+    lateness: int = 0
+    policy: str = "drop"  # "drop" | "dlq" | "reopen"
+    allowed: int = 0  # allowed_lateness (reopen only)
+    max_groups: int = 1_000
+
+    @property
+    def retention(self) -> int:
+        return self.allowed if self.policy == "reopen" else 0
+
+
+def sessionize(rows: list[Row], gap: int, cap: int) -> list[tuple[Key, list[int], list[Any]]]:
+    """(key, event times, values) of each gap-session per key and cap bucket (oracle and Spark stand-in)."""
+    if not rows:
+        return []
+    key_ids: dict[Key, int] = {}
+    keys = [key_ids.setdefault(r[0], len(key_ids)) for r in rows]
+    df = pd.DataFrame({"kid": keys, "ts": [r[1] for r in rows], "v": pd.Series([r[2] for r in rows], dtype=object)})
+    df["bucket"] = df["ts"] // cap
+    df = df.sort_values(["kid", "bucket", "ts"], kind="stable").reset_index(drop=True)
+    starts = (df["kid"] != df["kid"].shift()) | (df["bucket"] != df["bucket"].shift()) | (df["ts"].diff() > gap)
+    df["sess"] = starts.cumsum()
+    by_id = list(key_ids)  # ids are insertion order
+    return [(by_id[g["kid"].iloc[0]], g["ts"].tolist(), g["v"].tolist()) for _, g in df.groupby("sess", sort=True)]
+
+
+# -- the oracle: docs/contract/windows.md applied batch by batch, from scratch -----------------------------------
+
+def oracle_values(ts: list[int], vs: list[Any]) -> tuple[Any, ...]:
+    vals = [v for v in vs if v is not None]
+    pairs = [(t, v) for t, v in zip(ts, vs) if v is not None]
+    return (len(ts), len(vals), sum(vals) if vals else None, min(vals, default=None), max(vals, default=None),
+            min(pairs)[1] if pairs else None, max(pairs)[1] if pairs else None, len(set(vals)),
+            sum(map(float, vals)) / len(vals) if vals else None)
+
+
+FROM_EVENTS = object()  # Oracle.batch's default watermark: the newest event time less the lateness
+
+
+class Oracle:
+    def __init__(self, p: Params) -> None:
+        self.p, self.batches = p, 0
+        self.max_seen: int | None = None
+        self.w: int | None = None  # the watermark after the last batch
+        self.reopened = 0  # accepted rows behind the previous watermark (reopen's allowance)
+        self.accepted: list[tuple[Key, int, Any, int]] = []  # (key, ts, v, batch number)
+        self.emitted_rows: set[int] = set()  # indices (in ``accepted``) of rows of emitted sessions
+        self.target: dict[tuple[int, Key], tuple[int, tuple[Any, ...]]] = {}
+
+    def batch(self, rows: list[Row], watermark: Any = FROM_EVENTS) -> tuple[list[Out], list[Out]]:
+        """``watermark``: W after the batch, where it is not the newest event time less the lateness
+        (several sources, idleness: ``tests/oracle.py`` computes it)."""
+        p, n = self.p, self.batches
+        self.batches += 1
+        w_prev = self.w
+        for key, t, v in rows:
+            if w_prev is None or t >= w_prev - (p.allowed if p.policy == "reopen" else 0):
+                self.accepted.append((key, t, v, n))
+                self.reopened += w_prev is not None and t < w_prev  # let in by the allowance
+        self.max_seen = max([t for _, t, _ in rows] + [m for m in (self.max_seen,) if m is not None], default=None)
+        if watermark is FROM_EVENTS:
+            watermark = None if self.max_seen is None else self.max_seen - p.lateness
+        w = self.w = watermark
+        # sessions of all accepted rows, each value tagged with its row's index in ``accepted``
+        tagged = [(key, t, (v, i)) for i, (key, t, v, _) in enumerate(self.accepted)]
+        out: list[Out] = []
+        current: set[tuple[int, Key]] = set()
+        for key, ts, tagged_vs in sessionize(tagged, p.gap, p.cap):
+            members = [i for _, i in tagged_vs]
+            vs = [v for v, _ in tagged_vs]
+            start, last = ts[0], ts[-1]
+            end = min(last + p.gap, (start // p.cap + 1) * p.cap)
+            current.add((start, key))
+            was_emitted = any(m in self.emitted_rows for m in members)
+            changed = any(self.accepted[i][3] == n for i in members)
+            values = oracle_values(ts, vs)
+            if was_emitted and changed:
+                out.append(("correction", start, end, key, values))
+            elif not was_emitted and w is not None and end < w:
+                out.append(("final", start, end, key, values))
+            else:
+                continue
+            self.emitted_rows.update(members)
+        retracts = [("retract", start, end, key, values) for (start, key), (end, values) in self.target.items()
+                    if (start, key) not in current]
+        for _, start, _, key, _ in retracts:
+            del self.target[(start, key)]
+        for _, start, end, key, values in out:
+            self.target[(start, key)] = (end, values)
+        return canon(retracts), canon(out)
+
+
+def canon(rows: list[Out] | list[EmittedRow]) -> list[Out]:
+    """Rows as (kind, start, end, key, values), in one order (keys holding None do not sort)."""
+    plain = [(r.kind, r.start, r.end, r.key, r.values) if isinstance(r, EmittedRow) else r for r in rows]
+    return sorted(plain, key=lambda r: (r[1], repr(r[3]), r[0]))
+
+
+# -- the engine side: late rule, partials as Spark forms them, SessionState, a simulated store -----
+
+def partials_of(rows: list[Row], p: Params, rng: random.Random) -> Partials:
+    """Batch-local session partials per (key, bucket), in an arbitrary order (as Spark returns them)."""
+    parts = []
+    for key, ts, vs in sessionize(rows, p.gap, p.cap):
+        vals = [v for v in vs if v is not None]
+        pairs = [(t, v) for t, v in zip(ts, vs) if v is not None]
+        parts.append((key, ts[0], ts[-1], [
+            len(ts), len(vals), sum(vals) if vals else None, min(vals, default=None), max(vals, default=None),
+            min(pairs) if pairs else None, max(pairs) if pairs else None, sorted(set(vals)),
+            (float(sum(vals)) if vals else None, len(vals)),
+        ]))
+    rng.shuffle(parts)
+    columns = [[part[3][i] for part in parts] for i in range(len(ALIASES))]
+    return [q[0] for q in parts], [q[1] for q in parts], [q[2] for q in parts], columns
+
+
+class Harness:
+    """Runs SessionState batch by batch the way the engine will, and keeps a simulated store."""
+
+    def __init__(self, p: Params, seed: int = 0) -> None:
+        self.p, self.rng = p, random.Random(seed)
+        self.rules = SessionWindows(p.gap, p.cap)
+        aggs = lambda: [Count(), Count(), Sum(True), Min(), Max(), First(), Last(), ExactDistinct(10_000), Avg()]
+        self.fresh = lambda: SessionState("p", aggs(), ALIASES, p.max_groups, self.rules)
+        self.state = self.fresh()
+        self.max_seen: int | None = None
+        self.store: dict[tuple[int, Key], tuple[int, list[Any], bool]] = {}
+        self.target: dict[tuple[int, Key], tuple[int, tuple[Any, ...]]] = {}
+        self.late, self.kinds, self.outputs = 0, set(), []  # rows judged late, kinds seen, output per batch
+
+    def batch(self, rows: list[Row]) -> tuple[list[Out], list[Out]]:
+        p = self.p
+        closed_before = None if self.max_seen is None else self.max_seen - p.lateness - p.retention
+        accepted = [r for r in rows if self.rules.row_windows(r[1], closed_before)]
+        self.late += len(rows) - len(accepted)
+        merge(self.state, partials_of(accepted, p, self.rng))
+        self.max_seen = max([t for _, t, _ in rows] + [m for m in (self.max_seen,) if m is not None], default=None)
+        w = None if self.max_seen is None else self.max_seen - p.lateness
+        retractions, out = split(emit(self.state, None, w, p.retention).rows)
+        self.commit()
+        for r in retractions:
+            del self.target[(r.start, r.key)]
+        for r in out:
+            self.target[(r.start, r.key)] = (r.end, r.values)
+        self.kinds.update(r.kind for r in retractions + out)
+        self.outputs.append((canon(retractions), canon(out)))
+        return self.outputs[-1]
+
+    def commit(self) -> None:
+        """Apply take_changes like a store (deletes, then upserts); it must mirror the state exactly
+        and write only sessions that differ from what the store holds."""
+        changes = self.state.take_changes()
+        upserts, deletes = changes.upserts, changes.deletes
+        for start, key in deletes:
+            del self.store[(start, key)]
+        for start, end, key, accs, emitted in upserts:
+            row = (end, copy.deepcopy(accs), emitted)
+            assert self.store.get((start, key)) != row, f"unchanged session {start} {key} rewritten"
+            self.store[(start, key)] = row
+        held = {(s.start, key): (s.end, s.accs, s.emitted) for key, ss in self.state.sessions.items() for s in ss}
+        assert self.store == held
+
+    def restart(self) -> None:
+        """A restart: a new SessionState from the store's rows."""
+        self.state = self.fresh()
+        self.state.restore([StoredGroup(start, end, key, copy.deepcopy(accs), emitted)
+                            for (start, key), (end, accs, emitted) in self.store.items()], None)
+
+
+def merge(state: SessionState, partials: Partials) -> None:
+    """``partials`` (as Spark forms them) merged as the engine merges them."""
+    keys, firsts, lasts, columns = partials
+    state.merge(firsts, keys, columns, lasts)
+
+
+def split(rows: list[EmittedRow]) -> tuple[list[EmittedRow], list[EmittedRow]]:
+    """A batch's rows as (retractions, the rest); the retractions must come first (docs/contract/emission.md)."""
+    retractions = [r for r in rows if r.kind == RETRACT]
+    assert rows[:len(retractions)] == retractions, "a retraction after a row it may retract"
+    return retractions, rows[len(retractions):]
+
+
+def run_both(p: Params, batches: list[list[Row]], restart_after: int | None = None, seed: int = 0) -> Harness:
+    """Feed both sides batch by batch and require identical output in every batch."""
+    oracle, harness = Oracle(p), Harness(p, seed)
+    for i, rows in enumerate(batches):
+        assert harness.batch(rows) == oracle.batch(rows), f"batch {i}, seed {seed}, {p}"
+        if restart_after == i:
+            harness.restart()
+    assert harness.target == oracle.target
+    return harness
+
+
+A, Z = ("a",), ("z",)
+
+
+def vals(*vs: int) -> tuple[Any, ...]:
+    """The expected values of a session whose rows carry ``vs`` in event-time order (no NULLs)."""
+    return (len(vs), len(vs), sum(vs), min(vs), max(vs), vs[0], vs[-1], len(set(vs)), sum(vs) / len(vs))
+
+
+def test_session_rules_spec_late_rule_bounds_and_estimate() -> None:
+    result = doctest.testmod(session_module, optionflags=doctest.ELLIPSIS)  # tests/test_doctests.py skips subpackages
+    assert result.attempted >= 8 and result.failed == 0
+    spec = SimpleNamespace(gap_ms=30_000, max_session_duration_ms=3_600_000)
+    rules = SessionWindows.for_window(spec)  # type: ignore[arg-type]
+    assert (rules.gap, rules.cap) == (30_000_000, 3_600_000_000)
+    assert SessionWindows.fingerprint(spec) == {  # type: ignore[arg-type]
+        "window.gap_ms": 30_000, "window.max_session_duration_ms": 3_600_000}
+    with pytest.raises(ValueError):
+        SessionWindows(gap=10, cap=10)
+    rules = SessionWindows(gap=10, cap=100)
+    assert rules.bucket(-1) == -1 and rules.bucket(99) == 0 and rules.bucket(100) == 1
+    assert rules.session_end(89, 0) == 99 and rules.session_end(90, 0) == 100 and rules.session_end(95, 0) == 100
+    assert rules.row_windows(50, closed_before=50) != [] and rules.row_windows(49, closed_before=50) == []
+    assert rules.row_windows(49, closed_before=None) != []
+    assert rules.expected_open_windows(lateness=0, retention=0) == 3
+    assert rules.expected_open_windows(lateness=40, retention=50) == 13
+    assert not hasattr(rules, "bounds")  # no start alone names a session's window
+    assert rules.valid_end(0, 10) and rules.valid_end(95, 100) and not rules.valid_end(95, 101)
+    assert rules.describe_at(0) == "session starting 1970-01-01T00:00:00Z"
+
+
+def test_session_id_is_sha256_of_msgpack_pipeline_key_start() -> None:
+    key = b"\x01\x92\xa1a\xc0"  # encode_key(("a", None)): format byte 1 + msgpack ["a", nil]
+    # msgpack by hand: fixarray(3), fixstr "pipe", bin8 of the key, uint16 start
+    packed = b"\x93\xa4pipe\xc4\x05" + key + b"\xcd\x01\x2c"
+    assert msgpack.packb(["pipe", key, 300], use_bin_type=True) == packed
+    expected = int.from_bytes(hashlib.sha256(packed).digest()[:8], "big", signed=True)
+    assert session_id("pipe", key, 300) == expected == -5191747666912893704
+    assert session_id("pipe", key, 301) != expected and session_id("pipf", key, 300) != expected
+
+
+# -- scenarios with exact values -------------------------------------------------------------------
+
+def test_rows_exactly_gap_apart_join_and_gap_plus_one_splits() -> None:
+    h = run_both(Params(), [[(A, 0, 1), (A, 10, 2)], [(A, 20, 3), (A, 31, 4)], [(Z, 200, 9)]])
+    assert h.outputs == [([], []), ([], [("final", 0, 30, A, vals(1, 2, 3))]), ([], [("final", 31, 41, A, vals(4))])]
+
+
+def test_sessions_are_cut_at_cap_bucket_boundaries() -> None:
+    h = Harness(Params())
+    h.batch([(A, 85, 1), (A, 95, 2)])
+    assert [(s.start, s.end) for s in h.state.sessions[A]] == [(85, 100)]  # end capped at the bucket end
+    with pytest.raises(ValueError, match="one cap bucket"):
+        h.state.merge([190], [A], [[1]] * len(ALIASES), [210])
+    h = run_both(Params(), [[(A, 85, 1), (A, 95, 2)], [(A, 100, 3), (A, 105, 4)], [(Z, 300, 0)]])
+    # 95 -> 100 is within gap, but in the next bucket; W = 105 closes the capped session
+    assert h.outputs == [([], []), ([], [("final", 85, 100, A, vals(1, 2))]),
+                         ([], [("final", 100, 115, A, vals(3, 4))])]
+
+
+@pytest.mark.parametrize("policy", ["drop", "dlq"])
+def test_late_row_is_not_merged_under_drop(policy: str) -> None:
+    h = run_both(Params(policy=policy), [[(A, 0, 1), (A, 50, 2)], [(A, 5, 7), (A, 55, 3)], [(Z, 100, 0)]])
+    # 5 < W_prev = 50 is late; 55 extends [50, 60)
+    assert h.outputs == [([], [("final", 0, 10, A, vals(1))]), ([], []), ([], [("final", 50, 65, A, vals(2, 3))])]
+    assert h.late == 1 and h.target == {(0, A): (10, vals(1)), (50, A): (65, vals(2, 3))}
+
+
+def test_late_row_under_reopen_bridges_two_sessions() -> None:
+    p = Params(policy="reopen", allowed=100)
+    h = run_both(p, [[(A, 0, 1), (A, 20, 2), (Z, 100, 0)], [(A, 10, 5)], [(Z, 250, 0)]])
+    assert h.outputs == [
+        ([], [("final", 0, 10, A, vals(1)), ("final", 20, 30, A, vals(2))]),
+        ([("retract", 20, 30, A, vals(2))], [("correction", 0, 30, A, (3, 3, 8, 1, 5, 1, 2, 3, 8 / 3))]),
+        ([], [("final", 100, 110, Z, vals(0))]),
+    ]
+    assert A not in h.state.sessions  # 30 + 100 < 250: evicted
+    assert h.batch([(A, 15, 6)]) == ([], []) and h.late == 1  # 15 < 250 - 100: beyond the allowance
+    assert h.target == {(0, A): (30, (3, 3, 8, 1, 5, 1, 2, 3, 8 / 3)), (100, Z): (110, vals(0))}
+
+
+@pytest.mark.parametrize("late, merged", [
+    ([(A, 7, 5), (A, 22, 6)], (5, 5, 16, 0, 6, 0, 3, 5, 16 / 5)),  # two partials, each bridging two
+    ([(A, 5, 5), (A, 12, 6), (A, 20, 7), (A, 27, 8)], (7, 7, 31, 0, 8, 0, 3, 7, 31 / 7)),  # one partial over all
+])
+def test_late_rows_under_reopen_bridge_three_sessions(late: list[Row], merged: tuple[Any, ...]) -> None:
+    h = run_both(Params(policy="reopen", allowed=100), [[(A, 0, 0), (A, 15, 2), (A, 30, 3), (Z, 100, 0)], late])
+    assert [r[1] for r in h.outputs[0][1]] == [0, 15, 30]
+    assert h.outputs[1] == ([("retract", 15, 25, A, vals(2)), ("retract", 30, 40, A, vals(3))],
+                            [("correction", 0, 40, A, merged)])
+    assert h.state.open_windows(None) == 1 and h.state.window_count == 2  # z's [100, 110) is still open
+
+
+def test_late_row_moving_a_start_retracts_the_old_start_and_bridging_an_open_session() -> None:
+    p = Params(policy="reopen", allowed=100)
+    h = run_both(p, [[(A, 20, 2), (A, 38, 4), (Z, 40, 0)], [(A, 12, 1)], [(A, 29, 3)], [(Z, 500, 0)]])
+    assert h.outputs == [
+        ([], [("final", 20, 30, A, vals(2))]),  # W = 40: [38, 48) stays open
+        ([("retract", 20, 30, A, vals(2))], [("correction", 12, 30, A, vals(1, 2))]),
+        ([], [("correction", 12, 48, A, vals(1, 2, 3, 4))]),  # 29 bridges [12, 30) and the open [38, 48)
+        ([], [("final", 40, 50, Z, vals(0))]),  # the merged session is not final again
+    ]
+
+
+def test_null_key_values_are_groups_of_their_own() -> None:
+    keys = [(None, 1), (None, None), ("a", None), ("a", 1)]
+    rows = [(k, t + i, v) for t in (0, 5, 30) for i, k in enumerate(keys) for v in (t, None)]
+    batches = [rows[:10], rows[10:] + [((None, None), 200, None)]]
+    h = run_both(p := Params(), batches)
+    # key i has rows at i, 5 + i and 30 + i (one NULL value each): sessions [i, 5 + i] and [30 + i]
+    assert sorted(h.target, key=repr) == sorted([(i + t, k) for i, k in enumerate(keys) for t in (0, 30)], key=repr)
+    assert h.target[(1, (None, None))] == (16, (4, 2, 5, 0, 5, 0, 5, 2, 2.5))
+    assert h.target[(31, (None, None))] == (41, (2, 1, 30, 30, 30, 30, 30, 1, 30.0))
+    assert h.target[(0, (None, 1))] == (15, (4, 2, 5, 0, 5, 0, 5, 2, 2.5))
+    assert Harness(p).batch([((None, None), 0, None), ((None, None), 50, None)]) == (
+        [], [("final", 0, 10, (None, None), (1, 0, None, None, None, None, None, 0, None))])
+
+
+def test_group_cap_counts_keys_holding_sessions() -> None:
+    h = Harness(Params(max_groups=2))
+    h.batch([(A, 0, 1), (("b",), 50, 2)])  # a's session is final and evicted at W = 50
+    assert h.state.group_count == 1
+    h.batch([(("c",), 55, 3)])
+    with pytest.raises(StateCapExceeded, match=r"max_groups_per_window=2.*\('d',\).*pipeline p"):
+        h.batch([(("d",), 56, 4), (("c",), 57, 5)])
+    assert sorted(h.state.sessions) == [("b",), ("c",)] and h.state.sessions[("c",)][0].accs[0] == 1
+
+
+def test_take_changes_and_two_merges_before_one_emit() -> None:
+    h = Harness(Params(policy="reopen", allowed=100))
+    h.batch([(A, 20, 2), (A, 40, 4), (Z, 100, 0)])  # store: a@20, a@40, z@100
+    state = h.state
+    merge(state, partials_of([(A, 25, 5)], h.p, h.rng))  # [20, 25]
+    merge(state, partials_of([(A, 33, 3), (A, 12, 1)], h.p, h.rng))  # [12, 40]: start moved, bridged
+    changes = state.take_changes()
+    upserts, deletes = changes.upserts, changes.deletes
+    assert [(u[0], u[1], u[2], u[4]) for u in upserts] == [(12, 50, A, True)] and upserts[0][3][0] == 5
+    assert sorted(deletes) == [(20, A), (40, A)] and state.take_changes() == StoreChanges()
+    retractions, out = split(emit(state, None, 100, retention=100).rows)  # retractions repeat the rows as emitted
+    assert (canon(retractions), canon(out)) == (
+        [("retract", 20, 30, A, vals(2)), ("retract", 40, 50, A, vals(4))],
+        [("correction", 12, 50, A, vals(1, 2, 5, 3, 4))])
+    emit(state, None, 200, retention=100)  # 50 + 100 < 200: evicted; z [100, 110) final, kept
+    changes = state.take_changes()
+    upserts, deletes = changes.upserts, changes.deletes
+    assert deletes == [(12, A)] and [(u[0], u[2], u[4]) for u in upserts] == [(100, Z, True)]
+
+
+# -- randomised: against the oracle, with restarts; split invariance without late rows -------------
+
+RANDOM_KEYS: list[Key] = [("a",), ("b",), (None,), ("c",)]
+
+
+def random_rows(rng: random.Random, n: int, disorder: int) -> list[Row]:
+    """Rows in arrival order: event times increase by 0..9 with up to ``disorder`` of jitter."""
+    rows, t = [], 0
+    for _ in range(n):
+        t += rng.randint(0, 9)
+        rows.append((rng.choice(RANDOM_KEYS), t + rng.randint(-disorder, 0), rng.choice([None, *range(-5, 6)])))
+    return rows
+
+
+def random_split(rng: random.Random, rows: list[Row], batches: int) -> list[list[Row]]:
+    cuts = sorted(rng.sample(range(1, len(rows)), batches - 1))
+    return [rows[a:b] for a, b in zip([0, *cuts], [*cuts, len(rows)])]
+
+
+def test_random_late_data_matches_the_oracle() -> None:
+    kinds: set[str] = set()
+    for seed in range(16):
+        rng = random.Random(seed)
+        p = Params(gap=rng.choice([5, 10, 20]), cap=rng.choice([40, 100]), lateness=rng.choice([0, 10]),
+                   policy=rng.choice(["drop", "reopen"]), allowed=rng.choice([30, 80]))
+        batches = random_split(rng, random_rows(rng, 300, disorder=60), 12)
+        kinds |= run_both(p, batches, restart_after=rng.randrange(12), seed=seed).kinds
+    assert kinds == {"final", "correction", "retract"}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_split_invariance_without_late_rows(seed: int) -> None:
+    rng = random.Random(100 + seed)
+    p = Params(gap=rng.choice([5, 10]), cap=rng.choice([40, 100]), lateness=15, policy=rng.choice(["drop", "reopen"]),
+               allowed=30)
+    rows = random_rows(rng, 400, disorder=14)  # disorder < lateness: no row is late under any split
+    whole = Oracle(p)
+    whole.batch(rows)
+    assert len(whole.target) > 20
+    for n in (2, 5, 17, 60):
+        split = random_split(rng, rows, n)
+        h = run_both(p, split, seed=seed)
+        assert h.late == 0 and h.target == whole.target, f"{n} batches"

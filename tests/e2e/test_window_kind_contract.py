@@ -212,7 +212,7 @@ ENGINE_CORE = ("streaming/micro_batch.py", "streaming/durable.py", "spark/batch.
 def test_the_engine_core_never_asks_which_kind_it_runs(module: str) -> None:
     """No ``isinstance`` on a window kind or state class, and no comparison with a kind's name: a
     kind's differences are answers of its ``WindowKind``, its state and its Spark plan."""
-    path = Path(__file__).resolve().parent.parent / "ematix_dagster" / module
+    path = Path(__file__).resolve().parents[2] / "ematix_dagster" / module
     tree = ast.parse(path.read_text(encoding="utf-8"))
     kinds = set(KINDS) | {"tumbling_offset"}
     names = {"WindowKind", "KeyedByStart", "FixedWindows", "SessionWindows", "SlidingWindows",

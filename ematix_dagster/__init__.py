@@ -4,12 +4,26 @@ Importing the package starts no Spark session and opens no connection.
 """
 
 from ematix_dagster.errors import (
-    AggregationOverflow, EmatixError, PipelineConfigError, StateCapExceeded, StateNotDurableError, TargetError,
+    AggregationOverflow,
+    EmatixError,
+    PipelineConfigError,
+    StateCapExceeded,
+    StateNotDurableError,
+    TargetError,
 )
 from ematix_dagster.facade import StreamingPipeline, run_streaming_pipeline, streaming_pipeline
 from ematix_dagster.spec import (
-    Aggregation, DeadLetter, PipelineSpec, Run, Source, StateStoreConfig, Target, Window, dump_pipeline,
-    load_pipeline, load_pipeline_str,
+    Aggregation,
+    DeadLetter,
+    PipelineSpec,
+    Run,
+    Source,
+    StateStoreConfig,
+    Target,
+    Window,
+    dump_pipeline,
+    load_pipeline,
+    load_pipeline_str,
 )
 
 __all__ = [

@@ -18,8 +18,8 @@ from ematix_dagster.fingerprint import describe_changes, fingerprint, fingerprin
 from ematix_dagster.spark import checkpoint
 from ematix_dagster.spark.recovery import Problem, validate_checkpoint
 from ematix_dagster.spec import PipelineSpec
-from ematix_dagster.streaming.windows import window_kind
 from ematix_dagster.stores import make_store
+from ematix_dagster.streaming.windows import window_kind
 from state_store.base import PipelineRecord, StateStore, make_holder
 from state_store.codec import STATE_VERSION
 

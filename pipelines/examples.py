@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import os
 
-from ematix_dagster import (Aggregation, DeadLetter, Run, Source, StateStoreConfig, Target, Window,
-                            streaming_pipeline)
+from ematix_dagster import Aggregation, DeadLetter, Run, Source, StateStoreConfig, Target, Window, streaming_pipeline
 
 #: Safe local defaults (override them in the environment).
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"

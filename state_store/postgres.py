@@ -36,9 +36,18 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from state_store import codec, migrations
-from state_store._common import (PIPELINE_COLUMNS, bring_forward, bring_forward_stored, check_batch,
-                                 check_record_version, expand_windows, fill_window_ends, lease_held,
-                                 record_from_row, where)
+from state_store._common import (
+    PIPELINE_COLUMNS,
+    bring_forward,
+    bring_forward_stored,
+    check_batch,
+    check_record_version,
+    expand_windows,
+    fill_window_ends,
+    lease_held,
+    record_from_row,
+    where,
+)
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, StateStore
 from state_store.errors import EmatixError, StoreConfigError, StoreUnavailable
 from state_store.names import lease_key

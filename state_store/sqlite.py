@@ -27,9 +27,20 @@ from pathlib import Path
 from typing import Iterator
 
 from state_store import codec, migrations
-from state_store._common import (PIPELINE_COLUMNS, bring_forward, bring_forward_stored, check_batch,
-                                 check_record_version, expand_windows, file_safe, fill_window_ends, lease_held,
-                                 record_from_row, sources_to_json, where)
+from state_store._common import (
+    PIPELINE_COLUMNS,
+    bring_forward,
+    bring_forward_stored,
+    check_batch,
+    check_record_version,
+    expand_windows,
+    file_safe,
+    fill_window_ends,
+    lease_held,
+    record_from_row,
+    sources_to_json,
+    where,
+)
 from state_store.base import BatchCommit, RecoveredState, StateStore
 from state_store.errors import CorruptState, StorePermissionError, StoreUnavailable
 

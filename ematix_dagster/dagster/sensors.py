@@ -26,7 +26,13 @@ import dagster as dg
 
 from ematix_dagster.dagster.checks import CHECKPOINT_CHECK
 from ematix_dagster.dagster.pipeline import (
-    CODE_VERSION_TAG, ERROR_TAG, FAILURE_TAG, LAUNCHED_BY_TAG, PIPELINE_TAG, TERMINATED_BY_TAG, EmatixPipeline,
+    CODE_VERSION_TAG,
+    ERROR_TAG,
+    FAILURE_TAG,
+    LAUNCHED_BY_TAG,
+    PIPELINE_TAG,
+    TERMINATED_BY_TAG,
+    EmatixPipeline,
     PipelineLike,
 )
 from ematix_dagster.dagster.resources import StateStoreResource

@@ -25,10 +25,10 @@ from pyspark.sql import types as T
 from ematix_dagster.errors import PipelineConfigError, first_line
 from ematix_dagster.spark.batch_values import BATCH_TIME, BATCH_VALUES, with_batch_values
 from ematix_dagster.spark.observed import Observed
+from ematix_dagster.spark.readers import CORRUPT, has_heartbeat
 from ematix_dagster.spark.recovery import HEARTBEAT
 from ematix_dagster.spark.rejects import REJECT_REASONS, reject_reason
 from ematix_dagster.spark.safe_sql import ERROR_COLUMN, guard_sql
-from ematix_dagster.spark.readers import CORRUPT, has_heartbeat
 from ematix_dagster.spark.windows import PartialPlan, partial_plan
 from ematix_dagster.spark.windows.base import CLASS, LATE_ASSIGNMENTS, PRIMARY, REOPENED, ROWS, Aggregates
 from ematix_dagster.spark.windows.fixed import FixedPlan

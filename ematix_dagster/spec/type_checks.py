@@ -8,7 +8,7 @@ import types
 from dataclasses import fields, is_dataclass
 from typing import Any, Mapping, Union, get_args, get_origin, get_type_hints
 
-from ematix_dagster.spec.rules import JAVA_INT_MAX, JAVA_LONG_MAX, MAX_DURATION_MS, _TOML_KEYS, _child, _fail
+from ematix_dagster.spec.rules import _TOML_KEYS, JAVA_INT_MAX, JAVA_LONG_MAX, MAX_DURATION_MS, _child, _fail
 
 # Upper bounds of integer keys besides the *_ms durations, with the reason the message gives.
 _INT_BOUNDS: dict[str, tuple[int, str]] = {

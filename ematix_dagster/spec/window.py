@@ -5,7 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ematix_dagster.spec.rules import (
-    LATE_POLICIES, TIME_MODES, TIME_UNITS, _fail, _is_ident, _is_reserved, _listed_as_tuple, _non_negative, _positive,
+    LATE_POLICIES,
+    TIME_MODES,
+    TIME_UNITS,
+    _fail,
+    _is_ident,
+    _is_reserved,
+    _listed_as_tuple,
+    _non_negative,
+    _positive,
 )
 
 

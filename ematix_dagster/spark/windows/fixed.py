@@ -17,12 +17,19 @@ from pyspark.sql import functions as F
 
 from ematix_dagster.spark.batch_values import CLOSED_BEFORE, EMITTED_BEFORE
 from ematix_dagster.spark.windows.base import (
-    CLASS, LATE_ASSIGNMENTS, PRIMARY, REOPENED, ROWS, Aggregates, WindowedFrames, dead_letter_rows, with_inputs,
+    CLASS,
+    LATE_ASSIGNMENTS,
+    PRIMARY,
+    REOPENED,
+    ROWS,
+    Aggregates,
+    WindowedFrames,
+    dead_letter_rows,
+    with_inputs,
 )
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.windows import FixedWindows
 from ematix_dagster.streaming.windows.fixed import first_start
-
 
 #: the plan's own columns, dropped from dead-letter rows
 HELPERS = ("_ts", "_last", "_first", "_first_open", PRIMARY, "_ws")

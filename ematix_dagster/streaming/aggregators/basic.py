@@ -16,7 +16,15 @@ import pyarrow as pa
 from ematix_dagster.errors import AggregationOverflow
 from ematix_dagster.spec import Aggregation
 from ematix_dagster.streaming.aggregators.base import (
-    BIGINT_MAX, BIGINT_MIN, NONE, PAIR_TYPES, SCALAR_TYPES, Aggregator, SparkInput, describe_value, not_none,
+    BIGINT_MAX,
+    BIGINT_MIN,
+    NONE,
+    PAIR_TYPES,
+    SCALAR_TYPES,
+    Aggregator,
+    SparkInput,
+    describe_value,
+    not_none,
     order_key,
 )
 

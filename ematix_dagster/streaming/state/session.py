@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
 from ematix_dagster.streaming.aggregators import PartialRowError, merge_partials
+from ematix_dagster.streaming.bounds import WindowBounds
 from ematix_dagster.streaming.emitted import EmittedRow, GroupKey
 from ematix_dagster.streaming.state.base import Accumulators, Report, StateBase, StoreChanges, StoredGroup
-from ematix_dagster.streaming.bounds import WindowBounds
 
 if TYPE_CHECKING:
     from ematix_dagster.streaming.windows.session import SessionWindows

@@ -24,7 +24,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from state_store import codec, migrations
 from state_store._common import (
@@ -175,6 +175,7 @@ class SqliteStateStore(StateStore):
     def acquire_lease(self, pipeline: str, holder: str) -> None:
         with self._lock:
             self._db()
+            fd: int | None
             if pipeline in self._leases:
                 fd = self._leases[pipeline][0]
             else:
@@ -332,7 +333,7 @@ class SqliteStateStore(StateStore):
                 self._conn = None
 
 
-def _upsert_rows(pipeline: str, now: str, upserts: list[tuple[int, int | None, bytes, bytes]],
+def _upsert_rows(pipeline: str, now: str, upserts: Sequence[tuple[int, int | None, bytes, bytes]],
                  emitted: dict[tuple[int, bytes], bool]) -> Iterator[tuple]:
     """``_UPSERT``'s parameters; the emitted flag as 0/1, NULL for an upsert without one (fixed windows)."""
     if not emitted:

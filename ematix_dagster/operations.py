@@ -92,7 +92,7 @@ def check(spec: PipelineSpec) -> CheckReport:
                                    f"restore the checkpoint directory from its backup, {RESET}")]
     changed = bool(record is not None and record.fingerprint
                    and record.fingerprint != fingerprint(fingerprint_doc(spec)))
-    if changed:
+    if changed and record is not None:
         changes = "; ".join(describe_changes(record.fingerprint_doc, fingerprint_doc(spec)))
         report.problems.append(Problem("fingerprint_changed", f"the spec's window shape changed since the state was "
                                        f"written: {changes}.", "revert the change, or reset the pipeline"))

@@ -51,7 +51,9 @@ def _belongs(run: Any, pipeline: EmatixPipeline, job_names: Sequence[str]) -> bo
     if run.tags.get(PIPELINE_TAG) == pipeline.name or run.job_name in job_names:
         return True
     selection = getattr(run, "asset_selection", None)
-    return bool(selection) and pipeline.key in selection
+    if not selection:
+        return False
+    return pipeline.key in selection
 
 
 def active_runs(instance: dg.DagsterInstance, pipeline: EmatixPipeline,

@@ -175,6 +175,7 @@ def read_files(session: SparkSession, spec: PipelineSpec, index: int, urls: list
     if nanos:
         session.conf.set("spark.sql.legacy.parquet.nanosAsLong", "true")  # else Spark refuses the column
         schema = T.StructType([T.StructField(f.name, T.LongType()) if f.name in nanos else f for f in schema.fields])
+    assert source.format is not None  # validated: a files source names its format
     reader = format_options(session.read.format(source.format), source).schema(schema)
     df = reader.option("basePath", source.path).load([_escaped(u) for u in urls])  # basePath: as the stream's
     for f in declared.fields:

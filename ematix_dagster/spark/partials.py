@@ -394,7 +394,7 @@ def _source_counts(spec: PipelineSpec) -> list[Column]:
     return cols
 
 
-def batch_counts(spec: PipelineSpec, table: pa.Table, source_stats: Observed | None) -> tuple[dict[str, Any], dict[str, int]]:
+def batch_counts(spec: PipelineSpec, table: pa.Table, source_stats: Observed | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(per-source counters as ``_source_stats`` names them, lateness and rejection counters) from the
     job's result (``rejected``: rows per reason of ``ematix_dagster.spark.rejects``).
 
@@ -410,7 +410,7 @@ def batch_counts(spec: PipelineSpec, table: pa.Table, source_stats: Observed | N
         values = table.column(column) if where is None else table.column(column).filter(where)
         return int(pc.sum(values).as_py() or 0)
 
-    late = {"late_rows": total(ROWS, pc.equal(classes, "late")),
+    late: dict[str, Any] = {"late_rows": total(ROWS, pc.equal(classes, "late")),
             "late_assignments": total(LATE_ASSIGNMENTS, windowed), "reopened_rows": total(REOPENED, windowed),
             "rejected": {r: n for r in REJECT_REASONS if (n := total(ROWS, pc.equal(classes, r)))}}
     if source_stats is not None:

@@ -249,7 +249,7 @@ class PipelineRunner:
         try:
             assert self.query is not None
             while not self._stopping and self.query.isActive:
-                self.query.awaitTermination(0.5)
+                self.query.awaitTermination(0.5)  # type: ignore[arg-type]  # typed int, takes float seconds
             if not self._stopping:
                 self.query.awaitTermination()
         except BaseException as exc:  # reported to the consumer thread

@@ -116,6 +116,7 @@ def late_windows(window: Window, table: pa.Table, closed_before: int | None,
     starts before the first open one, ``first_start(closed_before)``.
     """
     classes, starts = table.column(CLASS), table.column("_ws")
+    assert window.duration_ms is not None  # validated
     duration = window.duration_ms * 1_000
     if closed_before is not None:
         first_open = first_start(closed_before, duration, duration)

@@ -21,7 +21,6 @@ from typing import Self
 
 import psutil
 
-
 #: JVM thread name prefix -> what the thread's CPU is spent on
 JVM_THREADS = {
     "C1 CompilerThre": "JIT", "C2 CompilerThre": "JIT",

@@ -55,8 +55,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from measure import CpuMeter, DriverTimer  # noqa: E402
 from windowed_vs_native import (  # noqa: E402
-    LATENESS_MS, MB, SCHEMA_DDL, Result, _median, add_data_arguments, install_timers, pipeline_toml,
-    prepare, print_splits, settle)
+    LATENESS_MS,
+    MB,
+    SCHEMA_DDL,
+    Result,
+    _median,
+    add_data_arguments,
+    install_timers,
+    pipeline_toml,
+    prepare,
+    print_splits,
+    settle,
+)
 
 from ematix_dagster.spark.batch import BatchStep  # noqa: E402
 from ematix_dagster.spark.runner import PipelineRunner  # noqa: E402

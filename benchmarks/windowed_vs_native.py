@@ -70,15 +70,15 @@ from measure import CpuMeter, DriverTimer, percentile, spark_jobs  # noqa: E402
 
 from ematix_dagster.spark import batch as batch_mod  # noqa: E402
 from ematix_dagster.spark.batch import BatchStep  # noqa: E402
-from ematix_dagster.spark.runner import PipelineRunner  # noqa: E402
-from ematix_dagster.spark.session import get_spark  # noqa: E402
-from ematix_dagster.spark.recovery import HEARTBEAT  # noqa: E402
 from ematix_dagster.spark.checkpoint import batch_files  # noqa: E402
 from ematix_dagster.spark.input_files import read_files  # noqa: E402
 from ematix_dagster.spark.readers import union_sources  # noqa: E402
+from ematix_dagster.spark.recovery import HEARTBEAT  # noqa: E402
+from ematix_dagster.spark.runner import PipelineRunner  # noqa: E402
+from ematix_dagster.spark.session import get_spark  # noqa: E402
 from ematix_dagster.spec import load_pipeline_str  # noqa: E402
-from ematix_dagster.streaming.micro_batch import Engine  # noqa: E402
 from ematix_dagster.streaming import micro_batch as micro_batch_mod  # noqa: E402
+from ematix_dagster.streaming.micro_batch import Engine  # noqa: E402
 from ematix_dagster.streaming.state.fixed import FixedState  # noqa: E402
 
 SCHEMA_DDL = "key BIGINT, amount DOUBLE, item STRING, ts TIMESTAMP"

@@ -4,14 +4,28 @@ Importing the package starts no Spark session and opens no connection.
 """
 
 from ematix_dagster.errors import (
-    AggregationOverflow, EmatixError, PipelineConfigError, StateCapExceeded, StateNotDurableError, TargetError,
+    AggregationOverflow,
+    EmatixError,
+    PipelineConfigError,
+    StateCapExceeded,
+    StateNotDurableError,
+    TargetError,
 )
 from ematix_dagster.facade import StreamingPipeline, run_streaming_pipeline, streaming_pipeline
 # The window kinds and aggregators fill the spec's registries (``spec.registries``) on import.
 from ematix_dagster.streaming import aggregators as _aggregators, windows as _windows  # noqa: F401
 from ematix_dagster.spec import (
-    Aggregation, DeadLetter, PipelineSpec, Run, Source, StateStoreConfig, Target, Window, dump_pipeline,
-    load_pipeline, load_pipeline_str,
+    Aggregation,
+    DeadLetter,
+    PipelineSpec,
+    Run,
+    Source,
+    StateStoreConfig,
+    Target,
+    Window,
+    dump_pipeline,
+    load_pipeline,
+    load_pipeline_str,
 )
 
 __all__ = [

@@ -22,8 +22,8 @@ from ematix_dagster.spec import PipelineSpec, load_pipeline, spec_warnings
 
 def _validate(spec: PipelineSpec) -> None:
     from ematix_dagster.spark.partials import analyse
-    from ematix_dagster.spark.session import get_spark
     from ematix_dagster.spark.readers import union_sources
+    from ematix_dagster.spark.session import get_spark
 
     resolved = spec.resolved()
     spark = get_spark(f"ematix-validate-{spec.pipeline_name}")

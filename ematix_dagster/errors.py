@@ -11,8 +11,17 @@ re-exported here as the same classes, so ``from ematix_dagster.errors import Cor
 
 from __future__ import annotations
 
-from state_store.errors import (ConfigError, CorruptState, EmatixError, LeaseHeld, StateVersionError,
-                                StoreAccessDenied, StoreConfigError, StorePermissionError, StoreUnavailable)
+from state_store.errors import (
+    ConfigError,
+    CorruptState,
+    EmatixError,
+    LeaseHeld,
+    StateVersionError,
+    StoreAccessDenied,
+    StoreConfigError,
+    StorePermissionError,
+    StoreUnavailable,
+)
 
 
 def first_line(exc: BaseException) -> str:

@@ -24,7 +24,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from ematix_dagster.spec import (
-    DeadLetter, PipelineSpec, Run, Source, StateStoreConfig, Target, Window, dump_pipeline, load_pipeline,
+    DeadLetter,
+    PipelineSpec,
+    Run,
+    Source,
+    StateStoreConfig,
+    Target,
+    Window,
+    dump_pipeline,
+    load_pipeline,
 )
 
 if TYPE_CHECKING:

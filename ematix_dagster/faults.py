@@ -24,7 +24,7 @@ from pathlib import Path
 
 
 def _named(variable: str, label: str) -> bool:
-    wanted = os.environ.get(variable)
+    wanted = os.environ.get(variable, "")
     return bool(wanted) and label in wanted.split(",")
 
 

@@ -18,8 +18,8 @@ from ematix_dagster.fingerprint import describe_changes, fingerprint, fingerprin
 from ematix_dagster.spark import checkpoint
 from ematix_dagster.spark.recovery import Problem, validate_checkpoint
 from ematix_dagster.spec import PipelineSpec
-from ematix_dagster.streaming.windows import window_kind
 from ematix_dagster.stores import make_store
+from ematix_dagster.streaming.windows import window_kind
 from state_store.base import PipelineRecord, StateStore, make_holder
 from state_store.codec import STATE_VERSION
 
@@ -92,7 +92,7 @@ def check(spec: PipelineSpec) -> CheckReport:
                                    f"restore the checkpoint directory from its backup, {RESET}")]
     changed = bool(record is not None and record.fingerprint
                    and record.fingerprint != fingerprint(fingerprint_doc(spec)))
-    if changed:
+    if changed and record is not None:
         changes = "; ".join(describe_changes(record.fingerprint_doc, fingerprint_doc(spec)))
         report.problems.append(Problem("fingerprint_changed", f"the spec's window shape changed since the state was "
                                        f"written: {changes}.", "revert the change, or reset the pipeline"))

@@ -32,9 +32,21 @@ from pathlib import Path
 import dagster as dg
 
 from ematix_dagster.dagster import (
-    EmatixPipeline, EmatixSparkResource, MetricsResource, StateStoreResource, checks_job, checks_schedule,
-    keep_alive_sensor, maintenance_job, pipeline_asset_checks, pipeline_job, pipeline_schedule, run_failure_sensor,
-    state_migration_job, state_migration_schedule, streaming_pipeline_asset,
+    EmatixPipeline,
+    EmatixSparkResource,
+    MetricsResource,
+    StateStoreResource,
+    checks_job,
+    checks_schedule,
+    keep_alive_sensor,
+    maintenance_job,
+    pipeline_asset_checks,
+    pipeline_job,
+    pipeline_schedule,
+    run_failure_sensor,
+    state_migration_job,
+    state_migration_schedule,
+    streaming_pipeline_asset,
 )
 from pipelines.examples import revenue_per_channel  # also sets the EMATIX_PG_URL default
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import os
 
-from ematix_dagster import (Aggregation, DeadLetter, Run, Source, StateStoreConfig, Target, Window,
-                            streaming_pipeline)
+from ematix_dagster import Aggregation, DeadLetter, Run, Source, StateStoreConfig, Target, Window, streaming_pipeline
 
 #: Safe local defaults (override them in the environment).
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
@@ -29,9 +28,9 @@ LOCAL_STATE = StateStoreConfig(kind="sqlite", path=".ematix/state.db")
     transform_sql="SELECT user_id, amount, page, _event_ts, _source FROM source WHERE amount >= 0",
     window=Window(kind="tumbling", duration_ms=60_000, lateness_ms=10_000, source_idleness_ms=60_000,
                   group_by=("user_id",), late_data="drop", max_groups_per_window=100_000,
-                  aggregations=[Aggregation(agg="count", as_="clicks"),
+                  aggregations=(Aggregation(agg="count", as_="clicks"),
                                 Aggregation(agg="sum", column="amount", as_="amount_sum"),
-                                Aggregation(agg="count_distinct", column="page", as_="unique_pages")]),
+                                Aggregation(agg="count_distinct", column="page", as_="unique_pages"))),
     target=Target(kind="postgres", url="${EMATIX_PG_URL}", table="public.user_clicks_1min", create_table=True),
     state_store=LOCAL_STATE,
     run=Run(trigger="processing_time", trigger_interval_ms=1_000,
@@ -48,9 +47,9 @@ def clicks_per_minute():
                     event_time_column="ts", max_files_per_trigger=4)],
     window=Window(kind="hopping", duration_ms=300_000, hop_ms=60_000, lateness_ms=10_000, group_by=("page",),
                   max_groups_per_window=10_000,
-                  aggregations=[Aggregation(agg="count", as_="clicks"),
+                  aggregations=(Aggregation(agg="count", as_="clicks"),
                                 Aggregation(agg="count_distinct", column="user_id", as_="unique_users"),
-                                Aggregation(agg="avg", column="amount", as_="amount_avg")]),
+                                Aggregation(agg="avg", column="amount", as_="amount_avg"))),
     target=Target(kind="parquet", path=".ematix/output/clicks-hopping-5min"),
     state_store=LOCAL_STATE,
     run=Run(trigger="available_now", checkpoint_location=".ematix/checkpoints/clicks-hopping-5min", end_of_input="keep"),
@@ -66,10 +65,10 @@ def clicks_hopping_5min():
                     event_time_column="ts", max_files_per_trigger=4)],
     window=Window(kind="session", gap_ms=30_000, max_session_duration_ms=3_600_000, lateness_ms=10_000,
                   group_by=("user_id",), late_data="dlq", max_groups_per_window=100_000,
-                  aggregations=[Aggregation(agg="count", as_="clicks"),
+                  aggregations=(Aggregation(agg="count", as_="clicks"),
                                 Aggregation(agg="count_distinct", column="page", as_="pages", mode="exact",
                                             max_distinct_values_per_group=1_000),
-                                Aggregation(agg="sum", column="amount", as_="amount_sum")]),
+                                Aggregation(agg="sum", column="amount", as_="amount_sum"))),
     target=Target(kind="parquet", path=".ematix/output/user-sessions"),
     dead_letter=DeadLetter(kind="parquet", path=".ematix/dead_letters/user-sessions"),
     state_store=LOCAL_STATE,
@@ -86,11 +85,11 @@ def user_sessions():
                     schema=PAYMENTS_SCHEMA, event_time_column="ts", max_files_per_trigger=4)],
     window=Window(kind="sliding", duration_ms=600_000, lateness_ms=10_000, group_by=("card_id",), late_data="dlq",
                   max_events_per_group=10_000, max_groups_per_window=100_000,
-                  aggregations=[Aggregation(agg="count", as_="payments"),
+                  aggregations=(Aggregation(agg="count", as_="payments"),
                                 Aggregation(agg="sum", column="amount", as_="amount_sum"),
                                 Aggregation(agg="count_distinct", column="merchant", as_="merchants", mode="exact",
                                             max_distinct_values_per_group=1_000),
-                                Aggregation(agg="max", column="amount", as_="amount_max")]),
+                                Aggregation(agg="max", column="amount", as_="amount_max"))),
     target=Target(kind="parquet", path=".ematix/output/card-payments"),
     dead_letter=DeadLetter(kind="parquet", path=".ematix/dead_letters/card-payments"),
     state_store=LOCAL_STATE,
@@ -111,9 +110,9 @@ def card_payments():
     transform_sql="SELECT order_id, user_id, amount, _source AS channel, _event_ts, _source FROM source",
     window=Window(kind="tumbling", duration_ms=60_000, lateness_ms=5_000, source_idleness_ms=30_000,
                   group_by=("channel",), max_groups_per_window=100,
-                  aggregations=[Aggregation(agg="count", as_="orders"),
+                  aggregations=(Aggregation(agg="count", as_="orders"),
                                 Aggregation(agg="sum", column="amount", as_="revenue"),
-                                Aggregation(agg="count_distinct", column="user_id", as_="buyers")]),
+                                Aggregation(agg="count_distinct", column="user_id", as_="buyers"))),
     target=Target(kind="parquet", path=".ematix/output/revenue-per-channel"),
     state_store=LOCAL_STATE,
     run=Run(trigger="processing_time", trigger_interval_ms=1_000,

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Set up (if needed), make sure PostgreSQL runs on 127.0.0.1:5432, and run the whole test suite.
+# Set up (if needed), lint and type check, make sure PostgreSQL runs on 127.0.0.1:5432, and run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --test
+
+# Lint and type check before the tests (configured in pyproject.toml); either failing fails the run.
+.venv/bin/ruff check .
+.venv/bin/python -m mypy
 
 # The tests use a real PostgreSQL on 127.0.0.1:5432 (database "test", user postgres, trust auth).
 if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then

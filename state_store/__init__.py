@@ -42,8 +42,7 @@ Decisions shared by the three stores:
 
 from __future__ import annotations
 
-from state_store.base import (BatchCommit, PipelineRecord, RecoveredState, SourceProgress, StateStore,
-                              make_holder)
+from state_store.base import BatchCommit, PipelineRecord, RecoveredState, SourceProgress, StateStore, make_holder
 
 
 def create_store(kind: str, *, path: str | None = None, url: str | None = None, schema: str | None = None,

@@ -112,6 +112,7 @@ def _json_column(pipeline: str, store: str | None, column: str, value: Any, defa
     """A JSON column of the pipelines-table row (text in SQLite, jsonb in PostgreSQL), shape-checked."""
     if value is None:
         return default
+    problem: str | None
     try:
         doc = json.loads(value) if isinstance(value, (str, bytes, bytearray)) else value
     except (ValueError, TypeError) as exc:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
@@ -157,6 +158,7 @@ def check_batch(batch: BatchCommit) -> None:
     """Types a store relies on (the databases check the same through their column types)."""
     if not isinstance(batch.record, PipelineRecord) or not batch.record.pipeline:
         raise TypeError("BatchCommit.record must be a PipelineRecord with a pipeline name")
+    row: tuple[Any, ...]  # checked here: any shape until then
     if not _plain_rows(batch.upserts, (int, int, bytes, bytes)):  # else name the first bad one
         for row in batch.upserts:
             start, end, key, blob = row if isinstance(row, tuple) and len(row) == 4 else (None, None, None, None)

@@ -371,7 +371,7 @@ def decode_groups(pipeline: str, groups: Iterable[tuple[int, int | None, bytes, 
             return _decode_groups_fast(groups)
         except Exception:  # noqa: BLE001 - redo carefully: migrate old blobs, name the exact failure
             pass
-    windows = {}
+    windows: dict[int, dict[tuple, list]] = {}
     for start, _end, key_bytes, blob in groups:
         try:
             key = decode_key(key_bytes)

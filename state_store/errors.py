@@ -11,7 +11,6 @@ died). Dagster and the CLI use ``terminal`` to decide whether a retry makes sens
 
 from __future__ import annotations
 
-
 #: The way out of state that cannot be used, as the stores and the engine say it.
 RESTORE_OR_RESET = ("Restore the state store from a backup, or start over with "
                     "`ematix-dagster reset PIPELINE.toml --yes`")

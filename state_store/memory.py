@@ -15,8 +15,14 @@ import threading
 from dataclasses import dataclass, field
 
 from state_store import codec
-from state_store._common import (bring_forward, bring_forward_stored, check_batch, check_record_version,
-                                 expand_windows, lease_held)
+from state_store._common import (
+    bring_forward,
+    bring_forward_stored,
+    check_batch,
+    check_record_version,
+    expand_windows,
+    lease_held,
+)
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, StateStore
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ stays small. Rows are ``(window_start, window_end, key, blob)`` (``state_store.b
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import psycopg
 from psycopg import sql
@@ -34,7 +34,7 @@ def select_flags(names: dict, stale_only: bool = False) -> sql.Composed:
 
 
 def upsert_groups(conn: psycopg.Connection, names: dict, pipeline: str,
-                  upserts: list[tuple[int, int | None, bytes, bytes]],
+                  upserts: Sequence[tuple[int, int | None, bytes, bytes]],
                   emitted: dict[tuple[int, bytes], bool] | None = None) -> None:
     """COPY into a temp table, then one INSERT ... ON CONFLICT (the last upsert of a key wins).
 

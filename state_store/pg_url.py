@@ -29,8 +29,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import PoolTimeout
 
-from state_store.errors import (EmatixError, StoreAccessDenied, StoreConfigError, StorePermissionError,
-                                StoreUnavailable)
+from state_store.errors import EmatixError, StoreAccessDenied, StoreConfigError, StorePermissionError, StoreUnavailable
 
 _SECRETS: set[str] = set()
 _SECRETS_LOCK = threading.Lock()

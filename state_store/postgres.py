@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar, cast
 
 import psycopg
 from psycopg import sql
@@ -36,9 +36,18 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from state_store import codec, migrations
-from state_store._common import (PIPELINE_COLUMNS, bring_forward, bring_forward_stored, check_batch,
-                                 check_record_version, expand_windows, fill_window_ends, lease_held,
-                                 record_from_row, where)
+from state_store._common import (
+    PIPELINE_COLUMNS,
+    bring_forward,
+    bring_forward_stored,
+    check_batch,
+    check_record_version,
+    expand_windows,
+    fill_window_ends,
+    lease_held,
+    record_from_row,
+    where,
+)
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, StateStore
 from state_store.errors import EmatixError, StoreConfigError, StoreUnavailable
 from state_store.names import lease_key
@@ -184,7 +193,7 @@ class PostgresStateStore(StateStore):
         if pipeline not in self._leases:
             conn = self._lease_connection()
             key = self._lock_parts(pipeline)[0]
-            if not conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]:
+            if not cast(tuple, conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone())[0]:  # one row
                 with self._connection() as other:
                     _, text = self._holder(other, pipeline)
                 raise lease_held(pipeline, self.description, text)
@@ -250,7 +259,7 @@ class PostgresStateStore(StateStore):
             raise StoreUnavailable(
                 f"{where(pipeline, self.description)}: the lease was lost (its connection dropped); "
                 "nothing was written, restart the run")
-        if not conn.execute("SELECT pg_try_advisory_xact_lock(%s)", (key,)).fetchone()[0]:
+        if not cast(tuple, conn.execute("SELECT pg_try_advisory_xact_lock(%s)", (key,)).fetchone())[0]:  # one row
             raise lease_held(pipeline, self.description, self._holder(conn, pipeline)[1])
 
     # ---- data ------------------------------------------------------------------------------------
@@ -331,7 +340,7 @@ class PostgresStateStore(StateStore):
             for callback in batch.in_transaction:
                 callback(conn)
 
-    def _upsert(self, conn: psycopg.Connection, pipeline: str, upserts: list[tuple[int, int | None, bytes, bytes]],
+    def _upsert(self, conn: psycopg.Connection, pipeline: str, upserts: Sequence[tuple[int, int | None, bytes, bytes]],
                 emitted: dict[tuple[int, bytes], bool]) -> None:
         upsert_groups(conn, self._names, pipeline, upserts, emitted)
 

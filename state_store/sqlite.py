@@ -24,12 +24,23 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from state_store import codec, migrations
-from state_store._common import (PIPELINE_COLUMNS, bring_forward, bring_forward_stored, check_batch,
-                                 check_record_version, expand_windows, file_safe, fill_window_ends, lease_held,
-                                 record_from_row, sources_to_json, where)
+from state_store._common import (
+    PIPELINE_COLUMNS,
+    bring_forward,
+    bring_forward_stored,
+    check_batch,
+    check_record_version,
+    expand_windows,
+    file_safe,
+    fill_window_ends,
+    lease_held,
+    record_from_row,
+    sources_to_json,
+    where,
+)
 from state_store.base import BatchCommit, RecoveredState, StateStore
 from state_store.errors import CorruptState, StorePermissionError, StoreUnavailable
 
@@ -164,6 +175,7 @@ class SqliteStateStore(StateStore):
     def acquire_lease(self, pipeline: str, holder: str) -> None:
         with self._lock:
             self._db()
+            fd: int | None
             if pipeline in self._leases:
                 fd = self._leases[pipeline][0]
             else:
@@ -321,7 +333,7 @@ class SqliteStateStore(StateStore):
                 self._conn = None
 
 
-def _upsert_rows(pipeline: str, now: str, upserts: list[tuple[int, int | None, bytes, bytes]],
+def _upsert_rows(pipeline: str, now: str, upserts: Sequence[tuple[int, int | None, bytes, bytes]],
                  emitted: dict[tuple[int, bytes], bool]) -> Iterator[tuple]:
     """``_UPSERT``'s parameters; the emitted flag as 0/1, NULL for an upsert without one (fixed windows)."""
     if not emitted:

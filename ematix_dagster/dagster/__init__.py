@@ -8,22 +8,50 @@ opens no database connection. See ``docs/dagster.md``.
 """
 
 from ematix_dagster.dagster.assets import (
-    DEFAULT_RETRY_POLICY, PipelineRunConfig, run_pipeline_events, streaming_pipeline_asset,
+    DEFAULT_RETRY_POLICY,
+    PipelineRunConfig,
+    run_pipeline_events,
+    streaming_pipeline_asset,
 )
 from ematix_dagster.dagster.checks import (
-    CHECKPOINT_CHECK, IDEMPOTENT_TARGET_CHECK, LATE_ROW_RATIO_CHECK, WATERMARK_LAG_CHECK, pipeline_asset_checks,
+    CHECKPOINT_CHECK,
+    IDEMPOTENT_TARGET_CHECK,
+    LATE_ROW_RATIO_CHECK,
+    WATERMARK_LAG_CHECK,
+    pipeline_asset_checks,
 )
 from ematix_dagster.dagster.events import DEFAULT_SUMMARY_SECONDS, DEFAULT_THROTTLE_SECONDS, EmatixEventIterator
 from ematix_dagster.dagster.jobs import (
-    CheckIdempotentTargetConfig, MigrateStateConfig, ValidateCheckpointConfig, asset_run_config, checks_job,
-    checks_schedule, maintenance_job, make_check_idempotent_target_op, make_migrate_state_op,
-    make_validate_checkpoint_op, pipeline_job, pipeline_schedule, state_migration_job, state_migration_schedule,
+    CheckIdempotentTargetConfig,
+    MigrateStateConfig,
+    ValidateCheckpointConfig,
+    asset_run_config,
+    checks_job,
+    checks_schedule,
+    maintenance_job,
+    make_check_idempotent_target_op,
+    make_migrate_state_op,
+    make_validate_checkpoint_op,
+    pipeline_job,
+    pipeline_schedule,
+    state_migration_job,
+    state_migration_schedule,
 )
 from ematix_dagster.dagster.pipeline import (
-    CODE_VERSION_TAG, ERROR_TAG, FAILURE_TAG, PIPELINE_TAG, TERMINATED_BY_TAG, EmatixPipeline,
+    CODE_VERSION_TAG,
+    ERROR_TAG,
+    FAILURE_TAG,
+    PIPELINE_TAG,
+    TERMINATED_BY_TAG,
+    EmatixPipeline,
 )
 from ematix_dagster.dagster.resources import (
-    METRICS_KEY, SPARK_KEY, STATE_STORE_KEY, EmatixSparkResource, MetricsResource, StateStoreResource,
+    METRICS_KEY,
+    SPARK_KEY,
+    STATE_STORE_KEY,
+    EmatixSparkResource,
+    MetricsResource,
+    StateStoreResource,
 )
 from ematix_dagster.dagster.sensors import keep_alive_decision, keep_alive_sensor, run_failure_sensor
 from ematix_dagster.dagster.translator import EmatixTranslator

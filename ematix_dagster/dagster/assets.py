@@ -26,7 +26,13 @@ from pydantic import Field
 
 from ematix_dagster.dagster.events import DEFAULT_SUMMARY_SECONDS, DEFAULT_THROTTLE_SECONDS, EmatixEventIterator
 from ematix_dagster.dagster.pipeline import (
-    CODE_VERSION_TAG, ERROR_TAG, FAILURE_TAG, PIPELINE_TAG, EmatixPipeline, PipelineLike, register,
+    CODE_VERSION_TAG,
+    ERROR_TAG,
+    FAILURE_TAG,
+    PIPELINE_TAG,
+    EmatixPipeline,
+    PipelineLike,
+    register,
 )
 from ematix_dagster.dagster.resources import EmatixSparkResource, MetricsResource, StateStoreResource
 from ematix_dagster.dagster.translator import EmatixTranslator

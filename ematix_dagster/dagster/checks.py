@@ -190,7 +190,7 @@ def pipeline_asset_checks(
         def _check(state_store: StateStoreResource) -> dg.AssetCheckResult:
             return evaluate(state_store.apply(p.spec))
 
-        _check.__name__ = f"{prefix}_{check_name}"
+        _check.__name__ = f"{prefix}_{check_name}"  # type: ignore[attr-defined]  # a definition, not a function
         return _check
 
     checks = [

@@ -8,7 +8,7 @@ totals as ``run_*``, so they never join the per-batch series.
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
+from typing import Any, Callable, Generator, Iterable, Iterator, Mapping, Optional
 
 import dagster as dg
 
@@ -177,7 +177,7 @@ class EmatixEventIterator(Iterator[Any]):
         if close is not None:
             close()
 
-    def _events(self, reports: Iterator[Any]) -> Iterator[Any]:
+    def _events(self, reports: Iterator[Any]) -> Generator[Any, None, None]:
         last_event_at: Optional[float] = None
         summary = _Window()
         summary_started = self._started

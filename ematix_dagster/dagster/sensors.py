@@ -26,7 +26,13 @@ import dagster as dg
 
 from ematix_dagster.dagster.checks import CHECKPOINT_CHECK
 from ematix_dagster.dagster.pipeline import (
-    CODE_VERSION_TAG, ERROR_TAG, FAILURE_TAG, LAUNCHED_BY_TAG, PIPELINE_TAG, TERMINATED_BY_TAG, EmatixPipeline,
+    CODE_VERSION_TAG,
+    ERROR_TAG,
+    FAILURE_TAG,
+    LAUNCHED_BY_TAG,
+    PIPELINE_TAG,
+    TERMINATED_BY_TAG,
+    EmatixPipeline,
     PipelineLike,
 )
 from ematix_dagster.dagster.resources import StateStoreResource
@@ -45,7 +51,9 @@ def _belongs(run: Any, pipeline: EmatixPipeline, job_names: Sequence[str]) -> bo
     if run.tags.get(PIPELINE_TAG) == pipeline.name or run.job_name in job_names:
         return True
     selection = getattr(run, "asset_selection", None)
-    return bool(selection) and pipeline.key in selection
+    if not selection:
+        return False
+    return pipeline.key in selection
 
 
 def active_runs(instance: dg.DagsterInstance, pipeline: EmatixPipeline,

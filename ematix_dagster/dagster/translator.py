@@ -6,7 +6,11 @@ from typing import Any, Mapping, Optional, Sequence
 import dagster as dg
 
 from ematix_dagster.dagster.pipeline import (
-    NAME_METADATA_KEY, PIPELINE_TAG, TOML_METADATA_KEY, EmatixPipeline, toml_metadata,
+    NAME_METADATA_KEY,
+    PIPELINE_TAG,
+    TOML_METADATA_KEY,
+    EmatixPipeline,
+    toml_metadata,
 )
 
 

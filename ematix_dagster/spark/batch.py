@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,7 +22,7 @@ from ematix_dagster.metrics import StreamingMetrics
 from ematix_dagster.spark import checkpoint
 from ematix_dagster.spark.checkpoint import batch_files
 from ematix_dagster.spark.convert import partial_lists, rows_to_arrow
-from ematix_dagster.spark.input_files import UNREADABLE_FILE, InputFiles, WithFileRows
+from ematix_dagster.spark.input_files import UNREADABLE_FILE, DeadLetters, InputFiles, WithFileRows
 from ematix_dagster.spark.partials import BatchFrames, BatchPlan, batch_counts, build_batch, may_hold_future_rows
 from ematix_dagster.spark.recovery import HEARTBEAT, checkpoint_offsets, named_offsets, offset_names
 from ematix_dagster.spark.windows.base import CLASS
@@ -32,6 +32,7 @@ from ematix_dagster.streaming.durable import Provenance, batch_commit, encoded_k
 from ematix_dagster.streaming.micro_batch import BatchInput, BatchResult, Engine, SourceStats
 from ematix_dagster.streaming.windows import format_us
 from ematix_dagster.targets import DeadLetterWriter, WindowWriter
+from ematix_dagster.targets.base import WritesInTransaction
 from state_store.base import PipelineRecord, StateStore
 from state_store.codec import gc_paused
 
@@ -238,7 +239,8 @@ class BatchStep:
                                 in_transaction: InTransaction) -> None:
         """The batch's one dead-letter write: in the store's transaction when they share a database."""
         if self._dead_letters_in_store:
-            in_transaction.append(lambda conn: dead_letter.write_in_transaction(conn, batch_id, rows))
+            writer = cast(WritesInTransaction, dead_letter)  # a postgres one: _dead_letters_in_store
+            in_transaction.append(lambda conn: writer.write_in_transaction(conn, batch_id, rows))
         else:
             dead_letter.write(batch_id, rows)
 
@@ -250,7 +252,8 @@ class BatchStep:
             ids = kind.row_ids(self.spec.pipeline_name, list(map(encoded_key, emitted.keys)), emitted.starts)
         table = rows_to_arrow(self.schema, emitted, len(self.spec.window.group_by), ids)
         if self.spec.target.same_transaction:
-            in_transaction.append(lambda conn: self.target.write_in_transaction(conn, batch_id, table))
+            target = cast(WritesInTransaction, self.target)  # a postgres one: same_transaction
+            in_transaction.append(lambda conn: target.write_in_transaction(conn, batch_id, table))
         else:
             self.target.write(batch_id, table, part)
 
@@ -306,7 +309,7 @@ class BatchStep:
             del in_transaction[queued:]  # what a failed attempt queued
             frame = reader.frame(df, files)
             rows = reader.dead_letter_rows(files) if own is not None else None
-            writer = own if rows is None else WithFileRows(own, rows, files.key)
+            writer = own if rows is None else WithFileRows(cast(DeadLetters, own), rows, files.key)  # rows: own set
             try:
                 batch = self._aggregate(frame, batch_id, batch_time, in_transaction, writer)
                 break

@@ -34,8 +34,8 @@ def with_batch_values(df: DataFrame, batch_time_us: int, closed_before: int | No
     values = {BATCH_TIME: batch_time_us, CLOSED_BEFORE: closed_before, EMITTED_BEFORE: emitted_before}
     # Every column nullable whatever its value (``IF(TRUE, v, NULL)``): a column known not to be
     # NULL compiles to other code than one that may be, and the first batch's bounds are NULL.
-    cells = ", ".join(f"CAST(IF(TRUE, {'NULL' if values[name] is None else int(values[name])}, NULL) AS BIGINT)"
-                      for name in BATCH_VALUES)
+    cells = ", ".join(f"CAST(IF(TRUE, {'NULL' if value is None else int(value)}, NULL) AS BIGINT)"
+                      for value in map(values.__getitem__, BATCH_VALUES))
     # An inline table is a local relation built in the JVM (no Python worker); its values stay
     # data through the optimizer, which folds only literals and aliases of literals.
     one_row = df.sparkSession.sql(f"SELECT * FROM VALUES ({cells}) AS batch({', '.join(BATCH_VALUES)})")

@@ -69,8 +69,8 @@ def rows_to_arrow(schema: pa.Schema, emitted: Emitted, group_width: int,
         columns[schema.get_field_index(EMIT_KIND_COLUMN)] = emitted.kinds
         for i, column in enumerate(zip(*emitted.keys)):
             columns[first_key + i] = column
-        for j, column in enumerate(emitted.values):
-            columns[first_key + group_width + j] = column
+        for j, values in enumerate(emitted.values):
+            columns[first_key + group_width + j] = values
     if row_ids is not None:
         columns[2] = list(row_ids)
     seq = schema.get_field_index(EMIT_SEQ_COLUMN)

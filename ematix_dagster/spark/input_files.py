@@ -55,8 +55,14 @@ from pyspark.sql import types as T
 from ematix_dagster.errors import PipelineConfigError, first_line
 from ematix_dagster.spark.checkpoint import batch_files
 from ematix_dagster.spark.read_errors import REPLACE_FILE, ReadFailure, read_failure, type_mismatch, url_path
-from ematix_dagster.spark.readers import format_options, is_local, managed, parse_schema, read_schema, \
-    with_engine_columns
+from ematix_dagster.spark.readers import (
+    format_options,
+    is_local,
+    managed,
+    parse_schema,
+    read_schema,
+    with_engine_columns,
+)
 from ematix_dagster.spec import PipelineSpec
 
 UNREADABLE_FILE = "unreadable_file"
@@ -129,18 +135,18 @@ def inspect_parquet(url: str, schema: T.StructType) -> InputFile:
         if col.max_repetition_level == 0 and "." not in col.path:
             columns[col.path.lower()] = col
     nanos: set[str] = set()
-    for field in schema.fields:
-        col = columns.get(field.name.lower())
+    for spark_field in schema.fields:
+        col = columns.get(spark_field.name.lower())
         if col is None:
             continue  # Spark reads a missing column as NULL
         logical = col.logical_type.type
-        if _declared_type_refused(field.dataType, col.physical_type, logical):
+        if _declared_type_refused(spark_field.dataType, col.physical_type, logical):
             actual = "BINARY" if col.physical_type == "BYTE_ARRAY" else col.physical_type  # Spark's names
-            failure = type_mismatch(url, f"[{field.name}]", actual, field.dataType.simpleString())
+            failure = type_mismatch(url, f"[{spark_field.name}]", actual, spark_field.dataType.simpleString())
             return InputFile(url, rows=meta.num_rows, failure=failure)
-        if isinstance(field.dataType, (T.TimestampType, T.TimestampNTZType)) and logical == "TIMESTAMP" \
+        if isinstance(spark_field.dataType, (T.TimestampType, T.TimestampNTZType)) and logical == "TIMESTAMP" \
                 and json.loads(col.logical_type.to_json()).get("timeUnit") == "nanoseconds":
-            nanos.add(field.name)
+            nanos.add(spark_field.name)
     return InputFile(url, nanos=frozenset(nanos), rows=meta.num_rows)
 
 
@@ -169,6 +175,7 @@ def read_files(session: SparkSession, spec: PipelineSpec, index: int, urls: list
     if nanos:
         session.conf.set("spark.sql.legacy.parquet.nanosAsLong", "true")  # else Spark refuses the column
         schema = T.StructType([T.StructField(f.name, T.LongType()) if f.name in nanos else f for f in schema.fields])
+    assert source.format is not None  # validated: a files source names its format
     reader = format_options(session.read.format(source.format), source).schema(schema)
     df = reader.option("basePath", source.path).load([_escaped(u) for u in urls])  # basePath: as the stream's
     for f in declared.fields:

@@ -25,10 +25,10 @@ from pyspark.sql import types as T
 from ematix_dagster.errors import PipelineConfigError, first_line
 from ematix_dagster.spark.batch_values import BATCH_TIME, BATCH_VALUES, with_batch_values
 from ematix_dagster.spark.observed import Observed
+from ematix_dagster.spark.readers import CORRUPT, has_heartbeat
 from ematix_dagster.spark.recovery import HEARTBEAT
 from ematix_dagster.spark.rejects import REJECT_REASONS, reject_reason
 from ematix_dagster.spark.safe_sql import ERROR_COLUMN, guard_sql
-from ematix_dagster.spark.readers import CORRUPT, has_heartbeat
 from ematix_dagster.spark.windows import PartialPlan, partial_plan
 from ematix_dagster.spark.windows.base import CLASS, LATE_ASSIGNMENTS, PRIMARY, REOPENED, ROWS, Aggregates
 from ematix_dagster.spark.windows.fixed import FixedPlan
@@ -394,7 +394,7 @@ def _source_counts(spec: PipelineSpec) -> list[Column]:
     return cols
 
 
-def batch_counts(spec: PipelineSpec, table: pa.Table, source_stats: Observed | None) -> tuple[dict[str, Any], dict[str, int]]:
+def batch_counts(spec: PipelineSpec, table: pa.Table, source_stats: Observed | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(per-source counters as ``_source_stats`` names them, lateness and rejection counters) from the
     job's result (``rejected``: rows per reason of ``ematix_dagster.spark.rejects``).
 
@@ -410,7 +410,7 @@ def batch_counts(spec: PipelineSpec, table: pa.Table, source_stats: Observed | N
         values = table.column(column) if where is None else table.column(column).filter(where)
         return int(pc.sum(values).as_py() or 0)
 
-    late = {"late_rows": total(ROWS, pc.equal(classes, "late")),
+    late: dict[str, Any] = {"late_rows": total(ROWS, pc.equal(classes, "late")),
             "late_assignments": total(LATE_ASSIGNMENTS, windowed), "reopened_rows": total(REOPENED, windowed),
             "rejected": {r: n for r in REJECT_REASONS if (n := total(ROWS, pc.equal(classes, r)))}}
     if source_stats is not None:

@@ -57,7 +57,7 @@ def parse_schema(source: Source, key: str) -> T.StructType:
 def _parsed(ddl: str) -> T.DataType:
     """Spark's parse of a DDL schema: a round trip to the JVM, which a managed source's batches
     would otherwise make twice each (listing its files, reading them)."""
-    return T._parse_datatype_string(ddl)  # type: ignore[attr-defined]
+    return T._parse_datatype_string(ddl)
 
 
 def event_time(col: Column, dtype: T.DataType, unit: str, key: str) -> Column:
@@ -106,7 +106,9 @@ _LISTING_SCHEMA = "path STRING, modificationTime TIMESTAMP, length BIGINT, conte
 
 def is_local(path: str | None) -> bool:
     """Whether a source's path is on this machine (no scheme, or ``file://``)."""
-    return bool(path) and ("://" not in path or path.startswith("file://"))  # type: ignore[operator]
+    if not path:
+        return False
+    return "://" not in path or path.startswith("file://")
 
 
 def managed(source: Source) -> bool:
@@ -130,6 +132,7 @@ def _files(spark: SparkSession, source: Source, key: str) -> DataFrame:
         if source.max_files_per_trigger:
             reader = reader.option("maxFilesPerTrigger", source.max_files_per_trigger)
         return reader.load(source.path).select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in schema.fields])
+    assert source.format is not None  # validated: a files source names its format
     reader = format_options(spark.readStream.format(source.format), source)
     if source.max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", source.max_files_per_trigger)

@@ -21,7 +21,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from ematix_dagster.errors import (
-    CheckpointDiverged, FingerprintChanged, SparkQueryFailed, StateNotDurableError, first_line,
+    CheckpointDiverged,
+    FingerprintChanged,
+    SparkQueryFailed,
+    StateNotDurableError,
+    first_line,
 )
 from ematix_dagster.fingerprint import describe_changes, fingerprint, fingerprint_doc
 from ematix_dagster.metrics import StreamingMetrics, default_metrics, serve
@@ -30,17 +34,16 @@ from ematix_dagster.spark.batch import BatchReport, BatchStep
 from ematix_dagster.spark.convert import output_schema
 from ematix_dagster.spark.failures import classify
 from ematix_dagster.spark.partials import analyse
+from ematix_dagster.spark.readers import union_sources
 from ematix_dagster.spark.recovery import validate_checkpoint
 from ematix_dagster.spark.session import get_spark
-from ematix_dagster.spark.readers import union_sources
 from ematix_dagster.spec import PipelineSpec
+from ematix_dagster.stores import guarantee, make_store
 from ematix_dagster.streaming.durable import Provenance, restore_engine
 from ematix_dagster.streaming.micro_batch import Engine
 from ematix_dagster.streaming.state_size import GIB, estimate_state
-from ematix_dagster.stores import guarantee, make_store
 from ematix_dagster.targets import DeadLetterWriter, WindowWriter, make_dead_letter_writer, make_window_writer
 from state_store.base import RecoveredState, StateStore, make_holder
-
 
 
 class _BatchAbandoned(Exception):
@@ -246,7 +249,7 @@ class PipelineRunner:
         try:
             assert self.query is not None
             while not self._stopping and self.query.isActive:
-                self.query.awaitTermination(0.5)
+                self.query.awaitTermination(0.5)  # type: ignore[arg-type]  # typed int, takes float seconds
             if not self._stopping:
                 self.query.awaitTermination()
         except BaseException as exc:  # reported to the consumer thread

@@ -54,12 +54,13 @@ Spark names an unaliased SELECT item after its text, so a guarded one is named a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Iterator
+from typing import ClassVar, Iterator, cast
 
 import sqlglot
 from sqlglot import exp
 from sqlglot.dialects.spark import Spark
 from sqlglot.errors import ParseError, TokenError
+from sqlglot.parsers.spark import SparkParser  # Spark.Parser, by the name its type checker can follow
 
 from ematix_dagster.errors import PipelineConfigError
 
@@ -75,7 +76,7 @@ class _AnsiSpark(Spark):
     ``CAST`` is the throwing cast and every function stays the call the user wrote.
     """
 
-    class Parser(Spark.Parser):
+    class Parser(SparkParser):
         STRICT_CAST = True
         FUNCTIONS: ClassVar[dict] = {}
 
@@ -162,7 +163,7 @@ def _misplaced(node: exp.Expr, tops: list[exp.Select]) -> str | None:
     child, parent = node, node.parent
     while parent is not None:
         if any(parent is top for top in tops):
-            key = child.arg_key
+            key = cast(str, child.arg_key)  # set: child has a parent
             return None if key in ("expressions", "where") else f"in {_CLAUSES.get(key, key.upper())}"
         if isinstance(parent, exp.Lambda):
             return "inside a lambda function"
@@ -306,7 +307,8 @@ def _try_form(node: exp.Expr) -> tuple[exp.Expr, exp.Expr]:
     if name in _CAST_FUNCTIONS:
         return _null_on_failure(exp.TryCast(this=args[0], to=exp.DataType.build(name), safe=True), args)
     if name == "PMOD":
-        return _null_on_failure(_unless_zero(*args, _call("PMOD", *args)), args)
+        dividend, divisor = args
+        return _null_on_failure(_unless_zero(dividend, divisor, _call("PMOD", *args)), args)
     if name == "ELEMENT_AT":
         array, key = args
         bad = _out_of_range(array, key, first=1)

@@ -19,7 +19,12 @@ from ematix_dagster.spec.environment import resolve_env, spec_warnings
 from ematix_dagster.spec.model import DeadLetter, PipelineSpec, Run, Source, StateStoreConfig, Target
 from ematix_dagster.spec.rules import JAVA_INT_MAX, MAX_DURATION_MS, STATE_STORE_KINDS
 from ematix_dagster.spec.toml_io import (
-    dump_pipeline, load_pipeline, load_pipeline_str, spec_from_dict, spec_to_dict, with_overrides,
+    dump_pipeline,
+    load_pipeline,
+    load_pipeline_str,
+    spec_from_dict,
+    spec_to_dict,
+    with_overrides,
 )
 from ematix_dagster.spec.window import Aggregation, Window
 

@@ -10,8 +10,21 @@ from dataclasses import dataclass, field
 
 from ematix_dagster.spec.environment import _resolved
 from ematix_dagster.spec.rules import (
-    _IDENT_RE, _NAME_RE, DEAD_LETTER_KINDS, END_OF_INPUT, FILE_FORMATS, ON_UNREADABLE_FILE, SOURCE_KINDS,
-    STATE_STORE_KINDS, TARGET_KINDS, TIME_UNITS, TRIGGERS, _fail, _listed_as_tuple, _non_negative, _positive,
+    _IDENT_RE,
+    _NAME_RE,
+    DEAD_LETTER_KINDS,
+    END_OF_INPUT,
+    FILE_FORMATS,
+    ON_UNREADABLE_FILE,
+    SOURCE_KINDS,
+    STATE_STORE_KINDS,
+    TARGET_KINDS,
+    TIME_UNITS,
+    TRIGGERS,
+    _fail,
+    _listed_as_tuple,
+    _non_negative,
+    _positive,
 )
 from ematix_dagster.spec.type_checks import _check_types
 from ematix_dagster.spec.window import Window

@@ -7,7 +7,7 @@ value rules, the type checks and the ``${NAME}`` resolution alike.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, NoReturn
 
 from ematix_dagster.errors import PipelineConfigError
 
@@ -46,7 +46,7 @@ def _child(key: str, field_name: str) -> str:
     return f"{key}.{name}" if key else name
 
 
-def _fail(key: str, message: str, fix: str | None = None) -> None:
+def _fail(key: str, message: str, fix: str | None = None) -> NoReturn:
     raise PipelineConfigError(key, message, fix)
 
 

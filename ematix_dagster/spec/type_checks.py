@@ -8,7 +8,7 @@ import types
 from dataclasses import fields, is_dataclass
 from typing import Any, Mapping, Union, get_args, get_origin, get_type_hints
 
-from ematix_dagster.spec.rules import JAVA_INT_MAX, JAVA_LONG_MAX, MAX_DURATION_MS, _TOML_KEYS, _child, _fail
+from ematix_dagster.spec.rules import _TOML_KEYS, JAVA_INT_MAX, JAVA_LONG_MAX, MAX_DURATION_MS, _child, _fail
 
 # Upper bounds of integer keys besides the *_ms durations, with the reason the message gives.
 _INT_BOUNDS: dict[str, tuple[int, str]] = {
@@ -52,7 +52,8 @@ def _int_bound(name: str) -> tuple[int, str] | None:
 def _check_types(obj: Any, key: str = "") -> None:
     """Every field of ``obj`` (recursively) against its annotation, so that no rule compares or
     formats a value of the wrong type, and ``"false"`` is never taken for a true boolean."""
-    hints = _hints(type(obj))
+    cls: type = type(obj)
+    hints = _hints(cls)
     for f in fields(obj):
         _check_type(_child(key, f.name), _TOML_KEYS.get(f.name, f.name), getattr(obj, f.name), hints[f.name])
 
@@ -70,7 +71,7 @@ def _check_type(key: str, name: str, value: Any, hint: Any) -> None:
             _fail(key, f"{value!r} is {_toml_type(value)}, not a list", f"write a list, e.g. {name} = {example}")
         for i, item in enumerate(value):
             _check_type(f"{key}[{i}]", name, item, get_args(hint)[0])
-    elif is_dataclass(hint):
+    elif isinstance(hint, type) and is_dataclass(hint):
         if not isinstance(value, hint):
             _fail(key, f"is {_toml_type(value)}, not a {hint.__name__}", f"write the [{key}] table")
         _check_types(value, key)

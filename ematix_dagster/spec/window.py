@@ -6,7 +6,15 @@ from dataclasses import dataclass
 
 from ematix_dagster.spec.registries import AGGREGATIONS, WINDOW_KINDS
 from ematix_dagster.spec.rules import (
-    LATE_POLICIES, TIME_MODES, TIME_UNITS, _fail, _is_ident, _is_reserved, _listed_as_tuple, _non_negative, _positive,
+    LATE_POLICIES,
+    TIME_MODES,
+    TIME_UNITS,
+    _fail,
+    _is_ident,
+    _is_reserved,
+    _listed_as_tuple,
+    _non_negative,
+    _positive,
 )
 
 

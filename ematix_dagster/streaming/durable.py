@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 from ematix_dagster.streaming.aggregators import Aggregator
 from ematix_dagster.streaming.emitted import GroupKey
@@ -42,7 +42,7 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
     flags: dict[tuple[int, bytes], bool] = {}
     for start, end, key, accs, emitted in changes.upserts:
         encoded = encoded_key(key)
-        upserts.append((start, end, encoded, encode_state(accs)))
+        upserts.append((start, cast(int, end), encoded, encode_state(accs)))  # take_changes sets every end
         if emitted is not None:  # a session's flag is its own (schema step 5)
             flags[(start, encoded)] = emitted
     marks = engine.watermarks

@@ -30,7 +30,7 @@ rule.
 from __future__ import annotations
 
 from itertools import compress, product
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ematix_dagster.streaming.emitted import Emitted
 from ematix_dagster.streaming.state.order import row_order
@@ -75,5 +75,6 @@ def emit(state: KindState, before: int | None, watermark: int | None, retention:
     gone = report.gone
     out = gone.select(row_order(gone.starts, gone.keys))
     out.add_columns(list(map(starts.__getitem__, order)), list(map(report.ends.__getitem__, rows)),
-                    list(map(keys.__getitem__, order)), values, list(map(kinds.__getitem__, rows)))
+                    list(map(keys.__getitem__, order)), values,
+                    cast("list[str]", list(map(kinds.__getitem__, rows))))  # rows: those with a kind
     return out

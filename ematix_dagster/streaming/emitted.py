@@ -57,7 +57,8 @@ class Emitted:
         """The rows at positions ``rows``, in that order."""
         out = Emitted()
         if rows:
-            out.add_columns(*(list(map(column.__getitem__, rows)) for column in (self.starts, self.ends, self.keys)),
+            out.add_columns(list(map(self.starts.__getitem__, rows)), list(map(self.ends.__getitem__, rows)),
+                            list(map(self.keys.__getitem__, rows)),
                             [list(map(column.__getitem__, rows)) for column in self.values],
                             list(map(self.kinds.__getitem__, rows)))
         return out

@@ -66,14 +66,20 @@ import pyarrow as pa
 
 from ematix_dagster.errors import PipelineConfigError
 from ematix_dagster.spec import DeadLetter, Target
-from ematix_dagster.targets.base import (DEAD_LETTER_COLUMNS, EMIT_KIND_COLUMN, EMIT_SEQ_COLUMN, RETRACT,
-                                         DeadLetterWriter, WindowWriter)
+from ematix_dagster.targets.base import (
+    DEAD_LETTER_COLUMNS,
+    EMIT_KIND_COLUMN,
+    EMIT_SEQ_COLUMN,
+    RETRACT,
+    DeadLetterWriter,
+    WindowWriter,
+)
 from ematix_dagster.targets.console import ConsoleWindowWriter
 from ematix_dagster.targets.parquet import ParquetWriter
 from ematix_dagster.targets.pg_table import PostgresTable
-from state_store.pg_url import redact as redact_url
 from ematix_dagster.targets.pg_types import postgres_type
 from ematix_dagster.targets.postgres import PostgresDeadLetterWriter, PostgresWindowWriter
+from state_store.pg_url import redact as redact_url
 
 __all__ = [
     "EMIT_KIND_COLUMN",

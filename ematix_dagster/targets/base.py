@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 
@@ -20,7 +20,9 @@ class WindowWriter(Protocol):
     """Writes the closed windows of one micro-batch."""
 
     idempotent: bool
-    description: str
+
+    @property
+    def description(self) -> str: ...
 
     def open(self) -> None: ...
 
@@ -34,10 +36,18 @@ class DeadLetterWriter(Protocol):
     """Writes the dead-letter rows of one micro-batch (rows of any schema)."""
 
     idempotent: bool
-    description: str
+
+    @property
+    def description(self) -> str: ...
 
     def open(self) -> None: ...
 
     def write(self, batch_id: int, rows: pa.Table, part: str = "part-0") -> None: ...
 
     def close(self) -> None: ...
+
+
+class WritesInTransaction(Protocol):
+    """A writer that also writes inside another connection's transaction (the PostgreSQL writers)."""
+
+    def write_in_transaction(self, conn: Any, batch_id: int, rows: pa.Table) -> None: ...

@@ -30,7 +30,13 @@ from ematix_dagster.spec import DeadLetter, Target
 from ematix_dagster.targets.base import DEAD_LETTER_COLUMNS, EMIT_KIND_COLUMN, EMIT_SEQ_COLUMN, RETRACT
 from ematix_dagster.targets.pg_table import PostgresTable
 from ematix_dagster.targets.pg_types import (
-    PG_MIN_US, _json_value, _normalize_column, _python_columns, _text, postgres_type, python_values,
+    PG_MIN_US,
+    _json_value,
+    _normalize_column,
+    _python_columns,
+    _text,
+    postgres_type,
+    python_values,
 )
 
 _PAYLOAD_COLUMN = "payload"

@@ -17,12 +17,19 @@ from pyspark.sql import functions as F
 
 from ematix_dagster.spark.batch_values import CLOSED_BEFORE, EMITTED_BEFORE
 from ematix_dagster.spark.windows.base import (
-    CLASS, LATE_ASSIGNMENTS, PRIMARY, REOPENED, ROWS, Aggregates, WindowedFrames, dead_letter_rows, with_inputs,
+    CLASS,
+    LATE_ASSIGNMENTS,
+    PRIMARY,
+    REOPENED,
+    ROWS,
+    Aggregates,
+    WindowedFrames,
+    dead_letter_rows,
+    with_inputs,
 )
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.windows import FixedWindows
 from ematix_dagster.streaming.windows.fixed import first_start
-
 
 #: the plan's own columns, dropped from dead-letter rows
 HELPERS = ("_ts", "_last", "_first", "_first_open", PRIMARY, "_ws")
@@ -109,6 +116,7 @@ def late_windows(window: Window, table: pa.Table, closed_before: int | None,
     starts before the first open one, ``first_start(closed_before)``.
     """
     classes, starts = table.column(CLASS), table.column("_ws")
+    assert window.duration_ms is not None  # validated
     duration = window.duration_ms * 1_000
     if closed_before is not None:
         first_open = first_start(closed_before, duration, duration)

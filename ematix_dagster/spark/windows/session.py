@@ -24,12 +24,19 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from pyspark.sql import Column, DataFrame, Window as SparkWindow
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import Window as SparkWindow
 from pyspark.sql import functions as F
 
 from ematix_dagster.spark.batch_values import CLOSED_BEFORE, EMITTED_BEFORE
 from ematix_dagster.spark.windows.base import (
-    CLASS, PRIMARY, REOPENED, ROWS, Aggregates, WindowedFrames, dead_letter_rows, with_inputs,
+    CLASS,
+    PRIMARY,
+    REOPENED,
+    ROWS,
+    Aggregates,
+    WindowedFrames,
+    dead_letter_rows,
 )
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.windows.session import SessionWindows

@@ -18,7 +18,14 @@ from pyspark.sql import functions as F
 
 from ematix_dagster.spark.batch_values import CLOSED_BEFORE, EMITTED_BEFORE
 from ematix_dagster.spark.windows.base import (
-    CLASS, PRIMARY, REOPENED, ROWS, Aggregates, WindowedFrames, dead_letter_rows, with_inputs,
+    CLASS,
+    PRIMARY,
+    REOPENED,
+    ROWS,
+    Aggregates,
+    WindowedFrames,
+    dead_letter_rows,
+    with_inputs,
 )
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.windows import SlidingWindows

@@ -24,7 +24,13 @@ from typing import Callable
 from ematix_dagster.spec import Aggregation
 from ematix_dagster.spec.registries import AGGREGATIONS
 from ematix_dagster.streaming.aggregators.base import (
-    SCALAR_TYPES, Aggregator, PartialRowError, SparkInput, describe_value, merge_partials, order_key,
+    SCALAR_TYPES,
+    Aggregator,
+    PartialRowError,
+    SparkInput,
+    describe_value,
+    merge_partials,
+    order_key,
 )
 from ematix_dagster.streaming.aggregators.basic import Avg, Count, First, Last, Max, Min, Sum
 from ematix_dagster.streaming.aggregators.distinct import ApproxDistinct, ExactDistinct

@@ -30,7 +30,7 @@ BIGINT_MIN, BIGINT_MAX = -(2**63), 2**63 - 1
 
 #: Types of a single column value in stored state (state_store.codec's value types, no containers).
 SCALAR_TYPES = frozenset({bool, int, float, str, bytes, Decimal, datetime, date, time, timedelta})
-NONE = type(None)
+NONE: type = type(None)
 PAIR_TYPES = frozenset({NONE, tuple})
 
 

@@ -9,14 +9,22 @@ from __future__ import annotations
 
 from decimal import Decimal
 from operator import add, itemgetter
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence, cast
 
 import pyarrow as pa
 
 from ematix_dagster.errors import AggregationOverflow
 from ematix_dagster.spec import Aggregation
 from ematix_dagster.streaming.aggregators.base import (
-    BIGINT_MAX, BIGINT_MIN, NONE, PAIR_TYPES, SCALAR_TYPES, Aggregator, SparkInput, describe_value, not_none,
+    BIGINT_MAX,
+    BIGINT_MIN,
+    NONE,
+    PAIR_TYPES,
+    SCALAR_TYPES,
+    Aggregator,
+    SparkInput,
+    describe_value,
+    not_none,
     order_key,
 )
 
@@ -24,6 +32,11 @@ if TYPE_CHECKING:
     from pyspark.sql import Column
 
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
+
+
+def _column(spark: SparkInput) -> Column:
+    """The aggregated column of an aggregation over one (every one but ``count(*)``)."""
+    return cast("Column", spark.column)
 
 
 def _added(accs: Sequence[Any], partials: Sequence[Any]) -> list[Any] | None:
@@ -100,7 +113,7 @@ class Sum(Aggregator):
         return _needs_number(spec, spark)
 
     def spark_partials(self, spark: SparkInput) -> list[Column]:
-        F, col = spark.functions, spark.column
+        F, col = spark.functions, _column(spark)
         if spark.integral:
             # DECIMAL(38,0) cannot overflow here; the driver checks the BIGINT range with the window named.
             return [F.sum(col.cast("decimal(38,0)"))]
@@ -145,6 +158,7 @@ class Sum(Aggregator):
         if pa.types.is_integer(input_type):
             return pa.int64()
         if pa.types.is_decimal(input_type):
+            assert input_type is not None  # is_integer(None) above raises
             return pa.decimal128(38, input_type.scale)
         return pa.float64()
 
@@ -194,7 +208,7 @@ class First(Min):
     state_bytes = 145  # an (event time, value) pair
 
     def spark_partials(self, spark: SparkInput) -> list[Column]:
-        F, col = spark.functions, spark.column
+        F, col = spark.functions, _column(spark)
         pair = F.when(col.isNotNull(), F.struct(F.col("_ts").alias("t"), col.alias("v")))
         return [(F.max if self.largest else F.min)(pair)]
 
@@ -236,7 +250,7 @@ class Avg(Aggregator):
         return _needs_number(spec, spark)
 
     def spark_partials(self, spark: SparkInput) -> list[Column]:
-        F, col = spark.functions, spark.column
+        F, col = spark.functions, _column(spark)
         return [F.sum(col.cast("double")), F.count(col)]
 
     def partial_names(self, name: str) -> tuple[str, ...]:

@@ -10,7 +10,12 @@ from datasketches import hll_sketch, hll_union
 from ematix_dagster.errors import CorruptState, StateCapExceeded
 from ematix_dagster.spec import Aggregation
 from ematix_dagster.streaming.aggregators.base import (
-    NONE, Aggregator, SparkInput, describe_value, merged_rows, not_none,
+    NONE,
+    Aggregator,
+    SparkInput,
+    describe_value,
+    merged_rows,
+    not_none,
 )
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import compress, groupby, repeat
 from operator import is_, itemgetter, not_
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence, cast
 
 from ematix_dagster.streaming.aggregators import PartialRowError
 from ematix_dagster.streaming.emitted import GroupKey
@@ -119,9 +119,10 @@ class FixedState(StateBase):
             self._merge_columns(groups, start, list(compress(keys, fresh)),
                                 [list(compress(column, fresh)) for column in partials], None)
             self._merge_columns(groups, start, list(compress(keys, held)),
-                                [list(compress(column, held)) for column in partials], list(compress(olds, held)))
+                                [list(compress(column, held)) for column in partials],
+                                cast("list[Accumulators]", list(compress(olds, held))))  # held: none is None
         else:
-            self._merge_columns(groups, start, keys, partials, None if new else olds)
+            self._merge_columns(groups, start, keys, partials, None if new else cast("list[Accumulators]", olds))
 
     def _merge_columns(self, groups: dict[GroupKey, Accumulators], start: int, keys: Sequence[GroupKey],
                        partials: Sequence[Sequence[Any]], olds: list[Accumulators] | None) -> None:

@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
 from ematix_dagster.streaming.aggregators import PartialRowError, merge_partials
+from ematix_dagster.streaming.bounds import WindowBounds
 from ematix_dagster.streaming.emitted import EmittedRow, GroupKey
 from ematix_dagster.streaming.state.base import Accumulators, Report, StateBase, StoreChanges, StoredGroup
-from ematix_dagster.streaming.bounds import WindowBounds
 
 if TYPE_CHECKING:
     from ematix_dagster.streaming.windows.session import SessionWindows
@@ -172,7 +172,8 @@ class SessionState(StateBase):
         for bucket, brows in by_bucket.items():
             # (start, end, session or None, partial row or -1), swept by start: an item joins the
             # run so far iff it starts at or before the run's end (within gap, or before the cap)
-            items = [(s.start, s.end, s, -1) for s in held if s.bucket == bucket]
+            items: list[tuple[int, int, Session | None, int]] = [(s.start, s.end, s, -1) for s in held
+                                                                 if s.bucket == bucket]
             items += [(firsts[r], rules.session_end(lasts[r], bucket), None, r) for r in brows]
             items.sort(key=lambda item: (item[0], item[1]))
             run: list[tuple[int, int, Session | None, int]] = []

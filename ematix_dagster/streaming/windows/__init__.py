@@ -29,7 +29,6 @@ from ematix_dagster.streaming.windows.session import SessionWindows
 from ematix_dagster.streaming.windows.sliding import SlidingWindows
 from ematix_dagster.streaming.windows.units import MICROS_PER_MS, format_us, format_window
 
-
 #: spec ``kind`` -> the class of its rules (a new kind adds its line here, or registers itself here);
 #: the spec's own registry, which the spec validates against
 KINDS: dict[str, type[WindowKind]] = WINDOW_KINDS  # type: ignore[assignment]  # WindowKind is a SpecKind

@@ -44,6 +44,7 @@ class FixedWindows(KeyedByStart):
 
     @classmethod
     def for_window(cls, window: Window) -> FixedWindows:
+        assert window.duration_ms is not None  # validated
         return cls(window.duration_ms * MICROS_PER_MS, window.hop * MICROS_PER_MS)
 
     @classmethod

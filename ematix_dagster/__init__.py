@@ -12,8 +12,6 @@ from ematix_dagster.errors import (
     TargetError,
 )
 from ematix_dagster.facade import StreamingPipeline, run_streaming_pipeline, streaming_pipeline
-# The window kinds and aggregators fill the spec's registries (``spec.registries``) on import.
-from ematix_dagster.streaming import aggregators as _aggregators, windows as _windows  # noqa: F401
 from ematix_dagster.spec import (
     Aggregation,
     DeadLetter,
@@ -27,6 +25,10 @@ from ematix_dagster.spec import (
     load_pipeline,
     load_pipeline_str,
 )
+
+# The window kinds and aggregators fill the spec's registries (``spec.registries``) on import.
+from ematix_dagster.streaming import aggregators as _aggregators  # noqa: F401
+from ematix_dagster.streaming import windows as _windows  # noqa: F401
 
 __all__ = [
     "Aggregation", "AggregationOverflow", "DeadLetter", "EmatixError", "PipelineConfigError", "PipelineSpec", "Run",

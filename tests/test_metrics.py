@@ -8,8 +8,8 @@ import urllib.request
 from prometheus_client import CollectorRegistry
 
 from ematix_dagster.metrics import StreamingMetrics, default_metrics, serve
-from ematix_dagster.streaming.micro_batch import BatchInput, BatchResult, SourceStats
 from ematix_dagster.streaming.emitted import Emitted, EmittedRow
+from ematix_dagster.streaming.micro_batch import BatchInput, BatchResult, SourceStats
 
 
 def _record(metrics: StreamingMetrics) -> None:

@@ -13,9 +13,22 @@ from dagster._core.test_utils import create_run_for_test
 from psycopg import sql
 
 from ematix_dagster.dagster import (
-    CODE_VERSION_TAG, FAILURE_TAG, PIPELINE_TAG, TERMINATED_BY_TAG, EmatixPipeline, EmatixSparkResource,
-    MetricsResource, StateStoreResource, checks_job, keep_alive_sensor, maintenance_job, pipeline_asset_checks,
-    pipeline_job, run_failure_sensor, state_migration_job, streaming_pipeline_asset,
+    CODE_VERSION_TAG,
+    FAILURE_TAG,
+    PIPELINE_TAG,
+    TERMINATED_BY_TAG,
+    EmatixPipeline,
+    EmatixSparkResource,
+    MetricsResource,
+    StateStoreResource,
+    checks_job,
+    keep_alive_sensor,
+    maintenance_job,
+    pipeline_asset_checks,
+    pipeline_job,
+    run_failure_sensor,
+    state_migration_job,
+    streaming_pipeline_asset,
 )
 from ematix_dagster.spec import StateStoreConfig, Target
 from ematix_dagster.stores import make_store

@@ -25,9 +25,9 @@ from ematix_dagster.fingerprint import fingerprint, fingerprint_doc
 from ematix_dagster.operations import check
 from ematix_dagster.spark import checkpoint
 from ematix_dagster.spec import PipelineSpec, load_pipeline_str
+from ematix_dagster.stores import make_store
 from ematix_dagster.streaming.durable import restore_engine
 from ematix_dagster.streaming.micro_batch import BatchInput, Engine, SourceStats
-from ematix_dagster.stores import make_store
 from state_store import migrations
 from state_store.base import BatchCommit, PipelineRecord, SourceProgress, StateStore
 from state_store.codec import STATE_VERSION, encode_key, encode_state

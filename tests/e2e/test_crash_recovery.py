@@ -34,10 +34,10 @@ import psycopg
 import pyarrow.parquet as pq
 import pytest
 
-from tests import oracle
-from tests.pipeline_toml import parquet_target, postgres_store, postgres_target, sqlite_store, windowed_pipeline_toml
-from tests.e2e.test_lateness import Feed, at, oracle_params, row
 from ematix_dagster.spec import load_pipeline
+from tests import oracle
+from tests.e2e.test_lateness import Feed, at, oracle_params, row
+from tests.pipeline_toml import parquet_target, postgres_store, postgres_target, sqlite_store, windowed_pipeline_toml
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 BATCHES = 5  # input files, one micro-batch each: batches 0..4, then the end-of-input flush

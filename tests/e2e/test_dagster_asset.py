@@ -17,8 +17,17 @@ import pytest
 from psycopg import sql
 
 from ematix_dagster.dagster import (
-    CODE_VERSION_TAG, PIPELINE_TAG, EmatixPipeline, EmatixSparkResource, MetricsResource, StateStoreResource,
-    asset_run_config, checks_job, keep_alive_decision, pipeline_asset_checks, streaming_pipeline_asset,
+    CODE_VERSION_TAG,
+    PIPELINE_TAG,
+    EmatixPipeline,
+    EmatixSparkResource,
+    MetricsResource,
+    StateStoreResource,
+    asset_run_config,
+    checks_job,
+    keep_alive_decision,
+    pipeline_asset_checks,
+    streaming_pipeline_asset,
 )
 from ematix_dagster.operations import summary
 from ematix_dagster.spec import Aggregation, PipelineSpec, Run, Source, StateStoreConfig, Target, Window

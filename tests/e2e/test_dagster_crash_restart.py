@@ -28,9 +28,25 @@ import pytest
 from ematix_dagster.spec import StateStoreConfig
 from ematix_dagster.stores import make_store
 from tests.dagster_support import (
-    CLICKS_PIPELINE, CLICKS_POOL, CLICKS_SENSOR, Dagit, assert_reads_as_a_cancel, claimed_slots, clicks_ground_truth,
-    clicks_target, dagster_dev_env, drop_clicks_target, event_pid, pipeline_runs, run_events, run_status, set_sensor,
-    terminate, wait_for, write_click_file, write_click_inputs,
+    CLICKS_PIPELINE,
+    CLICKS_POOL,
+    CLICKS_SENSOR,
+    Dagit,
+    assert_reads_as_a_cancel,
+    claimed_slots,
+    clicks_ground_truth,
+    clicks_target,
+    dagster_dev_env,
+    drop_clicks_target,
+    event_pid,
+    pipeline_runs,
+    run_events,
+    run_status,
+    set_sensor,
+    terminate,
+    wait_for,
+    write_click_file,
+    write_click_inputs,
 )
 
 pytestmark = pytest.mark.slow

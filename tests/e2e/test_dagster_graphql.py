@@ -13,8 +13,19 @@ from __future__ import annotations
 import pytest
 
 from tests.dagster_support import (
-    CLICKS_JOB, CLICKS_OP, LOCATION, Dagit, assert_reads_as_a_cancel, clicks_ground_truth, clicks_target,
-    dagster_dev_env, drop_clicks_target, materializations, terminate, wait_for, write_click_inputs,
+    CLICKS_JOB,
+    CLICKS_OP,
+    LOCATION,
+    Dagit,
+    assert_reads_as_a_cancel,
+    clicks_ground_truth,
+    clicks_target,
+    dagster_dev_env,
+    drop_clicks_target,
+    materializations,
+    terminate,
+    wait_for,
+    write_click_inputs,
 )
 
 

@@ -19,7 +19,11 @@ import dagster as dg
 import pyarrow as pa
 
 from ematix_dagster.dagster import (
-    EmatixSparkResource, MetricsResource, StateStoreResource, asset_run_config, streaming_pipeline_asset,
+    EmatixSparkResource,
+    MetricsResource,
+    StateStoreResource,
+    asset_run_config,
+    streaming_pipeline_asset,
 )
 from tests.dagster_support import small_spec
 

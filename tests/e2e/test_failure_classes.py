@@ -21,14 +21,14 @@ from prometheus_client import CollectorRegistry
 
 from ematix_dagster import errors
 from ematix_dagster.cli import main
-from ematix_dagster.spark.failures import classify
 from ematix_dagster.metrics import StreamingMetrics
+from ematix_dagster.spark.failures import classify
 from ematix_dagster.spark.runner import PipelineRunner
 from ematix_dagster.spec import load_pipeline_str
 from state_store.sqlite import SqliteStateStore
 from tests.conftest import BatchFiles
-from tests.pipeline_toml import postgres_store, postgres_target, windowed_pipeline_toml
 from tests.e2e.test_lateness import at, row
+from tests.pipeline_toml import postgres_store, postgres_target, windowed_pipeline_toml
 
 SECRET = "s3cret-pw"
 

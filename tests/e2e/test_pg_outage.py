@@ -21,12 +21,20 @@ import psycopg
 import pytest
 
 from ematix_dagster.spec import load_pipeline
-from tests.pg_cluster import PgCluster, pg_cluster  # noqa: F401 - the module-scoped fixture
-from tests.pipeline_toml import postgres_store, postgres_target
 from tests.e2e.test_crash_recovery import (
-    HOPPING_REOPEN, MIDDLE, TUMBLING_DROP, actual_target, expected_target, feed, finish, pipeline_toml, start_run,
+    HOPPING_REOPEN,
+    MIDDLE,
+    TUMBLING_DROP,
+    actual_target,
+    expected_target,
+    feed,
+    finish,
+    pipeline_toml,
+    start_run,
     wait_group_gone,
 )
+from tests.pg_cluster import PgCluster, pg_cluster  # noqa: F401 - the module-scoped fixture
+from tests.pipeline_toml import postgres_store, postgres_target
 
 DOWN_S = 15.0  # the cluster stays down at least this long
 QUICK_S = 10.0  # a run against a database that is down must fail within this (no connect retry loop)
@@ -74,7 +82,7 @@ CASES = [
 @pytest.mark.slow
 @pytest.mark.parametrize("window,same_transaction,batch_id,pause", CASES)
 def test_outage_inside_a_batch_fails_transient_and_resumes_exactly(window, same_transaction, batch_id, pause, tmp_path,
-                                                                    batch_files, pg_cluster: PgCluster, monkeypatch,
+                                                                    batch_files, pg_cluster: PgCluster, monkeypatch,  # noqa: F811
                                                                     record_property):
     schema = f"outage_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(pg_cluster.dsn(), autocommit=True) as conn:

@@ -15,14 +15,14 @@ import tomllib
 from pathlib import Path
 
 import psycopg
-import tomli_w
 import pyarrow as pa
 import pytest
+import tomli_w
 
 from ematix_dagster.spark.rejects import MAX_KEY_BYTES
 from ematix_dagster.spec import load_pipeline_str
-from tests.pipeline_toml import postgres_dead_letter, postgres_target, sqlite_store, windowed_pipeline_toml
 from tests.e2e.test_lateness import metric, run
+from tests.pipeline_toml import postgres_dead_letter, postgres_target, sqlite_store, windowed_pipeline_toml
 
 US = 1_000_000
 NOW_US = int(dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc).timestamp()) * US

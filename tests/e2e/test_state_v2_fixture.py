@@ -19,8 +19,8 @@ import pytest
 
 from ematix_dagster.spec import load_pipeline_str
 from state_store import migrations
-from tests.pipeline_toml import windowed_pipeline_toml
 from tests.e2e.test_lateness import at, row
+from tests.pipeline_toml import windowed_pipeline_toml
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "state_v2"
 # The committed run was made from spec() and minute_rows() below: changing them breaks the fixture.

@@ -20,8 +20,8 @@ from __future__ import annotations
 import ast
 import copy
 import random
-from pathlib import Path
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pandas as pd

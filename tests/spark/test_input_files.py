@@ -34,14 +34,13 @@ import tomli_w
 from prometheus_client import CollectorRegistry
 
 from ematix_dagster import faults
-from ematix_dagster.errors import EmatixError, InputSchemaMismatch, PipelineConfigError
+from ematix_dagster.errors import EmatixError, InputSchemaMismatch, PipelineConfigError, UnreadableInputFile
 from ematix_dagster.metrics import StreamingMetrics
 from ematix_dagster.operations import summary as stored_summary
-from ematix_dagster.spark.runner import PipelineRunner, RunSummary
-from ematix_dagster.errors import UnreadableInputFile
 from ematix_dagster.spark.input_files import UNREADABLE_FILE, _declared_type_refused, _from_nanos
 from ematix_dagster.spark.read_errors import classify_read_error
 from ematix_dagster.spark.readers import managed
+from ematix_dagster.spark.runner import PipelineRunner, RunSummary
 from ematix_dagster.spec import dump_pipeline, load_pipeline_str
 
 PIPELINE = "unreadable"
@@ -499,7 +498,7 @@ def test_the_footer_check_refuses_only_what_spark_refuses(spark, tmp_path: Path)
             dtype = T._parse_datatype_string(f"c {declared}").fields[0].dataType
             if _declared_type_refused(dtype, col.physical_type, col.logical_type.type):
                 refused.append((name, declared))
-                with pytest.raises(Exception):
+                with pytest.raises(Exception):  # noqa: B017 - whatever Spark raises: the read must fail
                     spark.read.schema(f"c {declared}").parquet(str(path)).collect()
     assert ("string", "BIGINT") in refused and ("int64", "STRING") in refused and ("bool", "INT") in refused
     assert ("int32", "BIGINT") not in refused and ("decimal", "BINARY") not in refused

@@ -18,8 +18,6 @@ import pytest
 import tomli_w
 
 from ematix_dagster.errors import EmatixError, PipelineConfigError
-from ematix_dagster.streaming.state_size import estimate_state
-from ematix_dagster.streaming.windows import SessionWindows
 from ematix_dagster.spec import (
     Aggregation,
     DeadLetter,
@@ -37,6 +35,8 @@ from ematix_dagster.spec import (
     spec_to_dict,
     with_overrides,
 )
+from ematix_dagster.streaming.state_size import estimate_state
+from ematix_dagster.streaming.windows import SessionWindows
 
 # docs/contract/toml-reference.md, with a parquet target (no env vars) and three aggregations so that alias clashes
 # between aggregations can be expressed as one-key mutations.

@@ -23,8 +23,14 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from ematix_dagster.errors import (CorruptState, LeaseHeld, StorePermissionError, StateVersionError,
-                                   StoreAccessDenied, StoreUnavailable)
+from ematix_dagster.errors import (
+    CorruptState,
+    LeaseHeld,
+    StateVersionError,
+    StoreAccessDenied,
+    StorePermissionError,
+    StoreUnavailable,
+)
 from state_store import codec, create_store, migrations
 from state_store.base import BatchCommit, PipelineRecord, SourceProgress, StateStore, make_holder
 from state_store.memory import InMemoryStateStore
@@ -227,7 +233,7 @@ def test_a_failing_commit_leaves_the_previous_state(make_store, kind):
     if kind != "in_memory":  # a failure after the state rows went in: the pipeline row cannot be written
         late = BatchCommit(record(p, 5, fingerprint_doc={"not json": {1, 2}}),
                            upserts=[(0, end(0), key(i), blob(-i)) for i in range(100)], deleted_windows=[0])
-        with pytest.raises(Exception):
+        with pytest.raises(Exception):  # noqa: B017 - each store's own error: the commit must not happen
             store.commit(late)
         assert same_state(store.load(p), expected)
     if kind == "postgres":

@@ -18,10 +18,19 @@ from datasketches import hll_sketch
 from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
 from ematix_dagster.spec import Aggregation
 from ematix_dagster.streaming.aggregators import (
-    ApproxDistinct, Avg, Count, ExactDistinct, First, Last, Max, Min, PartialRowError, Sum, make_aggregator,
+    ApproxDistinct,
+    Avg,
+    Count,
+    ExactDistinct,
+    First,
+    Last,
+    Max,
+    Min,
+    PartialRowError,
+    Sum,
+    make_aggregator,
 )
 from tests.streaming.reference import NAN, direct, fold_random_tree, random_split, same, spark_partial
-
 
 # ---------------------------------------------------------------------------------------------
 # merging partials

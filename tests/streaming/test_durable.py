@@ -149,8 +149,9 @@ def test_a_window_is_written_whole_once_half_its_groups_changed(tmp_path):
 def test_a_window_too_big_for_one_row_is_written_group_by_group(monkeypatch, aggregation, slack):
     """A whole-window row is bounded by its size; exact distinct sets, which grow with their data,
     are always written group by group."""
-    import ematix_dagster.streaming.durable as durable
     from datasketches import hll_sketch
+
+    import ematix_dagster.streaming.durable as durable
 
     window = Window(kind="tumbling", duration_ms=60_000, lateness_ms=0, group_by=("k",), max_groups_per_window=100,
                     aggregations=(aggregation,))

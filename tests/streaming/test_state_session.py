@@ -25,9 +25,9 @@ import pytest
 
 import ematix_dagster.streaming.windows.session as session_module
 from ematix_dagster.errors import StateCapExceeded
-from ematix_dagster.streaming.aggregators import Avg, Count, ExactDistinct, First, Last, Max, Min, Sum
-from ematix_dagster.streaming.emitted import EmittedRow
+from ematix_dagster.streaming.aggregators import Aggregator, Avg, Count, ExactDistinct, First, Last, Max, Min, Sum
 from ematix_dagster.streaming.emission import RETRACT, emit
+from ematix_dagster.streaming.emitted import EmittedRow
 from ematix_dagster.streaming.state.base import StoreChanges, StoredGroup
 from ematix_dagster.streaming.state.session import SessionState
 from ematix_dagster.streaming.windows.session import SessionWindows, session_id
@@ -166,7 +166,10 @@ class Harness:
     def __init__(self, p: Params, seed: int = 0) -> None:
         self.p, self.rng = p, random.Random(seed)
         self.rules = SessionWindows(p.gap, p.cap)
-        aggs = lambda: [Count(), Count(), Sum(True), Min(), Max(), First(), Last(), ExactDistinct(10_000), Avg()]
+
+        def aggs() -> list[Aggregator]:
+            return [Count(), Count(), Sum(True), Min(), Max(), First(), Last(), ExactDistinct(10_000), Avg()]
+
         self.fresh = lambda: SessionState("p", aggs(), ALIASES, p.max_groups, self.rules)
         self.state = self.fresh()
         self.max_seen: int | None = None

@@ -15,11 +15,11 @@ import pytest
 from datasketches import hll_sketch
 
 from ematix_dagster.spec import Aggregation, Window
-from ematix_dagster.streaming.state_size import estimate_state
+from ematix_dagster.streaming.aggregators import make_aggregator
 from ematix_dagster.streaming.emission import emit
 from ematix_dagster.streaming.state.fixed import FixedState
+from ematix_dagster.streaming.state_size import estimate_state
 from ematix_dagster.streaming.windows import window_kind
-from ematix_dagster.streaming.aggregators import make_aggregator
 
 GROUPS = 20_000
 

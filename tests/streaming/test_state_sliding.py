@@ -38,8 +38,8 @@ import pytest
 
 from ematix_dagster.errors import StateCapExceeded
 from ematix_dagster.spec import Aggregation, Window
-from ematix_dagster.streaming.state.base import StoredGroup
 from ematix_dagster.streaming.micro_batch import BatchInput, Engine, SourceStats
+from ematix_dagster.streaming.state.base import StoredGroup
 
 Key = tuple[Any, ...]
 Row = tuple[Key, int, Any]  # (group key, event time µs, value or None)

@@ -13,7 +13,6 @@ import pytest
 from ematix_dagster.streaming.windows import FixedWindows, WindowBounds, format_us, format_window, window_starts
 from tests.streaming.reference import MS, brute_starts
 
-
 # ---------------------------------------------------------------------------------------------
 # tumbling and hopping starts, bounds, formatting
 # ---------------------------------------------------------------------------------------------

@@ -23,6 +23,9 @@ class SpecKind(Protocol):
     @classmethod
     def validate(cls, window: Window, key: str) -> None: ...
 
+    @classmethod
+    def shape(cls, window: Window) -> str: ...
+
 
 #: spec ``kind`` -> its window kind (``streaming.windows.KINDS`` is this dict)
 WINDOW_KINDS: dict[str, type[SpecKind]] = {}

@@ -197,18 +197,8 @@ class Window:
 
     @property
     def shape(self) -> str:
-        """The windows in words, for messages and descriptions."""
-        def span(ms: int) -> str:
-            return f"{ms // 1000} s" if ms % 1000 == 0 else f"{ms} ms"
-
-        if self.kind == "session":
-            assert self.gap_ms is not None and self.max_session_duration_ms is not None
-            return f"session windows (gap {span(self.gap_ms)}, cut every {span(self.max_session_duration_ms)})"
-        assert self.duration_ms is not None
-        if self.kind == "sliding":
-            return f"sliding windows of {span(self.duration_ms)} (one per event time)"
-        every = f" every {span(self.hop)}" if self.kind == "hopping" else ""
-        return f"{self.kind} windows of {span(self.duration_ms)}{every}"
+        """The windows in words, for messages and descriptions (the kind's own words)."""
+        return WINDOW_KINDS[self.kind].shape(self)
 
     @property
     def hop(self) -> int:

@@ -139,6 +139,7 @@ def test_every_registered_kind_has_a_sample_and_a_spark_plan(name: str) -> None:
     assert name in SAMPLES, f"window kind {name!r} is registered: add its sample spec to SAMPLES here"
     window = sample_window(name)
     window.validate()
+    assert window.shape.startswith(f"{name} windows"), window.shape
     kind = KINDS[name].for_window(window)
     assert set(kind.own_keys) <= set(Window.__dataclass_fields__), kind.own_keys
     assert name in PLANS, f"window kind {name!r} has no Spark plan in ematix_dagster.spark.windows.PLANS"

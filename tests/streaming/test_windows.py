@@ -93,3 +93,17 @@ def test_fixed_final_and_eviction_follow_the_exclusive_end() -> None:
     assert w == WindowBounds(20, 30)
     assert not kind.is_final(w, None) and not kind.is_final(w, 29) and kind.is_final(w, 30)
     assert not kind.is_evicted(w, 34, retention=5) and kind.is_evicted(w, 35, retention=5)
+
+
+def test_each_kind_says_its_windows_in_words() -> None:
+    from ematix_dagster.spec import Aggregation, Window
+
+    def shape(kind: str, **keys: int) -> str:
+        return Window(kind=kind, max_groups_per_window=1, group_by=("k",), aggregations=(Aggregation("count", "n"),),
+                      **keys).shape
+
+    assert shape("tumbling", duration_ms=60_000) == "tumbling windows of 60 s"
+    assert shape("hopping", duration_ms=60_000, hop_ms=1_500) == "hopping windows of 60 s every 1500 ms"
+    assert shape("session", gap_ms=30_000, max_session_duration_ms=3_600_000) == \
+        "session windows (gap 30 s, cut every 3600 s)"
+    assert shape("sliding", duration_ms=10_000, max_events_per_group=5) == "sliding windows of 10 s (one per event time)"

@@ -55,6 +55,11 @@ class WindowKind(ABC):
 
     @classmethod
     @abstractmethod
+    def shape(cls, window: Window) -> str:
+        """A spec of this kind's windows in words, for messages and descriptions."""
+
+    @classmethod
+    @abstractmethod
     def fingerprint(cls, window: Window) -> dict[str, Any]:
         """The spec's sizes that the stored state depends on (docs/contract/operations.md), by fingerprint key."""
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ematix_dagster.spec.rules import _fail, _positive
 from ematix_dagster.streaming.state.fixed import FixedState
 from ematix_dagster.streaming.windows.base import KeyedByStart, WindowBounds
-from ematix_dagster.streaming.windows.units import MICROS_PER_MS
+from ematix_dagster.streaming.windows.units import MICROS_PER_MS, format_span_ms
 
 if TYPE_CHECKING:
     from ematix_dagster.spec import Window
@@ -62,6 +62,12 @@ class FixedWindows(KeyedByStart):
         elif window.hop_ms is not None:
             _fail(f"{key}.hop_ms", f"hop_ms = {window.hop_ms!r} only applies to hopping windows, not {window.kind!r}",
                   'remove it or use kind = "hopping"')
+
+    @classmethod
+    def shape(cls, window: Window) -> str:
+        assert window.duration_ms is not None
+        every = f" every {format_span_ms(window.hop)}" if window.kind == "hopping" else ""
+        return f"{window.kind} windows of {format_span_ms(window.duration_ms)}{every}"
 
     @classmethod
     def fingerprint(cls, window: Window) -> dict[str, Any]:

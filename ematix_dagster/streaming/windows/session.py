@@ -33,7 +33,7 @@ import msgpack
 from ematix_dagster.spec.rules import _fail, _positive
 from ematix_dagster.streaming.state.session import SessionState
 from ematix_dagster.streaming.windows.base import WindowBounds, WindowKind
-from ematix_dagster.streaming.windows.units import MICROS_PER_MS, format_us
+from ematix_dagster.streaming.windows.units import MICROS_PER_MS, format_span_ms, format_us
 
 if TYPE_CHECKING:
     from ematix_dagster.spec import Window
@@ -111,6 +111,12 @@ class SessionWindows(WindowKind):
         if not window.group_by:
             _fail(f"{key}.group_by", "is required for session windows (sessions are per key)",
                   'group by the column that identifies a session\'s owner, e.g. group_by = ["user_id"]')
+
+    @classmethod
+    def shape(cls, window: Window) -> str:
+        assert window.gap_ms is not None and window.max_session_duration_ms is not None
+        return (f"session windows (gap {format_span_ms(window.gap_ms)}, "
+                f"cut every {format_span_ms(window.max_session_duration_ms)})")
 
     @classmethod
     def fingerprint(cls, window: Window) -> dict[str, Any]:

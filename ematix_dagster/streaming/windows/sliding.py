@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ematix_dagster.spec.rules import _fail, _positive
 from ematix_dagster.streaming.state.sliding import SlidingState
 from ematix_dagster.streaming.windows.base import KeyedByStart, WindowBounds
-from ematix_dagster.streaming.windows.units import MICROS_PER_MS, format_us
+from ematix_dagster.streaming.windows.units import MICROS_PER_MS, format_span_ms, format_us
 
 if TYPE_CHECKING:
     from ematix_dagster.spec import Window
@@ -68,6 +68,11 @@ class SlidingWindows(KeyedByStart):
             _fail(f"{key}.max_events_per_group", "is required for sliding windows",
                   "set the most distinct event times one key may retain, e.g. 10_000")
         _positive(f"{key}.max_events_per_group", window.max_events_per_group)
+
+    @classmethod
+    def shape(cls, window: Window) -> str:
+        assert window.duration_ms is not None
+        return f"sliding windows of {format_span_ms(window.duration_ms)} (one per event time)"
 
     @classmethod
     def fingerprint(cls, window: Window) -> dict[str, Any]:

@@ -25,5 +25,14 @@ def format_us(us: int | None) -> str:
     return text + "Z"
 
 
+def format_span_ms(ms: int) -> str:
+    """A spec's duration for messages: whole seconds as seconds.
+
+    >>> format_span_ms(60_000), format_span_ms(1_500)
+    ('60 s', '1500 ms')
+    """
+    return f"{ms // 1000} s" if ms % 1000 == 0 else f"{ms} ms"
+
+
 def format_window(start: int, end: int) -> str:
     return f"[{format_us(start)}, {format_us(end)})"

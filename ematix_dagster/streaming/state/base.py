@@ -131,8 +131,13 @@ class KindState(Protocol):
         start, a sliding window's event time, a partial session's first event time, ``lasts[r]``
         its last), ``partials[i][r]`` for aggregator i."""
 
-    def report(self, before: int | None, watermark: int | None, retention: int) -> Report:
-        """The batch's candidate rows now that W moved from ``before`` to ``watermark``."""
+    def report(self, before: int | None, watermark: int | None, retention: int, open_changes: bool = False) -> Report:
+        """The batch's candidate rows now that W moved from ``before`` to ``watermark``.
+
+        ``open_changes``: also the changed groups of windows still open and never emitted (what an
+        early trigger fires on). Under the watermark trigger they write no row, and leaving them
+        out keeps a batch's cost to the windows that close or were emitted.
+        """
 
     def accumulators(self, report: Report, rows: Sequence[int]) -> list[Accumulators]:
         """The accumulators of ``report``'s rows ``rows`` (what their values are computed from)."""

@@ -12,9 +12,13 @@ of its groups did (``streaming.durable``).
 >>> from ematix_dagster.streaming.windows import FixedWindows
 >>> state = FixedState("p", [Count()], ["n"], 10, FixedWindows(duration=10, hop=10))
 >>> state.merge([0, 0, 10], [("a",), ("b",), ("a",)], [[1, 2, 3]])
->>> report = state.report(before=None, watermark=10, retention=0)
+>>> report = state.report(before=None, watermark=10, retention=0, open_changes=True)
 >>> list(zip(report.starts, report.keys, report.closed))
 [(0, ('a',), True), (0, ('b',), True), (10, ('a',), False)]
+>>> state.merge([10], [("b",)], [[1]])
+>>> report = state.report(before=10, watermark=10, retention=0)  # the watermark trigger: open windows wait
+>>> len(report)
+0
 """
 
 from __future__ import annotations
@@ -145,9 +149,9 @@ class FixedState(StateBase):
 
     # -- emission -------------------------------------------------------------------------------
 
-    def report(self, before: int | None, watermark: int | None, retention: int) -> Report:
-        """Every group of a window that closes at ``watermark``; the changed groups of every other
-        window (emitted: final at ``before``)."""
+    def report(self, before: int | None, watermark: int | None, retention: int, open_changes: bool = False) -> Report:
+        """Every group of a window that closes at ``watermark``; the changed groups of windows
+        emitted before (final at ``before``) and, with ``open_changes``, of open ones."""
         out = Report()
         kind, touched = self.kind, self.touched
         for start in sorted(self.windows):
@@ -163,7 +167,7 @@ class FixedState(StateBase):
                 flags = True if changed is not None and len(changed) == len(keys) \
                     else list(map((changed or set()).__contains__, keys))
                 out.add(start, bounds.end, keys, list(groups.values()), flags, False, True)
-            elif changed:
+            elif changed and open_changes:
                 keys = list(changed)
                 out.add(start, bounds.end, keys, list(map(groups.__getitem__, keys)), True, False, False)
         self.touched = {}

@@ -13,7 +13,7 @@ rows come by end as well.
 
 from __future__ import annotations
 
-from itertools import chain
+from itertools import chain, groupby
 from typing import Any, Iterable, Sequence
 
 from ematix_dagster.streaming.aggregators import order_key
@@ -51,10 +51,27 @@ def sorted_keys(keys: Iterable[GroupKey]) -> list[GroupKey]:
 
 def row_order(starts: Sequence[int], keys: Sequence[GroupKey]) -> list[int]:
     """The positions of rows ``(starts[i], keys[i])`` sorted by window start, then key (no two rows
-    share both: a kind emits one row per window and group)."""
-    if _plain(keys):
+    share both: a kind emits one row per window and group).
+
+    By start first (a stable sort of ints, nearly free when a fixed window's rows come in runs of
+    one start), then each run of one start by key: comparing keys alone costs a third of comparing
+    (start, key) pairs, and a window emits tens of thousands of groups at once.
+    """
+    by_start = sorted(range(len(starts)), key=starts.__getitem__)
+    plain = _plain(keys)
+    out: list[int] = []
+    for _, run in groupby(by_start, key=starts.__getitem__):
+        rows = list(run)
+        if len(rows) > 1:
+            rows = _by_key(rows, keys, plain)
+        out += rows
+    return out
+
+
+def _by_key(rows: list[int], keys: Sequence[GroupKey], plain: bool) -> list[int]:
+    if plain:
         try:
-            return [i for _, _, i in sorted(zip(starts, keys, range(len(keys))))]
+            return sorted(rows, key=keys.__getitem__)
         except TypeError:  # None beside values
             pass
-    return sorted(range(len(keys)), key=lambda i: (starts[i], key_order(keys[i])))
+    return sorted(rows, key=lambda i: key_order(keys[i]))

@@ -238,14 +238,16 @@ class SessionState(StateBase):
 
     # -- emission and eviction ----------------------------------------------------------------------
 
-    def report(self, before: int | None, watermark: int | None, retention: int) -> Report:
-        """Every session changed since the last report, and every other one whose end passed W;
-        the rows written for sessions whose (start, key) no longer exists."""
+    def report(self, before: int | None, watermark: int | None, retention: int, open_changes: bool = False) -> Report:
+        """Every session changed since the last report that is emitted or closes (with
+        ``open_changes``: every one), and every other one whose end passed W; the rows written for
+        sessions whose (start, key) no longer exists."""
         out = Report()
         rules = self.kind
         for key, s in self._changed.values():
-            out.add_row(s.start, s.end, key, s, True, s.emitted,
-                        rules.is_final(WindowBounds(s.start, s.end), watermark))
+            closed = rules.is_final(WindowBounds(s.start, s.end), watermark)
+            if s.emitted or closed or open_changes:
+                out.add_row(s.start, s.end, key, s, True, s.emitted, closed)
             s.changed = False
         reported, self._changed = set(self._changed), {}  # a session has as many heap entries as changes
         out.gone.add_rows(row for (key, start), row in self._superseded.items()

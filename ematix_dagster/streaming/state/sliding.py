@@ -156,7 +156,7 @@ class SlidingState(StateBase):
 
     # -- emission and eviction ------------------------------------------------------------------
 
-    def report(self, before: int | None, watermark: int | None, retention: int) -> Report:
+    def report(self, before: int | None, watermark: int | None, retention: int, open_changes: bool = False) -> Report:
         """Finals for windows with ``before <= t < W``, and the windows emitted (or created behind
         ``before``) that a partial of this batch reaches. Sliding windows fire on the watermark
         only (docs/contract/windows.md): windows still open are not looked at, and a closing window's ``changed``

@@ -36,7 +36,7 @@ from ematix_dagster.streaming.windows import format_us
 from ematix_dagster.targets import DeadLetterWriter, WindowWriter
 from ematix_dagster.targets.base import WritesInTransaction
 from state_store.base import PipelineRecord, StateStore
-from state_store.codec import gc_paused
+from state_store.loaded_groups import gc_paused
 
 InTransaction = list[Callable[[object], None]]
 

@@ -35,7 +35,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from state_store import codec, migrations
+from state_store import codec, loaded_groups, migrations, whole_window
 from state_store._common import (
     PIPELINE_COLUMNS,
     bring_forward,
@@ -50,11 +50,9 @@ from state_store._common import (
 )
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, StateStore
 from state_store.errors import EmatixError, StoreConfigError, StoreUnavailable
-from state_store.loaded_groups import gc_paused
 from state_store.names import lease_key
 from state_store.pg_rows import select_flags, select_groups, upsert_groups
 from state_store.pg_url import describe, parse_url, store_error
-from state_store.whole_window import WINDOW_KEY
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -283,7 +281,7 @@ class PostgresStateStore(StateStore):
             if with_groups:
                 cur = conn.cursor(binary=True)
                 cur.execute(select_groups(n), (pipeline,))
-                with gc_paused():
+                with loaded_groups.gc_paused():
                     groups = cur.fetchall()
                 flags = _flags(cur, select_flags(n), (pipeline,))
         record = record_from_row(pipeline, row, offsets, self.description)
@@ -304,7 +302,7 @@ class PostgresStateStore(StateStore):
             if batch.whole_windows:
                 conn.execute(sql.SQL("DELETE FROM {state} WHERE pipeline_name = %s AND window_start = ANY(%s::bigint[])")
                              .format(**n), (pipeline, [start for start, _, _ in batch.whole_windows]))
-                self._upsert(conn, pipeline, [(start, end, WINDOW_KEY, blob)
+                self._upsert(conn, pipeline, [(start, end, whole_window.WINDOW_KEY, blob)
                                               for start, end, blob in batch.whole_windows], {})
             if batch.upserts:
                 self._upsert(conn, pipeline, batch.upserts, batch.emitted)

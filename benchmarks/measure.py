@@ -31,6 +31,7 @@ JVM_THREADS = {
     "GC Thread": "GC", "G1 ": "GC", "VM Thread": "GC",
 }
 _TICKS = os.sysconf("SC_CLK_TCK")
+MB = 1 << 20  # bytes in a MiB, as RSS and data sizes are reported
 #: JVM threads are read every this many samples (a hundred files each time)
 THREAD_EVERY = 5
 

@@ -3,7 +3,7 @@
 
 Data: ``--events`` rows (default 2,000,000) over ``--keys`` keys (default 10,000) in ``--files``
 parquet files (default 20: one file = one micro-batch of ours), columns ``key BIGINT, amount
-DOUBLE, item STRING, ts TIMESTAMP``, made by ``windowed_vs_native.generate``: each file covers the
+DOUBLE, item STRING, ts TIMESTAMP``, made by ``generated_data.generate``: each file covers the
 next 60 s of event time with up to ``--disorder-ms`` of disorder inside the 5 s lateness, so no row
 is late and every window is created while open. Event times are in µs (nearly every row has an
 event time of its own); ``--tick-ms N`` rounds them down to multiples of N ms so that rows share
@@ -53,20 +53,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from measure import CpuMeter, DriverTimer  # noqa: E402
-from windowed_vs_native import (  # noqa: E402
-    LATENESS_MS,
-    MB,
-    SCHEMA_DDL,
-    Result,
-    _median,
-    add_data_arguments,
-    install_timers,
-    pipeline_toml,
-    prepare,
-    print_splits,
-    settle,
-)
+from generated_data import LATENESS_MS, SCHEMA_DDL, pipeline_toml  # noqa: E402
+from measure import MB, CpuMeter, DriverTimer  # noqa: E402
+from results import Result, median_result, print_splits  # noqa: E402
+from run_setup import add_data_arguments, install_timers, prepare, settle  # noqa: E402
 
 from ematix_dagster.spark.batch import BatchStep  # noqa: E402
 from ematix_dagster.spark.runner import PipelineRunner  # noqa: E402
@@ -226,7 +216,7 @@ def check_equal(spark, target: Path, baseline: Path, args: argparse.Namespace) -
 
 
 def report(args: argparse.Namespace, results: dict[str, list[Result]], equal: bool | None) -> None:
-    med = {k: _median(v) for k, v in results.items()}
+    med = {k: median_result(v) for k, v in results.items()}
     print(f"\nmedian of {args.runs} run(s); {args.events} events, {args.keys} keys, {args.files} micro-batches, "
           f"sliding windows of {args.duration_ms} ms, workload {args.workload}, tick {args.tick_ms or 'µs'}; "
           f"ours: SQLite state, parquet target; window_fn: Spark batch, parquet output; CPU = process tree")

@@ -38,6 +38,10 @@ heap is at full size from the start and every engine runs under the parallel col
 (``--gc g1`` for the JVM's default): under G1 the GC's share of one run depended on the garbage
 earlier runs left more than on the run itself.
 
+The engines' runs are ``windowed_engines.py``'s, beside this script with the data
+(``generated_data.py``), the shared setup (``run_setup.py``), the results (``results.py``) and the
+measuring (``measure.py``).
+
     .venv/bin/python benchmarks/windowed_vs_native.py --events 200000 --runs 1   # smoke
     .venv/bin/python benchmarks/windowed_vs_native.py                            # full
 """
@@ -46,389 +50,30 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import dataclasses
-import gc
 import io
 import os
 import pstats
 import shutil
-import statistics
 import sys
 import tempfile
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from measure import CpuMeter, DriverTimer, percentile, spark_jobs  # noqa: E402
+from measure import MB, DriverTimer, percentile, spark_jobs  # noqa: E402
+from results import Result, median_result, print_splits  # noqa: E402
+from run_setup import add_data_arguments, install_timers, prepare  # noqa: E402
+from windowed_engines import (  # noqa: E402
+    run_floor,
+    run_floor_heartbeats,
+    run_native,
+    run_ours,
+    run_ours_heartbeats,
+)
 
-from ematix_dagster.spark import batch as batch_mod  # noqa: E402
-from ematix_dagster.spark.batch import BatchStep  # noqa: E402
-from ematix_dagster.spark.checkpoint import batch_files  # noqa: E402
-from ematix_dagster.spark.input_files import read_files  # noqa: E402
-from ematix_dagster.spark.readers import union_sources  # noqa: E402
-from ematix_dagster.spark.recovery import HEARTBEAT  # noqa: E402
-from ematix_dagster.spark.runner import PipelineRunner  # noqa: E402
-from ematix_dagster.spark.session import get_spark  # noqa: E402
-from ematix_dagster.spec import load_pipeline_str  # noqa: E402
-from ematix_dagster.streaming import micro_batch as micro_batch_mod  # noqa: E402
-from ematix_dagster.streaming.micro_batch import Engine  # noqa: E402
-from ematix_dagster.streaming.state.fixed import FixedState  # noqa: E402
-
-SCHEMA_DDL = "key BIGINT, amount DOUBLE, item STRING, ts TIMESTAMP"
-BASE_US = 1_704_067_230_000_000  # 2024-01-01T00:00:30Z: each 60 s file spans two 1-minute windows
-FILE_SPAN_US = 60_000_000
-WINDOW_US = 60_000_000
-LATENESS_MS = 5_000
-HLL_PRECISION = 14
-HEARTBEAT_INTERVAL_MS = 500
-MB = 1 << 20
 WORKLOADS = ("plain", "sketch", "session")
-SESSION_GAP_S = 30
 ENGINES = ("ours", "floor", "native")
-
-
-# ---------------------------------------------------------------------------------------------
-# data
-
-
-def generate(directory: Path, events: int, keys: int, files: int, items: int, disorder_ms: int, seed: int,
-             tick_us: int = 1) -> None:
-    """``files`` parquet files, event times increasing file by file, mild disorder inside.
-
-    ``tick_us`` > 1 rounds event times down to its multiples, so rows share event times.
-    """
-    directory.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    pool = pa.array([f"item-{i}" for i in range(items)], pa.string())
-    per_file = [events // files + (1 if i < events % files else 0) for i in range(files)]
-    for i, n in enumerate(per_file):
-        start = BASE_US + i * FILE_SPAN_US
-        ts = np.sort(rng.integers(start, start + FILE_SPAN_US, n, dtype=np.int64))
-        ts -= rng.integers(0, disorder_ms * 1_000 + 1, n, dtype=np.int64)  # out of order, within lateness
-        ts -= ts % tick_us
-        table = pa.table({
-            "key": pa.array(rng.integers(0, keys, n, dtype=np.int64)),
-            "amount": pa.array(np.round(rng.random(n) * 100.0, 2)),
-            "item": pool.take(pa.array(rng.integers(0, items, n, dtype=np.int64))),
-            "ts": pa.array(ts, pa.timestamp("us", tz="UTC")),
-        })
-        name = f"part-{i:05d}.parquet"
-        tmp, final = directory / f".{name}.tmp", directory / name  # Spark ignores dot files
-        pq.write_table(table, tmp)
-        os.replace(tmp, final)
-        mtime = 1_700_000_000 + i
-        os.utime(final, (mtime, mtime))
-
-
-# ---------------------------------------------------------------------------------------------
-# results
-
-
-@dataclass
-class Result:
-    engine: str
-    workload: str
-    cpu: float
-    wall: float
-    peak_rss: int
-    batches: int
-    rows_in: int
-    rows_out: int
-    by_process: dict[str, float]
-    latencies: list[float] = field(default_factory=list)  # seconds per batch
-    merge_cpu: float = 0.0
-    splits: dict[str, tuple[int, float, float]] = field(default_factory=dict)
-    jvm: dict[str, float] = field(default_factory=dict)  # JVM CPU by thread group (measure.JVM_THREADS)
-    jobs: int = 0  # Spark jobs and stages the run submitted
-    stages: int = 0
-
-    @property
-    def cpu_per_batch(self) -> float:
-        return self.cpu / self.batches if self.batches else float("nan")
-
-    @property
-    def wall_per_batch(self) -> float:
-        return self.wall / self.batches if self.batches else float("nan")
-
-    def line(self) -> str:
-        procs = ", ".join(f"{k} {v:.1f}" for k, v in sorted(self.by_process.items()) if abs(v) >= 0.05)
-        return (f"{self.engine:>6} {self.workload:<6}: CPU {self.cpu:6.1f} s, wall {self.wall:6.1f} s, "
-                f"per batch CPU {self.cpu_per_batch:.3f} s wall {self.wall_per_batch:.3f} s, p50/p95 "
-                f"{percentile(self.latencies, .5):.3f}/{percentile(self.latencies, .95):.3f} s, batches {self.batches}, "
-                f"rows in {self.rows_in}, out {self.rows_out}, peak RSS {self.peak_rss / MB:.0f} MB [{procs}]")
-
-    def jvm_line(self) -> str:
-        threads = ", ".join(f"{k} {v:.1f}" for k, v in sorted(self.jvm.items(), key=lambda kv: -kv[1]) if v >= 0.05)
-        per = f", per batch {self.jobs / self.batches:.1f} jobs / {self.stages / self.batches:.1f} stages" \
-            if self.batches else ""
-        return f"JVM CPU s by thread: {threads}; Spark jobs {self.jobs}, stages {self.stages}{per}"
-
-
-def install_timers() -> DriverTimer:
-    timer = DriverTimer()
-    timer.wrap(BatchStep, "run", "foreachBatch callback", profile=True)
-    timer.wrap(batch_mod, "build_batch", "build_batch (plan)")
-    try:
-        from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
-    except ImportError:  # pragma: no cover - older PySpark
-        from pyspark.sql import DataFrame as ClassicDataFrame
-    timer.wrap(ClassicDataFrame, "toArrow", "partials.toArrow (Spark job + Arrow)")
-    timer.wrap(batch_mod, "partial_lists", "convert.partial_lists")
-    timer.wrap(Engine, "process", "Engine.process")
-    timer.wrap(FixedState, "merge", "  FixedState.merge")
-    timer.wrap(micro_batch_mod, "emit", "  emission.emit")
-    timer.wrap(BatchStep, "_write", "target write")
-    timer.wrap(BatchStep, "_commit", "state store commit (encode + store)")
-    return timer
-
-
-def settle(spark) -> None:
-    """Start each measured run from the same JVM state (outside the measurement).
-
-    A stopped native query leaves its state store providers loaded until the next maintenance
-    pass; ``StateStore.stop()`` unloads them (no query is active now).
-    """
-    gc.collect()
-    jvm = spark.sparkContext._jvm  # type: ignore[union-attr]
-    getattr(getattr(jvm, "org.apache.spark.sql.execution.streaming.state.StateStore$"), "MODULE$").stop()
-    jvm.System.gc()
-    time.sleep(1.0)
-
-
-# ---------------------------------------------------------------------------------------------
-# ours
-
-
-def our_spec(data: Path, work: Path, workload: str, max_groups: int, heartbeat: bool = False):
-    distinct = """
-[[transform.window.aggregations]]
-agg = "count_distinct"
-column = "item"
-as = "items"
-mode = "approximate"
-""" if workload == "sketch" else ""
-    run = (f'trigger = "processing_time"\ntrigger_interval_ms = {HEARTBEAT_INTERVAL_MS}' if heartbeat
-           else 'trigger = "available_now"')
-    shape = (f'kind = "session"\ngap_ms = {SESSION_GAP_S * 1000}\nmax_session_duration_ms = 3_600_000'
-             if workload == "session" else 'kind = "tumbling"\nduration_ms = 60_000')
-    return load_pipeline_str(pipeline_toml("bench-windowed", data, work, shape, max_groups, distinct, run))
-
-
-def pipeline_toml(name: str, data: Path, work: Path, shape: str, max_groups: int, extra_aggregations: str,
-                  run: str) -> str:
-    """A benchmark pipeline over the generated files: count + sum(amount) per key (plus
-    ``extra_aggregations``, TOML tables) in the window ``shape``, SQLite state, parquet target."""
-    return f"""
-pipeline_name = "{name}"
-
-[[sources]]
-name = "events"
-kind = "files"
-format = "parquet"
-path = "{data}"
-schema = "{SCHEMA_DDL}"
-event_time_column = "ts"
-max_files_per_trigger = 1
-
-[transform.window]
-{shape}
-lateness_ms = {LATENESS_MS}
-source_idleness_ms = 3_600_000
-group_by = ["key"]
-late_data = "drop"
-max_groups_per_window = {max_groups}
-hll_precision = {HLL_PRECISION}
-
-[[transform.window.aggregations]]
-agg = "count"
-as = "n"
-
-[[transform.window.aggregations]]
-agg = "sum"
-column = "amount"
-as = "total"
-{extra_aggregations}
-[target]
-kind = "parquet"
-path = "{work / 'target'}"
-
-[state_store]
-kind = "sqlite"
-path = "{work / 'state.db'}"
-
-[run]
-{run}
-checkpoint_location = "{work / 'checkpoint'}"
-"""
-
-
-def run_ours(spark, data: Path, scratch: Path, workload: str, timer: DriverTimer, max_groups: int,
-             verbose: bool) -> Result:
-    work = Path(tempfile.mkdtemp(prefix="ours-", dir=scratch))
-    spec = our_spec(data, work, workload, max_groups)
-    timer.reset()
-    settle(spark)
-    progress = (lambda line: print("   ", line, flush=True)) if verbose else (lambda line: None)
-    with CpuMeter() as meter:
-        t0 = time.perf_counter()
-        summary = PipelineRunner(spec, spark=spark, progress=progress).run()
-        wall = time.perf_counter() - t0
-    if summary.late_rows:
-        print(f"    note: {summary.late_rows} late rows", flush=True)
-    shutil.rmtree(work, ignore_errors=True)
-    return Result("ours", workload, meter.cpu, wall, meter.peak_rss, summary.batches, summary.rows_in,
-                  summary.windows_emitted, meter.by_process(), [r.seconds for r in summary.reports],
-                  timer.cpu["Engine.process"] + timer.cpu["convert.partial_lists"],
-                  {k: (timer.calls[k], timer.cpu[k], timer.wall[k]) for k in timer.calls}, meter.by_jvm_thread())
-
-
-#: heartbeat batches run before measuring (either engine): the first pays the query's start, and the
-#: JVM goes on compiling what our pipeline's start ran (analysing the SQL, planning) for a few seconds
-SETTLE_BATCHES = 5
-
-
-def run_ours_heartbeats(spark, scratch: Path, workload: str, batches: int, max_groups: int) -> Result:
-    work = Path(tempfile.mkdtemp(prefix="ours-hb-", dir=scratch))
-    (work / "empty").mkdir()
-    spec = our_spec(work / "empty", work, workload, max_groups, heartbeat=True)
-    settle(spark)
-    runner = PipelineRunner(spec, spark=spark, progress=lambda line: None)
-    latencies: list[float] = []
-    with CpuMeter() as meter:
-        t0 = time.perf_counter()
-        for report in runner.events():
-            latencies.append(report.seconds)
-            if len(latencies) == SETTLE_BATCHES:
-                meter.restart()
-                t0 = time.perf_counter()
-            if len(latencies) >= SETTLE_BATCHES + batches:
-                runner.request_stop()
-        wall = time.perf_counter() - t0
-    shutil.rmtree(work, ignore_errors=True)
-    measured = latencies[SETTLE_BATCHES:]
-    return Result("ours", workload, meter.cpu, wall, meter.peak_rss, len(measured), 0, 0, meter.by_process(),
-                  measured, jvm=meter.by_jvm_thread())
-
-
-# ---------------------------------------------------------------------------------------------
-# the Spark floor: the same source, the batch's groupBy and toArrow, nothing else
-
-
-def floor_partials(df, workload: str):
-    from pyspark.sql import functions as F
-
-    ts = F.unix_micros("ts")
-    aggs = [F.count(F.lit(1)).alias("n"), F.sum("amount").alias("total")]
-    if workload == "sketch":
-        aggs.append(F.hll_sketch_agg("item", HLL_PRECISION).alias("items"))
-    return (df.filter(F.col("_source") != HEARTBEAT)
-            .groupBy((ts - F.pmod(ts, F.lit(WINDOW_US))).alias("_ws"), "key").agg(*aggs))
-
-
-def _floor_query(spark, spec, workload: str, latencies: list[float], rows: list[int]):
-    def on_batch(df, batch_id: int) -> None:
-        t0 = time.perf_counter()
-        # a local parquet source is read in the batch from the checkpoint's file list, as ours reads it
-        urls = batch_files(spec.run.checkpoint_location, 0, batch_id)
-        if not urls:
-            latencies.append(time.perf_counter() - t0)
-            return
-        table = floor_partials(read_files(df.sparkSession, spec, 0, urls), workload).toArrow()
-        rows.append(table.num_rows)
-        latencies.append(time.perf_counter() - t0)
-
-    writer = (union_sources(spark, spec).writeStream.option("checkpointLocation", spec.run.checkpoint_location)
-              .foreachBatch(on_batch))
-    if spec.run.trigger == "available_now":
-        return writer.trigger(availableNow=True).start()
-    return writer.trigger(processingTime=f"{HEARTBEAT_INTERVAL_MS} milliseconds").start()
-
-
-def run_floor(spark, data: Path, scratch: Path, workload: str, max_groups: int) -> Result:
-    work = Path(tempfile.mkdtemp(prefix="floor-", dir=scratch))
-    spec = our_spec(data, work, workload, max_groups)
-    settle(spark)
-    latencies: list[float] = []
-    rows: list[int] = []
-    with CpuMeter() as meter:
-        t0 = time.perf_counter()
-        query = _floor_query(spark, spec, workload, latencies, rows)
-        query.awaitTermination()
-        wall = time.perf_counter() - t0
-    rows_in = sum(p.numInputRows for p in query.recentProgress)
-    shutil.rmtree(work, ignore_errors=True)
-    return Result("floor", workload, meter.cpu, wall, meter.peak_rss, len(latencies), rows_in, sum(rows),
-                  meter.by_process(), latencies, jvm=meter.by_jvm_thread())
-
-
-def run_floor_heartbeats(spark, scratch: Path, workload: str, batches: int, max_groups: int) -> Result:
-    work = Path(tempfile.mkdtemp(prefix="floor-hb-", dir=scratch))
-    (work / "empty").mkdir()
-    spec = our_spec(work / "empty", work, workload, max_groups, heartbeat=True)
-    settle(spark)
-    latencies: list[float] = []
-    with CpuMeter() as meter:
-        query = _floor_query(spark, spec, workload, latencies, [])
-        while len(latencies) < SETTLE_BATCHES:
-            time.sleep(0.05)
-        meter.restart()
-        t0 = time.perf_counter()
-        while len(latencies) < SETTLE_BATCHES + batches:
-            time.sleep(0.05)
-        query.stop()
-        wall = time.perf_counter() - t0
-    shutil.rmtree(work, ignore_errors=True)
-    measured = latencies[SETTLE_BATCHES:]
-    return Result("floor", workload, meter.cpu, wall, meter.peak_rss, len(measured), 0, 0, meter.by_process(),
-                  measured, jvm=meter.by_jvm_thread())
-
-
-# ---------------------------------------------------------------------------------------------
-# Spark's native streaming aggregation
-
-
-def run_native(spark, data: Path, scratch: Path, workload: str, rsd: float) -> Result:
-    from pyspark.sql import functions as F
-
-    work = Path(tempfile.mkdtemp(prefix="native-", dir=scratch))
-    spark.conf.set("spark.sql.shuffle.partitions", "2")
-    settle(spark)
-    aggs = [F.count(F.lit(1)).alias("n"), F.sum("amount").alias("total")]
-    if workload == "sketch":
-        aggs.append(F.approx_count_distinct("item", rsd).alias("items"))
-    window = F.session_window("ts", f"{SESSION_GAP_S} seconds") if workload == "session" else F.window("ts", "1 minute")
-    with CpuMeter() as meter:
-        t0 = time.perf_counter()
-        stream = (spark.readStream.format("parquet").schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1)
-                  .load(str(data)))
-        agg = (stream.withWatermark("ts", f"{LATENESS_MS // 1000} seconds")
-               .groupBy(window, "key").agg(*aggs))
-        query = (agg.writeStream.format("noop").outputMode("append")
-                 .option("checkpointLocation", str(work / "checkpoint"))
-                 .trigger(availableNow=True).start())
-        query.awaitTermination()
-        wall = time.perf_counter() - t0
-    progress = [p for p in query.recentProgress if p.numInputRows > 0]
-    rows_out = sum(p.sink.numOutputRows for p in progress if p.sink is not None)
-    shutil.rmtree(work, ignore_errors=True)
-    return Result("native", workload, meter.cpu, wall, meter.peak_rss, len(progress),
-                  sum(p.numInputRows for p in progress), rows_out, meter.by_process(),
-                  [p.durationMs.get("triggerExecution", 0) / 1000 for p in progress], jvm=meter.by_jvm_thread())
-
-
-# ---------------------------------------------------------------------------------------------
-
-
-def print_splits(r: Result) -> None:
-    for label, (calls, cpu, wall) in r.splits.items():
-        print(f"          {label:<40} calls {calls:3d}  thread CPU {cpu:7.2f} s  wall {wall:7.2f} s")
 
 
 def profile_ours(spark, data: Path, scratch: Path, workload: str, timer: DriverTimer, max_groups: int,
@@ -445,16 +90,6 @@ def profile_ours(spark, data: Path, scratch: Path, workload: str, timer: DriverT
         print(f"\n--- driver callback profile, by {sort} ---")
         print(out.getvalue())
     timer.profiler = None
-
-
-def _median(results: list[Result]) -> Result:
-    """A result whose numbers are the medians of ``results`` (latencies pooled)."""
-    first = results[0]
-    return dataclasses.replace(
-        first, cpu=statistics.median(r.cpu for r in results), wall=statistics.median(r.wall for r in results),
-        peak_rss=int(statistics.median(r.peak_rss for r in results)),
-        merge_cpu=statistics.median(r.merge_cpu for r in results),
-        latencies=[x for r in results for x in r.latencies])
 
 
 def report(args, med: dict[tuple[str, str], Result], beats: dict[tuple[str, str], Result]) -> None:
@@ -482,47 +117,6 @@ def report(args, med: dict[tuple[str, str], Result], beats: dict[tuple[str, str]
         vs_hb = f"{hb_ours.cpu_per_batch / hb_floor.cpu_per_batch:.2f}" if hb_ours and hb_floor else "-"
         print(f"| {workload} | {vs_native} | {vs_floor} | {vs_hb} | {ours.merge_cpu:.2f} s "
               f"({ours.merge_cpu / ours.cpu:.1%}) |")
-
-
-def add_data_arguments(ap: argparse.ArgumentParser) -> None:
-    """The generated data's and the runs' options, shared with the other benchmarks."""
-    ap.add_argument("--gc", choices=["parallel", "g1"], default="parallel",
-                    help="the JVM's garbage collector for every engine (g1: the JVM's default)")
-    ap.add_argument("--events", type=int, default=2_000_000)
-    ap.add_argument("--keys", type=int, default=10_000)
-    ap.add_argument("--files", type=int, default=20, help="parquet files = micro-batches")
-    ap.add_argument("--items", type=int, default=50_000, help="distinct item values")
-    ap.add_argument("--disorder-ms", type=int, default=2_000)
-    ap.add_argument("--runs", type=int, default=3, help="measured runs per engine (median reported)")
-    ap.add_argument("--warmup", type=int, default=1, help="unmeasured warm-up runs per engine (JIT), on the same data")
-
-
-def prepare(args: argparse.Namespace, data: Path, tick_us: int = 1):
-    """Generate the data (``add_data_arguments``' options) into ``data`` and start the shared Spark
-    session; returns it. Both print what they made."""
-    t0 = time.perf_counter()
-    generate(data, args.events, args.keys, args.files, args.items, args.disorder_ms, args.seed, tick_us=tick_us)
-    print(f"data: {args.events} events, {args.keys} keys, {args.files} files in {data} "
-          f"({sum(f.stat().st_size for f in data.iterdir()) / MB:.1f} MB, {time.perf_counter() - t0:.1f} s)",
-          flush=True)
-    conf = {"spark.ui.showConsoleProgress": "false"}
-    options = []
-    if args.driver_memory:
-        # the heap at its full size from the start: a heap that shrinks after each run's System.gc()
-        # and grows again makes the GC's share of a run vary several-fold (1.3-6.6 CPU s measured)
-        conf["spark.driver.memory"] = args.driver_memory
-        options.append(f"-Xms{args.driver_memory}")
-    if args.gc == "parallel":
-        # G1's concurrent cycles, started by the garbage an earlier run left, put 0.1-5.5 CPU s of GC
-        # into one plain run of 20 batches (measured); the parallel collector's pauses are all young
-        options.append("-XX:+UseParallelGC")
-    if options:
-        conf["spark.driver.extraJavaOptions"] = " ".join(options)
-    spark = get_spark("ematix-bench", conf=conf)
-    print(f"spark {spark.version} {spark.sparkContext.master}; shuffle partitions "
-          f"{spark.conf.get('spark.sql.shuffle.partitions')}; JVM max heap "
-          f"{spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory() / MB:.0f} MB, {args.gc} GC", flush=True)
-    return spark
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -598,14 +192,14 @@ def main(argv: list[str] | None = None) -> int:
                             r = fn(spark, scratch, workload, args.heartbeat_batches, max_groups)
                             heartbeats.setdefault((workload, engine), []).append(r)
                             print(f"heartbeats {i + 1}/{args.runs} {r.line()}", flush=True)
-        beats = {k: _median(v) for k, v in heartbeats.items()}
+        beats = {k: median_result(v) for k, v in heartbeats.items()}
 
         if args.profile:
             for workload in args.workloads:
                 profile_ours(spark, data, scratch, workload, timer, max_groups, args.profile_top,
                              f"{args.profile_out}.{workload}" if args.profile_out else None)
 
-        report(args, {k: _median(v) for k, v in results.items()}, beats)
+        report(args, {k: median_result(v) for k, v in results.items()}, beats)
         return 0
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

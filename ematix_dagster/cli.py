@@ -21,7 +21,7 @@ from ematix_dagster.spec import PipelineSpec, load_pipeline, spec_warnings
 
 
 def _validate(spec: PipelineSpec) -> None:
-    from ematix_dagster.spark.partials import analyse
+    from ematix_dagster.spark.plan import analyse
     from ematix_dagster.spark.readers import union_sources
     from ematix_dagster.spark.session import get_spark
 

@@ -15,14 +15,14 @@ Decisions shared by the three stores:
   the transaction, with the connection (psycopg ``Connection`` / ``sqlite3.Connection`` / ``None``
   in memory); an exception in one rolls everything back; a callback must not commit itself.
 * ``load`` reads the record, offsets and groups in one snapshot and returns groups as
-  ``(window_start, window_end, key bytes, blob bytes)`` (decode them with ``codec.decode_groups``;
-  the caller checks the ends against its window kind). Blobs of an older state version are
+  ``(window_start, window_end, key bytes, blob bytes)`` (decode them with
+  ``loaded_groups.decode_groups``; the caller checks the ends against its window kind). Blobs of an older state version are
   migrated in memory on load and are *not* written back (a load needs no lease, and the
   ``state`` command only reads); ``RecoveredState.migrated`` counts them. They turn current as
   soon as a commit rewrites them, or all at once with ``migrate_state`` (the migration job). A
   blob whose version byte is invalid (CorruptState) or newer than the code (StateVersionError)
   fails the load, naming the pipeline; a body that does not decode fails in
-  ``codec.decode_groups``.
+  ``loaded_groups.decode_groups``.
 * Leases: one writer per pipeline. The holder text is the caller's (``make_holder(label)`` gives
   ``host=<host> pid=<pid> run=<label> since=<UTC>``); ``LeaseHeld`` carries it in its message and
   in ``.holder``. A store object that writes (commit / reset / migrate_state) without holding the

@@ -8,7 +8,7 @@ import re
 from operator import itemgetter
 from typing import Any, Callable, Iterable
 
-from state_store import codec
+from state_store import codec, whole_window
 from state_store.base import BatchCommit, PipelineRecord, SourceProgress
 from state_store.errors import RESTORE_OR_RESET, CorruptState, LeaseHeld, StateVersionError
 from state_store.names import PIPELINES_TABLE
@@ -32,7 +32,7 @@ def bring_forward(pipeline: str, store: str, rows: list[tuple[int, int | None, b
     ``rows`` are ``(window_start, window_end, key, blob)``. A blob whose version byte is not a
     state version raises ``CorruptState``, a newer one ``StateVersionError``, both naming the
     pipeline, the window and the store. Bodies of current-version blobs are decoded later by the
-    caller (``codec.decode_groups``).
+    caller (``loaded_groups.decode_groups``).
     """
     current = codec.STATE_VERSION
     stale = [i for i, row in enumerate(rows) if not row[3] or row[3][0] != current]
@@ -205,7 +205,7 @@ def _plain_rows(rows: list, types: tuple[type, ...]) -> bool:
 
 def expand_windows(pipeline: str, store: str, rows: list[tuple[int, int | None, bytes, bytes]]
                    ) -> list[tuple[int, int | None, bytes, bytes]]:
-    """Stored rows as one per group: a whole-window row (``codec.WINDOW_KEY``) becomes its groups,
+    """Stored rows as one per group: a whole-window row (``whole_window.WINDOW_KEY``) becomes its groups,
     except those that have a row of their own (a later batch changed them one by one)."""
     whole = [row for row in rows if not row[2]]
     if not whole:
@@ -214,7 +214,7 @@ def expand_windows(pipeline: str, store: str, rows: list[tuple[int, int | None, 
     own = {(start, key) for start, _, key, _ in out}
     for start, end, _, blob in whole:
         try:
-            groups = codec.window_groups(blob)
+            groups = whole_window.window_groups(blob)
         except CorruptState as exc:
             raise CorruptState(f"{where(pipeline, store)}: window {start}: {exc}", way_out=RESTORE_OR_RESET) from None
         out += [(start, end, key, group) for key, group in groups if (start, key) not in own]
@@ -231,7 +231,7 @@ def bring_forward_stored(pipeline: str, store: str, rows: list[tuple[int, int | 
         groups = expand_windows(pipeline, store, [(start, end, key, blob)])
         groups, n = bring_forward(pipeline, store, groups)
         if n:
-            blob = codec.window_blob(codec.STATE_VERSION, [g[2] for g in groups], [g[3] for g in groups])
+            blob = whole_window.window_blob(codec.STATE_VERSION, [g[2] for g in groups], [g[3] for g in groups])
         out.append((start, end, key, blob))
         migrated += n
     return out, migrated

@@ -19,9 +19,9 @@ other reader and writer of groups is unaffected: ``BatchCommit.emitted`` for ups
 without an entry stores NULL) and ``RecoveredState.emitted`` for loaded rows (the non-NULL flags).
 
 A window may also be stored whole, as one row (``BatchCommit.whole_windows``, key
-``codec.WINDOW_KEY``, a blob of ``codec.encode_window``): a batch that changed most of a window's
-groups writes one row instead of thousands (measured: a SQLite row costs about 2 µs to write and
-as much to delete, a batch's whole commit cost in a plain counting pipeline). Groups upserted later
+``whole_window.WINDOW_KEY``, a blob of ``whole_window.encode_window``): a batch that changed most of
+a window's groups writes one row instead of thousands (measured: a SQLite row costs about 2 µs to
+write and as much to delete, a batch's whole commit cost in a plain counting pipeline). Groups upserted later
 one by one overlay it (a group's own row wins), so a batch touching a few groups of a big window
 still writes only those. Stores expand such rows on ``load``: ``RecoveredState.groups`` stays one
 tuple per group.

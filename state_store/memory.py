@@ -14,7 +14,6 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
-from state_store import codec
 from state_store._common import (
     bring_forward,
     bring_forward_stored,
@@ -24,6 +23,7 @@ from state_store._common import (
     lease_held,
 )
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, StateStore
+from state_store.whole_window import WINDOW_KEY
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ class InMemoryStateStore(StateStore):
             windows = data.windows
             flag = batch.emitted.get
             for start, end, blob in batch.whole_windows:
-                windows[start] = {codec.WINDOW_KEY: (end, blob, None)}
+                windows[start] = {WINDOW_KEY: (end, blob, None)}
             for start, end, key, blob in batch.upserts:
                 groups = windows.get(start)
                 if groups is None:

@@ -35,7 +35,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from state_store import codec, migrations
+from state_store import codec, loaded_groups, migrations, whole_window
 from state_store._common import (
     PIPELINE_COLUMNS,
     bring_forward,
@@ -281,7 +281,7 @@ class PostgresStateStore(StateStore):
             if with_groups:
                 cur = conn.cursor(binary=True)
                 cur.execute(select_groups(n), (pipeline,))
-                with codec.gc_paused():
+                with loaded_groups.gc_paused():
                     groups = cur.fetchall()
                 flags = _flags(cur, select_flags(n), (pipeline,))
         record = record_from_row(pipeline, row, offsets, self.description)
@@ -302,7 +302,7 @@ class PostgresStateStore(StateStore):
             if batch.whole_windows:
                 conn.execute(sql.SQL("DELETE FROM {state} WHERE pipeline_name = %s AND window_start = ANY(%s::bigint[])")
                              .format(**n), (pipeline, [start for start, _, _ in batch.whole_windows]))
-                self._upsert(conn, pipeline, [(start, end, codec.WINDOW_KEY, blob)
+                self._upsert(conn, pipeline, [(start, end, whole_window.WINDOW_KEY, blob)
                                               for start, end, blob in batch.whole_windows], {})
             if batch.upserts:
                 self._upsert(conn, pipeline, batch.upserts, batch.emitted)

@@ -43,6 +43,8 @@ from state_store._common import (
 )
 from state_store.base import BatchCommit, RecoveredState, StateStore
 from state_store.errors import CorruptState, StorePermissionError, StoreUnavailable
+from state_store.loaded_groups import gc_paused
+from state_store.whole_window import WINDOW_KEY
 
 _NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
 _HOLDER_WAIT_S = 1.0  # a lock that is held but has no holder text yet is re-checked for this long
@@ -251,7 +253,7 @@ class SqliteStateStore(StateStore):
                                             "WHERE pipeline_name = ?", (pipeline,)).fetchall())
                 rows, flags = [], {}
                 if groups:
-                    with codec.gc_paused():
+                    with gc_paused():
                         rows = conn.execute(_GROUPS, (pipeline,)).fetchall()
                     flags = _flags(conn, _FLAGS, (pipeline,))
             finally:
@@ -271,7 +273,7 @@ class SqliteStateStore(StateStore):
                 now = conn.execute(f"SELECT {_NOW}").fetchone()[0]
                 if batch.whole_windows:
                     conn.executemany(_DELETE_WINDOW, ((pipeline, start) for start, _, _ in batch.whole_windows))
-                    conn.executemany(_UPSERT, _upsert_rows(pipeline, now, [(start, end, codec.WINDOW_KEY, blob)
+                    conn.executemany(_UPSERT, _upsert_rows(pipeline, now, [(start, end, WINDOW_KEY, blob)
                                                                            for start, end, blob in batch.whole_windows], {}))
                 if batch.upserts:
                     conn.executemany(_UPSERT, _upsert_rows(pipeline, now, batch.upserts, batch.emitted))

@@ -20,10 +20,12 @@ from ematix_dagster import faults
 from ematix_dagster.errors import BatchDataError, StateNotDurableError, first_line
 from ematix_dagster.metrics import StreamingMetrics
 from ematix_dagster.spark import checkpoint
+from ematix_dagster.spark.batch_counts import batch_counts, may_hold_future_rows
+from ematix_dagster.spark.batch_job import BatchFrames, build_batch
 from ematix_dagster.spark.checkpoint import batch_files
 from ematix_dagster.spark.convert import partial_lists, rows_to_arrow
 from ematix_dagster.spark.input_files import UNREADABLE_FILE, DeadLetters, InputFiles, WithFileRows
-from ematix_dagster.spark.partials import BatchFrames, BatchPlan, batch_counts, build_batch, may_hold_future_rows
+from ematix_dagster.spark.plan import BatchPlan
 from ematix_dagster.spark.recovery import HEARTBEAT, checkpoint_offsets, named_offsets, offset_names
 from ematix_dagster.spark.windows.base import CLASS
 from ematix_dagster.spark.windows.fixed import late_windows
@@ -34,7 +36,7 @@ from ematix_dagster.streaming.windows import format_us
 from ematix_dagster.targets import DeadLetterWriter, WindowWriter
 from ematix_dagster.targets.base import WritesInTransaction
 from state_store.base import PipelineRecord, StateStore
-from state_store.codec import gc_paused
+from state_store.loaded_groups import gc_paused
 
 InTransaction = list[Callable[[object], None]]
 

@@ -16,7 +16,7 @@ import pyarrow as pa
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_type
 
-from ematix_dagster.spark.partials import BatchPlan
+from ematix_dagster.spark.plan import BatchPlan
 from ematix_dagster.streaming.emitted import Emitted
 from ematix_dagster.streaming.windows import window_kind
 from ematix_dagster.targets.base import EMIT_KIND_COLUMN, EMIT_SEQ_COLUMN

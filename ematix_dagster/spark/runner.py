@@ -33,7 +33,7 @@ from ematix_dagster.spark import checkpoint
 from ematix_dagster.spark.batch import BatchReport, BatchStep
 from ematix_dagster.spark.convert import output_schema
 from ematix_dagster.spark.failures import classify
-from ematix_dagster.spark.partials import analyse
+from ematix_dagster.spark.plan import analyse
 from ematix_dagster.spark.readers import union_sources
 from ematix_dagster.spark.recovery import validate_checkpoint
 from ematix_dagster.spark.session import get_spark

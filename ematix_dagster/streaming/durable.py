@@ -17,8 +17,10 @@ from ematix_dagster.streaming.micro_batch import Engine
 from ematix_dagster.streaming.state.base import StoredGroup
 from ematix_dagster.streaming.windows import WindowKind
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, SourceProgress
-from state_store.codec import STATE_VERSION, decode_groups, encode_key, encode_state, encode_window
+from state_store.codec import STATE_VERSION, encode_key, encode_state
 from state_store.errors import RESTORE_OR_RESET, CorruptState
+from state_store.loaded_groups import decode_groups
+from state_store.whole_window import encode_window
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Corrupt inputs end as terminal ``EmatixError``s that name the cause, never as raw tracebacks (issue 7).
 
 A real pipeline's state is written with the real store (SQLite and PostgreSQL), damaged with
-plain SQL, and then loaded the way a run restores it (``store.load`` -> ``codec.decode_groups`` ->
+plain SQL, and then loaded the way a run restores it (``store.load`` -> ``loaded_groups.decode_groups`` ->
 ``Engine.restore``) and the way ``ematix-dagster check`` inspects it. Checkpoint files are damaged
 on disk. Each case asserts the error class, ``terminal is True`` and that the message names what
 is wrong and where (pipeline, store, window and group, column, file). No Spark is started.

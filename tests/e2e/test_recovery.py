@@ -172,7 +172,8 @@ def test_reset_and_cli(ran, spark, tmp_path, capsys):
 def test_version_1_state_migrates_and_resumes(ran, spark, tmp_path, batch_files, capsys):
     """State written in the version-1 format (by the real v1 encoder kept with the fixtures) resumes."""
     from ematix_dagster.spec import dump_pipeline
-    from state_store.codec import WINDOW_KEY, decode_state
+    from state_store.codec import decode_state
+    from state_store.whole_window import WINDOW_KEY
     from tests.fixtures.state_v1.make_fixtures import encode_state_v1
 
     db = tmp_path / "state.db"

@@ -17,8 +17,9 @@ import pytest
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from ematix_dagster.spark.batch_columns import _source_counts
+from ematix_dagster.spark.batch_counts import batch_counts
 from ematix_dagster.spark.batch_values import with_batch_values
-from ematix_dagster.spark.partials import _source_counts, batch_counts
 from ematix_dagster.spark.windows.base import CLASS, PRIMARY, ROWS, Aggregates
 from ematix_dagster.spark.windows.session import SessionPlan
 

@@ -14,7 +14,7 @@ import pytest
 from datasketches import hll_sketch, hll_union
 
 from ematix_dagster.errors import CorruptState, StateVersionError
-from state_store import codec
+from state_store import codec, loaded_groups
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "state_v1"
 UTC = timezone.utc
@@ -236,9 +236,9 @@ def test_corrupt_keys_are_refused(blob):
 
 def test_decode_groups_names_the_pipeline():
     good = (0, 60, codec.encode_key(("a",)), codec.encode_state([1]))
-    windows = codec.decode_groups("clicks", [good, (60, 120, codec.encode_key(("b",)), codec.encode_state([2]))])
+    windows = loaded_groups.decode_groups("clicks", [good, (60, 120, codec.encode_key(("b",)), codec.encode_state([2]))])
     assert windows == {0: {("a",): [1]}, 60: {("b",): [2]}}
     with pytest.raises(CorruptState, match="pipeline 'clicks' in the store.*window 60.*'b'"):
-        codec.decode_groups("clicks", [good, (60, 120, codec.encode_key(("b",)), b"\x02\xc1")], "the store")
+        loaded_groups.decode_groups("clicks", [good, (60, 120, codec.encode_key(("b",)), b"\x02\xc1")], "the store")
     with pytest.raises(CorruptState, match="pipeline 'clicks'.*window 0"):
-        codec.decode_groups("clicks", [(0, 60, b"\x07", codec.encode_state([1]))])
+        loaded_groups.decode_groups("clicks", [(0, 60, b"\x07", codec.encode_state([1]))])

@@ -31,7 +31,7 @@ from ematix_dagster.errors import (
     StorePermissionError,
     StoreUnavailable,
 )
-from state_store import codec, create_store, migrations
+from state_store import codec, create_store, loaded_groups, migrations, whole_window
 from state_store.base import BatchCommit, PipelineRecord, SourceProgress, StateStore, make_holder
 from state_store.memory import InMemoryStateStore
 from state_store.postgres import PostgresStateStore
@@ -136,7 +136,7 @@ def test_commit_then_load_round_trips(make_store):
         assert list(state.record.offsets) == ["views", "clicks"]
         assert sorted(state.groups) == sorted(upserts)
         assert all(isinstance(k, bytes) and isinstance(b, bytes) for _, _, k, b in state.groups)
-    windows = codec.decode_groups("clicks-1m", state.groups)
+    windows = loaded_groups.decode_groups("clicks-1m", state.groups)
     assert windows[60_000_000][(1, "a")][2] == (9, {"s"})
     assert windows[-60_000_000][()] == [2**70]
 
@@ -334,7 +334,7 @@ def test_corrupt_and_newer_blobs_name_the_pipeline(make_store):
                              upserts=[(0, end(0), key(1), bytes([codec.STATE_VERSION]) + b"\xc1")]))
     state = store.load("broken")  # the version byte is fine; the body is decoded by the caller
     with pytest.raises(CorruptState, match="pipeline 'broken'"):
-        codec.decode_groups("broken", state.groups, store.description)
+        loaded_groups.decode_groups("broken", state.groups, store.description)
     store.commit(BatchCommit(record("broken", 3), upserts=[(0, end(0), key(1), b"\x01\xc1")]))  # old version, bad body
     with pytest.raises(CorruptState, match="pipeline 'broken'"):
         store.load("broken")
@@ -357,7 +357,7 @@ def test_older_blobs_are_migrated_on_load_and_by_migrate_state(make_store):
         state = store.load("old")
         assert state.migrated == 3
         assert all(b[0] == codec.STATE_VERSION for _, _, _, b in state.groups)
-    windows = codec.decode_groups("old", state.groups)
+    windows = loaded_groups.decode_groups("old", state.groups)
     assert windows[0][("counts",)] == [5, 0, None]
     assert windows[120][("exact_sets",)][0] == {"a", "b", ""}
     holder = make_holder("migration job")
@@ -373,7 +373,7 @@ def test_older_blobs_are_migrated_on_load_and_by_migrate_state(make_store):
 
 
 def whole(start: int, groups: dict[bytes, list]) -> tuple[int, int, bytes]:
-    return start, end(start), codec.encode_window(list(groups), list(groups.values()))
+    return start, end(start), whole_window.encode_window(list(groups), list(groups.values()))
 
 
 def test_whole_windows_replace_their_window_and_group_rows_overlay_them(make_store):
@@ -400,7 +400,7 @@ def test_whole_windows_replace_their_window_and_group_rows_overlay_them(make_sto
     assert groups_of(store.load(p)) == {(60, key("a")): blob(2)}
     assert groups_of(store.load("neighbour")) == {(0, key("a")): blob(3)}
     with pytest.raises(ValueError, match="whole-window row"):
-        store.commit(BatchCommit(record(p, 5), upserts=[(0, end(0), codec.WINDOW_KEY, blob(1))]))
+        store.commit(BatchCommit(record(p, 5), upserts=[(0, end(0), whole_window.WINDOW_KEY, blob(1))]))
     with pytest.raises(TypeError, match="a whole window must be"):
         store.commit(BatchCommit(record(p, 5), whole_windows=[(0, end(0), "not bytes")]))  # type: ignore[list-item]
     store.commit(BatchCommit(record(p, 5), whole_windows=[(0, end(0), bytes([codec.STATE_VERSION]) + b"\x92\xc1")]))
@@ -411,12 +411,12 @@ def test_whole_windows_replace_their_window_and_group_rows_overlay_them(make_sto
 def test_whole_window_rows_of_an_older_version_are_migrated_whole(make_store):
     store = make_store()
     v1 = {key(name): (FIXTURES / f"{name}.state.bin").read_bytes() for name in ("counts", "first_last", "exact_sets")}
-    stale = codec.window_blob(1, list(v1), list(v1.values()))
+    stale = whole_window.window_blob(1, list(v1), list(v1.values()))
     store.commit(BatchCommit(record("old-whole", 1), whole_windows=[(0, end(0), stale)],
                              upserts=[(60, end(60), key("new"), blob(1))]))
     state = store.load("old-whole")
     assert state.migrated == 3
-    windows = codec.decode_groups("old-whole", state.groups)
+    windows = loaded_groups.decode_groups("old-whole", state.groups)
     assert windows[0][("counts",)] == [5, 0, None] and windows[0][("exact_sets",)][0] == {"a", "b", ""}
     assert store.migrate_state("old-whole") == 3
     again = store.load("old-whole")

@@ -14,7 +14,7 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ematix_dagster.spark.partials import AggregationInput
+from ematix_dagster.spark.aggregation_input import AggregationInput
 
 STRINGS = ["a", "é", "日本語", "a", "x" * 300, "Ünïcödé ✓", None]
 INTS = [1, -1, 0, 2**62, 1, None]

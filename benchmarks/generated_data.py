@@ -1,0 +1,99 @@
+"""The benchmarks' generated data and a pipeline over it.
+
+``--events`` rows over ``--keys`` keys in ``--files`` parquet files, columns :data:`SCHEMA_DDL`:
+event time increases file by file (each file covers the next 60 s, offset by 30 s, so every file
+touches two 1-minute windows), with up to ``--disorder-ms`` of disorder inside the lateness.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SCHEMA_DDL = "key BIGINT, amount DOUBLE, item STRING, ts TIMESTAMP"
+BASE_US = 1_704_067_230_000_000  # 2024-01-01T00:00:30Z: each 60 s file spans two 1-minute windows
+FILE_SPAN_US = 60_000_000
+WINDOW_US = 60_000_000
+LATENESS_MS = 5_000
+HLL_PRECISION = 14
+
+
+def generate(directory: Path, events: int, keys: int, files: int, items: int, disorder_ms: int, seed: int,
+             tick_us: int = 1) -> None:
+    """``files`` parquet files, event times increasing file by file, mild disorder inside.
+
+    ``tick_us`` > 1 rounds event times down to its multiples, so rows share event times.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    pool = pa.array([f"item-{i}" for i in range(items)], pa.string())
+    per_file = [events // files + (1 if i < events % files else 0) for i in range(files)]
+    for i, n in enumerate(per_file):
+        start = BASE_US + i * FILE_SPAN_US
+        ts = np.sort(rng.integers(start, start + FILE_SPAN_US, n, dtype=np.int64))
+        ts -= rng.integers(0, disorder_ms * 1_000 + 1, n, dtype=np.int64)  # out of order, within lateness
+        ts -= ts % tick_us
+        table = pa.table({
+            "key": pa.array(rng.integers(0, keys, n, dtype=np.int64)),
+            "amount": pa.array(np.round(rng.random(n) * 100.0, 2)),
+            "item": pool.take(pa.array(rng.integers(0, items, n, dtype=np.int64))),
+            "ts": pa.array(ts, pa.timestamp("us", tz="UTC")),
+        })
+        name = f"part-{i:05d}.parquet"
+        tmp, final = directory / f".{name}.tmp", directory / name  # Spark ignores dot files
+        pq.write_table(table, tmp)
+        os.replace(tmp, final)
+        mtime = 1_700_000_000 + i
+        os.utime(final, (mtime, mtime))
+
+
+def pipeline_toml(name: str, data: Path, work: Path, shape: str, max_groups: int, extra_aggregations: str,
+                  run: str) -> str:
+    """A benchmark pipeline over the generated files: count + sum(amount) per key (plus
+    ``extra_aggregations``, TOML tables) in the window ``shape``, SQLite state, parquet target."""
+    return f"""
+pipeline_name = "{name}"
+
+[[sources]]
+name = "events"
+kind = "files"
+format = "parquet"
+path = "{data}"
+schema = "{SCHEMA_DDL}"
+event_time_column = "ts"
+max_files_per_trigger = 1
+
+[transform.window]
+{shape}
+lateness_ms = {LATENESS_MS}
+source_idleness_ms = 3_600_000
+group_by = ["key"]
+late_data = "drop"
+max_groups_per_window = {max_groups}
+hll_precision = {HLL_PRECISION}
+
+[[transform.window.aggregations]]
+agg = "count"
+as = "n"
+
+[[transform.window.aggregations]]
+agg = "sum"
+column = "amount"
+as = "total"
+{extra_aggregations}
+[target]
+kind = "parquet"
+path = "{work / 'target'}"
+
+[state_store]
+kind = "sqlite"
+path = "{work / 'state.db'}"
+
+[run]
+{run}
+checkpoint_location = "{work / 'checkpoint'}"
+"""

@@ -1,0 +1,62 @@
+"""Reading a batch's counters back from its job's result (``ematix_dagster.spark.batch_job``).
+
+The per-source counters (``ematix_dagster.spark.batch_columns``: observed on a SQL's input, or
+hidden aggregates of the partials), the lateness and rejection counters, and whether a batch
+planned without the future check may hold a future row.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ematix_dagster.spark.observed import Observed
+from ematix_dagster.spark.rejects import REJECT_REASONS
+from ematix_dagster.spark.windows.base import CLASS, LATE_ASSIGNMENTS, REOPENED, ROWS
+from ematix_dagster.spec import PipelineSpec
+from ematix_dagster.streaming.windows import MICROS_PER_MS
+
+
+def batch_counts(spec: PipelineSpec, table: pa.Table, source_stats: Observed | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(per-source counters as ``spark.batch_columns``' ``_source_stats`` names them, lateness and
+    rejection counters) from the job's result (``rejected``: rows per reason of
+    ``ematix_dagster.spark.rejects``).
+
+    Vectorised over the partials table: a sum or max per hidden column, over the class rows
+    where the counter is a class's.
+    """
+    classes = table.column(CLASS)
+    windowed = pc.is_null(classes)
+
+    def total(column: str, where: pa.ChunkedArray | None = None) -> int:
+        if column not in table.column_names:
+            return 0
+        values = table.column(column) if where is None else table.column(column).filter(where)
+        return int(pc.sum(values).as_py() or 0)
+
+    late: dict[str, Any] = {"late_rows": total(ROWS, pc.equal(classes, "late")),
+            "late_assignments": total(LATE_ASSIGNMENTS, windowed), "reopened_rows": total(REOPENED, windowed),
+            "rejected": {r: n for r in REJECT_REASONS if (n := total(ROWS, pc.equal(classes, r)))}}
+    if source_stats is not None:
+        return source_stats.values(), late
+    stats: dict[str, Any] = {}
+    several = len(spec.sources) > 1
+    for i in range(len(spec.sources)):
+        rows = f"_rows_{i}" if several else ROWS
+        stats[f"rows_{i}"] = total(rows)
+        stats[f"max_{i}"] = pc.max(table.column(f"_max_{i}")).as_py()
+        for reason in ("invalid_event_time", "future", "malformed"):
+            stats[f"{reason.split('_')[0]}_{i}"] = total(rows, pc.equal(classes, reason))
+    return stats, late
+
+
+def may_hold_future_rows(spec: PipelineSpec, table: pa.Table, batch_time_us: int) -> bool:
+    """Whether a row of a batch planned without the future check (``spark.plan.BatchPlan.late_on_driver``)
+    may be in the future: a source's newest valid event time passes the batch time plus its skew."""
+    for i, source in enumerate(spec.sources):
+        newest = pc.max(table.column(f"_max_{i}")).as_py()
+        if newest is not None and newest > batch_time_us + source.max_future_skew_ms * MICROS_PER_MS:
+            return True
+    return False

@@ -1,0 +1,70 @@
+"""Whole windows: a window stored as one row (``BatchCommit.whole_windows``).
+
+A window whose groups mostly changed in a batch is stored as one row instead of one per group:
+its key is ``WINDOW_KEY`` and its blob holds every group. The blob is the state version byte and
+a msgpack array ``[keys, states]`` (the groups' encoded keys, their accumulator lists): msgpack
+concatenates, so each state's bytes are exactly a group blob's body (``state_store.codec``), and a
+reader cuts the groups out without decoding a value (:func:`window_groups`).
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+
+import msgpack
+
+from state_store.codec import PLAIN_STATE_TYPES, STATE_PREFIX, check_accumulators, describe, state_version
+from state_store.errors import CorruptState
+from state_store.msgpack_values import packb
+
+#: the group key of a whole-window row (an encoded key is never empty: it starts with ``KEY_FORMAT``)
+WINDOW_KEY = b""
+
+
+def encode_window(keys: list[bytes], states: list[list]) -> bytes:
+    """Every group of one window (encoded keys and their accumulator lists) as one blob, in one
+    msgpack call: a batch that changed most of a window writes it this way."""
+    if not set(map(type, chain.from_iterable(states))) <= PLAIN_STATE_TYPES:
+        for accs in states:
+            check_accumulators(accs)
+    if type(states) is not list or not set(map(type, states)) <= {list}:
+        states = [list(accs) for accs in states]
+    return STATE_PREFIX + packb([keys, states])
+
+
+def window_blob(version: int, keys: list[bytes], blobs: list[bytes]) -> bytes:
+    """The whole-window blob of groups already encoded (``blobs`` of version ``version``)."""
+    packer = msgpack.Packer(use_bin_type=True)
+    return b"".join([bytes([version]), packer.pack_array_header(2), packer.pack(keys),
+                     packer.pack_array_header(len(blobs)), *(blob[1:] for blob in blobs)])
+
+
+def window_groups(blob: bytes) -> list[tuple[bytes, bytes]]:
+    """The (encoded key, group blob) pairs of a whole-window blob, each group blob of the window's
+    version; raises :class:`CorruptState` for anything else."""
+    version = state_version(blob)
+    body = bytes(blob[1:])
+    try:
+        unpacker = msgpack.Unpacker(use_list=True, raw=False, max_buffer_size=max(len(body), 1))
+        unpacker.feed(body)
+        if unpacker.read_array_header() != 2:
+            raise ValueError("not [keys, states]")
+        keys = unpacker.unpack()
+        if type(keys) is not list or not set(map(type, keys)) <= {bytes}:
+            raise ValueError("its keys are not a list of byte strings")
+        if unpacker.read_array_header() != len(keys):
+            raise ValueError("it holds another number of states than keys")
+        prefix, bounds = bytes([version]), [unpacker.tell()]
+        for _ in keys:
+            unpacker.skip()
+            bounds.append(unpacker.tell())
+        if bounds[-1] != len(body):
+            raise ValueError("bytes follow its last state")
+    except Exception as exc:  # noqa: BLE001 - every decoding failure is corruption
+        raise CorruptState(f"whole-window blob is corrupt: {describe(blob)} does not decode ({exc})") from None
+    if WINDOW_KEY in keys:
+        raise CorruptState(f"whole-window blob is corrupt: {describe(blob)} holds an empty group key")
+    return [(key, prefix + body[a:b]) for key, a, b in zip(keys, bounds, bounds[1:])]
+
+
+__all__ = ["WINDOW_KEY", "encode_window", "window_blob", "window_groups"]

@@ -69,10 +69,14 @@ def emit(state: KindState, before: int | None, watermark: int | None, retention:
     report = state.report(before, watermark, retention, open_changes=False)
     kinds = row_kinds(report)
     rows = list(compress(range(len(kinds)), kinds))
-    starts = list(map(report.starts.__getitem__, rows))
-    keys = list(map(report.keys.__getitem__, rows))
-    order = row_order(starts, keys)
-    rows = list(map(rows.__getitem__, order))
+    if len(rows) == len(kinds):  # every reported row is written (a closing fixed window, sliding windows)
+        starts, keys = report.starts, report.keys
+        order = rows = row_order(starts, keys)
+    else:
+        starts = list(map(report.starts.__getitem__, rows))
+        keys = list(map(report.keys.__getitem__, rows))
+        order = row_order(starts, keys)
+        rows = list(map(rows.__getitem__, order))
     values = state.value_columns(state.accumulators(report, rows))
     state.mark_emitted(report, rows)
     state.evict(watermark, retention)

@@ -57,8 +57,13 @@ def row_order(starts: Sequence[int], keys: Sequence[GroupKey]) -> list[int]:
     one start), then each run of one start by key: comparing keys alone costs a third of comparing
     (start, key) pairs, and a window emits tens of thousands of groups at once.
     """
-    by_start = sorted(range(len(starts)), key=starts.__getitem__)
+    distinct = len(set(starts))
     plain = _plain(keys)
+    if distinct <= 1:  # one window's rows (a fixed window closing)
+        return _by_key(list(range(len(keys))), keys, plain)
+    by_start = sorted(range(len(starts)), key=starts.__getitem__)
+    if distinct == len(starts):  # no two rows share a start (sessions, sliding windows: mostly)
+        return by_start
     out: list[int] = []
     for _, run in groupby(by_start, key=starts.__getitem__):
         rows = list(run)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass, field
-from itertools import accumulate
+from itertools import accumulate, repeat
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
@@ -175,12 +175,28 @@ class SlidingState(StateBase):
         if before is not None:
             self._corrections(before - retention, before, self._touched, targets)
         self._touched = {}
-        out = Report()
+        # a key's rows in one run, by end: a row's handle is its key's run, computed in one pass
+        ends: list[int] = []
+        keys: list[GroupKey] = []
+        runs: list[tuple[int, int]] = []
+        emitted: list[bool] = []
+        for key, windows in targets.items():
+            at = len(ends)
+            if len(windows) == 1:  # most keys: one window a batch
+                for t, flag in windows.items():
+                    ends.append(t)
+                    keys.append(key)
+                    runs.append((at, at + 1))
+                    emitted.append(flag)
+            else:
+                times = sorted(windows)
+                ends += times
+                keys += repeat(key, len(times))
+                runs += repeat((at, at + len(times)), len(times))
+                emitted += map(windows.__getitem__, times)
         duration = self.kind.duration
-        for key, ends in targets.items():
-            for t, emitted in ends.items():
-                out.add_row(t - duration, t, key, None, emitted, emitted, True)
-        return out
+        return Report(starts=[t - duration for t in ends], ends=ends, keys=keys, changed=emitted,
+                      emitted=list(emitted), closed=[True] * len(ends), handles=runs)
 
     def _corrections(self, held_from: int, before: int, touched: dict[int, set[GroupKey]],
                      targets: dict[GroupKey, dict[int, bool]]) -> None:
@@ -203,21 +219,16 @@ class SlidingState(StateBase):
                     targets.setdefault(key, {})[t] = True
 
     def accumulators(self, report: Report, rows: Sequence[int]) -> list[Accumulators]:
-        """Each window's accumulators, computed per key in one pass over its partials."""
-        by_key: dict[GroupKey, list[int]] = {}
-        for r in rows:
-            by_key.setdefault(report.keys[r], []).append(r)
-        found: dict[int, Accumulators] = {}
-        for key, key_rows in by_key.items():
-            ends = sorted(report.ends[r] for r in key_rows)
+        """Each window's accumulators, computed per key in one pass over its partials (a report row's
+        handle is its key's run of rows, sorted by end)."""
+        found: list[Accumulators] = [[]] * len(report)
+        for lo, hi in dict.fromkeys(map(report.handles.__getitem__, rows)):
+            key, ends = report.keys[lo], report.ends[lo:hi]
             try:
-                accs = self._by_prefix_sums(key, ends) if self._additive else self._by_two_stacks(key, ends)
+                found[lo:hi] = self._by_prefix_sums(key, ends) if self._additive else self._by_two_stacks(key, ends)
             except (StateCapExceeded, AggregationOverflow, CorruptState) as exc:
                 self.failed_merge(exc, None, key, ends[0])
-            by_end = dict(zip(ends, accs))
-            for r in key_rows:
-                found[r] = by_end[report.ends[r]]
-        return [found[r] for r in rows]
+        return list(map(found.__getitem__, rows))
 
     def mark_emitted(self, report: Report, rows: Sequence[int]) -> None:
         """Nothing to keep: a sliding window was emitted exactly when ``t`` was before the last W."""

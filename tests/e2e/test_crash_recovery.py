@@ -36,7 +36,7 @@ import pytest
 
 from ematix_dagster.spec import load_pipeline
 from tests import oracle
-from tests.e2e.test_lateness import Feed, at, oracle_params, row
+from tests.e2e.lateness_helpers import Feed, at, oracle_params, row
 from tests.pipeline_toml import parquet_target, postgres_store, postgres_target, sqlite_store, windowed_pipeline_toml
 
 ROOT = Path(__file__).resolve().parent.parent.parent

@@ -21,7 +21,7 @@ import pytest
 
 from state_store.codec import encode_key
 from tests import oracle
-from tests.e2e.test_lateness import Feed, files_source, make_spec, row, run, us
+from tests.e2e.lateness_helpers import Feed, files_source, make_spec, row, run, us
 from tests.streaming.session_oracle import ALIASES, Oracle, Params, canon
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)  # a multiple of the cap

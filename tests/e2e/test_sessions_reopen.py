@@ -39,7 +39,7 @@ from state_store.codec import encode_key
 from state_store.memory import InMemoryStateStore
 from state_store.postgres import PostgresStateStore
 from state_store.sqlite import SqliteStateStore
-from tests.e2e.test_lateness import Feed, files_source, make_spec, metric, read_batch_dirs, row, run, us
+from tests.e2e.lateness_helpers import Feed, files_source, make_spec, metric, read_batch_dirs, row, run, us
 from tests.e2e.test_sessions import AGGREGATIONS, at, pd_isna
 from tests.pipeline_toml import postgres_store, postgres_target, sqlite_store, windowed_pipeline_toml
 from tests.streaming.session_oracle import ALIASES, Oracle, Params, canon, partials_of

@@ -18,7 +18,7 @@ import pytest
 
 from ematix_dagster.operations import summary as state_summary
 from ematix_dagster.spec import StateStoreConfig
-from tests.e2e.test_lateness import Feed, files_source, make_spec, metric, read_batch_dirs, row, run, us
+from tests.e2e.lateness_helpers import Feed, files_source, make_spec, metric, read_batch_dirs, row, run, us
 from tests.e2e.test_sessions import AGGREGATIONS, APPROX_DISTINCT
 from tests.streaming.sliding_oracle import ALIASES, Oracle, Params, canon
 

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 
 import tomli_w
 
-COLUMNS = "id BIGINT, k STRING, v BIGINT, page STRING"  # the rows of tests/e2e/test_lateness.py's row()
+COLUMNS = "id BIGINT, k STRING, v BIGINT, page STRING"  # the rows of tests/e2e/lateness_helpers.py's row()
 
 Table = dict[str, Any]
 

@@ -29,7 +29,7 @@ import tomli_w
 
 from ematix_dagster.spark.rejects import MAX_KEY_BYTES
 from ematix_dagster.spec import load_pipeline_str
-from tests.e2e.test_lateness import metric, run
+from tests.e2e.lateness_helpers import metric, run
 from tests.e2e.test_rejected_rows import hopping_into_postgres
 
 US = 1_000_000

@@ -11,8 +11,8 @@ The series cover tumbling, hopping, session and sliding windows, drop and reopen
 input), SQLite and PostgreSQL stores, effectively-once PostgreSQL and parquet targets and
 exactly-once (``same_transaction``) PostgreSQL. The test checks that every fault fired, that no
 process of a killed group survives, and that the final target equals the pandas oracle
-(``tests/oracle.py``, the session and sliding oracles of ``tests/streaming/test_state_session.py`` and
-``tests/streaming/test_state_sliding.py``) fed with the batches Spark actually formed (its ``offsets/N``
+(``tests/oracle.py``, the session and sliding oracles of ``tests/streaming/session_oracle.py`` and
+``tests/streaming/sliding_oracle.py``) fed with the batches Spark actually formed (its ``offsets/N``
 and ``sources/0/N``). A parquet target is read as docs/contract/emission.md tells readers to: per key the row
 with the largest ``(batch_id, _emit_seq)``, keys whose latest row is a ``retract`` dropped.
 """
@@ -36,7 +36,7 @@ import pytest
 
 from ematix_dagster.spec import load_pipeline
 from tests import oracle
-from tests.e2e.test_lateness import Feed, at, oracle_params, row
+from tests.e2e.lateness_helpers import Feed, at, oracle_params, row
 from tests.pipeline_toml import parquet_target, postgres_store, postgres_target, sqlite_store, windowed_pipeline_toml
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -162,7 +162,7 @@ def feed(batch_files) -> Feed:
 
 def expected_sessions(fed: Feed, spec) -> dict[tuple, tuple]:
     """The session oracle's final target (retracted keys gone), the end-of-input flush included."""
-    from tests.streaming.test_state_session import ALIASES, Oracle, Params
+    from tests.streaming.session_oracle import ALIASES, Oracle, Params
 
     w = spec.window
     sessions = Oracle(Params(gap=w.gap_ms * 1000, cap=w.max_session_duration_ms * 1000, lateness=w.lateness_ms * 1000,
@@ -180,7 +180,7 @@ def expected_sessions(fed: Feed, spec) -> dict[tuple, tuple]:
 
 def expected_sliding(fed: Feed, spec) -> dict[tuple, tuple]:
     """The sliding oracle's last emission per (window start, k), the end-of-input flush included."""
-    from tests.streaming.test_state_sliding import ALIASES, Oracle, Params
+    from tests.streaming.sliding_oracle import ALIASES, Oracle, Params
 
     w = spec.window
     windows = Oracle(Params(duration_ms=w.duration_ms, policy="reopen", allowed_ms=w.allowed_lateness_ms))

@@ -27,7 +27,7 @@ from ematix_dagster.spark.runner import PipelineRunner
 from ematix_dagster.spec import load_pipeline_str
 from state_store.sqlite import SqliteStateStore
 from tests.conftest import BatchFiles
-from tests.e2e.test_lateness import at, row
+from tests.e2e.lateness_helpers import at, row
 from tests.pipeline_toml import postgres_store, postgres_target, windowed_pipeline_toml
 
 SECRET = "s3cret-pw"

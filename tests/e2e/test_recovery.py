@@ -22,7 +22,7 @@ from ematix_dagster.operations import check, reset, summary
 from ematix_dagster.spark.runner import PipelineRunner
 from ematix_dagster.spec import load_pipeline_str
 from state_store.sqlite import SqliteStateStore
-from tests.e2e.test_lateness import SCHEMA, at, row
+from tests.e2e.lateness_helpers import SCHEMA, at, row
 from tests.pipeline_toml import sqlite_store, windowed_pipeline_toml
 
 

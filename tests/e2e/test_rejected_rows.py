@@ -21,7 +21,7 @@ import tomli_w
 
 from ematix_dagster.spark.rejects import MAX_KEY_BYTES
 from ematix_dagster.spec import load_pipeline_str
-from tests.e2e.test_lateness import metric, run
+from tests.e2e.lateness_helpers import metric, run
 from tests.pipeline_toml import postgres_dead_letter, postgres_target, sqlite_store, windowed_pipeline_toml
 
 US = 1_000_000

@@ -1,7 +1,7 @@
 """Session windows end to end on real Spark (docs/contract/windows.md): files -> sessions -> parquet, against the oracle.
 
 Each file is one micro-batch. The ground truth is the session oracle of
-``tests/streaming/test_state_session.py`` (pandas; docs/contract/windows.md applied batch by batch, no engine code), fed
+``tests/streaming/session_oracle.py`` (pandas; docs/contract/windows.md applied batch by batch, no engine code), fed
 the rows each batch read according to Spark's checkpoint. The target must hold exactly the
 oracle's ``final`` rows, batch by batch, with the aggregates of every aggregator; late rows are
 dropped or dead-lettered; ``session_id`` is docs/contract/windows.md's hash.
@@ -21,8 +21,8 @@ import pytest
 
 from state_store.codec import encode_key
 from tests import oracle
-from tests.e2e.test_lateness import Feed, files_source, make_spec, row, run, us
-from tests.streaming.test_state_session import ALIASES, Oracle, Params, canon
+from tests.e2e.lateness_helpers import Feed, files_source, make_spec, row, run, us
+from tests.streaming.session_oracle import ALIASES, Oracle, Params, canon
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)  # a multiple of the cap
 S = 1_000_000

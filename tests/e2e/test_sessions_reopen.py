@@ -1,6 +1,6 @@
 """Session windows under ``late_data = "reopen"`` (docs/contract/windows.md, docs/contract/emission.md): corrections, retractions, durable flags.
 
-The ground truth is the session oracle of ``tests/streaming/test_state_session.py`` (pandas, docs/contract/windows.md
+The ground truth is the session oracle of ``tests/streaming/session_oracle.py`` (pandas, docs/contract/windows.md
 applied batch by batch, no engine code), fed the rows each micro-batch read according to Spark's
 checkpoint; it gives each batch's ``final`` / ``correction`` rows, the ``retract`` rows of keys that
 disappeared, and the final target. Checked here:
@@ -39,10 +39,10 @@ from state_store.codec import encode_key
 from state_store.memory import InMemoryStateStore
 from state_store.postgres import PostgresStateStore
 from state_store.sqlite import SqliteStateStore
-from tests.e2e.test_lateness import Feed, files_source, make_spec, metric, read_batch_dirs, row, run, us
+from tests.e2e.lateness_helpers import Feed, files_source, make_spec, metric, read_batch_dirs, row, run, us
 from tests.e2e.test_sessions import AGGREGATIONS, at, pd_isna
 from tests.pipeline_toml import postgres_store, postgres_target, sqlite_store, windowed_pipeline_toml
-from tests.streaming.test_state_session import ALIASES, Oracle, Params, canon, partials_of
+from tests.streaming.session_oracle import ALIASES, Oracle, Params, canon, partials_of
 
 S = 1_000_000
 GAP_S, CAP_S, ALLOWED_S = 10, 600, 300

@@ -1,7 +1,7 @@
 """Sliding windows end to end on real Spark (docs/contract/windows.md): files -> windows -> parquet, against the oracle.
 
 Each file is one micro-batch. The ground truth is the sliding oracle of
-``tests/streaming/test_state_sliding.py`` (docs/contract/windows.md applied batch by batch, no engine code), fed the rows
+``tests/streaming/sliding_oracle.py`` (docs/contract/windows.md applied batch by batch, no engine code), fed the rows
 each batch read according to Spark's checkpoint. Every batch's rows in the target must be exactly
 the oracle's rows of that batch (the end-of-input flush's with the last batch), with the values of
 every aggregator; late rows are dropped, dead-lettered or (under ``reopen``) let in by the
@@ -18,9 +18,9 @@ import pytest
 
 from ematix_dagster.operations import summary as state_summary
 from ematix_dagster.spec import StateStoreConfig
-from tests.e2e.test_lateness import Feed, files_source, make_spec, metric, read_batch_dirs, row, run, us
+from tests.e2e.lateness_helpers import Feed, files_source, make_spec, metric, read_batch_dirs, row, run, us
 from tests.e2e.test_sessions import AGGREGATIONS, APPROX_DISTINCT
-from tests.streaming.test_state_sliding import ALIASES, Oracle, Params, canon
+from tests.streaming.sliding_oracle import ALIASES, Oracle, Params, canon
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 S = 1_000_000

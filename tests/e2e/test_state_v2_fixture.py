@@ -19,7 +19,7 @@ import pytest
 
 from ematix_dagster.spec import load_pipeline_str
 from state_store import migrations
-from tests.e2e.test_lateness import at, row
+from tests.e2e.lateness_helpers import at, row
 from tests.pipeline_toml import windowed_pipeline_toml
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "state_v2"
@@ -45,7 +45,7 @@ def minute_rows(minute: int) -> list[dict[str, Any]]:
 
 
 def write_minute(files, minute: int):
-    from tests.e2e.test_lateness import SCHEMA
+    from tests.e2e.lateness_helpers import SCHEMA
 
     files.count = minute
     return files.write(minute_rows(minute), schema=SCHEMA)
@@ -95,7 +95,7 @@ def test_sqlite_store_at_schema_2_migrates_and_the_run_continues_exactly(spark, 
     from ematix_dagster.operations import check, summary
     from state_store.sqlite import SqliteStateStore
     from tests import oracle
-    from tests.e2e.test_lateness import Feed, compare_output, oracle_params, run
+    from tests.e2e.lateness_helpers import Feed, compare_output, oracle_params, run
 
     _install(tmp_path)
     db = tmp_path / "state.db"

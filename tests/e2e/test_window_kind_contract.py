@@ -37,7 +37,7 @@ from ematix_dagster.spec import Aggregation, Window
 from ematix_dagster.streaming.micro_batch import BatchInput, Engine, SourceStats
 from ematix_dagster.streaming.state.base import StoreChanges, StoredGroup
 from ematix_dagster.streaming.windows import KINDS, FixedWindows, WindowBounds, WindowKind
-from tests.e2e.test_windows import at, parquet_target, pipeline, read_parquet_target, run, to_us
+from tests.e2e.windows_helpers import at, parquet_target, pipeline, read_parquet_target, run, to_us
 
 MS = 1_000
 Key = tuple[Any, ...]

@@ -1,0 +1,123 @@
+"""State-store schema migrations (SQLite, PostgreSQL): recorded versions, steps in order, step 5."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from ematix_dagster.errors import StateVersionError
+from state_store import codec, migrations
+from state_store.base import BatchCommit
+from state_store.postgres import PostgresStateStore
+from state_store.sqlite import SqliteStateStore
+from tests.state_store.contract_stores import blob, key, record
+
+# ---- schema migrations -----------------------------------------------------------------------
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def schema_store(request, tmp_path):
+    if request.param == "sqlite":
+        path = tmp_path / "schema.db"
+        yield "sqlite", (lambda: SqliteStateStore(path)), (lambda: __import__("sqlite3").connect(path))
+    else:
+        dsn, schema = request.getfixturevalue("pg_dsn"), request.getfixturevalue("pg_schema")
+
+        def conn():
+            c = psycopg.connect(dsn, autocommit=True)
+            c.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+            return c
+
+        yield "postgres", (lambda: PostgresStateStore(dsn, schema)), conn
+
+
+def test_schema_versions_are_recorded_and_newer_schemas_refused(schema_store):
+    kind, build, connect = schema_store
+    store = build()
+    store.open()
+    store.close()
+    store.open()  # a second open applies nothing
+    store.close()
+    conn = connect()
+    rows = conn.execute("SELECT version, description FROM ematix_streaming_schema_version ORDER BY version").fetchall()
+    assert [r[0] for r in rows] == [s.version for s in migrations.STEPS] == [1, 2, 3, 4, 5]
+    conn.execute("INSERT INTO ematix_streaming_schema_version (version, description, applied_at) "
+                 "VALUES (99, 'from the future', '2030-01-01')")
+    if kind == "sqlite":
+        conn.commit()
+    conn.close()
+    with pytest.raises(StateVersionError, match="schema version 99 is newer than this code"):
+        build().open()
+
+
+def test_schema_steps_apply_in_order_each_in_its_own_transaction(schema_store):
+    kind, build, connect = schema_store
+    store = build()
+    store.open()  # every released step
+    store.close()
+    n = migrations.SCHEMA_VERSION
+    extra = [
+        migrations.SchemaStep(n + 1, "a probe table", postgres=("CREATE TABLE {schema}.probe_three (x int)",),
+                              sqlite=("CREATE TABLE probe_three (x INTEGER)",)),
+        migrations.SchemaStep(n + 2, "a step that fails half way",
+                              postgres=("CREATE TABLE {schema}.probe_four (x int)", "SELECT 1/0"),
+                              sqlite=("CREATE TABLE probe_four (x INTEGER)", "INSERT INTO no_such_table VALUES (1)")),
+    ]
+    steps = (*migrations.STEPS, *extra)
+    if kind == "postgres":
+        conn = psycopg.connect(store._resolve())
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            migrations.apply_postgres(conn, store.schema, store.description, steps)
+        conn.close()
+    else:
+        conn = __import__("sqlite3").connect(store.path, isolation_level=None)
+        with pytest.raises(Exception, match="no_such_table"):
+            migrations.apply_sqlite(conn, store.description, steps)
+        conn.close()
+    check = connect()
+    versions = [r[0] for r in check.execute("SELECT version FROM ematix_streaming_schema_version ORDER BY 1")]
+    assert versions == list(range(1, n + 2))  # the probe step committed, the failing one rolled back whole
+    tables = ("SELECT count(*) FROM sqlite_master WHERE name = %s" if kind == "sqlite" else
+              "SELECT count(*) FROM information_schema.tables WHERE table_schema = current_schema() AND table_name = %s")
+    tables = tables.replace("%s", "?") if kind == "sqlite" else tables
+    assert check.execute(tables, ("probe_three",)).fetchone()[0] == 1
+    assert check.execute(tables, ("probe_four",)).fetchone()[0] == 0
+    check.close()
+    with pytest.raises(StateVersionError, match=f"schema version {n + 1} is newer"):
+        build().open()  # this code knows n steps
+
+
+def test_schema_step_5_adds_a_null_emitted_flag_to_existing_rows(schema_store):
+    """Rows written before step 5 (fixed windows, and sessions under drop / dlq) keep NULL: a load
+    returns no flag for them, and the engine derives a session's from its end and the watermark."""
+    kind, build, connect = schema_store
+    conn = connect()
+    if kind == "sqlite":
+        conn.isolation_level = None
+        migrations.apply_sqlite(conn, "old", migrations.STEPS[:4])
+        conn.execute("INSERT INTO ematix_streaming_pipelines (pipeline_name, state_version, last_batch_id, updated_at) "
+                     "VALUES ('old', ?, 3, 'now')", (codec.STATE_VERSION,))
+        conn.execute("INSERT INTO ematix_streaming_state (pipeline_name, window_start, window_end, group_key, "
+                     "state_blob, state_version, updated_at) VALUES ('old', 0, 10, ?, ?, ?, 'now')",
+                     (key("a"), blob(1), codec.STATE_VERSION))
+    else:
+        schema = conn.execute("SELECT current_schema()").fetchone()[0]
+        with psycopg.connect(conn.info.dsn) as tx:
+            migrations.apply_postgres(tx, schema, "old", migrations.STEPS[:4])
+        names = migrations.postgres_names(schema)
+        conn.execute(sql.SQL("INSERT INTO {pipelines} (pipeline_name, state_version, last_batch_id) "
+                             "VALUES ('old', %s, 3)").format(**names), (codec.STATE_VERSION,))
+        conn.execute(sql.SQL("INSERT INTO {state} (pipeline_name, window_start, window_end, group_key, state_blob, "
+                             "state_version) VALUES ('old', 0, 10, %s, %s, %s)").format(**names),
+                     (key("a"), blob(1), codec.STATE_VERSION))
+    conn.close()
+    store = build()
+    store.open()
+    try:
+        state = store.load("old")
+        assert state.groups == [(0, 10, key("a"), blob(1))] and state.emitted == {}
+        store.commit(BatchCommit(record("old", 4), upserts=[(0, 10, key("a"), blob(2))], emitted={(0, key("a")): True}))
+        assert store.load("old").emitted == {(0, key("a")): True}
+    finally:
+        store.close()

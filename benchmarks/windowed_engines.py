@@ -21,10 +21,10 @@ from measure import CpuMeter, DriverTimer  # noqa: E402
 from results import Result  # noqa: E402
 from run_setup import settle  # noqa: E402
 
+from ematix_dagster.columns import HEARTBEAT  # noqa: E402
 from ematix_dagster.spark.checkpoint import batch_files  # noqa: E402
 from ematix_dagster.spark.input_files import read_files  # noqa: E402
 from ematix_dagster.spark.readers import union_sources  # noqa: E402
-from ematix_dagster.spark.recovery import HEARTBEAT  # noqa: E402
 from ematix_dagster.spark.runner import PipelineRunner  # noqa: E402
 from ematix_dagster.spec import load_pipeline_str  # noqa: E402
 

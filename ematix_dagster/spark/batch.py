@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 
 from ematix_dagster import faults
+from ematix_dagster.columns import CLASS, HEARTBEAT, REASON
 from ematix_dagster.errors import BatchDataError, StateNotDurableError, first_line
 from ematix_dagster.metrics import StreamingMetrics
 from ematix_dagster.spark import checkpoint
@@ -26,8 +27,7 @@ from ematix_dagster.spark.checkpoint import batch_files
 from ematix_dagster.spark.convert import partial_lists, rows_to_arrow
 from ematix_dagster.spark.input_files import UNREADABLE_FILE, DeadLetters, InputFiles, WithFileRows
 from ematix_dagster.spark.plan import BatchPlan
-from ematix_dagster.spark.recovery import HEARTBEAT, checkpoint_offsets, named_offsets, offset_names
-from ematix_dagster.spark.windows.base import CLASS
+from ematix_dagster.spark.recovery import checkpoint_offsets, named_offsets, offset_names
 from ematix_dagster.spark.windows.fixed import late_windows
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.streaming.durable import Provenance, batch_commit, encoded_key
@@ -234,7 +234,7 @@ class BatchStep:
             return {}
         rows = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
         self._write_dead_letter_rows(dead_letter, batch_id, rows, in_transaction)
-        reasons = rows.column("_reason").to_pylist()
+        reasons = rows.column(REASON).to_pylist()
         return {r: reasons.count(r) for r in sorted(set(reasons))}
 
     def _write_dead_letter_rows(self, dead_letter: DeadLetterWriter, batch_id: int, rows: pa.Table,

@@ -15,12 +15,10 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ematix_dagster.spark.batch_values import BATCH_TIME
-from ematix_dagster.spark.readers import CORRUPT
-from ematix_dagster.spark.recovery import HEARTBEAT
+from ematix_dagster.columns import BATCH_TIME, CORRUPT, EVENT_TS, HEARTBEAT, PRIMARY, REASON, SOURCE, TS
 from ematix_dagster.spark.rejects import REJECT_REASONS, reject_reason
 from ematix_dagster.spark.windows import PartialPlan, partial_plan
-from ematix_dagster.spark.windows.base import PRIMARY, Aggregates
+from ematix_dagster.spark.windows.base import Aggregates
 from ematix_dagster.spark.windows.fixed import FixedPlan
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.streaming.windows import MICROS_PER_MS
@@ -28,7 +26,7 @@ from ematix_dagster.streaming.windows import MICROS_PER_MS
 
 def _reason(ts: Column, future_after: Column | None) -> Column:
     reason = (F.when(F.col(CORRUPT).isNotNull(), F.lit("malformed"))
-              .when(F.col("_event_ts").isNull(), F.lit("invalid_event_time")))
+              .when(F.col(EVENT_TS).isNull(), F.lit("invalid_event_time")))
     return reason if future_after is None else reason.when(ts > future_after, F.lit("future"))
 
 
@@ -57,8 +55,8 @@ class BatchColumns:
         (``BatchPlan.late_on_driver``)."""
         skew = F.lit(None).cast("bigint")
         for s in spec.sources:
-            skew = F.when(F.col("_source") == s.name, F.lit(s.max_future_skew_ms * MICROS_PER_MS)).otherwise(skew)
-        ts = F.unix_micros("_event_ts")
+            skew = F.when(F.col(SOURCE) == s.name, F.lit(s.max_future_skew_ms * MICROS_PER_MS)).otherwise(skew)
+        ts = F.unix_micros(EVENT_TS)
         before_sql = _reason(ts, F.col(BATCH_TIME) + skew if future_in_spark else None)
         rejected = reject_reason(spec, output_types)
         reason = rejected
@@ -70,10 +68,10 @@ class BatchColumns:
             return Aggregates(found.inputs, found.columns + ([] if spec.transform_sql else _source_counts(spec)))
 
         has_reason = not spec.transform_sql or rejected is not None
-        return cls(data=F.col("_source") != HEARTBEAT, processing_time=F.timestamp_micros(F.col(BATCH_TIME)),
-                   classified=[ts.alias("_ts"), before_sql.alias("_reason")],
+        return cls(data=F.col(SOURCE) != HEARTBEAT, processing_time=F.timestamp_micros(F.col(BATCH_TIME)),
+                   classified=[ts.alias(TS), before_sql.alias(REASON)],
                    source_stats=_source_stats(spec) if spec.transform_sql else [],
-                   valid=F.col("_reason").isNull(), reason=reason,
+                   valid=F.col(REASON).isNull(), reason=reason,
                    windows=partial_plan(spec.window, aggregates, has_reason) if future_in_spark
                    else FixedPlan(spec.window, aggregates, has_reason, late_in_spark=False))
 
@@ -82,13 +80,13 @@ def _source_stats(spec: PipelineSpec) -> list[Column]:
     """Per-source counters as aggregates over the batch's rows (one row each)."""
     stats: list[Column] = []
     for i, s in enumerate(spec.sources):
-        mine = F.col("_source") == s.name
+        mine = F.col(SOURCE) == s.name
         stats += [
             F.count_if(mine).alias(f"rows_{i}"),
-            F.max(F.when(mine & F.col("_reason").isNull(), F.col("_ts"))).alias(f"max_{i}"),
-            F.count_if(mine & (F.col("_reason") == "invalid_event_time")).alias(f"invalid_{i}"),
-            F.count_if(mine & (F.col("_reason") == "future")).alias(f"future_{i}"),
-            F.count_if(mine & (F.col("_reason") == "malformed")).alias(f"malformed_{i}"),
+            F.max(F.when(mine & F.col(REASON).isNull(), F.col(TS))).alias(f"max_{i}"),
+            F.count_if(mine & (F.col(REASON) == "invalid_event_time")).alias(f"invalid_{i}"),
+            F.count_if(mine & (F.col(REASON) == "future")).alias(f"future_{i}"),
+            F.count_if(mine & (F.col(REASON) == "malformed")).alias(f"malformed_{i}"),
         ]
     return stats
 
@@ -102,11 +100,11 @@ def _source_counts(spec: PipelineSpec) -> list[Column]:
     several = len(spec.sources) > 1
     cols: list[Column] = []
     for i, s in enumerate(spec.sources):
-        mine = F.col(PRIMARY) & (F.col("_source") == s.name) if several else F.col(PRIMARY)
+        mine = F.col(PRIMARY) & (F.col(SOURCE) == s.name) if several else F.col(PRIMARY)
         if several:
             cols.append(F.count_if(mine).alias(f"_rows_{i}"))
         # a rejected row (post-SQL reasons) has a valid event time: it moves the watermark
-        valid = F.col("_reason").isNull() | F.col("_reason").isin(*REJECT_REASONS)
-        cols.append(F.max(F.when(mine & valid, F.col("_ts"))).alias(f"_max_{i}"))
+        valid = F.col(REASON).isNull() | F.col(REASON).isin(*REJECT_REASONS)
+        cols.append(F.max(F.when(mine & valid, F.col(TS))).alias(f"_max_{i}"))
     return cols
 

@@ -12,9 +12,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ematix_dagster.columns import CLASS, LATE_ASSIGNMENTS, REOPENED, ROWS
 from ematix_dagster.spark.observed import Observed
 from ematix_dagster.spark.rejects import REJECT_REASONS
-from ematix_dagster.spark.windows.base import CLASS, LATE_ASSIGNMENTS, REOPENED, ROWS
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.streaming.windows import MICROS_PER_MS
 

@@ -20,10 +20,11 @@ from typing import Callable, Sequence
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from ematix_dagster.spark.batch_values import BATCH_VALUES, with_batch_values
+from ematix_dagster.columns import BATCH_ID, BATCH_VALUES, CORRUPT, EVENT_TS, REASON, TS
+from ematix_dagster.spark.batch_values import with_batch_values
 from ematix_dagster.spark.observed import Observed
 from ematix_dagster.spark.plan import BatchPlan, apply_sql
-from ematix_dagster.spark.readers import CORRUPT, has_heartbeat
+from ematix_dagster.spark.readers import has_heartbeat
 
 
 @dataclass
@@ -55,7 +56,7 @@ def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: i
         assert fast is not None
         rows = df.filter(fast.data) if has_heartbeat(spec) else df
         assert fast.reason is not None
-        partials = fast.windows.frames(rows.select("*", fast.reason.alias("_reason")), batch_id).partials
+        partials = fast.windows.frames(rows.select("*", fast.reason.alias(REASON)), batch_id).partials
 
         @cache  # bad rows and class rows of one batch from one exact plan
         def exact() -> BatchFrames:
@@ -64,26 +65,26 @@ def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: i
         return BatchFrames(partials, None, lambda: exact().bad_rows(), lambda classes: exact().class_rows(classes))
     df = with_batch_values(df.filter(columns.data) if has_heartbeat(spec) else df, *values)
     if spec.window.time_mode == "processing":
-        df = df.withColumn("_event_ts", columns.processing_time)
+        df = df.withColumn(EVENT_TS, columns.processing_time)
 
     def classified() -> DataFrame:
         return df.select("*", *columns.classified)
 
     def bad_rows() -> DataFrame:
-        return (classified().filter(F.col("_reason").isNotNull()).drop("_ts", *BATCH_VALUES)
-                .withColumn("_batch_id", F.lit(batch_id).cast("bigint")))
+        return (classified().filter(F.col(REASON).isNotNull()).drop(TS, *BATCH_VALUES)
+                .withColumn(BATCH_ID, F.lit(batch_id).cast("bigint")))
 
     source_stats: Observed | None = None
     if spec.transform_sql:
         rows = classified()
         source_stats = Observed(Observation(f"sources_{batch_id}"), rows, columns.source_stats)
         valid = rows.observe(source_stats.observation, *columns.source_stats).filter(columns.valid)
-        sql_input = valid.drop("_ts", "_reason", CORRUPT, *BATCH_VALUES)
+        sql_input = valid.drop(TS, REASON, CORRUPT, *BATCH_VALUES)
         out = with_batch_values(apply_sql(spark, spec, sql_input, plan.sql_columns), *values)
         if columns.reason is not None:
-            out = out.withColumn("_reason", columns.reason)
+            out = out.withColumn(REASON, columns.reason)
     else:  # one step: each row's reason beside its columns (the window plan adds ``_ts``)
         assert columns.reason is not None
-        out = df.select("*", columns.reason.alias("_reason"))
+        out = df.select("*", columns.reason.alias(REASON))
     windowed = columns.windows.frames(out, batch_id)
     return BatchFrames(windowed.partials, source_stats, bad_rows, windowed.class_rows)

@@ -21,11 +21,7 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame
 
-#: the batch's own values (µs) as columns; the bounds are NULL before the first watermark
-BATCH_TIME = "_batch_time_us"
-CLOSED_BEFORE = "_closed_before_us"  # ``Engine.closed_before()``
-EMITTED_BEFORE = "_emitted_before_us"  # ``Engine.emitted_before()``
-BATCH_VALUES = (BATCH_TIME, CLOSED_BEFORE, EMITTED_BEFORE)
+from ematix_dagster.columns import BATCH_TIME, BATCH_VALUES, CLOSED_BEFORE, EMITTED_BEFORE
 
 
 def with_batch_values(df: DataFrame, batch_time_us: int, closed_before: int | None,

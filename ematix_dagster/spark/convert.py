@@ -16,10 +16,10 @@ import pyarrow as pa
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_type
 
+from ematix_dagster.columns import EMIT_KIND, EMIT_SEQ, WINDOW_START
 from ematix_dagster.spark.plan import BatchPlan
 from ematix_dagster.streaming.emitted import Emitted
 from ematix_dagster.streaming.windows import window_kind
-from ematix_dagster.targets.base import EMIT_KIND_COLUMN, EMIT_SEQ_COLUMN
 
 UTC_MICROS = pa.timestamp("us", tz="UTC")
 
@@ -34,9 +34,9 @@ def output_schema(plan: BatchPlan) -> pa.Schema:
     for a, agg in zip(window.aggregations, plan.aggregators):
         input_type = _arrow(types[a.column]) if agg.reads_input_type else None  # type: ignore[index]
         fields.append(pa.field(a.as_, agg.output_type(input_type)))
-    fields.append(pa.field(EMIT_KIND_COLUMN, pa.string()))
+    fields.append(pa.field(EMIT_KIND, pa.string()))
     if kind.retracts:
-        fields.append(pa.field(EMIT_SEQ_COLUMN, pa.int64()))
+        fields.append(pa.field(EMIT_SEQ, pa.int64()))
     return pa.schema(fields)
 
 
@@ -47,7 +47,7 @@ def _arrow(dtype: T.DataType) -> pa.DataType:
 
 
 def partial_lists(plan: BatchPlan, table: pa.Table,
-                  start_column: str = "_ws") -> tuple[list[int], list[tuple[Any, ...]], list[list[Any]]]:
+                  start_column: str = WINDOW_START) -> tuple[list[int], list[tuple[Any, ...]], list[list[Any]]]:
     """Columns of the partials table as the plain lists the window state's ``merge`` takes."""
     window = plan.spec.window
     starts = table.column(start_column).to_pylist()
@@ -66,14 +66,14 @@ def rows_to_arrow(schema: pa.Schema, emitted: Emitted, group_width: int,
     first_key = 2 if row_ids is None else 3
     if emitted:  # the group keys transposed at C speed; everything else is a column already
         columns[0], columns[1] = emitted.starts, emitted.ends
-        columns[schema.get_field_index(EMIT_KIND_COLUMN)] = emitted.kinds
+        columns[schema.get_field_index(EMIT_KIND)] = emitted.kinds
         for i, column in enumerate(zip(*emitted.keys)):
             columns[first_key + i] = column
         for j, values in enumerate(emitted.values):
             columns[first_key + group_width + j] = values
     if row_ids is not None:
         columns[2] = list(row_ids)
-    seq = schema.get_field_index(EMIT_SEQ_COLUMN)
+    seq = schema.get_field_index(EMIT_SEQ)
     if seq >= 0:
         columns[seq] = range(len(emitted))
     return pa.table([pa.array(c, type=f.type) for c, f in zip(columns, schema)], schema=schema)

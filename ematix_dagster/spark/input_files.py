@@ -52,6 +52,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from ematix_dagster.columns import BATCH_ID, EVENT_TS, FILE_ERROR, FILE_PATH, FILE_ROWS, REASON, SOURCE
 from ematix_dagster.errors import PipelineConfigError, first_line
 from ematix_dagster.spark.checkpoint import batch_files
 from ematix_dagster.spark.read_errors import REPLACE_FILE, ReadFailure, read_failure, type_mismatch, url_path
@@ -66,9 +67,6 @@ from ematix_dagster.spark.readers import (
 from ematix_dagster.spec import PipelineSpec
 
 UNREADABLE_FILE = "unreadable_file"
-#: An unreadable file's dead-letter row: the envelope (``_batch_id``, ``_source``, ``_event_ts``
-#: NULL, ``_reason``) and these (in the ``payload`` of a postgres dead-letter table).
-FILE_PATH, FILE_ERROR, FILE_ROWS = "_file_path", "_file_error", "_file_rows"
 _MISSING = "the file no longer exists (it was removed after its batch listed it)"
 _INTEGRAL_OR_TIME = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType, T.DateType,
                      T.TimestampType, T.TimestampNTZType)
@@ -314,7 +312,7 @@ class InputFiles:
         frames: list[DataFrame] = []
         if len(self.indexes) < len(spec.sources):  # rows of streamed sources (the heartbeat's are not needed)
             names = [spec.sources[i].name for i in self.indexes]
-            frames.append(df.filter(~F.col("_source").isin(names)))
+            frames.append(df.filter(~F.col(SOURCE).isin(names)))
         for i, listed in files.listed.items():
             groups: dict[frozenset[str], list[str]] = {}
             for f in listed:
@@ -337,10 +335,10 @@ class InputFiles:
         left_out = sorted(files.skipped.values(), key=lambda e: (e[0], e[1].path))
         n = len(left_out)
         return pa.table({
-            "_batch_id": pa.array([files.batch_id] * n, pa.int64()),
-            "_source": pa.array([self.spec.sources[i].name for i, _ in left_out], pa.string()),
-            "_event_ts": pa.array([None] * n, pa.timestamp("us", tz="UTC")),
-            "_reason": pa.array([UNREADABLE_FILE] * n, pa.string()),
+            BATCH_ID: pa.array([files.batch_id] * n, pa.int64()),
+            SOURCE: pa.array([self.spec.sources[i].name for i, _ in left_out], pa.string()),
+            EVENT_TS: pa.array([None] * n, pa.timestamp("us", tz="UTC")),
+            REASON: pa.array([UNREADABLE_FILE] * n, pa.string()),
             FILE_PATH: pa.array([f.path for _, f in left_out], pa.string()),
             FILE_ERROR: pa.array([f.failure.problem if f.failure else None for _, f in left_out], pa.string()),
             FILE_ROWS: pa.array([f.rows for _, f in left_out], pa.int64()),

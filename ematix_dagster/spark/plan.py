@@ -15,11 +15,11 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from ematix_dagster.columns import CORRUPT, EVENT_TS, SOURCE, SQL_ERROR
 from ematix_dagster.errors import PipelineConfigError, first_line
 from ematix_dagster.spark.aggregation_input import INTEGRAL, AggregationInput
 from ematix_dagster.spark.batch_columns import BatchColumns
-from ematix_dagster.spark.readers import CORRUPT
-from ematix_dagster.spark.safe_sql import ERROR_COLUMN, guard_sql
+from ematix_dagster.spark.safe_sql import guard_sql
 from ematix_dagster.spark.windows.base import Aggregates
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.streaming.aggregators import Aggregator, make_aggregator
@@ -107,13 +107,13 @@ def analyse(spark: SparkSession, spec: PipelineSpec, stream: DataFrame) -> Batch
             raise PipelineConfigError("transform.sql", f"is not row-wise (its plan has {', '.join(bad)})",
                                       "keep [transform] sql to filters, projections, casts and lookups; "
                                       "aggregate with [transform.window]")
-        if ERROR_COLUMN in empty.columns or ERROR_COLUMN in out.columns:
-            raise PipelineConfigError("transform.sql", f"a column is named {ERROR_COLUMN}, the column the engine "
-                                      "adds for rows whose SQL failed", f"rename or drop {ERROR_COLUMN}")
+        if SQL_ERROR in empty.columns or SQL_ERROR in out.columns:
+            raise PipelineConfigError("transform.sql", f"a column is named {SQL_ERROR}, the column the engine "
+                                      "adds for rows whose SQL failed", f"rename or drop {SQL_ERROR}")
         sql_columns = tuple(out.columns)
         out = apply_sql(spark, spec, empty, sql_columns)
     types = {f.name: f.dataType for f in out.schema.fields}
-    for needed in ("_event_ts", "_source"):
+    for needed in (EVENT_TS, SOURCE):
         if needed not in types:
             raise PipelineConfigError("transform.sql", f"its output has no {needed} column",
                                       f"select {needed} (the engine needs it to assign windows and watermarks)")
@@ -149,7 +149,7 @@ def apply_sql(spark: SparkSession, spec: PipelineSpec, df: DataFrame, columns: S
     try:
         if columns is None:
             return spark.sql(spec.transform_sql)
-        return spark.sql(guarded_sql(spec.transform_sql).sql).toDF(*columns, ERROR_COLUMN)
+        return spark.sql(guarded_sql(spec.transform_sql).sql).toDF(*columns, SQL_ERROR)
     except PipelineConfigError:
         raise
     except Exception as exc:

@@ -29,11 +29,9 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from ematix_dagster.columns import CORRUPT, EVENT_TS, HEARTBEAT, SOURCE
 from ematix_dagster.errors import PipelineConfigError, first_line
-from ematix_dagster.spark.recovery import HEARTBEAT
 from ematix_dagster.spec import PipelineSpec, Source
-
-CORRUPT = "_corrupt_record"
 
 # Epoch seconds of 0001-01-01 and 9999-12-31T23:59:59: the range Spark timestamps can hold.
 _MIN_S, _MAX_S = -62_135_596_800, 253_402_300_799
@@ -191,9 +189,9 @@ def with_engine_columns(df: DataFrame, spec: PipelineSpec, index: int) -> DataFr
     else:
         column, unit = "timestamp", "ms"
     window = spec.window
-    if window.event_time_column != "_event_ts":
+    if window.event_time_column != EVENT_TS:
         column, unit, key = window.event_time_column, window.event_time_unit, "transform.window.event_time_column"
-    for reserved in ("_event_ts", "_source"):
+    for reserved in (EVENT_TS, SOURCE):
         if reserved in df.columns:
             raise PipelineConfigError(f"{key}", f"the source already has a column named {reserved}",
                                       "rename it in the data or drop it; the engine adds this column")
@@ -201,7 +199,7 @@ def with_engine_columns(df: DataFrame, spec: PipelineSpec, index: int) -> DataFr
     if column not in types:
         raise PipelineConfigError(key, f"event time column {column!r} is not in the source's columns {sorted(types)}",
                                   "name one of the source's columns")
-    added = {"_event_ts": event_time(F.col(column), types[column], unit, key), "_source": F.lit(source.name)}
+    added = {EVENT_TS: event_time(F.col(column), types[column], unit, key), SOURCE: F.lit(source.name)}
     if CORRUPT not in types:
         added[CORRUPT] = F.lit(None).cast("string")
     return df.withColumns(added)  # one step: each is analysed, in every batch of a managed source
@@ -209,7 +207,7 @@ def with_engine_columns(df: DataFrame, spec: PipelineSpec, index: int) -> DataFr
 
 def heartbeat(spark: SparkSession) -> DataFrame:
     return (spark.readStream.format("rate").option("rowsPerSecond", 1).load()
-            .select(F.lit(None).cast("timestamp").alias("_event_ts"), F.lit(HEARTBEAT).alias("_source"),
+            .select(F.lit(None).cast("timestamp").alias(EVENT_TS), F.lit(HEARTBEAT).alias(SOURCE),
                     F.lit(None).cast("string").alias(CORRUPT)))
 
 

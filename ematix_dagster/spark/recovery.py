@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ematix_dagster.columns import HEARTBEAT
 from ematix_dagster.spark import checkpoint
 from ematix_dagster.spec import PipelineSpec
 from state_store.base import PipelineRecord
@@ -28,10 +29,6 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message} Way out: {self.fix}"
-
-
-#: The heartbeat's name: its ``_source`` value and its place in the checkpoint's offsets
-HEARTBEAT = "_heartbeat"
 
 
 def offset_names(spec: PipelineSpec) -> list[str]:

@@ -20,7 +20,7 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ematix_dagster.spark.safe_sql import ERROR_COLUMN
+from ematix_dagster.columns import EVENT_TS, SQL_ERROR
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.targets.pg_types import PG_MIN_US
 
@@ -34,8 +34,8 @@ def reject_reason(spec: PipelineSpec, types: dict[str, T.DataType]) -> Column | 
     """The reason a post-SQL row is rejected (NULL: it is not), or None when no rule applies."""
     window = spec.window
     rules: list[Column] = []
-    if ERROR_COLUMN in types:
-        rules.append(F.when(F.col(ERROR_COLUMN).isNotNull(), F.lit("sql_error")))
+    if SQL_ERROR in types:
+        rules.append(F.when(F.col(SQL_ERROR).isNotNull(), F.lit("sql_error")))
     postgres_target = spec.target.kind == "postgres"
     if postgres_target or spec.state_store.kind == "postgres":
         sized = [F.coalesce(F.octet_length(F.col(g)), F.lit(0)) for g in window.group_by
@@ -47,5 +47,5 @@ def reject_reason(spec: PipelineSpec, types: dict[str, T.DataType]) -> Column | 
             rules.append(F.when(total > F.lit(MAX_KEY_BYTES), F.lit("key_too_large")))
     if postgres_target:
         span_us = (window.duration_ms or window.max_session_duration_ms or 0) * 1_000
-        rules.append(F.when(F.unix_micros("_event_ts") < F.lit(PG_MIN_US + span_us), F.lit("out_of_range")))
+        rules.append(F.when(F.unix_micros(EVENT_TS) < F.lit(PG_MIN_US + span_us), F.lit("out_of_range")))
     return F.coalesce(*rules) if len(rules) > 1 else rules[0] if rules else None

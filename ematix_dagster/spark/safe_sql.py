@@ -62,9 +62,9 @@ from sqlglot.dialects.spark import Spark
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.parsers.spark import SparkParser  # Spark.Parser, by the name its type checker can follow
 
+from ematix_dagster.columns import SQL_ERROR
 from ematix_dagster.errors import PipelineConfigError
 
-ERROR_COLUMN = "_sql_error"
 _KEY = "transform.sql"
 
 
@@ -115,9 +115,9 @@ def guard_sql(sql: str) -> GuardedSql:
     tree = _parse(sql)
     tops = list(_top_selects(tree))
     for node in tree.walk():
-        if isinstance(node, exp.Identifier) and node.name.lower() == ERROR_COLUMN:
-            raise PipelineConfigError(_KEY, f"names {ERROR_COLUMN}, the column that flags the rows an expression "
-                                      "failed on", f"rename it: {ERROR_COLUMN} is added to the SELECT list")
+        if isinstance(node, exp.Identifier) and node.name.lower() == SQL_ERROR:
+            raise PipelineConfigError(_KEY, f"names {SQL_ERROR}, the column that flags the rows an expression "
+                                      "failed on", f"rename it: {SQL_ERROR} is added to the SELECT list")
         if _guarded(node) and (place := _misplaced(node, tops)):
             raise PipelineConfigError(_KEY, f"has {_text(node)} {place}, where a row it fails on cannot be flagged "
                                       "(under ANSI mode one bad value would fail every retry of the batch)",
@@ -184,7 +184,7 @@ def _guard_select(select: exp.Select) -> list[str]:
     select.set("expressions", [guards.walk(e, None) for e in select.expressions])
     flag: exp.Expr = exp.Case(ifs=[exp.If(this=f, true=exp.Literal.string(text)) for text, f in guards.failures]) \
         if guards.failures else exp.cast(exp.null(), exp.DataType.build("STRING"))
-    select.set("expressions", [*select.expressions, exp.alias_(flag, ERROR_COLUMN)])
+    select.set("expressions", [*select.expressions, exp.alias_(flag, SQL_ERROR)])
     return [text for text, _ in guards.failures]
 
 

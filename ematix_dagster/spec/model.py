@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ematix_dagster.columns import HEARTBEAT
 from ematix_dagster.spec.environment import _resolved
 from ematix_dagster.spec.rules import (
     _IDENT_RE,
@@ -61,8 +62,8 @@ class Source:
     def validate(self, key: str) -> None:
         if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
             _fail(f"{key}.name", f"{self.name!r} is not a valid source name", "use [a-z0-9_-]")
-        if self.name == "_heartbeat":
-            _fail(f"{key}.name", '"_heartbeat" is reserved for the engine', "pick another name")
+        if self.name == HEARTBEAT:
+            _fail(f"{key}.name", f'"{HEARTBEAT}" is reserved for the engine', "pick another name")
         if self.kind not in SOURCE_KINDS:
             _fail(f"{key}.kind", f"unknown source kind {self.kind!r}", 'use "files", "rate" or "kafka"')
         if self.event_time_unit not in TIME_UNITS:

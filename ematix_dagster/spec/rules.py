@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any, NoReturn
 
+from ematix_dagster.columns import RESERVED_COLUMNS
 from ematix_dagster.errors import PipelineConfigError
 
 # Window kinds and aggregators are whatever their registries hold (``spec.registries``, filled by
@@ -24,9 +25,6 @@ DEAD_LETTER_KINDS = ("parquet", "postgres")
 STATE_STORE_KINDS = ("in_memory", "sqlite", "postgres")
 TRIGGERS = ("available_now", "processing_time")
 END_OF_INPUT = ("keep", "flush")
-
-#: Columns the engine adds or reserves; user names may not take them.
-RESERVED_COLUMNS = ("_event_ts", "_source", "_batch_id", "_reason", "_emit_kind", "_emit_seq", "_corrupt_record")
 
 #: Largest ``*_ms`` duration: 1000 years (of 365 days). Times are 64-bit microseconds; a duration in
 #: microseconds (x 1000) added to an event time as late as year 9999 (about 2.5e17 us) stays far

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ematix_dagster.columns import EVENT_TS
 from ematix_dagster.spec.registries import AGGREGATIONS, WINDOW_KINDS
 from ematix_dagster.spec.rules import (
     LATE_POLICIES,
@@ -89,7 +90,7 @@ class Window:
     gap_ms: int | None = None  # session: the most time between a key's consecutive rows in one session
     max_session_duration_ms: int | None = None  # session: sessions never cross a multiple of it (docs/contract/windows.md)
     max_events_per_group: int | None = None  # sliding: distinct event times one key retains (docs/contract/windows.md)
-    event_time_column: str = "_event_ts"
+    event_time_column: str = EVENT_TS
     event_time_unit: str = "ms"
     time_mode: str = "event"
     lateness_ms: int = 0
@@ -165,7 +166,7 @@ class Window:
                 _fail(f"{key}.{col_key}", f"{col!r} is reserved by the engine", "pick another column name")
         if self.window_start_column.lower() == self.window_end_column.lower():
             _fail(f"{key}.window_end_column", "equals window_start_column", "give the two window columns different names")
-        if self.event_time_column != "_event_ts" and not _is_ident(self.event_time_column):
+        if self.event_time_column != EVENT_TS and not _is_ident(self.event_time_column):
             _fail(f"{key}.event_time_column", f"{self.event_time_column!r} is not a column name", "name a payload column")
         seen: dict[str, str] = {}
         for i, g in enumerate(self.group_by):

@@ -32,15 +32,12 @@ from __future__ import annotations
 from itertools import compress, product
 from typing import TYPE_CHECKING, cast
 
+from ematix_dagster.columns import CORRECTION, FINAL
 from ematix_dagster.streaming.emitted import Emitted
 from ematix_dagster.streaming.state.order import row_order
 
 if TYPE_CHECKING:
     from ematix_dagster.streaming.state.base import KindState, Report
-
-FINAL = "final"
-CORRECTION = "correction"
-RETRACT = "retract"
 
 
 def _row_kind(closed: bool, emitted: bool, changed: bool) -> str | None:

@@ -24,10 +24,11 @@ from functools import cached_property
 from operator import itemgetter
 from typing import Any, Iterable, NoReturn, Sequence
 
+from ematix_dagster.columns import RETRACT
 from ematix_dagster.errors import CorruptState
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.aggregators import describe_value, make_aggregator
-from ematix_dagster.streaming.emission import RETRACT, emit
+from ematix_dagster.streaming.emission import emit
 from ematix_dagster.streaming.emitted import Emitted, EmittedRow, GroupKey
 from ematix_dagster.streaming.state.base import KindState, StoredGroup
 from ematix_dagster.streaming.watermark import Watermarks

@@ -64,16 +64,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from ematix_dagster.columns import EMIT_KIND
 from ematix_dagster.errors import PipelineConfigError
 from ematix_dagster.spec import DeadLetter, Target
-from ematix_dagster.targets.base import (
-    DEAD_LETTER_COLUMNS,
-    EMIT_KIND_COLUMN,
-    EMIT_SEQ_COLUMN,
-    RETRACT,
-    DeadLetterWriter,
-    WindowWriter,
-)
+from ematix_dagster.targets.base import DeadLetterWriter, WindowWriter
 from ematix_dagster.targets.console import ConsoleWindowWriter
 from ematix_dagster.targets.parquet import ParquetWriter
 from ematix_dagster.targets.pg_table import PostgresTable
@@ -82,10 +76,6 @@ from ematix_dagster.targets.postgres import PostgresDeadLetterWriter, PostgresWi
 from state_store.pg_url import redact as redact_url
 
 __all__ = [
-    "EMIT_KIND_COLUMN",
-    "EMIT_SEQ_COLUMN",
-    "RETRACT",
-    "DEAD_LETTER_COLUMNS",
     "WindowWriter",
     "DeadLetterWriter",
     "PostgresTable",
@@ -108,8 +98,8 @@ def make_window_writer(target: Target, pipeline_name: str, schema: pa.Schema,
     ``_emit_seq``); ``key_columns`` is ``[window start column] + group columns`` (the upsert key).
     """
     names = list(schema.names)
-    if EMIT_KIND_COLUMN not in names:
-        raise ValueError(f"the output schema has no {EMIT_KIND_COLUMN} column: {names}")
+    if EMIT_KIND not in names:
+        raise ValueError(f"the output schema has no {EMIT_KIND} column: {names}")
     missing = [k for k in key_columns if k not in names]
     if not key_columns or missing:
         raise ValueError(f"key columns {missing or key_columns} are not output columns {names}")

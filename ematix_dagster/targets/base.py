@@ -6,14 +6,6 @@ from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 
-EMIT_KIND_COLUMN = "_emit_kind"
-#: A row's order within its batch (session windows, whose batches may retract rows: docs/contract/emission.md).
-EMIT_SEQ_COLUMN = "_emit_seq"
-#: The ``_emit_kind`` of a row that withdraws a key written earlier (it repeats that row exactly).
-RETRACT = "retract"
-#: Envelope columns of dead-letter rows, in the order of the Postgres dead-letter table.
-DEAD_LETTER_COLUMNS = ("_batch_id", "_source", "_event_ts", "_reason")
-
 
 @runtime_checkable
 class WindowWriter(Protocol):

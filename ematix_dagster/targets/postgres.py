@@ -25,9 +25,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg import sql
 
+from ematix_dagster.columns import BATCH_ID, DEAD_LETTER_COLUMNS, EMIT_KIND, EMIT_SEQ, EVENT_TS, REASON, RETRACT, SOURCE
 from ematix_dagster.errors import PipelineConfigError
 from ematix_dagster.spec import DeadLetter, Target
-from ematix_dagster.targets.base import DEAD_LETTER_COLUMNS, EMIT_KIND_COLUMN, EMIT_SEQ_COLUMN, RETRACT
 from ematix_dagster.targets.pg_table import PostgresTable
 from ematix_dagster.targets.pg_types import (
     PG_MIN_US,
@@ -44,7 +44,7 @@ _ORD_COLUMN = "__ematix_row_ord"
 _STAGE_TABLE = "ematix_stage_rows"
 _RETRACT_TABLE = "ematix_stage_retracts"
 #: the envelope columns of an emitted row that the table does not store (it holds the latest row per key)
-_NOT_STORED = (EMIT_KIND_COLUMN, EMIT_SEQ_COLUMN)
+_NOT_STORED = (EMIT_KIND, EMIT_SEQ)
 
 
 class PostgresWindowWriter:
@@ -126,8 +126,8 @@ class PostgresWindowWriter:
         missing = [c for c in self.columns if c not in rows.column_names]
         if missing:
             raise ValueError(f"batch {batch_id} lacks output column(s) {missing}")
-        if EMIT_KIND_COLUMN in rows.column_names:
-            retract = pc.fill_null(pc.equal(rows.column(EMIT_KIND_COLUMN), RETRACT), False)
+        if EMIT_KIND in rows.column_names:
+            retract = pc.fill_null(pc.equal(rows.column(EMIT_KIND), RETRACT), False)
             if pc.any(retract).as_py():
                 self._delete_keys(conn, rows.filter(retract))
                 rows = rows.filter(pc.invert(retract))
@@ -215,7 +215,7 @@ class PostgresDeadLetterWriter:
         self.pipeline_name = pipeline_name
         self._opened = False
 
-    _TYPES = {"_batch_id": "bigint", "_source": "text", "_event_ts": "timestamptz", "_reason": "text",
+    _TYPES = {BATCH_ID: "bigint", SOURCE: "text", EVENT_TS: "timestamptz", REASON: "text",
               _PAYLOAD_COLUMN: "jsonb"}
 
     @property
@@ -232,9 +232,10 @@ class PostgresDeadLetterWriter:
 
     def _create(self, cur: psycopg.Cursor) -> None:
         index = sql.Identifier(f"{self._pg.table_name}_batch_id_idx"[:63])
-        cur.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (_batch_id bigint NOT NULL, _source text, "
-                            "_event_ts timestamptz, _reason text, payload jsonb NOT NULL)").format(self._pg.ident))
-        cur.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (_batch_id)").format(index, self._pg.ident))
+        cur.execute(sql.SQL(f"CREATE TABLE IF NOT EXISTS {{}} ({BATCH_ID} bigint NOT NULL, {SOURCE} text, "
+                            f"{EVENT_TS} timestamptz, {REASON} text, {_PAYLOAD_COLUMN} jsonb NOT NULL)")
+                    .format(self._pg.ident))
+        cur.execute(sql.SQL(f"CREATE INDEX IF NOT EXISTS {{}} ON {{}} ({BATCH_ID})").format(index, self._pg.ident))
 
     def write(self, batch_id: int, rows: pa.Table, part: str = "part-0") -> None:
         _commit_write(self, batch_id, rows, f"writing dead letters of batch {batch_id} to")
@@ -245,16 +246,16 @@ class PostgresDeadLetterWriter:
             return
         if conn.autocommit:
             raise ValueError("write_in_transaction needs a connection with autocommit = False")
-        for c in ("_source", "_reason"):
+        for c in (SOURCE, REASON):
             if c not in rows.column_names:
                 raise ValueError(f"dead-letter rows of batch {batch_id} lack the {c} column")
         n = rows.num_rows
-        sources = _python_columns(rows, ["_source"])[0]
-        reasons = _python_columns(rows, ["_reason"])[0]
-        if "_event_ts" in rows.column_names:
-            ts = rows.column("_event_ts")
+        sources = _python_columns(rows, [SOURCE])[0]
+        reasons = _python_columns(rows, [REASON])[0]
+        if EVENT_TS in rows.column_names:
+            ts = rows.column(EVENT_TS)
             if not pa.types.is_timestamp(ts.type):
-                raise ValueError(f"_event_ts of batch {batch_id} is {ts.type}, not a timestamp")
+                raise ValueError(f"{EVENT_TS} of batch {batch_id} is {ts.type}, not a timestamp")
             event_ts = python_values(ts)
             # before 4713 BC: no timestamptz holds it, so the payload keeps it as text instead
             early = [v is not None and v < PG_MIN_US for v in _normalize_column(ts).cast(pa.int64()).to_pylist()]
@@ -263,13 +264,13 @@ class PostgresDeadLetterWriter:
         payload_cols = [c for c in rows.column_names if c not in DEAD_LETTER_COLUMNS]
         payload_data = [python_values(rows.column(c)) for c in payload_cols]
         with conn.cursor() as cur:
-            cur.execute(sql.SQL("DELETE FROM {} WHERE _batch_id = %s").format(self._pg.ident), (batch_id,))
-            with cur.copy(sql.SQL("COPY {} (_batch_id, _source, _event_ts, _reason, payload) FROM STDIN")
+            cur.execute(sql.SQL(f"DELETE FROM {{}} WHERE {BATCH_ID} = %s").format(self._pg.ident), (batch_id,))
+            with cur.copy(sql.SQL(f"COPY {{}} ({', '.join(DEAD_LETTER_COLUMNS)}, {_PAYLOAD_COLUMN}) FROM STDIN")
                           .format(self._pg.ident)) as copy:
                 for i in range(n):
                     payload = {c: _json_value(col[i]) for c, col in zip(payload_cols, payload_data)}
                     if early[i]:
-                        payload["_event_ts"], event_ts[i] = event_ts[i], None
+                        payload[EVENT_TS], event_ts[i] = event_ts[i], None
                     copy.write_row((batch_id, _text(sources[i]), event_ts[i], _text(reasons[i]),
                                     json.dumps(payload, allow_nan=False, ensure_ascii=False)))
 

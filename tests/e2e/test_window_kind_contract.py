@@ -29,7 +29,7 @@ import pytest
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from ematix_dagster.spark.batch_values import CLOSED_BEFORE, EMITTED_BEFORE
+from ematix_dagster.columns import CLOSED_BEFORE, EMITTED_BEFORE
 from ematix_dagster.spark.windows import PLANS
 from ematix_dagster.spark.windows.base import Aggregates, WindowedFrames
 from ematix_dagster.spark.windows.fixed import FixedPlan

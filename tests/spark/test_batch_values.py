@@ -21,10 +21,10 @@ import pytest
 import tomli_w
 from pyspark.sql import DataFrame, SparkSession
 
+from ematix_dagster.columns import CORRUPT
 from ematix_dagster.spark.batch import one_job_per_batch
 from ematix_dagster.spark.batch_job import build_batch
 from ematix_dagster.spark.plan import analyse
-from ematix_dagster.spark.readers import CORRUPT
 from ematix_dagster.spec import load_pipeline_str
 from tests.pipeline_toml import windowed_pipeline_toml
 

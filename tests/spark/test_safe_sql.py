@@ -12,8 +12,9 @@ from typing import Any, Sequence
 import pytest
 from pyspark.sql import types as T
 
+from ematix_dagster.columns import SQL_ERROR
 from ematix_dagster.errors import PipelineConfigError
-from ematix_dagster.spark.safe_sql import ERROR_COLUMN, GuardedSql, guard_sql
+from ematix_dagster.spark.safe_sql import GuardedSql, guard_sql
 
 SCHEMA = ("id INT, s STRING, t STRING, a BIGINT, b BIGINT, i INT, x DOUBLE, dec DECIMAL(38,0), d DATE, ts TIMESTAMP, "
           "arr ARRAY<INT>, m MAP<STRING,INT>, bin BINARY")
@@ -201,11 +202,11 @@ def test_guard(spark, case: Case):
     _rows(spark, clean)  # clean rows (and one of NULLs) come out as the original query returns them
     want, out = spark.sql(case.sql), spark.sql(guarded.sql)
     assert [(f.name, f.dataType) for f in out.schema.fields] == \
-        [(f.name, f.dataType) for f in want.schema.fields] + [(ERROR_COLUMN, T.StringType())]
+        [(f.name, f.dataType) for f in want.schema.fields] + [(SQL_ERROR, T.StringType())]
     assert sorted(repr(tuple(row)) for row in out.collect()) == sorted(repr((*row, None)) for row in want.collect())
 
     _rows(spark, clean + [row for row, _, _ in bad])
-    got = {r["id"]: r[ERROR_COLUMN] for r in spark.sql(guarded.sql).collect()}
+    got = {r["id"]: r[SQL_ERROR] for r in spark.sql(guarded.sql).collect()}
     for row, text, _ in bad:
         assert got[row["id"]] == text, f"row {row} is kept and flagged with its first failing expression"
     assert {text for _, text, _ in bad} <= set(guarded.expressions)
@@ -236,7 +237,7 @@ def test_nothing_to_guard_still_adds_the_column(spark):
                            "FROM source")
     _rows(spark, [{"id": 1, "s": "x", "i": 1, "m": {"k": 2}}])
     assert spark.sql(guarded.sql).collect()[0].asDict() == {"a": None, "b": "1", "c": 2, "d": 3, "e": None,
-                                                            ERROR_COLUMN: None}
+                                                            SQL_ERROR: None}
 
 
 REFUSED = [

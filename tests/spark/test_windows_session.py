@@ -17,10 +17,11 @@ import pytest
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from ematix_dagster.columns import CLASS, PRIMARY, ROWS
 from ematix_dagster.spark.batch_columns import _source_counts
 from ematix_dagster.spark.batch_counts import batch_counts
 from ematix_dagster.spark.batch_values import with_batch_values
-from ematix_dagster.spark.windows.base import CLASS, PRIMARY, ROWS, Aggregates
+from ematix_dagster.spark.windows.base import Aggregates
 from ematix_dagster.spark.windows.session import SessionPlan
 
 GAP_MS, CAP_MS = 10, 100

@@ -22,9 +22,10 @@ import msgpack
 import pytest
 
 import ematix_dagster.streaming.windows.session as session_module
+from ematix_dagster.columns import RETRACT
 from ematix_dagster.errors import StateCapExceeded
 from ematix_dagster.streaming.aggregators import Aggregator, Avg, Count, ExactDistinct, First, Last, Max, Min, Sum
-from ematix_dagster.streaming.emission import RETRACT, emit
+from ematix_dagster.streaming.emission import emit
 from ematix_dagster.streaming.emitted import EmittedRow
 from ematix_dagster.streaming.state.base import StoreChanges, StoredGroup
 from ematix_dagster.streaming.state.session import SessionState

@@ -16,18 +16,8 @@ from typing import Callable, Protocol, Sequence
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from ematix_dagster.spark.batch_values import BATCH_VALUES
-from ematix_dagster.spark.readers import CORRUPT
+from ematix_dagster.columns import BATCH_ID, BATCH_VALUES, CLASS, CORRUPT, REASON
 from ematix_dagster.spec import Window
-
-#: the row's class: NULL (it updates windows), "late", or the pre-SQL bad-row reason
-CLASS = "_cls"
-#: true on exactly one copy of each input row
-PRIMARY = "_primary"
-#: hidden result columns every kind provides: rows of the group, late assignments, reopening rows
-ROWS = "_n"
-LATE_ASSIGNMENTS = "_late_assignments"
-REOPENED = "_reopened"
 
 
 @dataclass(frozen=True)
@@ -70,8 +60,8 @@ def dead_letter_rows(rows: DataFrame, classes: Sequence[str], batch_id: int, hel
     """The rows of ``classes`` as dead letters: the plan's ``helpers`` columns, the batch values and
     the reader's corrupt-record column (NULL in a row that parsed) dropped, ``_batch_id`` and
     ``_reason`` (the class) added last."""
-    return (rows.filter(F.col(CLASS).isin(*classes)).drop(*helpers, *BATCH_VALUES, CORRUPT, "_reason")
-            .withColumn("_batch_id", F.lit(batch_id).cast("bigint")).withColumn("_reason", F.col(CLASS)).drop(CLASS))
+    return (rows.filter(F.col(CLASS).isin(*classes)).drop(*helpers, *BATCH_VALUES, CORRUPT, REASON)
+            .withColumn(BATCH_ID, F.lit(batch_id).cast("bigint")).withColumn(REASON, F.col(CLASS)).drop(CLASS))
 
 
 class PartialPlan(Protocol):

@@ -15,24 +15,30 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from ematix_dagster.spark.batch_values import CLOSED_BEFORE, EMITTED_BEFORE
-from ematix_dagster.spark.windows.base import (
+from ematix_dagster.columns import (
     CLASS,
+    CLOSED_BEFORE,
+    COPY_INDEX,
+    EMITTED_BEFORE,
+    EVENT_TS,
+    FIRST,
+    FIRST_OPEN,
+    LAST,
     LATE_ASSIGNMENTS,
     PRIMARY,
+    REASON,
     REOPENED,
     ROWS,
-    Aggregates,
-    WindowedFrames,
-    dead_letter_rows,
-    with_inputs,
+    TS,
+    WINDOW_START,
 )
+from ematix_dagster.spark.windows.base import Aggregates, WindowedFrames, dead_letter_rows, with_inputs
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.windows import FixedWindows
 from ematix_dagster.streaming.windows.fixed import first_start
 
 #: the plan's own columns, dropped from dead-letter rows
-HELPERS = ("_ts", "_last", "_first", "_first_open", PRIMARY, "_ws")
+HELPERS = (TS, LAST, FIRST, FIRST_OPEN, PRIMARY, WINDOW_START)
 
 
 class FixedPlan:
@@ -42,7 +48,7 @@ class FixedPlan:
     a tumbling row is late exactly when its window is, so the plan needs no batch values.
     """
 
-    start_column = "_ws"
+    start_column = WINDOW_START
     last_column: str | None = None
     sort_by_start = True
 
@@ -53,7 +59,7 @@ class FixedPlan:
         self.tumbling = hop == duration
         if not (late_in_spark or self.tumbling):
             raise ValueError("only a tumbling window's lateness is its window's")
-        ts = F.unix_micros("_event_ts")
+        ts = F.unix_micros(EVENT_TS)
         # Integer arithmetic throughout (pmod is a floor modulo): doubles would misplace rows near a
         # window bound once timestamps exceed 2^53 µs.
         last = ts - F.pmod(ts, F.lit(hop))
@@ -62,32 +68,32 @@ class FixedPlan:
             before = t - F.lit(duration)
             return before - F.pmod(before, F.lit(hop)) + F.lit(hop)
 
-        reason = F.col("_reason") if has_reason else F.lit(None).cast("string")
-        self.assigned = [ts.alias("_ts"), last.alias("_last")]
+        reason = F.col(REASON) if has_reason else F.lit(None).cast("string")
+        self.assigned = [ts.alias(TS), last.alias(LAST)]
         if late_in_spark:
             first = last if self.tumbling else first_start(ts)  # a tumbling row's only window is its last
             # NULL closed_before (no watermark yet) leaves ``first``: greatest skips NULLs
             first_open = F.greatest(first, first_start(F.col(CLOSED_BEFORE)))
             cls = F.coalesce(reason, F.when(first_open > last, F.lit("late")))
-            self.assigned += [first.alias("_first"), first_open.alias("_first_open")]
+            self.assigned += [first.alias(FIRST), first_open.alias(FIRST_OPEN)]
         else:  # the driver classes the closed windows' partials (:func:`late_windows`)
             cls = reason
         self.assigned.append(cls.alias(CLASS))
         windowed = F.col(CLASS).isNull()
         if self.tumbling:  # a row is its only copy: assigned in the same projection
-            self.assigned += [F.lit(True).alias(PRIMARY), F.when(cls.isNull(), last).alias("_ws")]
+            self.assigned += [F.lit(True).alias(PRIMARY), F.when(cls.isNull(), last).alias(WINDOW_START)]
         else:
-            starts = F.when(windowed, F.sequence(F.col("_first_open"), F.col("_last"), F.lit(hop).cast("bigint"))) \
+            starts = F.when(windowed, F.sequence(F.col(FIRST_OPEN), F.col(LAST), F.lit(hop).cast("bigint"))) \
                 .otherwise(F.array(F.lit(None).cast("bigint")))
-            self.copies = [F.posexplode(starts).alias("_pos", "_ws")]
-            self.primary = F.col("_pos") == 0
+            self.copies = [F.posexplode(starts).alias(COPY_INDEX, WINDOW_START)]
+            self.primary = F.col(COPY_INDEX) == 0
         counted = F.col(PRIMARY) & windowed
         hidden = [F.count_if(F.col(PRIMARY)).alias(ROWS)]
         if not self.tumbling:
-            hidden.append(F.sum(F.when(counted, F.expr(f"(_first_open - _first) div {hop}"))).alias(LATE_ASSIGNMENTS))
+            hidden.append(F.sum(F.when(counted, F.expr(f"({FIRST_OPEN} - {FIRST}) div {hop}"))).alias(LATE_ASSIGNMENTS))
         if window.late_data == "reopen" and late_in_spark:
-            hidden.append(F.count_if(counted & (F.col("_first_open") + duration <= F.col(EMITTED_BEFORE))).alias(REOPENED))
-        self.keys = [F.col(CLASS), F.col("_ws")] + [F.when(windowed, F.col(g)).alias(g) for g in window.group_by]
+            hidden.append(F.count_if(counted & (F.col(FIRST_OPEN) + duration <= F.col(EMITTED_BEFORE))).alias(REOPENED))
+        self.keys = [F.col(CLASS), F.col(WINDOW_START)] + [F.when(windowed, F.col(g)).alias(g) for g in window.group_by]
         found = aggregates(windowed)
         self.inputs = found.inputs
         self.aggregates = [*found.columns, *hidden]
@@ -115,7 +121,7 @@ def late_windows(window: Window, table: pa.Table, closed_before: int | None,
     windows emitted before the batch. Same rule as the Spark plan: a row is late when its window
     starts before the first open one, ``first_start(closed_before)``.
     """
-    classes, starts = table.column(CLASS), table.column("_ws")
+    classes, starts = table.column(CLASS), table.column(WINDOW_START)
     assert window.duration_ms is not None  # validated
     duration = window.duration_ms * 1_000
     if closed_before is not None:

@@ -28,58 +28,65 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import Window as SparkWindow
 from pyspark.sql import functions as F
 
-from ematix_dagster.spark.batch_values import CLOSED_BEFORE, EMITTED_BEFORE
-from ematix_dagster.spark.windows.base import (
+from ematix_dagster.columns import (
+    BUCKET,
     CLASS,
+    CLOSED_BEFORE,
+    EMITTED_BEFORE,
+    EVENT_TS,
+    FIRST,
+    LAST,
+    NEW_SESSION,
     PRIMARY,
+    REASON,
     REOPENED,
     ROWS,
-    Aggregates,
-    WindowedFrames,
-    dead_letter_rows,
+    SESSION_INDEX,
+    TS,
 )
+from ematix_dagster.spark.windows.base import Aggregates, WindowedFrames, dead_letter_rows
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.windows.session import SessionWindows
 
 #: helper columns this plan adds to the SQL's output (dropped from dead letters)
-HELPERS = ("_ts", "_bucket", "_new", "_sid", PRIMARY, CLASS)
+HELPERS = (TS, BUCKET, NEW_SESSION, SESSION_INDEX, PRIMARY, CLASS)
 
 
 class SessionPlan:
     """A run's session plan; ``has_reason``: the rows come with a ``_reason`` column."""
 
-    start_column = "_first"
-    last_column: str | None = "_last"
+    start_column = FIRST
+    last_column: str | None = LAST
     sort_by_start = False
 
     def __init__(self, window: Window, aggregates: Callable[[Column], Aggregates], has_reason: bool) -> None:
         rules = SessionWindows.for_window(window)
         gap, cap = rules.gap, rules.cap
-        ts = F.unix_micros("_event_ts")
-        reason = F.col("_reason") if has_reason else F.lit(None).cast("string")
+        ts = F.unix_micros(EVENT_TS)
+        reason = F.col(REASON) if has_reason else F.lit(None).cast("string")
         late = F.when(ts < F.col(CLOSED_BEFORE), F.lit("late"))
         # A NULL event time out of a SQL (its input had valid ones) joins no session: a class of its own.
         cls = F.coalesce(reason, F.when(ts.isNull(), F.lit("invalid_event_time")), late)
         # Integer floor division (pmod is a floor modulo): doubles would misplace rows past 2^53 µs.
-        bucket = F.expr(f"(unix_micros(`_event_ts`) - pmod(unix_micros(`_event_ts`), {cap}L)) div {cap}L")
-        self.assigned = [ts.alias("_ts"), cls.alias(CLASS), F.when(cls.isNull(), bucket).alias("_bucket"),
+        bucket = F.expr(f"(unix_micros(`{EVENT_TS}`) - pmod(unix_micros(`{EVENT_TS}`), {cap}L)) div {cap}L")
+        self.assigned = [ts.alias(TS), cls.alias(CLASS), F.when(cls.isNull(), bucket).alias(BUCKET),
                          F.lit(True).alias(PRIMARY)]
         windowed = F.col(CLASS).isNull()
         # Class rows have a NULL bucket, so they never share a partition with windowed rows; their raw
         # group columns spread a backlog of late rows over many partitions instead of one.
-        by_key = SparkWindow.partitionBy(F.col(CLASS), *[F.col(g) for g in window.group_by], F.col("_bucket")) \
-            .orderBy(F.col("_ts"))
+        by_key = SparkWindow.partitionBy(F.col(CLASS), *[F.col(g) for g in window.group_by], F.col(BUCKET)) \
+            .orderBy(F.col(TS))
         # consecutive rows at most gap apart join (<=)
-        self.new = F.coalesce(F.col("_ts") - F.lag("_ts").over(by_key) > F.lit(gap), F.lit(False)).cast("int").alias("_new")
-        self.sid = F.when(windowed, F.sum("_new").over(
-            by_key.rowsBetween(SparkWindow.unboundedPreceding, SparkWindow.currentRow))).alias("_sid")
+        self.new = F.coalesce(F.col(TS) - F.lag(TS).over(by_key) > F.lit(gap), F.lit(False)).cast("int").alias(NEW_SESSION)
+        self.sid = F.when(windowed, F.sum(NEW_SESSION).over(
+            by_key.rowsBetween(SparkWindow.unboundedPreceding, SparkWindow.currentRow))).alias(SESSION_INDEX)
         self.keys = [F.col(CLASS)] + [F.when(windowed, F.col(g)).alias(g) for g in window.group_by] + \
-            [F.col("_bucket"), F.col("_sid")]
-        session_ts = F.when(windowed, F.col("_ts"))
-        spans = [F.min(session_ts).alias("_first"), F.max(session_ts).alias("_last")]
+            [F.col(BUCKET), F.col(SESSION_INDEX)]
+        session_ts = F.when(windowed, F.col(TS))
+        spans = [F.min(session_ts).alias(FIRST), F.max(session_ts).alias(LAST)]
         hidden = [F.count_if(F.col(PRIMARY)).alias(ROWS)]
         if window.retention_ms:  # reopen, with an allowance
-            hidden.append(F.count_if(windowed & (F.col("_ts") < F.col(EMITTED_BEFORE))).alias(REOPENED))
+            hidden.append(F.count_if(windowed & (F.col(TS) < F.col(EMITTED_BEFORE))).alias(REOPENED))
         found = aggregates(windowed)
         self.inputs = found.inputs
         self.aggregates = [*spans, *found.columns, *hidden]

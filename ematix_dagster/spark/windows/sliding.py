@@ -16,17 +16,19 @@ from typing import Callable, Sequence
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from ematix_dagster.spark.batch_values import CLOSED_BEFORE, EMITTED_BEFORE
-from ematix_dagster.spark.windows.base import (
+from ematix_dagster.columns import (
     CLASS,
+    CLOSED_BEFORE,
+    EMITTED_BEFORE,
+    EVENT_TS,
     PRIMARY,
+    REASON,
     REOPENED,
     ROWS,
-    Aggregates,
-    WindowedFrames,
-    dead_letter_rows,
-    with_inputs,
+    TS,
+    WINDOW_START,
 )
+from ematix_dagster.spark.windows.base import Aggregates, WindowedFrames, dead_letter_rows, with_inputs
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.windows import SlidingWindows
 
@@ -34,23 +36,23 @@ from ematix_dagster.streaming.windows import SlidingWindows
 class SlidingPlan:
     """A run's sliding plan; ``has_reason``: the rows come with a ``_reason`` column."""
 
-    start_column = "_ws"
+    start_column = WINDOW_START
     last_column: str | None = None
     sort_by_start = True
 
     def __init__(self, window: Window, aggregates: Callable[[Column], Aggregates], has_reason: bool) -> None:
         duration = SlidingWindows.for_window(window).duration
-        ts = F.unix_micros("_event_ts")
-        reason = F.col("_reason") if has_reason else F.lit(None).cast("string")
+        ts = F.unix_micros(EVENT_TS)
+        reason = F.col(REASON) if has_reason else F.lit(None).cast("string")
         late = F.when(ts + F.lit(duration) < F.col(CLOSED_BEFORE), F.lit("late"))
         # A NULL event time out of a SQL (its input had valid ones) has no window: a class of its own.
         cls = F.coalesce(reason, F.when(ts.isNull(), F.lit("invalid_event_time")), late)
-        self.assigned = [ts.alias("_ts"), cls.alias(CLASS), F.lit(True).alias(PRIMARY)]
+        self.assigned = [ts.alias(TS), cls.alias(CLASS), F.lit(True).alias(PRIMARY)]
         windowed = F.col(CLASS).isNull()
         hidden = [F.count_if(F.col(PRIMARY)).alias(ROWS)]
         if window.retention_ms:  # reopen, with an allowance
-            hidden.append(F.count_if(windowed & (F.col("_ts") < F.col(EMITTED_BEFORE))).alias(REOPENED))
-        self.keys = [F.col(CLASS), F.when(windowed, F.col("_ts")).alias("_ws")] + \
+            hidden.append(F.count_if(windowed & (F.col(TS) < F.col(EMITTED_BEFORE))).alias(REOPENED))
+        self.keys = [F.col(CLASS), F.when(windowed, F.col(TS)).alias(WINDOW_START)] + \
             [F.when(windowed, F.col(g)).alias(g) for g in window.group_by]
         found = aggregates(windowed)
         self.inputs = found.inputs
@@ -62,6 +64,6 @@ class SlidingPlan:
         partials = with_inputs(rows, self.inputs).groupBy(*self.keys).agg(*self.aggregates)
 
         def class_rows(classes: Sequence[str]) -> DataFrame:
-            return dead_letter_rows(rows, classes, batch_id, ("_ts", PRIMARY))
+            return dead_letter_rows(rows, classes, batch_id, (TS, PRIMARY))
 
         return WindowedFrames(partials, class_rows)

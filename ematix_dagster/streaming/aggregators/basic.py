@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Sequence, cast
 
 import pyarrow as pa
 
+from ematix_dagster.columns import TS
 from ematix_dagster.errors import AggregationOverflow
 from ematix_dagster.spec import Aggregation
 from ematix_dagster.streaming.aggregators.base import (
@@ -209,7 +210,7 @@ class First(Min):
 
     def spark_partials(self, spark: SparkInput) -> list[Column]:
         F, col = spark.functions, _column(spark)
-        pair = F.when(col.isNotNull(), F.struct(F.col("_ts").alias("t"), col.alias("v")))
+        pair = F.when(col.isNotNull(), F.struct(F.col(TS).alias("t"), col.alias("v")))
         return [(F.max if self.largest else F.min)(pair)]
 
     def from_arrow(self, columns: Sequence[list[Any]]) -> list[Any]:

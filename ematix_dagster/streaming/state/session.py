@@ -35,6 +35,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
+from ematix_dagster.columns import RETRACT
 from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
 from ematix_dagster.streaming.aggregators import PartialRowError, merge_partials
 from ematix_dagster.streaming.bounds import WindowBounds
@@ -199,7 +200,7 @@ class SessionState(StateBase):
         for s in olds:
             if s.emitted and not s.changed:  # what the target holds for it, before it changes
                 values = tuple(column[0] for column in self.value_columns([s.accs]))
-                self._superseded[(key, s.start)] = EmittedRow(s.start, s.end, key, values, "retract")
+                self._superseded[(key, s.start)] = EmittedRow(s.start, s.end, key, values, RETRACT)
         start, end = run[0][0], max(item[1] for item in run)
         last = max([s.last for s in olds] + [lasts[r] for r in rows])
         if olds:

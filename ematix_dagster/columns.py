@@ -1,9 +1,9 @@
 """The engine's own column names and the marker values it writes in them, in one place.
 
-Every name starts with ``_``: the spec rejects a user column that takes one of
-:data:`RESERVED_COLUMNS` (``spec.rules``), and the rest live only inside a batch's plan. This
-module imports nothing of the project, so every layer (``spec``, ``streaming``, ``spark``,
-``targets``) may import it.
+Every column name starts with ``_``. The spec rejects a user column that takes one of
+:data:`RESERVED_COLUMNS` (``spec.rules._is_reserved``, case-insensitively); the others are a
+batch plan's helpers, dead-letter payload columns or name prefixes. This module imports nothing of
+the project, so every layer (``spec``, ``streaming``, ``spark``, ``targets``) may import it.
 
 >>> DEAD_LETTER_COLUMNS
 ('_batch_id', '_source', '_event_ts', '_reason')
@@ -79,6 +79,14 @@ BUCKET = "_bucket"
 NEW_SESSION = "_new"
 #: a session's index in its bucket (meaningless outside the batch), session plan
 SESSION_INDEX = "_sid"
+#: per-source hidden result columns ``<prefix><source index>`` (several sources): its rows, spark/batch_columns.py
+SOURCE_ROWS_PREFIX = "_rows_"
+#: per-source hidden result columns ``<prefix><source index>``: its newest valid event time (µs), spark/batch_columns.py
+SOURCE_MAX_PREFIX = "_max_"
+#: an aggregation's partial columns ``<prefix><aggregation index>`` (and the aggregator's suffixes), spark/plan.py
+PARTIAL_PREFIX = "_p"
+#: an aggregation's input projected before the groupBy, ``<prefix><n>``, spark/plan.py
+INPUT_PREFIX = "_in"
 #: hidden result column every kind provides: the rows of the group
 ROWS = "_n"
 #: hidden result column: a hopping row's window assignments that were already closed

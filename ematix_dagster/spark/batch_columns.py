@@ -15,7 +15,18 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ematix_dagster.columns import BATCH_TIME, CORRUPT, EVENT_TS, HEARTBEAT, PRIMARY, REASON, SOURCE, TS
+from ematix_dagster.columns import (
+    BATCH_TIME,
+    CORRUPT,
+    EVENT_TS,
+    HEARTBEAT,
+    PRIMARY,
+    REASON,
+    SOURCE,
+    SOURCE_MAX_PREFIX,
+    SOURCE_ROWS_PREFIX,
+    TS,
+)
 from ematix_dagster.spark.rejects import REJECT_REASONS, reject_reason
 from ematix_dagster.spark.windows import PartialPlan, partial_plan
 from ematix_dagster.spark.windows.base import Aggregates
@@ -102,9 +113,9 @@ def _source_counts(spec: PipelineSpec) -> list[Column]:
     for i, s in enumerate(spec.sources):
         mine = F.col(PRIMARY) & (F.col(SOURCE) == s.name) if several else F.col(PRIMARY)
         if several:
-            cols.append(F.count_if(mine).alias(f"_rows_{i}"))
+            cols.append(F.count_if(mine).alias(f"{SOURCE_ROWS_PREFIX}{i}"))
         # a rejected row (post-SQL reasons) has a valid event time: it moves the watermark
         valid = F.col(REASON).isNull() | F.col(REASON).isin(*REJECT_REASONS)
-        cols.append(F.max(F.when(mine & valid, F.col(TS))).alias(f"_max_{i}"))
+        cols.append(F.max(F.when(mine & valid, F.col(TS))).alias(f"{SOURCE_MAX_PREFIX}{i}"))
     return cols
 

@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ematix_dagster.columns import CLASS, LATE_ASSIGNMENTS, REOPENED, ROWS
+from ematix_dagster.columns import CLASS, LATE_ASSIGNMENTS, REOPENED, ROWS, SOURCE_MAX_PREFIX, SOURCE_ROWS_PREFIX
 from ematix_dagster.spark.observed import Observed
 from ematix_dagster.spark.rejects import REJECT_REASONS
 from ematix_dagster.spec import PipelineSpec
@@ -44,9 +44,9 @@ def batch_counts(spec: PipelineSpec, table: pa.Table, source_stats: Observed | N
     stats: dict[str, Any] = {}
     several = len(spec.sources) > 1
     for i in range(len(spec.sources)):
-        rows = f"_rows_{i}" if several else ROWS
+        rows = f"{SOURCE_ROWS_PREFIX}{i}" if several else ROWS
         stats[f"rows_{i}"] = total(rows)
-        stats[f"max_{i}"] = pc.max(table.column(f"_max_{i}")).as_py()
+        stats[f"max_{i}"] = pc.max(table.column(f"{SOURCE_MAX_PREFIX}{i}")).as_py()
         for reason in ("invalid_event_time", "future", "malformed"):
             stats[f"{reason.split('_')[0]}_{i}"] = total(rows, pc.equal(classes, reason))
     return stats, late
@@ -56,7 +56,7 @@ def may_hold_future_rows(spec: PipelineSpec, table: pa.Table, batch_time_us: int
     """Whether a row of a batch planned without the future check (``spark.plan.BatchPlan.late_on_driver``)
     may be in the future: a source's newest valid event time passes the batch time plus its skew."""
     for i, source in enumerate(spec.sources):
-        newest = pc.max(table.column(f"_max_{i}")).as_py()
+        newest = pc.max(table.column(f"{SOURCE_MAX_PREFIX}{i}")).as_py()
         if newest is not None and newest > batch_time_us + source.max_future_skew_ms * MICROS_PER_MS:
             return True
     return False

@@ -16,7 +16,7 @@ import pyarrow as pa
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_type
 
-from ematix_dagster.columns import EMIT_KIND, EMIT_SEQ, WINDOW_START
+from ematix_dagster.columns import EMIT_KIND, EMIT_SEQ, PARTIAL_PREFIX, WINDOW_START
 from ematix_dagster.spark.plan import BatchPlan
 from ematix_dagster.streaming.emitted import Emitted
 from ematix_dagster.streaming.windows import window_kind
@@ -53,7 +53,7 @@ def partial_lists(plan: BatchPlan, table: pa.Table,
     starts = table.column(start_column).to_pylist()
     group_cols = [table.column(g).to_pylist() for g in window.group_by]
     keys = list(zip(*group_cols)) if group_cols else [()] * len(starts)
-    partials = [agg.from_arrow([table.column(name).to_pylist() for name in agg.partial_names(f"_p{i}")])
+    partials = [agg.from_arrow([table.column(name).to_pylist() for name in agg.partial_names(f"{PARTIAL_PREFIX}{i}")])
                 for i, agg in enumerate(plan.aggregators)]
     return starts, keys, partials
 

@@ -15,7 +15,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ematix_dagster.columns import CORRUPT, EVENT_TS, SOURCE, SQL_ERROR
+from ematix_dagster.columns import CORRUPT, EVENT_TS, INPUT_PREFIX, PARTIAL_PREFIX, SOURCE, SQL_ERROR
 from ematix_dagster.errors import PipelineConfigError, first_line
 from ematix_dagster.spark.aggregation_input import INTEGRAL, AggregationInput
 from ematix_dagster.spark.batch_columns import BatchColumns
@@ -84,8 +84,8 @@ class BatchPlan:
         cols: list[Column] = []
         for i, (a, agg) in enumerate(zip(self.spec.window.aggregations, self.aggregators)):
             spark = AggregationInput(None, None) if a.column is None else \
-                AggregationInput(F.when(gate, F.col(a.column)), self.output_types[a.column], ("_in", inputs))
-            cols += [expr.alias(name) for expr, name in zip(agg.spark_partials(spark), agg.partial_names(f"_p{i}"))]
+                AggregationInput(F.when(gate, F.col(a.column)), self.output_types[a.column], (INPUT_PREFIX, inputs))
+            cols += [expr.alias(name) for expr, name in zip(agg.spark_partials(spark), agg.partial_names(f"{PARTIAL_PREFIX}{i}"))]
         return Aggregates(inputs, cols)
 
 

@@ -24,7 +24,7 @@ from functools import cached_property
 from operator import itemgetter
 from typing import Any, Iterable, NoReturn, Sequence
 
-from ematix_dagster.columns import RETRACT
+from ematix_dagster.columns import CORRECTION, FINAL, RETRACT
 from ematix_dagster.errors import CorruptState
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.aggregators import describe_value, make_aggregator
@@ -84,11 +84,11 @@ class BatchResult:
 
     @property
     def finals(self) -> int:
-        return self.emitted.count("final")
+        return self.emitted.count(FINAL)
 
     @property
     def corrections(self) -> int:
-        return self.emitted.count("correction")
+        return self.emitted.count(CORRECTION)
 
     @property
     def retractions(self) -> int:

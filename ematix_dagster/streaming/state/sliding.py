@@ -50,6 +50,11 @@ SLIDING_PARTIAL_BYTES = 130
 PREFIX_PART_BYTES = 30
 
 
+def _additive(aggregators: Sequence[Aggregator]) -> bool:
+    """Every aggregator subtracts (counts, sums, averages): windows are differences of prefix sums."""
+    return all(agg.additive_parts for agg in aggregators)
+
+
 @dataclass
 class SlidingState(StateBase):
     """Every key's retained partials, by event time, for one pipeline.
@@ -76,11 +81,11 @@ class SlidingState(StateBase):
     @staticmethod
     def bytes_per_group(aggregators: Sequence[Aggregator], key_width: int) -> int:
         """One retained (key, event time) partial: the key itself is shared by its partials."""
-        prefix_sums = sum(a.additive_parts for a in aggregators) if all(a.additive_parts for a in aggregators) else 0
+        prefix_sums = sum(a.additive_parts for a in aggregators) if _additive(aggregators) else 0
         return SLIDING_PARTIAL_BYTES + sum(a.state_bytes for a in aggregators) + PREFIX_PART_BYTES * prefix_sums
 
     def __post_init__(self) -> None:
-        self._additive = all(agg.additive_parts for agg in self.aggregators)
+        self._additive = _additive(self.aggregators)
 
     @property
     def group_count(self) -> int:

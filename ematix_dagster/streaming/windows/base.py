@@ -35,7 +35,8 @@ class WindowKind(ABC):
     #: the kind may retract rows it wrote, so its rows are numbered in their batch (``_emit_seq``)
     retracts: bool = False
     #: no start names a window's end, so each group's stored end and emitted flag are restored
-    ends_stored: bool = False
+    #: (false for :class:`KeyedByStart` kinds, whose start names it)
+    ends_stored: bool = True
     #: the driver state of this kind's windows (:meth:`make_state`)
     state_class: type[StateBase]
     #: what the driver-memory estimate multiplies the group cap by, in words (``streaming.state_size``)
@@ -109,7 +110,10 @@ class WindowKind(ABC):
 
 
 class KeyedByStart(WindowKind):
-    """A kind whose window follows from the start it is keyed by (fixed and sliding windows)."""
+    """A kind whose window follows from the start it is keyed by (fixed and sliding windows: a
+    sliding window is keyed by its end, an event time, and stored with start = end = it)."""
+
+    ends_stored = False
 
     @abstractmethod
     def bounds(self, start: int) -> WindowBounds:

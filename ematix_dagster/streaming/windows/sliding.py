@@ -93,10 +93,6 @@ class SlidingWindows(KeyedByStart):
         """The window ending at event time ``start`` (windows are keyed by their inclusive end)."""
         return WindowBounds(start - self.duration, start)
 
-    def valid_end(self, start: int, end: int) -> bool:
-        """A stored row is one retained event time: keyed by it, and ending at it."""
-        return end == start
-
     def row_windows(self, t: int, closed_before: int | None) -> list[WindowBounds]:
         """The row's own window, or none if the row is late. Besides, the row counts in every window
         the key holds that ends in ``[t, t + D]``; its own window exists only when ``t >=

@@ -4,7 +4,7 @@ A session's end depends on its rows, so no row-local arithmetic names its window
 starts do): the rows of each (group key, cap bucket) are ordered by event time and a new session
 starts where a row is more than ``gap`` after the previous one (``lag``, then a running ``sum`` of
 the starts as the session's index). Each batch-local session becomes one partial row (first and
-last event time, partial aggregates) that :meth:`~ematix_dagster.streaming.session_state.SessionState.merge`
+last event time, partial aggregates) that :meth:`~ematix_dagster.streaming.state.session.SessionState.merge`
 folds into the key's open sessions, so the driver never receives raw rows. The late rule needs no
 session: a row is late iff its event time is before ``closed_before`` (the previous watermark, less
 the allowance under ``reopen``), which is :meth:`~ematix_dagster.streaming.windows.SessionWindows.is_late`

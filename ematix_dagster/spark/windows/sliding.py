@@ -3,7 +3,7 @@
 A row at ``x`` belongs to every window of its key ending in ``[x, x + D]``, which only the driver
 knows (windows exist where the key has rows), so Spark does not assign windows: it pre-aggregates
 the batch's accepted rows per (key, event time), ``_ws`` being the event time in µs, and the
-driver's :class:`~ematix_dagster.streaming.sliding_state.SlidingState` derives the windows. The
+driver's :class:`~ematix_dagster.streaming.state.sliding.SlidingState` derives the windows. The
 late rule is :meth:`~ematix_dagster.streaming.windows.SlidingWindows.is_late` as a column: a row is
 late iff ``x + D < closed_before``. ``REOPENED`` counts the rows accepted behind the previous
 watermark under ``reopen`` (they can only reach emitted windows or create one behind it).

@@ -1,7 +1,7 @@
 """Session windows (docs/contract/windows.md): runs of a key's rows at most ``gap`` apart, cut at cap buckets.
 
 A session's end depends on its rows, so unlike fixed windows a start alone does not name a window:
-the driver keeps each key's sessions in :mod:`ematix_dagster.streaming.session_state`, and this
+the driver keeps each key's sessions in :mod:`ematix_dagster.streaming.state.session`, and this
 module holds the rules that need no state. The cap is a grid of tumbling buckets of the cap's
 size counted from the epoch, not a duration since the session's first row: a row's bucket is
 ``t // cap`` whatever the batch split, and Spark computes it from the row alone. Times are

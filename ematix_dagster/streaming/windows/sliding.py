@@ -2,7 +2,7 @@
 
 Both bounds are inclusive, so a row exactly ``D`` before ``t`` is in window ``t``. Which windows
 exist depends on the key's rows (a window per distinct event time), so the driver keeps each key's
-time-ordered partials in :mod:`ematix_dagster.streaming.sliding_state` and this module holds the
+time-ordered partials in :mod:`ematix_dagster.streaming.state.sliding` and this module holds the
 rules that need no state. Windows and the partials they are computed from are both keyed by an
 event time ``t``: ``bounds(t)`` is the window ending at ``t``. Times are microseconds since the
 epoch (UTC).
@@ -96,7 +96,7 @@ class SlidingWindows(KeyedByStart):
     def row_windows(self, t: int, closed_before: int | None) -> list[WindowBounds]:
         """The row's own window, or none if the row is late. Besides, the row counts in every window
         the key holds that ends in ``[t, t + D]``; its own window exists only when ``t >=
-        closed_before`` (:class:`~ematix_dagster.streaming.sliding_state.SlidingState` derives that
+        closed_before`` (:class:`~ematix_dagster.streaming.state.sliding.SlidingState` derives that
         from the watermark)."""
         return [] if self.is_late(t, closed_before) else [self.bounds(t)]
 

@@ -100,6 +100,8 @@ REOPENED = "_reopened"
 EMIT_KIND = "_emit_kind"
 #: a row's order within its batch (session windows, whose batches may retract rows: docs/contract/emission.md)
 EMIT_SEQ = "_emit_seq"
+#: marker (``_emit_kind``): an open window's row written by an early trigger (docs/contract/emission.md)
+EARLY = "early"
 #: marker (``_emit_kind``): a closed window's row, the first written of it
 FINAL = "final"
 #: marker (``_emit_kind``): a row for a window emitted before (it changed, or was reopened)

@@ -122,6 +122,8 @@ class Target:
     create_table: bool = False
     same_transaction: bool = False
     path: str | None = None
+    #: append targets precede every superseding row with a ``retract`` of the one it replaces
+    retractions: bool = False
 
     def validate(self, key: str = "target") -> None:
         if self.kind not in TARGET_KINDS:

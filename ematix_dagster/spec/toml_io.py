@@ -140,7 +140,9 @@ def spec_to_dict(spec: PipelineSpec) -> dict[str, Any]:
     transform: dict[str, Any] = {}
     if spec.transform_sql is not None:
         transform["sql"] = spec.transform_sql
-    window = _table(spec.window, skip=("aggregations",))
+    window = _table(spec.window, skip=("aggregations", "emit_trigger"))
+    if spec.window.emit_trigger.fires_early:
+        window["emit_trigger"] = spec.window.emit_trigger.to_toml()
     window["group_by"] = list(spec.window.group_by)
     window["max_groups_per_window"] = spec.window.max_groups_per_window
     window["aggregations"] = [_table(a, {"as_": "as"}) for a in spec.window.aggregations]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ematix_dagster.columns import EVENT_TS
 from ematix_dagster.spec.registries import AGGREGATIONS, WINDOW_KINDS
@@ -17,6 +17,7 @@ from ematix_dagster.spec.rules import (
     _non_negative,
     _positive,
 )
+from ematix_dagster.spec.trigger import EmitTrigger
 
 
 @dataclass(frozen=True)
@@ -102,9 +103,13 @@ class Window:
     on_state_cap: str = "fail"
     window_start_column: str = "window_start"
     window_end_column: str = "window_end"
+    #: when rows leave besides the watermark (docs/contract/emission.md)
+    emit_trigger: EmitTrigger = field(default_factory=EmitTrigger)
 
     def __post_init__(self) -> None:
         _listed_as_tuple(self, "group_by", "aggregations")
+        # TOML and the facade name the trigger as a string or a one-key table
+        object.__setattr__(self, "emit_trigger", EmitTrigger.parse(self.emit_trigger, "transform.window.emit_trigger"))
 
     def validate(self, key: str = "transform.window") -> None:
         kinds = " or ".join(f'"{k}"' for k in WINDOW_KINDS)

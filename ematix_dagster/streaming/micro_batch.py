@@ -24,7 +24,7 @@ from functools import cached_property
 from operator import itemgetter
 from typing import Any, Iterable, NoReturn, Sequence
 
-from ematix_dagster.columns import CORRECTION, FINAL, RETRACT
+from ematix_dagster.columns import CORRECTION, EARLY, FINAL, RETRACT
 from ematix_dagster.errors import CorruptState
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.aggregators import describe_value, make_aggregator
@@ -89,6 +89,11 @@ class BatchResult:
     @property
     def corrections(self) -> int:
         return self.emitted.count(CORRECTION)
+
+    @property
+    def early(self) -> int:
+        """``early`` rows (an emit trigger fired for open windows, docs/contract/emission.md)."""
+        return self.emitted.count(EARLY)
 
     @property
     def retractions(self) -> int:

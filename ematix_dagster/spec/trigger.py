@@ -30,13 +30,13 @@ INTERVAL = "interval"
 COUNT = "count"
 
 #: the TOML spellings, for messages
-FORMS = '"watermark" (the default), "every_batch", { interval_ms = N } or { count = N }'
+_FORMS = '"watermark" (the default), "every_batch", { interval_ms = N } or { count = N }'
 #: a table's one key -> the kind it names (the kind keeps its N in the field of that name)
 _TABLE_KEYS = {"interval_ms": INTERVAL, "count": COUNT}
 
 
 def _unknown(key: str, problem: str) -> NoReturn:
-    _fail(key, problem, f"use {FORMS}, N a whole number > 0")
+    _fail(key, problem, f"use {_FORMS}, N a whole number > 0")
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ def test_schema_versions_are_recorded_and_newer_schemas_refused(schema_store):
     store.close()
     conn = connect()
     rows = conn.execute("SELECT version, description FROM ematix_streaming_schema_version ORDER BY version").fetchall()
-    assert [r[0] for r in rows] == [s.version for s in migrations.STEPS] == [1, 2, 3, 4, 5]
+    assert [r[0] for r in rows] == [s.version for s in migrations.STEPS] == [1, 2, 3, 4, 5, 6]
     conn.execute("INSERT INTO ematix_streaming_schema_version (version, description, applied_at) "
                  "VALUES (99, 'from the future', '2030-01-01')")
     if kind == "sqlite":

@@ -10,27 +10,9 @@ from psycopg import sql
 from ematix_dagster.errors import StateVersionError
 from state_store import codec, migrations
 from state_store.base import BatchCommit
-from state_store.postgres import PostgresStateStore
-from state_store.sqlite import SqliteStateStore
 from tests.state_store.contract_stores import blob, key, record
 
-# ---- schema migrations -----------------------------------------------------------------------
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def schema_store(request, tmp_path):
-    if request.param == "sqlite":
-        path = tmp_path / "schema.db"
-        yield "sqlite", (lambda: SqliteStateStore(path)), (lambda: __import__("sqlite3").connect(path))
-    else:
-        dsn, schema = request.getfixturevalue("pg_dsn"), request.getfixturevalue("pg_schema")
-
-        def conn():
-            c = psycopg.connect(dsn, autocommit=True)
-            c.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
-            return c
-
-        yield "postgres", (lambda: PostgresStateStore(dsn, schema)), conn
+# ---- schema migrations (the stores: conftest.py's ``schema_store``) ------------------------------
 
 
 def test_schema_versions_are_recorded_and_newer_schemas_refused(schema_store):

@@ -23,7 +23,7 @@ order (``state_store.migrations``, step 7). Decisions shared by the three stores
 from __future__ import annotations
 
 import sqlite3
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Sequence
 
 import psycopg
@@ -82,7 +82,8 @@ def _keys_plain(keys: list) -> bool:
     """Whether every released key is a tuple of three ints in range, checked column by column at C speed."""
     if set(map(type, keys)) != {tuple} or set(map(len, keys)) != {3}:
         return False
-    for name, values in zip(_KEY_FIELDS, zip(*keys)):
+    for i, name in enumerate(_KEY_FIELDS):
+        values = list(map(itemgetter(i), keys))
         low, high = _FIELDS[name]
         if set(map(type, values)) != {int} or min(values) < low or max(values) > high:
             return False
@@ -103,7 +104,7 @@ def check_pending(batch: BatchCommit) -> None:
                     or not all(_FIELDS[name][0] <= v <= _FIELDS[name][1] for name, v in zip(_KEY_FIELDS, key))):
                 raise TypeError("a released pending row must be named by its key (int release_us, int "
                                 f"arrival_batch, int seq) in range, got {key!r:.120}")
-    inserted = set(map(attrgetter("key"), rows))
+    inserted = set(map(attrgetter(*_KEY_FIELDS), rows))
     if len(inserted) != len(rows):
         raise TypeError(f"pending row {_key_text(_first_repeat(rows, attrgetter('key')))} is inserted twice in "
                         "one commit")
@@ -213,8 +214,8 @@ def sqlite_discard(conn: sqlite3.Connection, pipeline: str) -> int:
 
 # ---- PostgreSQL ----------------------------------------------------------------------------------
 
-#: the batch's rows as columns (arrays), so a batch is one statement whatever its size
-_UNNEST = ("unnest(%s::bigint[], %s::bigint[], %s::integer[], %s::bigint[], %s::bytea[]) "
+#: the batch's rows as columns (arrays, sent binary: %b), so a batch is one statement whatever its size
+_UNNEST = ("unnest(%b::bigint[], %b::bigint[], %b::integer[], %b::bigint[], %b::bytea[]) "
            "AS d(release_us, arrival_batch, seq, event_ts, payload)")
 _PG_INSERT = (f"INSERT INTO {{pending}} (pipeline_name, {_COLUMNS}) SELECT %s, {_COLUMNS} FROM {_UNNEST} "
               "ON CONFLICT (pipeline_name, release_us, arrival_batch, seq) DO NOTHING")
@@ -223,7 +224,7 @@ _PG_CONFLICT = (f"SELECT d.release_us, d.arrival_batch, d.seq FROM {_UNNEST} JOI
                 "ON p.pipeline_name = %s AND p.release_us = d.release_us AND p.arrival_batch = d.arrival_batch "
                 "AND p.seq = d.seq WHERE p.payload <> d.payload OR p.event_ts IS DISTINCT FROM d.event_ts "
                 "ORDER BY 1, 2, 3 LIMIT 1")
-_PG_RELEASE = ("DELETE FROM {pending} AS p USING unnest(%s::bigint[], %s::bigint[], %s::integer[]) "
+_PG_RELEASE = ("DELETE FROM {pending} AS p USING unnest(%b::bigint[], %b::bigint[], %b::integer[]) "
                "AS d(release_us, arrival_batch, seq) WHERE p.pipeline_name = %s AND p.release_us = d.release_us "
                "AND p.arrival_batch = d.arrival_batch AND p.seq = d.seq")
 

@@ -88,10 +88,10 @@ Layout decision:
   ``_event_ts`` and the values), so the rows due at W are one range scan read in order, and a
   release deletes by key. SQLite: WITHOUT ROWID and STRICT, like the state table.
 * A partial index on ``(pipeline_name, event_ts) WHERE event_ts IS NOT NULL``: the output watermark
-  needs the smallest pending ``_event_ts`` after every batch, a scan of every pending row and its
-  payload (up to ``max_buffered_rows``) without the index, one index probe with it. It costs a
-  small index entry per row, written on insert and removed on release; rows without an event time
-  never lower the minimum, so they are left out. A new table: the step rewrites and locks nothing.
+  needs the smallest pending ``_event_ts`` after every batch, a scan of every pending row without
+  the index, one probe with it (SQLite, 50,000 rows: 6.7 ms -> 0.01 ms; inserting them cost the
+  same, releasing half 50 ms instead of 28). Rows without an event time never lower the minimum,
+  so they are left out. A new table: the step rewrites and locks nothing.
 """
 
 from __future__ import annotations

@@ -78,19 +78,35 @@ def top_selects(node: exp.Expr, key: str) -> Iterator[exp.Select]:
 
 
 def misplaced(node: exp.Expr, tops: list[exp.Select], allowed: tuple[str, ...]) -> str | None:
-    """Where ``node`` is (``"in GROUP BY"``, ``"in a subquery"``, ...), or None when it is directly in
-    one of the ``allowed`` clauses (argument keys: ``"expressions"``, ``"where"``) of a top SELECT."""
+    """Where ``node`` is (``"in GROUP BY"``, ``"in a subquery (in FROM)"``, ...), or None when it is
+    directly in one of the ``allowed`` clauses (argument keys: ``"expressions"``, ``"where"``) of a top
+    SELECT. A subquery is placed by the clause of the outer query that holds it."""
     child, parent = node, node.parent
     while parent is not None:
         if any(parent is top for top in tops):
             key = cast(str, child.arg_key)  # set: child has a parent
-            return None if key in allowed else f"in {CLAUSES.get(key, key.upper())}"
+            if key in allowed:
+                return None
+            if key == "joins" and not _within(node, child.args.get("on")):
+                return "in a JOIN"  # the joined table, not the condition
+            return f"in {CLAUSES.get(key, key.upper())}"
         if isinstance(parent, exp.Lambda):
             return "inside a lambda function"
         if isinstance(parent, (exp.Select, exp.Subquery)):
-            return "in a WITH clause" if parent.find_ancestor(exp.CTE) else "in a subquery"
+            if parent.find_ancestor(exp.CTE):
+                return "in a WITH clause"
+            outer = cast(str, misplaced(parent, tops, ()))  # a str: nothing is allowed
+            return outer if outer.startswith(("in a subquery", "in a WITH", "inside")) else f"in a subquery ({outer})"
         child, parent = parent, parent.parent
     return "outside the SELECT lists and WHERE clauses"
+
+
+def _within(node: exp.Expr, root: exp.Expr | None) -> bool:
+    """Whether ``node`` is ``root`` or inside it."""
+    current: exp.Expr | None = node
+    while current is not None and current is not root:
+        current = current.parent
+    return root is not None and current is root
 
 
 def text(node: exp.Expr) -> str:

@@ -121,7 +121,8 @@ def release_plan(sql: str, key: str = _KEY) -> ReleasePlan | None:
         if select.args.get(clause):
             _fail(key, f"calls {_CALL} in a query with {CLAUSES.get(clause, clause.upper())}, which is not row by "
                   "row: the WHERE becomes each row's release time, so it no longer filters the rows that clause sees",
-                  "keep the query to projections and a WHERE (aggregate with [transform.window])")
+                  "keep the query to projections and a WHERE"
+                  + (" (aggregate with [transform.window])" if key == _KEY else ""))
     if any(e.find(exp.Window) for e in select.expressions):
         _fail(key, f"calls {_CALL} in a query with a window function (OVER), which is not row by row",
               "keep the query to projections and a WHERE")

@@ -17,6 +17,7 @@ from ematix_dagster.spec import (
     DeadLetter,
     EmitTrigger,
     PipelineSpec,
+    RowTransform,
     Run,
     Source,
     StateStoreConfig,
@@ -33,7 +34,7 @@ from ematix_dagster.streaming import windows as _windows  # noqa: F401
 
 __all__ = [
     "Aggregation", "AggregationOverflow", "DeadLetter", "EmatixError", "EmitTrigger", "PipelineConfigError",
-    "PipelineSpec", "Run", "Source", "StateCapExceeded", "StateNotDurableError", "StateStoreConfig",
+    "PipelineSpec", "RowTransform", "Run", "Source", "StateCapExceeded", "StateNotDurableError", "StateStoreConfig",
     "StreamingPipeline", "Target", "TargetError", "Window", "dump_pipeline", "load_pipeline", "load_pipeline_str",
     "run_streaming_pipeline", "streaming_pipeline",
 ]

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 from ematix_dagster.spec import (
     DeadLetter,
     PipelineSpec,
+    RowTransform,
     Run,
     Source,
     StateStoreConfig,
@@ -71,13 +72,19 @@ class StreamingPipeline:
         return run_streaming_pipeline(self.spec, spark=spark)
 
 
-def streaming_pipeline(*, name: str, sources: Iterable[Source], window: Window, target: Target, run: Run,
+def streaming_pipeline(*, name: str, sources: Iterable[Source], target: Target, run: Run,
+                       window: Window | None = None, rows: RowTransform | None = None,
                        transform_sql: str | None = None, dead_letter: DeadLetter | None = None,
                        state_store: StateStoreConfig | None = None,
                        metrics_port: int | None = None) -> Callable[[Callable[[], None]], StreamingPipeline]:
-    """Decorate a function to declare a pipeline; the spec is validated at decoration time."""
-    spec = PipelineSpec(pipeline_name=name, sources=tuple(sources), window=window, target=target, run=run,
-                        transform_sql=transform_sql, dead_letter=dead_letter,
+    """Decorate a function to declare a pipeline; the spec is validated at decoration time.
+
+    Give ``window`` for a windowed pipeline, or leave it out for a row pipeline (``transform_sql``
+    required), whose watermark keys and ``max_buffered_rows`` are ``rows`` (default
+    ``RowTransform()``); giving both is refused, as TOML refuses both tables' keys.
+    """
+    spec = PipelineSpec(pipeline_name=name, sources=tuple(sources), window_spec=window, rows=rows, target=target,
+                        run=run, transform_sql=transform_sql, dead_letter=dead_letter,
                         state_store=state_store or StateStoreConfig(), metrics_port=metrics_port).validate()
 
     def wrap(fn: Callable[[], None]) -> StreamingPipeline:

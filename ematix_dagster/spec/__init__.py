@@ -10,13 +10,15 @@ Every rule is checked when the spec is built, so a bad config fails before Spark
 spec as written (from the dataclass annotations: TOML gives ``"false"`` where a boolean was meant),
 values on the resolved copy (``table = "${SCHEMA}.clicks"`` is a valid table once SCHEMA is set).
 
-The dataclasses live in :mod:`.window` and :mod:`.model`, the TOML I/O in :mod:`.toml_io`, the
-``${NAME}`` handling in :mod:`.environment`, the type checks in :mod:`.type_checks` and the shared
-values and bounds in :mod:`.rules`; callers import from this package.
+The dataclasses live in :mod:`.window`, :mod:`.rows` (row pipelines) and :mod:`.model`, the TOML
+I/O in :mod:`.toml_io`, the ``${NAME}`` handling in :mod:`.environment`, the type checks in
+:mod:`.type_checks` and the shared values and bounds in :mod:`.rules`; callers import from this
+package.
 """
 
 from ematix_dagster.spec.environment import resolve_env, spec_warnings
 from ematix_dagster.spec.model import DeadLetter, PipelineSpec, Run, Source, StateStoreConfig, Target
+from ematix_dagster.spec.rows import RowTransform
 from ematix_dagster.spec.rules import JAVA_INT_MAX, MAX_DURATION_MS, STATE_STORE_KINDS
 from ematix_dagster.spec.toml_io import (
     dump_pipeline,
@@ -30,7 +32,7 @@ from ematix_dagster.spec.trigger import EmitTrigger
 from ematix_dagster.spec.window import Aggregation, Window
 
 __all__ = [
-    "Aggregation", "DeadLetter", "EmitTrigger", "JAVA_INT_MAX", "MAX_DURATION_MS", "PipelineSpec", "Run",
-    "STATE_STORE_KINDS", "Source", "StateStoreConfig", "Target", "Window", "dump_pipeline", "load_pipeline",
+    "Aggregation", "DeadLetter", "EmitTrigger", "JAVA_INT_MAX", "MAX_DURATION_MS", "PipelineSpec", "RowTransform",
+    "Run", "STATE_STORE_KINDS", "Source", "StateStoreConfig", "Target", "Window", "dump_pipeline", "load_pipeline",
     "load_pipeline_str", "resolve_env", "spec_from_dict", "spec_to_dict", "spec_warnings", "with_overrides",
 ]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from ematix_dagster.columns import HEARTBEAT
 from ematix_dagster.spec.environment import _resolved
 from ematix_dagster.spec.registries import WINDOW_KINDS
+from ematix_dagster.spec.rows import RowTransform, validate_row_pipeline
 from ematix_dagster.spec.rules import (
     _IDENT_RE,
     _NAME_RE,
@@ -23,6 +24,7 @@ from ematix_dagster.spec.rules import (
     TARGET_KINDS,
     TIME_UNITS,
     TRIGGERS,
+    WatermarkKeys,
     _fail,
     _listed_as_tuple,
     _non_negative,
@@ -30,6 +32,7 @@ from ematix_dagster.spec.rules import (
 )
 from ematix_dagster.spec.type_checks import _check_types
 from ematix_dagster.spec.window import Window
+from ematix_dagster.sql.release import WATERMARK_TS, uses_watermark_ts
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,12 @@ class Target:
     #: append targets (parquet, console) precede every superseding row with a ``retract`` of the one
     #: it replaces (docs/contract/emission.md)
     retractions: bool = False
+    #: a row pipeline's postgres upsert key (docs/contract/row-pipelines.md); a windowed pipeline's
+    #: key is always its window start and group columns
+    key: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _listed_as_tuple(self, "key")
 
     def validate(self, key: str = "target") -> None:
         if self.kind not in TARGET_KINDS:
@@ -219,13 +228,20 @@ class Run:
 
 @dataclass(frozen=True)
 class PipelineSpec:
-    """A whole pipeline: sources -> optional row-wise SQL -> window -> target."""
+    """A whole pipeline: sources -> optional row-wise SQL -> window -> target, or, without a window
+    (a *row pipeline*, docs/contract/row-pipelines.md), sources -> SQL -> target.
+
+    Exactly one of ``window_spec`` (``[transform.window]``) and ``rows`` (a row pipeline's
+    ``[transform]`` keys) is set: a spec built without a window gets the default
+    :class:`RowTransform`, as a TOML file without ``[transform.window]`` does.
+    """
 
     pipeline_name: str
     sources: tuple[Source, ...]
-    window: Window
     target: Target
     run: Run
+    window_spec: Window | None = None
+    rows: RowTransform | None = None
     transform_sql: str | None = None
     dead_letter: DeadLetter | None = None
     state_store: StateStoreConfig = field(default_factory=StateStoreConfig)
@@ -233,6 +249,34 @@ class PipelineSpec:
 
     def __post_init__(self) -> None:
         _listed_as_tuple(self, "sources")
+        if self.window_spec is None and self.rows is None:
+            object.__setattr__(self, "rows", RowTransform())
+
+    @property
+    def is_row_pipeline(self) -> bool:
+        """Whether the pipeline writes its SQL's rows instead of windows (it has no ``[transform.window]``)."""
+        return self.window_spec is None
+
+    @property
+    def window(self) -> Window:
+        """The window; a ``PipelineConfigError`` for a row pipeline, so windowed code never runs on one."""
+        if self.window_spec is None:
+            _fail("transform.window", f"pipeline {self.pipeline_name} is a row pipeline: it has no window",
+                  "add [transform.window] to aggregate, or use what applies to row pipelines")
+        return self.window_spec
+
+    @property
+    def watermark(self) -> WatermarkKeys:
+        """The keys that set the watermark: the window's, or a row pipeline's ``[transform]``."""
+        if self.window_spec is not None:
+            return self.window_spec
+        assert self.rows is not None  # __post_init__ sets it when there is no window
+        return self.rows
+
+    @property
+    def watermark_table(self) -> str:
+        """The TOML table :attr:`watermark` is written in, for messages that name one of its keys."""
+        return "transform" if self.window_spec is None else "transform.window"
 
     def validate(self) -> "PipelineSpec":
         """Check the types as written, then every value rule on the resolved copy; return ``self``."""
@@ -256,30 +300,48 @@ class PipelineSpec:
             if src.name in names:
                 _fail(f"sources[{i}].name", f"{src.name!r} is used twice", "give every source a unique name")
             names.add(src.name)
-        self.window.validate()
+        if self.transform_sql is not None and not self.transform_sql.strip():
+            _fail("transform.sql", "is empty", "remove [transform] sql or write a SELECT")
         self.target.validate()
         if self.dead_letter is not None:
             self.dead_letter.validate()
-        if self.window.late_data == "dlq" and self.dead_letter is None:
-            _fail("dead_letter", 'is required with late_data = "dlq"', "add a [dead_letter] table (parquet or postgres)")
         self.state_store.validate()
-        if self.window.crash_recovery == "persisted" and not self.state_store.durable:
-            _fail("transform.window.crash_recovery", '"persisted" needs a durable [state_store]',
-                  'add [state_store] kind = "sqlite" or "postgres", or use "at_least_once"')
-        if (self.target.retractions and self.window.late_data == "reopen"
-                and not WINDOW_KINDS[self.window.kind].retracts_corrections):
-            _fail("target.retractions", f'{self.window.kind} windows under late_data = "reopen" do not keep the rows '
-                  "they wrote, so a correction cannot retract the row it replaces",
-                  'remove retractions (readers keep the latest row per key), or use late_data = "drop" or "dlq", '
-                  "where each window is written once")
+        if self.window_spec is None:
+            assert self.rows is not None  # __post_init__ sets it when there is no window
+            validate_row_pipeline(self, self.rows)
+        else:
+            self._validate_windowed(self.window_spec)
         if self.target.same_transaction and self.state_store.kind != "postgres":
             _fail("target.same_transaction", "needs a postgres [state_store] in the same database",
                   'set [state_store] kind = "postgres" or remove same_transaction')
         self.run.validate()
         if self.metrics_port is not None and not 1 <= self.metrics_port <= 65535:
             _fail("metrics_port", f"{self.metrics_port!r} is not a TCP port", "use 1..65535")
-        if self.transform_sql is not None and not self.transform_sql.strip():
-            _fail("transform.sql", "is empty", "remove [transform] sql or write a SELECT")
+
+    def _validate_windowed(self, window: Window) -> None:
+        """The rules between ``[transform.window]`` and the other tables."""
+        if self.rows is not None:
+            _fail("transform", "a windowed pipeline takes its watermark keys in [transform.window], and "
+                  "max_buffered_rows applies to row pipelines only", "set them in [transform.window] (no rows=)")
+        window.validate()
+        if self.transform_sql is not None and uses_watermark_ts(self.transform_sql):
+            _fail("transform.sql", f"calls {WATERMARK_TS}() in a windowed pipeline: it may appear only in the "
+                  "top-level WHERE of a row pipeline's [transform] sql (a pipeline without [transform.window])",
+                  "filter with ordinary conditions here; to hold rows back until the watermark, write a row pipeline")
+        if self.target.key:
+            _fail("target.key", "a windowed pipeline's key is always its window start and group_by columns",
+                  "remove it (key applies to row pipelines)")
+        if window.late_data == "dlq" and self.dead_letter is None:
+            _fail("dead_letter", 'is required with late_data = "dlq"', "add a [dead_letter] table (parquet or postgres)")
+        if window.crash_recovery == "persisted" and not self.state_store.durable:
+            _fail("transform.window.crash_recovery", '"persisted" needs a durable [state_store]',
+                  'add [state_store] kind = "sqlite" or "postgres", or use "at_least_once"')
+        if (self.target.retractions and window.late_data == "reopen"
+                and not WINDOW_KINDS[window.kind].retracts_corrections):
+            _fail("target.retractions", f'{window.kind} windows under late_data = "reopen" do not keep the rows '
+                  "they wrote, so a correction cannot retract the row it replaces",
+                  'remove retractions (readers keep the latest row per key), or use late_data = "drop" or "dlq", '
+                  "where each window is written once")
 
     @property
     def source_names(self) -> tuple[str, ...]:

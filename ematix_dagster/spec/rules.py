@@ -7,9 +7,9 @@ value rules, the type checks and the ``${NAME}`` resolution alike.
 from __future__ import annotations
 
 import re
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
-from ematix_dagster.columns import RESERVED_COLUMNS
+from ematix_dagster.columns import EVENT_TS, RESERVED_COLUMNS
 from ematix_dagster.errors import PipelineConfigError
 
 # Window kinds and aggregators are whatever their registries hold (``spec.registries``, filled by
@@ -36,7 +36,7 @@ JAVA_LONG_MAX = 2**63 - 1
 _NAME_RE = re.compile(r"^[a-z0-9_-]+$")
 _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
-_TOML_KEYS = {"window": "transform.window", "transform_sql": "transform.sql", "as_": "as"}
+_TOML_KEYS = {"window_spec": "transform.window", "rows": "transform", "transform_sql": "transform.sql", "as_": "as"}
 
 
 def _child(key: str, field_name: str) -> str:
@@ -74,3 +74,36 @@ def _listed_as_tuple(obj: Any, *names: str) -> None:
         value = getattr(obj, name)
         if isinstance(value, list):
             object.__setattr__(obj, name, tuple(value))
+
+
+class WatermarkKeys(Protocol):
+    """The keys that set a pipeline's watermark (docs/contract/time-and-watermarks.md): a window's
+    (``[transform.window]``) or a row pipeline's (``[transform]``)."""
+
+    @property
+    def event_time_column(self) -> str: ...
+
+    @property
+    def event_time_unit(self) -> str: ...
+
+    @property
+    def time_mode(self) -> str: ...
+
+    @property
+    def lateness_ms(self) -> int: ...
+
+    @property
+    def source_idleness_ms(self) -> int: ...
+
+
+def _validate_watermark(keys: WatermarkKeys, key: str) -> None:
+    """The watermark keys' value rules, one copy for windows and row pipelines (the table ``key``
+    holds them), so the two kinds of pipeline read time the same way."""
+    if keys.event_time_unit not in TIME_UNITS:
+        _fail(f"{key}.event_time_unit", f"unknown unit {keys.event_time_unit!r}", 'use "ms", "us" or "s"')
+    if keys.time_mode not in TIME_MODES:
+        _fail(f"{key}.time_mode", f"unknown time mode {keys.time_mode!r}", 'use "event" or "processing"')
+    _non_negative(f"{key}.lateness_ms", keys.lateness_ms)
+    _positive(f"{key}.source_idleness_ms", keys.source_idleness_ms)
+    if keys.event_time_column != EVENT_TS and not _is_ident(keys.event_time_column):
+        _fail(f"{key}.event_time_column", f"{keys.event_time_column!r} is not a column name", "name a payload column")

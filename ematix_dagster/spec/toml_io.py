@@ -13,6 +13,7 @@ import tomli_w
 
 from ematix_dagster.errors import PipelineConfigError
 from ematix_dagster.spec.model import DeadLetter, PipelineSpec, Run, Source, StateStoreConfig, Target
+from ematix_dagster.spec.rows import RowTransform
 from ematix_dagster.spec.rules import _fail
 from ematix_dagster.spec.window import Aggregation, Window
 
@@ -49,25 +50,11 @@ def _take(table: Mapping[str, Any], key: str, cls: type, renames: Mapping[str, s
 
 
 
-def spec_from_dict(doc: Mapping[str, Any]) -> PipelineSpec:
-    """Build and validate a spec from parsed TOML."""
-    for k in doc:
-        if k not in _TOP_KEYS:
-            _fail(k, "unknown top-level key", f"known keys: {', '.join(sorted(_TOP_KEYS))}")
-    for k in ("pipeline_name", "sources", "transform", "target", "run"):
-        if k not in doc:
-            _fail(k, "is required", f"add {k}")
-    transform = doc["transform"]
-    if not isinstance(transform, Mapping):
-        _fail("transform", "must be a table", "write [transform]")
-    for k in transform:
-        if k not in ("sql", "window"):
-            _fail(f"transform.{k}", "unknown key", "known keys: sql, window")
-    if "window" not in transform:
-        _fail("transform.window", "is required", "add [transform.window]")
-    if not isinstance(transform["window"], Mapping):
+def _window(wdoc: Any) -> Window:
+    """``[transform.window]`` with its aggregations."""
+    if not isinstance(wdoc, Mapping):
         _fail("transform.window", "must be a table", "write [transform.window]")
-    wdoc = dict(transform["window"])
+    wdoc = dict(wdoc)
     aggs_doc = wdoc.pop("aggregations", None)
     if aggs_doc is not None and not isinstance(aggs_doc, list):
         _fail("transform.window.aggregations", "must be an array of tables",
@@ -81,7 +68,61 @@ def spec_from_dict(doc: Mapping[str, Any]) -> PipelineSpec:
         _fail("transform.window.max_groups_per_window", "is mandatory",
               "set the most groups one window may hold, e.g. 1_000_000")
     wdoc["aggregations"] = aggs
-    window = _take(wdoc, "transform.window", Window)
+    return _take(wdoc, "transform.window", Window)
+
+
+def _rows(transform: Mapping[str, Any]) -> RowTransform:
+    """A row pipeline's ``[transform]`` keys besides ``sql``; a window's keys are named as such, since
+    a pipeline without ``[transform.window]`` has none."""
+    known = ["sql", *(f.name for f in fields(RowTransform))]
+    window_keys = {f.name for f in fields(Window)}
+    for k in transform:
+        if k in window_keys and k not in known:
+            _fail(f"transform.{k}", f"{k} is a [transform.window] key, and this pipeline has no [transform.window] "
+                  "(a row pipeline)", f"remove it, or add [transform.window] and move {k} there to aggregate")
+        if k not in known:
+            _fail(f"transform.{k}", "unknown key",
+                  f"known keys of [transform] without [transform.window] (a row pipeline): {', '.join(sorted(known))}")
+    return _take({k: v for k, v in transform.items() if k != "sql"}, "transform", RowTransform)
+
+
+def _windowed_transform_keys(transform: Mapping[str, Any]) -> None:
+    """``[transform]`` of a windowed pipeline holds only ``sql`` and ``window``: the watermark keys
+    belong in the window, and ``max_buffered_rows`` to row pipelines."""
+    for k in transform:
+        if k in ("sql", "window"):
+            continue
+        if k == "max_buffered_rows":
+            _fail(f"transform.{k}", "applies to row pipelines only (those without [transform.window]), "
+                  "where WATERMARK_TS() holds rows back", "remove it")
+        if k in {f.name for f in fields(RowTransform)}:
+            _fail(f"transform.{k}", f"{k} of a windowed pipeline belongs in [transform.window]",
+                  f"move {k} to [transform.window]")
+        _fail(f"transform.{k}", "unknown key",
+              "known keys of [transform] with [transform.window]: sql, window")
+
+
+def spec_from_dict(doc: Mapping[str, Any]) -> PipelineSpec:
+    """Build and validate a spec from parsed TOML."""
+    for k in doc:
+        if k not in _TOP_KEYS:
+            _fail(k, "unknown top-level key", f"known keys: {', '.join(sorted(_TOP_KEYS))}")
+    for k in ("pipeline_name", "sources", "target", "run"):
+        if k not in doc:
+            _fail(k, "is required", f"add {k}")
+    if "transform" not in doc:
+        _fail("transform", "is required", "add [transform.window] (a windowed pipeline) or [transform] sql "
+              "(a row pipeline, docs/contract/row-pipelines.md)")
+    transform = doc["transform"]
+    if not isinstance(transform, Mapping):
+        _fail("transform", "must be a table", "write [transform]")
+    window: Window | None = None
+    rows: RowTransform | None = None
+    if "window" in transform:
+        _windowed_transform_keys(transform)
+        window = _window(transform["window"])
+    else:
+        rows = _rows(transform)
     if not isinstance(doc["sources"], list):
         _fail("sources", "must be an array of tables", "write [[sources]]")
     sources = tuple(_take(s, f"sources[{i}]", Source) for i, s in enumerate(doc["sources"]))
@@ -90,7 +131,8 @@ def spec_from_dict(doc: Mapping[str, Any]) -> PipelineSpec:
         metrics_port=doc.get("metrics_port"),
         sources=sources,
         transform_sql=transform.get("sql"),
-        window=window,
+        window_spec=window,
+        rows=rows,
         target=_take(doc["target"], "target", Target),
         dead_letter=_take(doc["dead_letter"], "dead_letter", DeadLetter) if "dead_letter" in doc else None,
         state_store=(_take(doc["state_store"], "state_store", StateStoreConfig) if "state_store" in doc
@@ -132,6 +174,16 @@ def _table(obj: Any, renames: Mapping[str, str] | None = None, skip: tuple[str, 
     return out
 
 
+def _window_table(w: Window) -> dict[str, Any]:
+    window = _table(w, skip=("aggregations", "emit_trigger"))
+    if w.emit_trigger.fires_early:
+        window["emit_trigger"] = w.emit_trigger.to_toml()
+    window["group_by"] = list(w.group_by)
+    window["max_groups_per_window"] = w.max_groups_per_window
+    window["aggregations"] = [_table(a, {"as_": "as"}) for a in w.aggregations]
+    return window
+
+
 def spec_to_dict(spec: PipelineSpec) -> dict[str, Any]:
     doc: dict[str, Any] = {"pipeline_name": spec.pipeline_name}
     if spec.metrics_port is not None:
@@ -140,13 +192,10 @@ def spec_to_dict(spec: PipelineSpec) -> dict[str, Any]:
     transform: dict[str, Any] = {}
     if spec.transform_sql is not None:
         transform["sql"] = spec.transform_sql
-    window = _table(spec.window, skip=("aggregations", "emit_trigger"))
-    if spec.window.emit_trigger.fires_early:
-        window["emit_trigger"] = spec.window.emit_trigger.to_toml()
-    window["group_by"] = list(spec.window.group_by)
-    window["max_groups_per_window"] = spec.window.max_groups_per_window
-    window["aggregations"] = [_table(a, {"as_": "as"}) for a in spec.window.aggregations]
-    transform["window"] = window
+    if spec.window_spec is None:
+        transform |= _table(spec.rows)
+    else:
+        transform["window"] = _window_table(spec.window_spec)
     doc["transform"] = transform
     doc["target"] = _table(spec.target)
     if spec.dead_letter is not None:

@@ -18,6 +18,7 @@ _INT_BOUNDS: dict[str, tuple[int, str]] = {
     "max_groups_per_window": (JAVA_INT_MAX, "a window's groups are held in the driver's memory"),
     "max_distinct_values_per_group": (JAVA_INT_MAX, "the distinct values are held in the driver's memory"),
     "count": (JAVA_LONG_MAX, "emit_trigger's count divides a group's row count, a 64-bit integer"),
+    "max_buffered_rows": (JAVA_LONG_MAX, "the state store counts pending rows in a 64-bit integer"),
 }
 
 

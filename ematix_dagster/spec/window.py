@@ -8,14 +8,12 @@ from ematix_dagster.columns import EVENT_TS
 from ematix_dagster.spec.registries import AGGREGATIONS, WINDOW_KINDS
 from ematix_dagster.spec.rules import (
     LATE_POLICIES,
-    TIME_MODES,
-    TIME_UNITS,
     _fail,
     _is_ident,
     _is_reserved,
     _listed_as_tuple,
-    _non_negative,
     _positive,
+    _validate_watermark,
 )
 from ematix_dagster.spec.trigger import EmitTrigger
 
@@ -131,12 +129,7 @@ class Window:
                   'remove it (the default is "watermark"), or use another window kind')
 
     def _validate_common(self, key: str) -> None:
-        if self.event_time_unit not in TIME_UNITS:
-            _fail(f"{key}.event_time_unit", f"unknown unit {self.event_time_unit!r}", 'use "ms", "us" or "s"')
-        if self.time_mode not in TIME_MODES:
-            _fail(f"{key}.time_mode", f"unknown time mode {self.time_mode!r}", 'use "event" or "processing"')
-        _non_negative(f"{key}.lateness_ms", self.lateness_ms)
-        _positive(f"{key}.source_idleness_ms", self.source_idleness_ms)
+        _validate_watermark(self, key)
         if self.late_data not in LATE_POLICIES:
             _fail(f"{key}.late_data", f"unknown policy {self.late_data!r}", 'use "drop", "reopen" or "dlq"')
         if self.late_data == "reopen":
@@ -177,8 +170,6 @@ class Window:
                 _fail(f"{key}.{col_key}", f"{col!r} is reserved by the engine", "pick another column name")
         if self.window_start_column.lower() == self.window_end_column.lower():
             _fail(f"{key}.window_end_column", "equals window_start_column", "give the two window columns different names")
-        if self.event_time_column != EVENT_TS and not _is_ident(self.event_time_column):
-            _fail(f"{key}.event_time_column", f"{self.event_time_column!r} is not a column name", "name a payload column")
         seen: dict[str, str] = {}
         for i, g in enumerate(self.group_by):
             if not _is_ident(g):

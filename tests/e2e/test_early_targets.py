@@ -45,7 +45,7 @@ KINDS = [{"early": 2}, {"retract": 2, "final": 2, "early": 1}, {"retract": 1, "e
 
 def early_spec(tmp_path: Path, target: Target, end_of_input: str) -> PipelineSpec:
     spec = small_spec(tmp_path, "early-clicks", target=target)
-    return dataclasses.replace(spec, window=dataclasses.replace(spec.window, emit_trigger=EmitTrigger("every_batch")),
+    return dataclasses.replace(spec, window_spec=dataclasses.replace(spec.window, emit_trigger=EmitTrigger("every_batch")),
                                run=dataclasses.replace(spec.run, end_of_input=end_of_input)).validate()
 
 

@@ -190,7 +190,9 @@ ERROR_CASES: list[tuple[str, dict[str, Any], str, tuple[str, ...]]] = [
     ("metrics-port-out-of-range", {"metrics_port": 70_000}, "metrics_port", ("70000", "1..65535")),
     ("metrics-port-bool", {"metrics_port": True}, "metrics_port", ("True", "not an integer")),
     ("run-missing", {"run": DELETE}, "run", ("required",)),
-    ("window-missing", {f"{W}": DELETE}, W, ("required", "[transform.window]")),
+    # without [transform.window] the pipeline is a row pipeline (tests/spec/test_row_pipelines.py), which needs SQL
+    ("window-and-sql-missing", {f"{W}": DELETE, "transform.sql": DELETE}, "transform.sql",
+     ("required for a row pipeline", "[transform.window]")),
     ("window-not-a-table", {f"{W}": 5}, W, ("table", "[transform.window]")),
     ("aggregations-missing", {f"{W}.aggregations": DELETE}, f"{W}.aggregations", ("at least one", 'agg = "count"')),
     ("aggregations-not-an-array", {f"{W}.aggregations": {"agg": "count", "as": "n"}}, f"{W}.aggregations",
@@ -263,19 +265,19 @@ def test_invalid_toml_syntax() -> None:
 
 def test_python_built_specs_are_validated_too() -> None:
     base = python_spec()
-    bad = replace(base, window=replace(base.window, hop_ms=None))
+    bad = replace(base, window_spec=replace(base.window, hop_ms=None))
     with pytest.raises(PipelineConfigError) as info:
         bad.validate()
     assert_names(info.value, f"{W}.hop_ms", "required")
     bad_agg = replace(base.window, aggregations=(Aggregation("count", "sku"),))
     with pytest.raises(PipelineConfigError) as info:
-        replace(base, window=bad_agg).validate()
+        replace(base, window_spec=bad_agg).validate()
     assert_names(info.value, f"{W}.aggregations[0].as", "'sku'", "group_by column")
     with pytest.raises(PipelineConfigError) as info:
-        replace(base, window=replace(base.window, aggregations=())).validate()
+        replace(base, window_spec=replace(base.window, aggregations=())).validate()
     assert_names(info.value, f"{W}.aggregations", "at least one")
     with pytest.raises(PipelineConfigError) as info:
-        replace(base, window=replace(base.window, max_groups_per_window=None)).validate()
+        replace(base, window_spec=replace(base.window, max_groups_per_window=None)).validate()
     assert_names(info.value, f"{W}.max_groups_per_window", "mandatory")
 
 

@@ -23,18 +23,32 @@ from ematix_dagster.spec import PipelineSpec, load_pipeline, spec_warnings
 def _validate(spec: PipelineSpec) -> None:
     from ematix_dagster.spark.plan import analyse
     from ematix_dagster.spark.readers import union_sources
+    from ematix_dagster.spark.row_plan import analyse_rows
     from ematix_dagster.spark.session import get_spark
 
     resolved = spec.resolved()
     spark = get_spark(f"ematix-validate-{spec.pipeline_name}")
-    analyse(spark, resolved, union_sources(spark, resolved))
+    stream = union_sources(spark, resolved)
+    if spec.is_row_pipeline:
+        analyse_rows(spark, resolved, stream)
+    else:
+        analyse(spark, resolved, stream)
+
+
+def _shape(spec: PipelineSpec) -> str:
+    """What the pipeline writes, for the ``validate`` line."""
+    if spec.rows is None:
+        return f"{spec.window.shape}, {len(spec.window.aggregations)} aggregation(s)"
+    if spec.rows.max_buffered_rows is None:  # mandatory with WATERMARK_TS(), refused without it
+        return "rows of [transform] sql as they arrive"
+    return (f"rows of [transform] sql held back until WATERMARK_TS() reaches them "
+            f"(at most {spec.rows.max_buffered_rows:_} pending)")
 
 
 def cmd_validate(spec: PipelineSpec) -> int:
     _validate(spec)
-    w = spec.window
-    print(f"ok: pipeline {spec.pipeline_name}: {len(spec.sources)} source(s), {w.shape}, "
-          f"{len(w.aggregations)} aggregation(s), target {spec.target.kind}")
+    print(f"ok: pipeline {spec.pipeline_name}: {len(spec.sources)} source(s), {_shape(spec)}, "
+          f"target {spec.target.kind}")
     return 0
 
 

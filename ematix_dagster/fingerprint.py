@@ -9,6 +9,13 @@ its rows by the rules it was written under. Lateness, caps and idleness may chan
 
 The emission items enter the document only when they differ from their defaults, so a pipeline
 that uses neither keeps the fingerprint its state was written with before they existed.
+
+A row pipeline (docs/contract/row-pipelines.md) has no window state, but its pending rows hold
+the SQL's output columns and a release time computed from its WHERE: its document holds the
+sources and their order, the SQL text, ``time_mode`` and ``event_time_column``, so a changed SQL
+refuses to start over pending rows written by the old one (SPEC §11: a change of the output
+schema with rows pending refuses to start). The text is the conservative stand-in for the output
+schema; lateness, idleness and ``max_buffered_rows`` may change freely.
 """
 
 from __future__ import annotations
@@ -26,6 +33,13 @@ _DEFAULTS: dict[str, Any] = {"window.emit_trigger": "watermark", "target.retract
 
 
 def fingerprint_doc(spec: PipelineSpec) -> dict[str, Any]:
+    if spec.is_row_pipeline:
+        return {
+            "sources": [[s.name, s.kind] for s in spec.sources],
+            "transform.sql": spec.transform_sql,
+            "transform.time_mode": spec.watermark.time_mode,
+            "transform.event_time_column": spec.watermark.event_time_column,
+        }
     w = spec.window
     doc = {
         "sources": [[s.name, s.kind] for s in spec.sources],

@@ -99,9 +99,11 @@ def check(spec: PipelineSpec) -> CheckReport:
     if record is not None:
         try:
             groups = decoded_groups(spec.pipeline_name, recovered, report.store)
-            if not changed:  # state of another window shape is reported as fingerprint_changed, not corrupt
-                check_window_ends(spec.pipeline_name, window_kind(spec.window), recovered.groups, report.store)
-                check_groups(spec.pipeline_name, spec.window, groups, report.store, thorough=True)
+            # state of another window shape is reported as fingerprint_changed, not corrupt; a row
+            # pipeline holds no windows
+            if not changed and spec.window_spec is not None:
+                check_window_ends(spec.pipeline_name, window_kind(spec.window_spec), recovered.groups, report.store)
+                check_groups(spec.pipeline_name, spec.window_spec, groups, report.store, thorough=True)
         except CorruptState as exc:
             report.problems.append(corrupt_state(exc))
     return report
@@ -133,8 +135,14 @@ def summary(spec: PipelineSpec, windows: bool = True) -> dict[str, Any]:
                     for n, p in (record.sources.items() if record else [])},
         "counters": dict(record.counters) if record else {},
         "windows": per_window,
-        **({noun: _held_per_key(recovered.groups, noun)} if (noun := window_kind(spec.window).rows_per_key) else {}),
+        **({noun: _held_per_key(recovered.groups, noun)} if (noun := _rows_per_key(spec)) else {}),
     }
+
+
+def _rows_per_key(spec: PipelineSpec) -> str | None:
+    """What a key of the window kind holds, for :func:`_held_per_key` (None: nothing to break down;
+    a row pipeline has no windows)."""
+    return None if spec.window_spec is None else window_kind(spec.window_spec).rows_per_key
 
 
 def _held_per_key(groups: list[tuple[int, int | None, bytes, bytes]], noun: str, top: int = 10) -> dict[str, Any]:

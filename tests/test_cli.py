@@ -14,6 +14,7 @@ import pytest
 from ematix_dagster.cli import main
 from ematix_dagster.spark.readers import kafka_options
 from ematix_dagster.spec import load_pipeline, load_pipeline_str
+from tests.spec.toml_samples import DELETE, ROW_TOML, mutated_toml
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,6 +92,83 @@ def test_validate_sql_error_exits_2(spark, tmp_path, capsys):
     assert main(["validate", str(path)]) == 2
     err = capsys.readouterr().err
     assert "transform.sql" in err and "not row-wise" in err and "Traceback" not in err
+
+
+def _row_pipeline(tmp_path: Path, changes: dict | None = None) -> Path:
+    """The row sample (tests/spec/toml_samples.py) reading an (empty) input directory, printing to the console."""
+    (tmp_path / "clicks").mkdir(exist_ok=True)
+    text = mutated_toml({"sources[0].path": str(tmp_path / "clicks"), "target": {"kind": "console"},
+                         "state_store.path": str(tmp_path / "state.db"), **(changes or {})}, ROW_TOML)
+    path = tmp_path / "rows.toml"
+    path.write_text(text)
+    return path
+
+
+def _where(predicate: str) -> dict:
+    return {"transform.sql": f"SELECT user_id, page, _event_ts FROM source WHERE {predicate}"}
+
+
+# SPEC §11: every use of WATERMARK_TS() but an upper bound in a row pipeline's top-level WHERE is a load-time error
+WATERMARK_TS_REFUSALS = [
+    ("lower-bound", _where("WATERMARK_TS() <= _event_ts + INTERVAL 1 MINUTE"), "transform.sql", ("lower bound",)),
+    ("two-time-varying-conditions", _where("_event_ts <= WATERMARK_TS() AND ts + INTERVAL 1 MINUTE <= WATERMARK_TS()"),
+     "transform.sql", ("2 time-varying conditions",)),
+    ("in-a-subquery", _where("user_id IN (SELECT user_id FROM source WHERE _event_ts <= WATERMARK_TS())"),
+     "transform.sql", ("in a subquery",)),
+    ("in-the-projection", {"transform.sql": "SELECT WATERMARK_TS() AS w, user_id FROM source"}, "transform.sql",
+     ("in the SELECT list",)),
+    ("in-a-join", {"transform.sql": "SELECT s.user_id FROM source s JOIN source t ON s.user_id = t.user_id "
+                                    "AND t._event_ts <= WATERMARK_TS()"}, "transform.sql", ("in a JOIN",)),
+    ("in-memory-store", {"state_store": {"kind": "in_memory"}}, "state_store.kind", ("in_memory",)),
+]
+
+
+@pytest.mark.parametrize(("changes", "key", "words"),
+                         [pytest.param(c, k, w, id=i) for i, c, k, w in WATERMARK_TS_REFUSALS])
+def test_validate_refuses_watermark_ts_misuse_exits_2(tmp_path, capsys, changes, key, words):
+    assert main(["validate", str(_row_pipeline(tmp_path, changes))]) == 2
+    err = capsys.readouterr().err
+    assert f"{key}: " in err and "fix:" in err and "Traceback" not in err, err
+    assert all(w in err for w in words), err
+
+
+def test_validate_refuses_watermark_ts_in_a_windowed_pipeline_exits_2(tmp_path, capsys):
+    text = (ROOT / "pipelines" / "demo_clicks.toml").read_text().replace("WHERE amount >= 0",
+                                                                         "WHERE _event_ts <= WATERMARK_TS()")
+    assert main(["validate", str(_demo_copy(tmp_path, text))]) == 2
+    err = capsys.readouterr().err
+    assert "transform.sql: calls WATERMARK_TS() in a windowed pipeline" in err, err
+
+
+def test_validate_a_row_pipeline_with_watermark_ts(spark, tmp_path, capsys):
+    assert main(["validate", str(_row_pipeline(tmp_path))]) == 0
+    out = capsys.readouterr().out
+    assert "ok: pipeline delayed-clicks: 1 source(s), rows of [transform] sql held back until WATERMARK_TS()" in out
+    assert "at most 100_000 pending), target console" in out
+
+
+def test_validate_a_row_pipeline_without_watermark_ts(spark, tmp_path, capsys):
+    changes = {"transform.sql": "SELECT user_id, amount * 2 AS doubled FROM source WHERE amount >= 0",
+               "transform.max_buffered_rows": DELETE}
+    assert main(["validate", str(_row_pipeline(tmp_path, changes))]) == 0
+    assert "rows of [transform] sql as they arrive, target console" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("sql", "words"), [
+    ("SELECT page, count(*) AS n FROM source GROUP BY page", ("not row-wise", "Aggregate")),
+    ("SELECT nope FROM source WHERE _event_ts <= WATERMARK_TS()", ("does not run", "nope")),
+], ids=["aggregate", "unknown-column"])
+def test_validate_analyses_a_row_pipelines_sql_with_spark(spark, tmp_path, capsys, sql, words):
+    changes = {"transform.sql": sql} if "WATERMARK_TS" in sql else {"transform.sql": sql,
+                                                                     "transform.max_buffered_rows": DELETE}
+    assert main(["validate", str(_row_pipeline(tmp_path, changes))]) == 2
+    err = capsys.readouterr().err
+    assert "transform.sql: " in err and "Traceback" not in err and all(w in err for w in words), err
+
+
+def test_run_refuses_a_row_pipeline_until_its_runner_exists(tmp_path, capsys):
+    assert main(["run", str(_row_pipeline(tmp_path))]) == 2
+    assert "the runner for them is not built yet" in capsys.readouterr().err
 
 
 def test_missing_file_exits_2(capsys):

@@ -49,14 +49,18 @@ def idempotency_warnings(spec: PipelineSpec) -> list[str]:
     """Why replays of this pipeline could duplicate output (empty: idempotent)."""
     warnings: list[str] = []
     target = spec.target
-    key = [spec.window.window_start_column, *spec.window.group_by]
+    window = spec.window_spec
+    if window is None:  # a row pipeline upserts on its [target] key, or (without one) replaces the batch's rows
+        key, written, state = list(target.key), "rows", "the watermark"
+    else:
+        key, written, state = [window.window_start_column, *window.group_by], "windows", "window state"
     if target.kind == "console":
-        warnings.append("the console target is not idempotent: a replayed batch prints its windows again "
+        warnings.append(f"the console target is not idempotent: a replayed batch prints its {written} again "
                         "(at-least-once); use a postgres or parquet target")
-    elif target.kind == "postgres":
+    elif target.kind == "postgres" and key:
         warnings.extend(_postgres_key_warnings(spec, key))
     if not spec.state_store.durable:
-        warnings.append("the state store is in memory: window state is lost when the run ends, and a restart "
+        warnings.append(f"the state store is in memory: {state} is lost when the run ends, and a restart "
                         "refuses the existing checkpoint; configure a sqlite or postgres store")
     return warnings
 

@@ -25,13 +25,15 @@ class EmatixTranslator:
 
     def get_description(self, pipeline: EmatixPipeline) -> str:
         spec = pipeline.spec
-        w = spec.window
-        shape = w.shape
-        by = f" per {', '.join(w.group_by)}" if w.group_by else ""
+        if spec.window_spec is None:  # a row pipeline writes what its SQL selects
+            what = f"rows of `{spec.transform_sql}`"
+        else:
+            w = spec.window_spec
+            what = w.shape + (f" per {', '.join(w.group_by)}" if w.group_by else "")
         sources = ", ".join(s.name for s in spec.sources)
         target = spec.target.table or spec.target.path or spec.target.kind
         head = pipeline.description.strip()
-        line = (f"Streaming pipeline `{spec.pipeline_name}`: {shape}{by} over {sources} into {spec.target.kind} "
+        line = (f"Streaming pipeline `{spec.pipeline_name}`: {what} over {sources} into {spec.target.kind} "
                 f"`{target}` (trigger {spec.run.trigger}).")
         return f"{head}\n\n{line}" if head else line
 
@@ -40,8 +42,9 @@ class EmatixTranslator:
 
     def get_tags(self, pipeline: EmatixPipeline) -> Mapping[str, str]:
         spec = pipeline.spec
+        window = "none" if spec.window_spec is None else spec.window_spec.kind  # none: a row pipeline
         return {PIPELINE_TAG: spec.pipeline_name, "ematix/trigger": spec.run.trigger,
-                "ematix/window": spec.window.kind, "ematix/target": spec.target.kind}
+                "ematix/window": window, "ematix/target": spec.target.kind}
 
     def get_kinds(self, pipeline: EmatixPipeline) -> set[str]:
         kinds = {"spark"}

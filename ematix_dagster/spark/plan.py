@@ -101,16 +101,7 @@ def analyse(spark: SparkSession, spec: PipelineSpec, stream: DataFrame) -> Batch
     out = apply_sql(spark, spec, empty)
     sql_columns: tuple[str, ...] = ()
     if spec.transform_sql:
-        plan = out._jdf.queryExecution().analyzed().toString()
-        nodes = {line.lstrip(" :+-|").split(" ")[0] for line in plan.splitlines()}
-        bad = sorted(nodes & NOT_ROW_WISE)
-        if bad:
-            raise PipelineConfigError("transform.sql", f"is not row-wise (its plan has {', '.join(bad)})",
-                                      "keep [transform] sql to filters, projections, casts and lookups; "
-                                      "aggregate with [transform.window]")
-        if SQL_ERROR in empty.columns or SQL_ERROR in out.columns:
-            raise PipelineConfigError("transform.sql", f"a column is named {SQL_ERROR}, the column the engine "
-                                      "adds for rows whose SQL failed", f"rename or drop {SQL_ERROR}")
+        check_row_wise(empty, out)
         sql_columns = tuple(out.columns)
         out = apply_sql(spark, spec, empty, sql_columns)
     types = {f.name: f.dataType for f in out.schema.fields}
@@ -135,6 +126,22 @@ def analyse(spark: SparkSession, spec: PipelineSpec, stream: DataFrame) -> Batch
         if problem is not None:
             raise PipelineConfigError(key, *problem)
     return BatchPlan(spec=spec, output_types=types, sql_columns=sql_columns)
+
+
+def check_row_wise(source: DataFrame, out: DataFrame) -> None:
+    """``[transform] sql`` (``out``, run over ``source``) looks at one row at a time, and leaves the
+    engine its ``_sql_error`` column: the engine runs it per batch and guards it row by row, so an
+    aggregate, a sort or a limit would see only one batch, and a user's ``_sql_error`` would be lost."""
+    plan = out._jdf.queryExecution().analyzed().toString()
+    nodes = {line.lstrip(" :+-|").split(" ")[0] for line in plan.splitlines()}
+    bad = sorted(nodes & NOT_ROW_WISE)
+    if bad:
+        raise PipelineConfigError("transform.sql", f"is not row-wise (its plan has {', '.join(bad)})",
+                                  "keep [transform] sql to filters, projections, casts and lookups; "
+                                  "aggregate with [transform.window]")
+    if SQL_ERROR in source.columns or SQL_ERROR in out.columns:
+        raise PipelineConfigError("transform.sql", f"a column is named {SQL_ERROR}, the column the engine "
+                                  "adds for rows whose SQL failed", f"rename or drop {SQL_ERROR}")
 
 
 #: the guarded form of a pipeline's SQL, parsed once per text (a batch asks again every time)

@@ -188,9 +188,9 @@ def with_engine_columns(df: DataFrame, spec: PipelineSpec, index: int) -> DataFr
         column, unit = source.event_time_column, source.event_time_unit
     else:
         column, unit = "timestamp", "ms"
-    window = spec.window
-    if window.event_time_column != EVENT_TS:
-        column, unit, key = window.event_time_column, window.event_time_unit, "transform.window.event_time_column"
+    marks = spec.watermark  # the window's keys, or a row pipeline's [transform]
+    if marks.event_time_column != EVENT_TS:
+        column, unit, key = marks.event_time_column, marks.event_time_unit, f"{spec.watermark_table}.event_time_column"
     for reserved in (EVENT_TS, SOURCE):
         if reserved in df.columns:
             raise PipelineConfigError(f"{key}", f"the source already has a column named {reserved}",

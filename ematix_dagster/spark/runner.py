@@ -23,6 +23,7 @@ from pyspark.sql.streaming import StreamingQuery
 from ematix_dagster.errors import (
     CheckpointDiverged,
     FingerprintChanged,
+    PipelineConfigError,
     SparkQueryFailed,
     StateNotDurableError,
     first_line,
@@ -73,6 +74,11 @@ class PipelineRunner:
                  metrics: StreamingMetrics | None = None, progress: Callable[[str], None] | None = None,
                  store: StateStore | None = None, run_label: str | None = None,
                  batch_progress: Callable[[BatchReport], None] | None = None) -> None:
+        if spec.is_row_pipeline:  # before anything is opened: nothing of a row pipeline runs yet
+            raise PipelineConfigError("transform", f"pipeline {spec.pipeline_name} is a row pipeline (no "
+                                      "[transform.window]): row pipelines are validated but the runner for them is "
+                                      "not built yet", "add [transform.window] to aggregate, or wait for the row "
+                                      "pipeline runner (docs/contract/row-pipelines.md)")
         # Sources, stores, targets and the checkpoint are opened with ``${NAME}`` expanded; the
         # fingerprint that the state records keeps the placeholders (never a value).
         self.spec = spec.resolved()

@@ -321,8 +321,9 @@ class PipelineSpec:
     def _validate_windowed(self, window: Window) -> None:
         """The rules between ``[transform.window]`` and the other tables."""
         if self.rows is not None:
-            _fail("transform", "a windowed pipeline takes its watermark keys in [transform.window], and "
-                  "max_buffered_rows applies to row pipelines only", "set them in [transform.window] (no rows=)")
+            _fail("transform", "has both a window and a row pipeline's keys (rows): a windowed pipeline takes its "
+                  "watermark keys in [transform.window], and max_buffered_rows applies to row pipelines only",
+                  "give window or rows, not both")
         window.validate()
         if self.transform_sql is not None and uses_watermark_ts(self.transform_sql):
             _fail("transform.sql", f"calls {WATERMARK_TS}() in a windowed pipeline: it may appear only in the "

@@ -77,9 +77,9 @@ def test_materialize_an_available_now_pipeline_asset_end_to_end(spark, pg_dsn, p
                         schema="user_id BIGINT, amount DOUBLE, ts TIMESTAMP", event_time_column="ts",
                         max_files_per_trigger=1),),
         window_spec=Window(kind="tumbling", duration_ms=DURATION_S * 1000, group_by=("user_id",),
-                      max_groups_per_window=1_000,
-                      aggregations=(Aggregation(agg="count", as_="clicks"),
-                                    Aggregation(agg="sum", column="amount", as_="amount_sum"))),
+                           max_groups_per_window=1_000,
+                           aggregations=(Aggregation(agg="count", as_="clicks"),
+                                         Aggregation(agg="sum", column="amount", as_="amount_sum"))),
         target=Target(kind="postgres", url=pg_dsn, table=f"{pg_schema}.clicks_1min", create_table=True),
         state_store=StateStoreConfig(kind="sqlite", path=str(tmp_path / "never-used.db")),  # the resource overrides it
         run=Run(trigger="available_now", checkpoint_location=str(tmp_path / "checkpoint")),

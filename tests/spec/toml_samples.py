@@ -1,6 +1,6 @@
 """The pipeline specs the tests of tests/spec load and mutate: the reference TOML (docs/contract/toml-reference.md
-with a parquet target and no ``${ENV}`` placeholders), a minimal TOML and a spec built in Python, with the helpers
-that mutate the reference TOML and check that an error names its key, its bad value and the fix.
+with a parquet target and no ``${ENV}`` placeholders), a minimal TOML, a spec built in Python and a row pipeline's
+TOML, with the helpers that mutate a TOML and check that an error names its key, its bad value and the fix.
 """
 
 from __future__ import annotations
@@ -154,8 +154,9 @@ def _apply(doc: dict[str, Any], path: str, value: Any) -> None:
         node[name] = value
 
 
-def mutated_toml(changes: dict[str, Any]) -> str:
-    doc = tomllib.loads(FULL_TOML)
+def mutated_toml(changes: dict[str, Any], base: str | None = None) -> str:
+    """``base`` (the reference TOML when None) with ``changes`` applied."""
+    doc = tomllib.loads(FULL_TOML if base is None else base)
     for path, value in changes.items():
         _apply(doc, path, value if value is DELETE else copy.deepcopy(value))
     return tomli_w.dumps(doc)
@@ -213,3 +214,48 @@ def python_spec() -> PipelineSpec:
         run=Run(checkpoint_location="file:///tmp/ckpt", trigger="processing_time", trigger_interval_ms=500),
         metrics_port=9200,
     ).validate()
+
+
+# A row pipeline (docs/contract/row-pipelines.md): no [transform.window]; checkout clicks are held back 15 minutes of
+# event time, the others leave at once. Every [transform] key is written, defaults included.
+ROW_TOML = '''
+pipeline_name = "delayed-clicks"
+
+[[sources]]
+name = "clicks"
+kind = "files"
+format = "parquet"
+path = "data/clicks"
+schema = "user_id BIGINT, amount DOUBLE, page STRING, ts TIMESTAMP"
+event_time_column = "ts"
+
+[transform]
+sql = """SELECT user_id, amount, page, _event_ts FROM source
+WHERE (page = 'checkout' AND _event_ts + INTERVAL 15 MINUTES <= WATERMARK_TS()) OR page <> 'checkout'"""
+lateness_ms = 10_000
+source_idleness_ms = 30_000
+time_mode = "event"
+event_time_column = "_event_ts"
+event_time_unit = "ms"
+max_buffered_rows = 100_000
+
+[target]
+kind = "postgres"
+url = "postgresql://ematix@127.0.0.1:5432/ematix"
+table = "public.clicks_delayed"
+create_table = true
+key = ["user_id", "page"]
+
+[dead_letter]
+kind = "parquet"
+path = "data/dlq/delayed-clicks"
+
+[state_store]
+kind = "sqlite"
+path = ".ematix/state.db"
+
+[run]
+checkpoint_location = ".ematix/checkpoints/delayed-clicks"
+end_of_input = "flush"
+'''
+

@@ -1,4 +1,5 @@
-"""The pipeline spec's dataclasses besides the window, and the rules between its tables.
+"""The pipeline spec's dataclasses besides the window (:mod:`.window`) and a row pipeline's
+``[transform]`` (:mod:`.rows`), and the rules between its tables.
 
 :meth:`PipelineSpec.validate` checks the types on the spec as written and the values on its resolved
 copy (see the package docstring).
@@ -262,7 +263,7 @@ class PipelineSpec:
         """The window; a ``PipelineConfigError`` for a row pipeline, so windowed code never runs on one."""
         if self.window_spec is None:
             _fail("transform.window", f"pipeline {self.pipeline_name} is a row pipeline: it has no window",
-                  "add [transform.window] to aggregate, or use what applies to row pipelines")
+                  "add [transform.window] to aggregate; code serving both kinds reads spec.watermark or spec.rows")
         return self.window_spec
 
     @property

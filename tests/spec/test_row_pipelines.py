@@ -176,6 +176,7 @@ ROW_REFUSALS: list[tuple[str, dict[str, Any], str, tuple[str, ...]]] = [
     ("event-time-column-not-a-name", {f"{T}.event_time_column": "event time"}, f"{T}.event_time_column",
      ("'event time'", "payload column")),
     ("event-time-column-a-number", {f"{T}.event_time_column": 5}, f"{T}.event_time_column", ("5", "not a string")),
+    ("time-mode-a-number", {f"{T}.time_mode": 1}, f"{T}.time_mode", ("1 is an integer, not a string",)),
     # --- keys of [transform]
     ("window-key", {f"{T}.late_data": "drop"}, f"{T}.late_data",
      ("[transform.window] key", "no [transform.window]", "move late_data there")),
@@ -190,6 +191,7 @@ ROW_REFUSALS: list[tuple[str, dict[str, Any], str, tuple[str, ...]]] = [
     ("key-batch-id", {"target.key": ["_batch_id"]}, "target.key[0]", ("'_batch_id' is reserved",)),
     ("key-not-a-name", {"target.key": ["user id"]}, "target.key[0]", ("'user id' is not a column name",)),
     ("key-a-string", {"target.key": "user_id"}, "target.key", ("'user_id' is a string, not a list",)),
+    ("key-item-a-number", {"target.key": ["user_id", 3]}, "target.key[1]", ("3 is an integer, not a string",)),
     ("retractions", {"target": {"kind": "parquet", "path": "out", "retractions": True}}, "target.retractions",
      ("writes each row once", "windowed pipelines")),
 ]

@@ -15,6 +15,7 @@ from ematix_dagster.facade import StreamingPipeline, run_streaming_pipeline, str
 from ematix_dagster.spec import (
     Aggregation,
     DeadLetter,
+    EmitTrigger,
     PipelineSpec,
     Run,
     Source,
@@ -31,8 +32,8 @@ from ematix_dagster.streaming import aggregators as _aggregators  # noqa: F401
 from ematix_dagster.streaming import windows as _windows  # noqa: F401
 
 __all__ = [
-    "Aggregation", "AggregationOverflow", "DeadLetter", "EmatixError", "PipelineConfigError", "PipelineSpec", "Run",
-    "Source", "StateCapExceeded", "StateNotDurableError", "StateStoreConfig", "StreamingPipeline", "Target",
-    "TargetError", "Window", "dump_pipeline", "load_pipeline", "load_pipeline_str", "run_streaming_pipeline",
-    "streaming_pipeline",
+    "Aggregation", "AggregationOverflow", "DeadLetter", "EmatixError", "EmitTrigger", "PipelineConfigError",
+    "PipelineSpec", "Run", "Source", "StateCapExceeded", "StateNotDurableError", "StateStoreConfig",
+    "StreamingPipeline", "Target", "TargetError", "Window", "dump_pipeline", "load_pipeline", "load_pipeline_str",
+    "run_streaming_pipeline", "streaming_pipeline",
 ]

@@ -15,6 +15,22 @@
 'clicks-per-minute'
 >>> "[transform.window]" in clicks_per_minute.to_toml()
 True
+
+``emit_trigger`` takes the TOML spellings (a string or a one-key dict) or an :class:`EmitTrigger`
+(what the field holds, and what type-checked callers pass):
+
+>>> from ematix_dagster import EmitTrigger
+>>> def window(trigger):
+...     return Window(kind="tumbling", duration_ms=60_000, max_groups_per_window=10,
+...                   aggregations=[Aggregation(agg="count", as_="clicks")], emit_trigger=trigger)
+>>> window({"count": 5}).emit_trigger == window(EmitTrigger(kind="count", count=5)).emit_trigger
+True
+>>> window("every_batch").emit_trigger
+EmitTrigger(kind='every_batch', interval_ms=None, count=None)
+>>> window({"every": 5})
+Traceback (most recent call last):
+...
+ematix_dagster.errors.PipelineConfigError: transform.window.emit_trigger: unknown trigger {'every': 5}: ...
 """
 
 from __future__ import annotations

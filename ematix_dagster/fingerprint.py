@@ -2,7 +2,13 @@
 
 State written under one window shape cannot be read under another: changing the sources or
 their order, the window kind or sizes, group_by, the aggregations, hll_precision or time_mode
-refuses to start and names the change. Lateness, caps and idleness may change freely.
+refuses to start and names the change. So does changing ``emit_trigger`` or ``[target]
+retractions``: the state holds what they emit from (each group's hidden row count, the groups
+changed since the last firing, the last row written per key), and a reader of the target reads
+its rows by the rules it was written under. Lateness, caps and idleness may change freely.
+
+The emission items enter the document only when they differ from their defaults, so a pipeline
+that uses neither keeps the fingerprint its state was written with before they existed.
 """
 
 from __future__ import annotations
@@ -15,10 +21,13 @@ from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.streaming.aggregators import make_aggregator
 from ematix_dagster.streaming.windows import KINDS
 
+#: items that are left out at their default, and that default (what an absent item means)
+_DEFAULTS: dict[str, Any] = {"window.emit_trigger": "watermark", "target.retractions": False}
+
 
 def fingerprint_doc(spec: PipelineSpec) -> dict[str, Any]:
     w = spec.window
-    return {
+    doc = {
         "sources": [[s.name, s.kind] for s in spec.sources],
         "window.kind": w.kind,
         **KINDS[w.kind].fingerprint(w),
@@ -27,7 +36,10 @@ def fingerprint_doc(spec: PipelineSpec) -> dict[str, Any]:
         "window.hll_precision": w.hll_precision,
         "window.time_mode": w.time_mode,
         "window.event_time_column": w.event_time_column,
+        "window.emit_trigger": w.emit_trigger.to_toml(),
+        "target.retractions": spec.target.retractions,
     }
+    return {key: value for key, value in doc.items() if key not in _DEFAULTS or value != _DEFAULTS[key]}
 
 
 def fingerprint(doc: dict[str, Any]) -> str:
@@ -35,6 +47,10 @@ def fingerprint(doc: dict[str, Any]) -> str:
 
 
 def describe_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """Human lines naming each changed item, e.g. ``window.duration_ms: 60000 -> 30000``."""
-    return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in sorted(set(old) | set(new))
-            if old.get(key) != new.get(key)]
+    """Human lines naming each changed item, e.g. ``window.duration_ms: 60000 -> 30000`` (an item
+    left out at its default shows that default: ``window.emit_trigger: 'watermark' -> 'every_batch'``)."""
+    def value(doc: dict[str, Any], key: str) -> Any:
+        return doc.get(key, _DEFAULTS.get(key))
+
+    return [f"{key}: {value(old, key)!r} -> {value(new, key)!r}" for key in sorted(set(old) | set(new))
+            if value(old, key) != value(new, key)]

@@ -94,8 +94,8 @@ def check(spec: PipelineSpec) -> CheckReport:
                    and record.fingerprint != fingerprint(fingerprint_doc(spec)))
     if changed and record is not None:
         changes = "; ".join(describe_changes(record.fingerprint_doc, fingerprint_doc(spec)))
-        report.problems.append(Problem("fingerprint_changed", f"the spec's window shape changed since the state was "
-                                       f"written: {changes}.", "revert the change, or reset the pipeline"))
+        report.problems.append(Problem("fingerprint_changed", "the spec's window shape or emission changed since the "
+                                       f"state was written: {changes}.", "revert the change, or reset the pipeline"))
     if record is not None:
         try:
             groups = decoded_groups(spec.pipeline_name, recovered, report.store)

@@ -32,6 +32,11 @@ Decisions shared by the three stores:
   true/false for a session window, NULL (no entry) for a fixed window; ``load`` returns the
   non-NULL flags in ``RecoveredState.emitted``, read in the same snapshot as the groups, and
   ``migrate_state`` keeps them.
+* Likewise every upsert writes the row's last written row (``written_row``, schema step 6) from
+  ``BatchCommit.written``: an opaque engine blob, NULL without an entry (so an upsert that drops it
+  forgets it, and a delete removes it with its row); ``load`` returns the non-NULL ones in
+  ``RecoveredState.written``. Whole-window rows never carry one. The pipeline row carries the
+  interval trigger's last firing, ``PipelineRecord.trigger_fired_at`` (µs, None before any).
 * A row in the pipelines table whose ``state_version`` is NULL is a lease marker written by
   ``acquire_lease`` before the first commit: ``load`` reports such a pipeline as never committed.
 

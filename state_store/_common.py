@@ -73,7 +73,7 @@ def sources_to_json(sources: dict[str, SourceProgress]) -> str:
 
 #: The pipelines-table columns a load reads, in the order ``record_from_row`` expects.
 PIPELINE_COLUMNS = ("state_version", "query_id", "last_batch_id", "fingerprint", "fingerprint_doc", "watermark",
-                    "sources", "counters", "lease_holder", "pending_migration")
+                    "sources", "counters", "lease_holder", "pending_migration", "trigger_fired_at")
 
 
 def _is_int(value: Any) -> bool:
@@ -128,11 +128,22 @@ def _json_column(pipeline: str, store: str | None, column: str, value: Any, defa
         way_out=RESTORE_OR_RESET)
 
 
+def _int_column(pipeline: str, store: str | None, column: str, value: Any) -> int | None:
+    """An integer column of the pipelines-table row: an int or NULL, anything else is ``CorruptState``."""
+    if _is_int_or_none(value):
+        return value
+    raise CorruptState(
+        f"{where(pipeline, store or 'the state store')}: column {column!r} of the pipelines table "
+        f"({PIPELINES_TABLE}) is corrupt: expected an integer or NULL; it holds {value!r:.120}",
+        way_out=RESTORE_OR_RESET)
+
+
 def record_from_row(pipeline: str, row: tuple, offsets: dict[str, str], store: str | None = None) -> PipelineRecord:
     """The pipelines-table row (in ``PIPELINE_COLUMNS`` order) as a record; JSON as text or jsonb.
 
-    A JSON column that does not parse, or parses to another shape, raises ``CorruptState``
-    naming the pipeline, ``store`` (the store's description) and the column.
+    A JSON column that does not parse, or parses to another shape, and a ``trigger_fired_at`` that
+    is not an integer or NULL, raise ``CorruptState`` naming the pipeline, ``store`` (the store's
+    description) and the column.
     """
     record = PipelineRecord(
         pipeline=pipeline, state_version=row[0], query_id=row[1], last_batch_id=row[2], fingerprint=row[3],
@@ -141,7 +152,8 @@ def record_from_row(pipeline: str, row: tuple, offsets: dict[str, str], store: s
         sources={name: SourceProgress(max_event_ts=m, last_arrival=a) for name, m, a in
                  _json_column(pipeline, store, "sources", row[6], [], _sources_problem)},
         counters=_json_column(pipeline, store, "counters", row[7], {}, _counters_problem),
-        pending_migration=bool(row[9]))
+        pending_migration=bool(row[9]),
+        trigger_fired_at=_int_column(pipeline, store, "trigger_fired_at", row[10]))
     record.offsets = ordered_offsets(record.sources, offsets)
     return record
 
@@ -158,6 +170,9 @@ def check_batch(batch: BatchCommit) -> None:
     """Types a store relies on (the databases check the same through their column types)."""
     if not isinstance(batch.record, PipelineRecord) or not batch.record.pipeline:
         raise TypeError("BatchCommit.record must be a PipelineRecord with a pipeline name")
+    if not _is_int_or_none(batch.record.trigger_fired_at):
+        raise TypeError("record.trigger_fired_at must be an int batch time (µs) or None, "
+                        f"got {batch.record.trigger_fired_at!r:.200}")
     row: tuple[Any, ...]  # checked here: any shape until then
     if not _plain_rows(batch.upserts, (int, int, bytes, bytes)):  # else name the first bad one
         for row in batch.upserts:
@@ -173,12 +188,16 @@ def check_batch(batch: BatchCommit) -> None:
         start, end, blob = row if isinstance(row, tuple) and len(row) == 3 else (None, None, None)
         if type(start) is not int or type(end) is not int or not isinstance(blob, bytes) or not blob:
             raise TypeError(f"a whole window must be (int window_start, int window_end, bytes blob), got {row!r:.200}")
-    if batch.emitted:
+    if batch.emitted or batch.written:
         upserted = {(start, key) for start, _, key, _ in batch.upserts}
         for flag_key, flag in batch.emitted.items():
             if flag_key not in upserted or type(flag) is not bool:
                 raise TypeError("an emitted flag must be a bool keyed by the (window_start, key) of an upsert "
                                 f"of the same batch, got {flag_key!r:.200}: {flag!r:.20}")
+        for row_key, kept in batch.written.items():
+            if row_key not in upserted or not isinstance(kept, bytes):
+                raise TypeError("a written row must be bytes keyed by the (window_start, key) of an upsert "
+                                f"of the same batch, got {row_key!r:.200}: {kept!r:.40}")
     for row in batch.deletes:
         start, key = row
         if type(start) is not int or not isinstance(key, bytes):

@@ -18,6 +18,15 @@ the watermark. The flag travels beside the 4-tuples, keyed by ``(window_start, k
 other reader and writer of groups is unaffected: ``BatchCommit.emitted`` for upserts (an upsert
 without an entry stores NULL) and ``RecoveredState.emitted`` for loaded rows (the non-NULL flags).
 
+Schema step 6 adds two more pieces of state for emission triggers and retractions. A row may carry
+its ``written`` row: the last row written to the target for that (window_start, key), an opaque
+blob the engine encodes (window end and values), kept only where the engine needs it. It travels
+like the flag: ``BatchCommit.written`` for upserts (an upsert without an entry stores NULL, so a
+delete or an upsert that drops it forgets it) and ``RecoveredState.written`` for loaded rows (the
+non-NULL blobs); whole-window rows never carry one. The record carries ``trigger_fired_at``, the
+batch time (µs) of the interval emit trigger's last firing (None before any), committed with the
+batch like the watermark.
+
 A window may also be stored whole, as one row (``BatchCommit.whole_windows``, key
 ``whole_window.WINDOW_KEY``, a blob of ``whole_window.encode_window``): a batch that changed most of
 a window's groups writes one row instead of thousands (measured: a SQLite row costs about 2 µs to
@@ -60,6 +69,7 @@ class PipelineRecord:
     counters: dict[str, int] = field(default_factory=dict)
     offsets: dict[str, str] = field(default_factory=dict)  # source name -> offset JSON of last_batch_id
     pending_migration: bool = False
+    trigger_fired_at: int | None = None  # batch time (µs) of the interval emit trigger's last firing
 
 
 @dataclass
@@ -71,6 +81,8 @@ class RecoveredState:
     migrated: int = 0  # blobs of an older state version brought forward by this load (not written back)
     #: (window_start, key) -> the stored emitted flag, for the loaded rows whose flag is not NULL (sessions)
     emitted: dict[tuple[int, bytes], bool] = field(default_factory=dict)
+    #: (window_start, key) -> the stored last written row (an engine blob), for the loaded rows that keep one
+    written: dict[tuple[int, bytes], bytes] = field(default_factory=dict)
 
 
 @dataclass
@@ -86,6 +98,9 @@ class BatchCommit:
     in_transaction: list[Callable[[Any], None]] = field(default_factory=list)  # called with the DB connection
     #: (window_start, key) -> emitted flag of an upsert of the same key; upserts without one store NULL
     emitted: dict[tuple[int, bytes], bool] = field(default_factory=dict)
+    #: (window_start, key) -> last written row (an engine blob) of an upsert of the same key; upserts without
+    #: one store NULL
+    written: dict[tuple[int, bytes], bytes] = field(default_factory=dict)
     #: (start, end, blob of every group): written first, replacing every stored row of the window
     whole_windows: list[tuple[int, int, bytes]] = field(default_factory=list)
 

@@ -31,8 +31,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class _Pipeline:
     record: PipelineRecord | None = None
-    #: window start -> key -> (window end, blob, emitted flag or None)
-    windows: dict[int, dict[bytes, tuple[int | None, bytes, bool | None]]] = field(default_factory=dict)
+    #: window start -> key -> (window end, blob, emitted flag or None, last written row or None)
+    windows: dict[int, dict[bytes, tuple[int | None, bytes, bool | None, bytes | None]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -119,12 +119,14 @@ class InMemoryStateStore(StateStore):
                 return RecoveredState(record=None)
             record = copy.deepcopy(data.record)
             rows = [(start, end, key, blob) for start, by_key in data.windows.items()
-                    for key, (end, blob, _) in by_key.items()] if groups else []
+                    for key, (end, blob, _, _) in by_key.items()] if groups else []
             flags = {(start, key): flag for start, by_key in data.windows.items()
-                     for key, (_, _, flag) in by_key.items() if flag is not None} if groups else {}
+                     for key, (_, _, flag, _) in by_key.items() if flag is not None} if groups else {}
+            written = {(start, key): kept for start, by_key in data.windows.items()
+                       for key, (_, _, _, kept) in by_key.items() if kept is not None} if groups else {}
         check_record_version(record, self.description)
         rows, migrated = bring_forward(pipeline, self.description, expand_windows(pipeline, self.description, rows))
-        return RecoveredState(record=record, groups=rows, migrated=migrated, emitted=flags)
+        return RecoveredState(record=record, groups=rows, migrated=migrated, emitted=flags, written=written)
 
     def commit(self, batch: BatchCommit) -> None:
         check_batch(batch)
@@ -139,14 +141,14 @@ class InMemoryStateStore(StateStore):
                 callback(None)
             data = space.pipelines.setdefault(pipeline, _Pipeline())
             windows = data.windows
-            flag = batch.emitted.get
+            flag, kept = batch.emitted.get, batch.written.get
             for start, end, blob in batch.whole_windows:
-                windows[start] = {WINDOW_KEY: (end, blob, None)}
+                windows[start] = {WINDOW_KEY: (end, blob, None, None)}
             for start, end, key, blob in batch.upserts:
                 groups = windows.get(start)
                 if groups is None:
                     groups = windows[start] = {}
-                groups[key] = (end, blob, flag((start, key)))
+                groups[key] = (end, blob, flag((start, key)), kept((start, key)))
             for start, key in batch.deletes:
                 groups = windows.get(start)
                 if groups is not None:
@@ -174,11 +176,12 @@ class InMemoryStateStore(StateStore):
             if data is None:
                 return 0
             rows = [(start, end, key, blob) for start, by_key in data.windows.items()
-                    for key, (end, blob, _) in by_key.items()]
+                    for key, (end, blob, _, _) in by_key.items()]
             rows, migrated = bring_forward_stored(pipeline, self.description, rows)
-            if migrated:
+            if migrated:  # the emitted flag and the written row stay as they are
                 for start, end, key, blob in rows:
-                    data.windows[start][key] = (end, blob, data.windows[start][key][2])
+                    _, _, flag, kept = data.windows[start][key]
+                    data.windows[start][key] = (end, blob, flag, kept)
             return migrated
 
     def close(self) -> None:

@@ -53,6 +53,28 @@ is after the watermark, so a restart cannot derive the flag. Layout decision:
   session is emitted exactly when its end is before the committed watermark, and the engine
   derives the flag that way for a NULL (``Engine.restore``).
 * Not in the key and not indexed: it is read with the row and written with the row.
+
+Step 6 (``written_row``, ``trigger_fired_at``): what emission triggers and retractions need across
+a restart (SPEC §10, docs/contract/emission.md: "each key's last written row and its emitted flag
+are state, committed with the batch"; the interval trigger has "one timer per pipeline, stored
+with the state"). Layout decision:
+
+* ``written_row`` (bytea; SQLite: BLOB) on every state row: the last row written to the target for
+  that (window_start, key), its window end and values, an opaque blob the engine encodes (a
+  ``retract`` row repeats it exactly). It is kept only where the engine needs it (retractions,
+  session windows); NULL means nothing kept. Like ``emitted`` it travels beside the groups, keyed
+  by (window_start, key): every upsert writes the column (``BatchCommit.written``, NULL without an
+  entry) and a load returns the non-NULL blobs (``RecoveredState.written``), in the same snapshot.
+  Whole-window rows never carry one: the engine writes groups one by one when it keeps written
+  rows. A delete removes it with its row; ``migrate_state`` (which rewrites older state blobs)
+  leaves it as it is.
+* ``trigger_fired_at`` (bigint; SQLite: INTEGER) on the pipelines row: the batch time (µs) of the
+  interval emit trigger's last firing, NULL before any (only that trigger sets it). One value per
+  pipeline, so it lives beside the watermark (``PipelineRecord.trigger_fired_at``) and is written
+  with the record on every commit; a load refuses anything but an integer or NULL (CorruptState).
+* Both nullable and without a default: catalog-only changes on both databases (no table rewrite,
+  no lock held for longer than the ALTER). Rows and pipelines written before the step read as
+  "nothing kept" and "never fired": no code kept either before it.
 """
 
 from __future__ import annotations
@@ -175,6 +197,13 @@ STEPS: tuple[SchemaStep, ...] = (
         5, "emitted flag on every state row (nullable): whether a session was written to the target",
         postgres=("ALTER TABLE {state} ADD COLUMN emitted boolean",),
         sqlite=("ALTER TABLE {state} ADD COLUMN emitted INTEGER",),
+    ),
+    SchemaStep(
+        6, "written rows and the interval trigger's timer: last row written per state row, last firing per pipeline",
+        postgres=("ALTER TABLE {state} ADD COLUMN written_row bytea",
+                  "ALTER TABLE {pipelines} ADD COLUMN trigger_fired_at bigint"),
+        sqlite=("ALTER TABLE {state} ADD COLUMN written_row BLOB",
+                "ALTER TABLE {pipelines} ADD COLUMN trigger_fired_at INTEGER"),
     ),
 )
 

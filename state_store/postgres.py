@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence, TypeVar, cast
+from typing import Any, Callable, Iterator, TypeVar, cast
 
 import psycopg
 from psycopg import sql
@@ -51,7 +51,7 @@ from state_store._common import (
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, StateStore
 from state_store.errors import EmatixError, StoreConfigError, StoreUnavailable
 from state_store.names import lease_key
-from state_store.pg_rows import select_flags, select_groups, upsert_groups
+from state_store.pg_rows import read_beside, select_groups, upsert_groups
 from state_store.pg_url import describe, parse_url, store_error
 
 log = logging.getLogger(__name__)
@@ -277,18 +277,20 @@ class PostgresStateStore(StateStore):
                 return RecoveredState(record=None)
             offsets = dict(conn.execute(sql.SQL("SELECT source_id, offset_json FROM {offsets} "
                                                 "WHERE pipeline_name = %s").format(**n), (pipeline,)).fetchall())
-            groups, flags = [], {}
+            groups: list[tuple[int, int | None, bytes, bytes]] = []
+            flags: dict[tuple[int, bytes], bool] = {}
+            written: dict[tuple[int, bytes], bytes] = {}
             if with_groups:
                 cur = conn.cursor(binary=True)
                 cur.execute(select_groups(n), (pipeline,))
                 with loaded_groups.gc_paused():
                     groups = cur.fetchall()
-                flags = _flags(cur, select_flags(n), (pipeline,))
+                flags, written = read_beside(cur, n, (pipeline,))
         record = record_from_row(pipeline, row, offsets, self.description)
         check_record_version(record, self.description)
         groups = expand_windows(pipeline, self.description, groups)
         groups, migrated = bring_forward(pipeline, self.description, fill_window_ends(groups, record))
-        return RecoveredState(record=record, groups=groups, migrated=migrated, emitted=flags)
+        return RecoveredState(record=record, groups=groups, migrated=migrated, emitted=flags, written=written)
 
     def commit(self, batch: BatchCommit) -> None:
         check_batch(batch)
@@ -302,10 +304,10 @@ class PostgresStateStore(StateStore):
             if batch.whole_windows:
                 conn.execute(sql.SQL("DELETE FROM {state} WHERE pipeline_name = %s AND window_start = ANY(%s::bigint[])")
                              .format(**n), (pipeline, [start for start, _, _ in batch.whole_windows]))
-                self._upsert(conn, pipeline, [(start, end, whole_window.WINDOW_KEY, blob)
-                                              for start, end, blob in batch.whole_windows], {})
+                upsert_groups(conn, n, pipeline, [(start, end, whole_window.WINDOW_KEY, blob)
+                                                  for start, end, blob in batch.whole_windows])
             if batch.upserts:
-                self._upsert(conn, pipeline, batch.upserts, batch.emitted)
+                upsert_groups(conn, n, pipeline, batch.upserts, batch.emitted, batch.written)
             if batch.deletes:
                 conn.execute(sql.SQL(
                     "DELETE FROM {state} s USING unnest(%s::bigint[], %s::bytea[]) AS d(window_start, group_key) "
@@ -329,7 +331,7 @@ class PostgresStateStore(StateStore):
             values = (record.state_version, record.query_id, record.last_batch_id, record.fingerprint,
                       Jsonb(record.fingerprint_doc), record.watermark, Jsonb(_sources_doc(record)),
                       Jsonb(record.counters), self._leases.get(pipeline),
-                      bool(record.pending_migration))
+                      bool(record.pending_migration), record.trigger_fired_at)
             conn.execute(sql.SQL(
                 "INSERT INTO {pipelines} (pipeline_name, {columns}, updated_at) VALUES (%s, {params}, now()) "
                 "ON CONFLICT (pipeline_name) DO UPDATE SET {updates}, updated_at = now()").format(
@@ -339,10 +341,6 @@ class PostgresStateStore(StateStore):
                                            for c in PIPELINE_COLUMNS), **n), (pipeline, *values))
             for callback in batch.in_transaction:
                 callback(conn)
-
-    def _upsert(self, conn: psycopg.Connection, pipeline: str, upserts: Sequence[tuple[int, int | None, bytes, bytes]],
-                emitted: dict[tuple[int, bytes], bool]) -> None:
-        upsert_groups(conn, self._names, pipeline, upserts, emitted)
 
     def reset(self, pipeline: str) -> None:
         self._guard("resetting state", pipeline, lambda: self._reset(pipeline))
@@ -366,9 +364,9 @@ class PostgresStateStore(StateStore):
             cur = conn.cursor(binary=True)
             cur.execute(select_groups(self._names, stale_only=True), (pipeline, codec.STATE_VERSION))
             rows, migrated = bring_forward_stored(pipeline, self.description, cur.fetchall())
-            if rows:  # the flags are written back as they are
-                flags = _flags(cur, select_flags(self._names, stale_only=True), (pipeline, codec.STATE_VERSION))
-                self._upsert(conn, pipeline, rows, flags)
+            if rows:  # the flags and the written rows are written back as they are
+                flags, written = read_beside(cur, self._names, (pipeline, codec.STATE_VERSION), stale_only=True)
+                upsert_groups(conn, self._names, pipeline, rows, flags, written)
             return migrated
 
     def close(self) -> None:
@@ -384,11 +382,6 @@ class PostgresStateStore(StateStore):
             if self._pool is not None:
                 self._pool.close()
                 self._pool = None
-
-
-def _flags(cur: psycopg.Cursor, query: sql.Composed, params: tuple) -> dict[tuple[int, bytes], bool]:
-    cur.execute(query, params)
-    return {(start, key): flag for start, key, flag in cur.fetchall()}
 
 
 def _sources_doc(record: PipelineRecord) -> list[list[Any]]:

@@ -51,17 +51,27 @@ _HOLDER_WAIT_S = 1.0  # a lock that is held but has no holder text yet is re-che
 
 _N = migrations.sqlite_names()
 _UPSERT = (f"INSERT INTO {_N['state']} (pipeline_name, window_start, window_end, group_key, state_blob, state_version, "
-           "updated_at, emitted) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (pipeline_name, window_start, group_key) "
+           "updated_at, emitted, written_row) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+           "ON CONFLICT (pipeline_name, window_start, group_key) "
            "DO UPDATE SET window_end = excluded.window_end, state_blob = excluded.state_blob, "
-           "state_version = excluded.state_version, updated_at = excluded.updated_at, emitted = excluded.emitted")
+           "state_version = excluded.state_version, updated_at = excluded.updated_at, emitted = excluded.emitted, "
+           "written_row = excluded.written_row")
 _GROUPS = f"SELECT window_start, window_end, group_key, state_blob FROM {_N['state']} WHERE pipeline_name = ?"
 #: the non-NULL emitted flags (sessions; a fixed window's is NULL), beside the groups in the same snapshot
 _FLAGS = (f"SELECT window_start, group_key, emitted FROM {_N['state']} "
           "WHERE pipeline_name = ? AND emitted IS NOT NULL")
+#: the kept last written rows (schema step 6), likewise
+_WRITTEN = (f"SELECT window_start, group_key, written_row FROM {_N['state']} "
+            "WHERE pipeline_name = ? AND written_row IS NOT NULL")
 _DELETE_KEY = f"DELETE FROM {_N['state']} WHERE pipeline_name = ? AND window_start = ? AND group_key = ?"
 _DELETE_WINDOW = f"DELETE FROM {_N['state']} WHERE pipeline_name = ? AND window_start = ?"
 _DELETE_BEFORE = f"DELETE FROM {_N['state']} WHERE pipeline_name = ? AND window_start < ?"
 _PIPELINE_COLUMNS = ", ".join(PIPELINE_COLUMNS)
+#: the pipeline row of a commit: its name, ``PIPELINE_COLUMNS`` in order, updated_at
+_PIPELINE_UPSERT = (f"INSERT INTO {_N['pipelines']} (pipeline_name, {_PIPELINE_COLUMNS}, updated_at) "
+                    f"VALUES ({', '.join('?' * (len(PIPELINE_COLUMNS) + 2))}) "
+                    "ON CONFLICT (pipeline_name) DO UPDATE SET "
+                    + ", ".join(f"{c} = excluded.{c}" for c in PIPELINE_COLUMNS) + ", updated_at = excluded.updated_at")
 
 
 class SqliteStateStore(StateStore):
@@ -251,18 +261,19 @@ class SqliteStateStore(StateStore):
                     return RecoveredState(record=None)
                 offsets = dict(conn.execute(f"SELECT source_id, offset_json FROM {_N['offsets']} "
                                             "WHERE pipeline_name = ?", (pipeline,)).fetchall())
-                rows, flags = [], {}
+                rows, flags, written = [], {}, {}
                 if groups:
                     with gc_paused():
                         rows = conn.execute(_GROUPS, (pipeline,)).fetchall()
                     flags = _flags(conn, _FLAGS, (pipeline,))
+                    written = _written(conn, _WRITTEN, (pipeline,))
             finally:
                 conn.execute("COMMIT")
         record = record_from_row(pipeline, row, offsets, self.description)
         check_record_version(record, self.description)
         rows = expand_windows(pipeline, self.description, rows)
         rows, migrated = bring_forward(pipeline, self.description, fill_window_ends(rows, record))
-        return RecoveredState(record=record, groups=rows, migrated=migrated, emitted=flags)
+        return RecoveredState(record=record, groups=rows, migrated=migrated, emitted=flags, written=written)
 
     def commit(self, batch: BatchCommit) -> None:
         check_batch(batch)
@@ -274,9 +285,9 @@ class SqliteStateStore(StateStore):
                 if batch.whole_windows:
                     conn.executemany(_DELETE_WINDOW, ((pipeline, start) for start, _, _ in batch.whole_windows))
                     conn.executemany(_UPSERT, _upsert_rows(pipeline, now, [(start, end, WINDOW_KEY, blob)
-                                                                           for start, end, blob in batch.whole_windows], {}))
+                                                                           for start, end, blob in batch.whole_windows]))
                 if batch.upserts:
-                    conn.executemany(_UPSERT, _upsert_rows(pipeline, now, batch.upserts, batch.emitted))
+                    conn.executemany(_UPSERT, _upsert_rows(pipeline, now, batch.upserts, batch.emitted, batch.written))
                 if batch.deletes:
                     conn.executemany(_DELETE_KEY, ((pipeline, start, key) for start, key in batch.deletes))
                 if batch.deleted_windows:
@@ -292,14 +303,11 @@ class SqliteStateStore(StateStore):
                           offset, record.state_version, now) for source, offset in record.offsets.items()])
                 holder = self._leases.get(pipeline, (None, None))[1]
                 conn.execute(
-                    f"INSERT INTO {_N['pipelines']} (pipeline_name, {_PIPELINE_COLUMNS}, updated_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (pipeline_name) DO UPDATE SET "
-                    + ", ".join(f"{c.strip()} = excluded.{c.strip()}" for c in _PIPELINE_COLUMNS.split(","))
-                    + ", updated_at = excluded.updated_at",
+                    _PIPELINE_UPSERT,
                     (pipeline, record.state_version, record.query_id, record.last_batch_id, record.fingerprint,
                      json.dumps(record.fingerprint_doc), record.watermark, sources_to_json(record.sources),
                      json.dumps(record.counters), holder,
-                     int(bool(record.pending_migration)), now))
+                     int(bool(record.pending_migration)), record.trigger_fired_at, now))
                 for callback in batch.in_transaction:
                     callback(conn)
 
@@ -318,9 +326,10 @@ class SqliteStateStore(StateStore):
                 stale = " AND state_version <> ?"
                 rows = conn.execute(_GROUPS + stale, (pipeline, codec.STATE_VERSION)).fetchall()
                 flags = _flags(conn, _FLAGS + stale, (pipeline, codec.STATE_VERSION))  # kept as they are
+                written = _written(conn, _WRITTEN + stale, (pipeline, codec.STATE_VERSION))  # likewise
                 rows, migrated = bring_forward_stored(pipeline, self.description, rows)
                 now = conn.execute(f"SELECT {_NOW}").fetchone()[0]
-                conn.executemany(_UPSERT, _upsert_rows(pipeline, now, rows, flags))
+                conn.executemany(_UPSERT, _upsert_rows(pipeline, now, rows, flags, written))
                 return migrated
 
     def close(self) -> None:
@@ -336,14 +345,16 @@ class SqliteStateStore(StateStore):
 
 
 def _upsert_rows(pipeline: str, now: str, upserts: Sequence[tuple[int, int | None, bytes, bytes]],
-                 emitted: dict[tuple[int, bytes], bool]) -> Iterator[tuple]:
-    """``_UPSERT``'s parameters; the emitted flag as 0/1, NULL for an upsert without one (fixed windows)."""
-    if not emitted:
-        return ((pipeline, start, end, key, blob, blob[0] if blob else 0, now, None)
+                 emitted: dict[tuple[int, bytes], bool] | None = None,
+                 written: dict[tuple[int, bytes], bytes] | None = None) -> Iterator[tuple]:
+    """``_UPSERT``'s parameters; the emitted flag as 0/1, NULL for an upsert without one (fixed windows),
+    and the written row, NULL for an upsert without one."""
+    if not emitted and not written:
+        return ((pipeline, start, end, key, blob, blob[0] if blob else 0, now, None, None)
                 for start, end, key, blob in upserts)
-    flag = emitted.get
-    return ((pipeline, start, end, key, blob, blob[0] if blob else 0, now, _as_int(flag((start, key))))
-            for start, end, key, blob in upserts)
+    flag, kept = (emitted or {}).get, (written or {}).get
+    return ((pipeline, start, end, key, blob, blob[0] if blob else 0, now, _as_int(flag((start, key))),
+             kept((start, key))) for start, end, key, blob in upserts)
 
 
 def _as_int(flag: bool | None) -> int | None:
@@ -352,6 +363,10 @@ def _as_int(flag: bool | None) -> int | None:
 
 def _flags(conn: sqlite3.Connection, query: str, params: tuple) -> dict[tuple[int, bytes], bool]:
     return {(start, key): bool(flag) for start, key, flag in conn.execute(query, params)}
+
+
+def _written(conn: sqlite3.Connection, query: str, params: tuple) -> dict[tuple[int, bytes], bytes]:
+    return {(start, key): kept for start, key, kept in conn.execute(query, params)}
 
 
 __all__ = ["SqliteStateStore"]

@@ -50,6 +50,39 @@ def test_validate_config_error_exits_2(tmp_path, capsys):
     assert "transform.window.hop_ms" in err and "is required for hopping windows" in err and "fix:" in err
 
 
+TUMBLING = 'kind = "tumbling"'
+CONSOLE = '[target]\nkind = "console"'
+# (id, replacements in the demo pipeline, the key named, words in the message)
+EMISSION_REFUSALS = [
+    ("trigger-on-sliding", {TUMBLING: 'kind = "sliding"\nmax_events_per_group = 100\nemit_trigger = "every_batch"'},
+     "transform.window.emit_trigger", ("sliding windows", "watermark only")),
+    ("count-zero", {TUMBLING: f"{TUMBLING}\nemit_trigger = {{ count = 0 }}"}, "transform.window.emit_trigger.count",
+     ("0 must be a positive integer",)),
+    ("interval-negative", {TUMBLING: f"{TUMBLING}\nemit_trigger = {{ interval_ms = -5 }}"},
+     "transform.window.emit_trigger.interval_ms", ("-5 must be a positive integer",)),
+    ("unknown-trigger", {TUMBLING: f'{TUMBLING}\nemit_trigger = "sometimes"'}, "transform.window.emit_trigger",
+     ("unknown trigger 'sometimes'", "{ count = N }")),
+    ("retractions-on-postgres", {CONSOLE: '[target]\nkind = "postgres"\nurl = "postgresql://ematix@127.0.0.1/ematix"\n'
+                                          'table = "public.clicks"\nretractions = true'},
+     "target.retractions", ("postgres target keeps one row per key", "parquet and console")),
+]
+
+
+@pytest.mark.parametrize(("changes", "key", "words"), [pytest.param(c, k, w, id=i) for i, c, k, w in EMISSION_REFUSALS])
+def test_validate_refuses_emission_settings_exits_2(tmp_path, capsys, changes, key, words):
+    """docs/contract/emission.md's refusals, before Spark starts."""
+    text = (ROOT / "pipelines" / "demo_clicks.toml").read_text()
+    for old, new in changes.items():
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{key}: " in err and "fix:" in err and "Traceback" not in err, err
+    assert all(w in err for w in words), err
+
+
 def test_validate_sql_error_exits_2(spark, tmp_path, capsys):
     text = (ROOT / "pipelines" / "demo_clicks.toml").read_text().replace(
         'sql = "SELECT user_id, amount, page, _event_ts, _source FROM source WHERE amount >= 0"',

@@ -138,8 +138,8 @@ class PipelineRunner:
             if record is not None and record.fingerprint and record.fingerprint != self.fingerprint:
                 changes = describe_changes(record.fingerprint_doc, self.fingerprint_doc)
                 raise FingerprintChanged(
-                    f"pipeline {name}: the state in {store.description} was written for another window shape; "
-                    f"changed: {'; '.join(changes) or 'fingerprint'}. Revert the change, or start over with "
+                    f"pipeline {name}: the state in {store.description} was written for another window shape or "
+                    f"emission; changed: {'; '.join(changes) or 'fingerprint'}. Revert the change, or start over with "
                     "`ematix-dagster reset PIPELINE.toml --yes` (lateness, caps and idleness may change freely).")
             problems = validate_checkpoint(spec, record)
             if problems:

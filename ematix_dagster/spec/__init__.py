@@ -26,10 +26,11 @@ from ematix_dagster.spec.toml_io import (
     spec_to_dict,
     with_overrides,
 )
+from ematix_dagster.spec.trigger import EmitTrigger
 from ematix_dagster.spec.window import Aggregation, Window
 
 __all__ = [
-    "Aggregation", "DeadLetter", "JAVA_INT_MAX", "MAX_DURATION_MS", "PipelineSpec", "Run", "STATE_STORE_KINDS",
-    "Source", "StateStoreConfig", "Target", "Window", "dump_pipeline", "load_pipeline", "load_pipeline_str",
-    "resolve_env", "spec_from_dict", "spec_to_dict", "spec_warnings", "with_overrides",
+    "Aggregation", "DeadLetter", "EmitTrigger", "JAVA_INT_MAX", "MAX_DURATION_MS", "PipelineSpec", "Run",
+    "STATE_STORE_KINDS", "Source", "StateStoreConfig", "Target", "Window", "dump_pipeline", "load_pipeline",
+    "load_pipeline_str", "resolve_env", "spec_from_dict", "spec_to_dict", "spec_warnings", "with_overrides",
 ]

@@ -122,7 +122,8 @@ class Target:
     create_table: bool = False
     same_transaction: bool = False
     path: str | None = None
-    #: append targets precede every superseding row with a ``retract`` of the one it replaces
+    #: append targets (parquet, console) precede every superseding row with a ``retract`` of the one
+    #: it replaces (docs/contract/emission.md)
     retractions: bool = False
 
     def validate(self, key: str = "target") -> None:
@@ -131,6 +132,10 @@ class Target:
         _validate_sink_fields(key, self.kind, self.url, self.table, self.path)
         if self.same_transaction and self.kind != "postgres":
             _fail(f"{key}.same_transaction", "only a postgres target can share the store's transaction", "remove it")
+        if self.retractions and self.kind == "postgres":
+            _fail(f"{key}.retractions", "a postgres target keeps one row per key and deletes the keys that "
+                  "disappear, so a retract row has nothing to mean there",
+                  "remove it: retractions = true applies to parquet and console targets")
 
 
 @dataclass(frozen=True)

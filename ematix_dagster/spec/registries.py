@@ -16,9 +16,11 @@ if TYPE_CHECKING:
 
 
 class SpecKind(Protocol):
-    """What the spec asks of a window kind: the keys only it takes, and a check of them."""
+    """What the spec asks of a window kind: the keys only it takes, whether it takes early emission
+    triggers, and a check of its keys."""
 
     own_keys: tuple[str, ...]
+    early_triggers: bool
 
     @classmethod
     def validate(cls, window: Window, key: str) -> None: ...

@@ -17,6 +17,7 @@ _INT_BOUNDS: dict[str, tuple[int, str]] = {
     "max_offsets_per_trigger": (JAVA_LONG_MAX, "Spark reads maxOffsetsPerTrigger as a Java long"),
     "max_groups_per_window": (JAVA_INT_MAX, "a window's groups are held in the driver's memory"),
     "max_distinct_values_per_group": (JAVA_INT_MAX, "the distinct values are held in the driver's memory"),
+    "count": (JAVA_LONG_MAX, "emit_trigger's count divides a group's row count, a 64-bit integer"),
 }
 
 

@@ -123,6 +123,12 @@ class Window:
                           f'remove it or use kind = "{name}"')
         rules.validate(self, key)
         self._validate_common(key)
+        self.emit_trigger.validate(f"{key}.emit_trigger")
+        if self.emit_trigger.fires_early and not rules.early_triggers:
+            _fail(f"{key}.emit_trigger",
+                  f"emit_trigger = {self.emit_trigger.to_toml()!r} does not apply to {self.kind} windows: "
+                  "they emit on the watermark only",
+                  'remove it (the default is "watermark"), or use another window kind')
 
     def _validate_common(self, key: str) -> None:
         if self.event_time_unit not in TIME_UNITS:

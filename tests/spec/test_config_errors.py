@@ -1,5 +1,5 @@
 """Spec validation errors (docs/contract/toml-reference.md, seed 000 "SQL surface"; session windows:
-docs/contract/windows.md).
+docs/contract/windows.md; emission triggers and retractions: docs/contract/emission.md).
 
 Error cases are one table: a mutation of the reference TOML (docs/contract/toml-reference.md with a parquet target and
 no ``${ENV}`` placeholders, tests/spec/toml_samples.py) -> the key the error must name and substrings its message must
@@ -35,6 +35,8 @@ from tests.spec.toml_samples import (
 # ---------------------------------------------------------------------------------------------
 # Error table: mutation of FULL_TOML -> key, substrings of the message (bad value and fix)
 
+ET = f"{W}.emit_trigger"
+
 ERROR_CASES: list[tuple[str, dict[str, Any], str, tuple[str, ...]]] = [
     # --- window shape
     ("hopping-without-hop", {f"{W}.kind": "hopping"}, f"{W}.hop_ms", ("required", "hopping", "<= duration_ms")),
@@ -62,6 +64,25 @@ ERROR_CASES: list[tuple[str, dict[str, Any], str, tuple[str, ...]]] = [
      f"{W}.gap_ms", ("only applies to session windows", "'sliding'")),
     ("event-cap-on-tumbling", {f"{W}.max_events_per_group": 10}, f"{W}.max_events_per_group",
      ("only applies to sliding windows", "'tumbling'", 'kind = "sliding"')),
+    # --- emission triggers (docs/contract/emission.md): the forms, N > 0, sliding windows take none
+    ("emit-trigger-unknown-string", {ET: "early"}, ET, ("unknown trigger 'early'", '"every_batch"', "{ count = N }")),
+    ("emit-trigger-kind-as-string", {ET: "count"}, ET, ("unknown trigger 'count'", "{ count = N }")),
+    ("emit-trigger-number", {ET: 5}, ET, ("5 is not a trigger", '"watermark"', "{ interval_ms = N }")),
+    ("emit-trigger-array", {ET: ["every_batch"]}, ET, ("['every_batch'] is not a trigger", '"every_batch"')),
+    ("emit-trigger-other-table-key", {ET: {"every_ms": 5}}, ET, ("{'every_ms': 5}", "one key", "{ interval_ms = N }")),
+    ("emit-trigger-two-table-keys", {ET: {"count": 5, "interval_ms": 1_000}}, ET, ("'count': 5", "one key")),
+    ("emit-trigger-empty-table", {ET: {}}, ET, ("unknown trigger {}", "{ count = N }")),
+    ("emit-trigger-count-zero", {ET: {"count": 0}}, f"{ET}.count", ("0 must be a positive integer", "> 0")),
+    ("emit-trigger-count-negative", {ET: {"count": -5}}, f"{ET}.count", ("-5 must be a positive integer",)),
+    ("emit-trigger-interval-zero", {ET: {"interval_ms": 0}}, f"{ET}.interval_ms", ("0 must be a positive integer",)),
+    ("emit-trigger-interval-negative", {ET: {"interval_ms": -1}}, f"{ET}.interval_ms", ("-1 must be a positive",)),
+    ("emit-trigger-count-string", {ET: {"count": "5"}}, f"{ET}.count", ("'5'", "not an integer", "without quotes")),
+    ("emit-trigger-count-bool", {ET: {"count": True}}, f"{ET}.count", ("True is a boolean", "not an integer")),
+    ("emit-trigger-interval-float", {ET: {"interval_ms": 1.5}}, f"{ET}.interval_ms", ("1.5 is a float",)),
+    *[(f"emit-trigger-{name}-on-sliding", {f"{W}.kind": "sliding", f"{W}.max_events_per_group": 10, ET: trigger}, ET,
+       (repr(trigger), "sliding windows", "watermark only", 'the default is "watermark"'))
+      for name, trigger in (("every-batch", "every_batch"), ("count", {"count": 3}),
+                            ("interval", {"interval_ms": 1_000}))],
     ("bad-time-mode", {f"{W}.time_mode": "wall"}, f"{W}.time_mode", ("'wall'", '"event" or "processing"')),
     ("bad-event-time-unit", {f"{W}.event_time_unit": "ns"}, f"{W}.event_time_unit", ("'ns'", '"ms"')),
     # --- output columns (seed 000 "Output schema")
@@ -211,6 +232,9 @@ ERROR_CASES: list[tuple[str, dict[str, Any], str, tuple[str, ...]]] = [
     ("postgres-target-bad-table", {"target": {**PG_TARGET, "table": "a.b.c"}}, "target.table",
      ("'a.b.c'", "schema.table")),
     ("console-with-path", {"target": {"kind": "console", "path": "x"}}, "target.kind", ("console", "remove")),
+    ("retractions-on-postgres", {"target": {**PG_TARGET, "retractions": True}}, "target.retractions",
+     ("postgres target keeps one row per key", "deletes the keys", "parquet and console")),
+    ("retractions-string", {"target.retractions": "true"}, "target.retractions", ("'true'", "not a boolean")),
     ("unknown-dead-letter-kind", {"dead_letter.kind": "kafka"}, "dead_letter.kind", ("'kafka'", '"postgres"')),
 ]
 

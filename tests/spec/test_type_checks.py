@@ -72,6 +72,7 @@ checkpoint_location = ".ematix/checkpoints/typed"
 '''
 
 W = "transform.window"
+ET = f"{W}.emit_trigger"
 RATE = {"name": "ticks", "kind": "rate", "rows_per_second": 10}
 KAFKA = {"name": "events", "kind": "kafka", "bootstrap_servers": "127.0.0.1:9092", "topic": "t"}
 TOO_LONG = MAX_DURATION_MS + 1
@@ -84,6 +85,8 @@ CASES: list[tuple[str, str, Any, dict[str, Any], str]] = [
     ("same-transaction-string", "target.same_transaction", "true", {}, "target.same_transaction"),
     ("dead-letter-create-table", "dead_letter.create_table", "yes", {}, "dead_letter.create_table"),
     ("csv-header-string", "sources[0].header", "true", {}, "sources[0].header"),
+    ("retractions-string", "target.retractions", "true", {}, "target.retractions"),
+    ("retractions-int", "target.retractions", 1, {}, "target.retractions"),
     # integers: not bool, not float, not str
     ("duration-float", f"{W}.duration_ms", 60_000.0, {}, f"{W}.duration_ms"),
     ("duration-string", f"{W}.duration_ms", "60000", {}, f"{W}.duration_ms"),
@@ -94,6 +97,13 @@ CASES: list[tuple[str, str, Any, dict[str, Any], str]] = [
     ("max-files-bool", "sources[0].max_files_per_trigger", True, {}, "sources[0].max_files_per_trigger"),
     ("metrics-port-string", "metrics_port", "9108", {}, "metrics_port"),
     ("trigger-interval-float", "run.trigger_interval_ms", 1.5, {}, "run.trigger_interval_ms"),
+    # emit_trigger's N, inside its inline table
+    ("emit-count-string", f"{ET}.count", "5", {ET: {"count": 1}}, f"{ET}.count"),
+    ("emit-count-bool", f"{ET}.count", True, {ET: {"count": 1}}, f"{ET}.count"),
+    ("emit-interval-float", f"{ET}.interval_ms", 500.0, {ET: {"interval_ms": 1}}, f"{ET}.interval_ms"),
+    # a trigger that is neither a string nor a table is named as a trigger, not as a type
+    ("emit-trigger-number", ET, 5, {}, ET),
+    ("emit-trigger-bool", ET, True, {}, ET),
     # strings are strings
     ("path-number", "sources[0].path", 5, {}, "sources[0].path"),
     ("schema-number", "sources[0].schema", 1, {}, "sources[0].schema"),
@@ -119,6 +129,7 @@ CASES: list[tuple[str, str, Any, dict[str, Any], str]] = [
     ("trigger-interval-too-long", "run.trigger_interval_ms", TOO_LONG, {}, "run.trigger_interval_ms"),
     ("checkpoint-interval-too-long", "state_store.checkpoint_interval_ms", TOO_LONG, {},
      "state_store.checkpoint_interval_ms"),
+    ("emit-interval-too-long", f"{ET}.interval_ms", TOO_LONG, {ET: {"interval_ms": 1}}, f"{ET}.interval_ms"),
     # counts and Spark options stay in the range the engine and Spark can hold
     ("max-groups-huge", f"{W}.max_groups_per_window", JAVA_INT_MAX + 1, {}, f"{W}.max_groups_per_window"),
     ("max-distinct-huge", f"{W}.aggregations[0].max_distinct_values_per_group", JAVA_INT_MAX + 1, {},
@@ -129,6 +140,7 @@ CASES: list[tuple[str, str, Any, dict[str, Any], str]] = [
     ("max-offsets-huge", "sources[0].max_offsets_per_trigger", 2**63, {"sources[0]": KAFKA},
      "sources[0].max_offsets_per_trigger"),
     ("metrics-port-huge", "metrics_port", 2**40, {}, "metrics_port"),
+    ("emit-count-huge", f"{ET}.count", 2**63, {ET: {"count": 1}}, f"{ET}.count"),
 ]
 
 
@@ -187,6 +199,8 @@ def test_a_duration_bound_is_named_with_its_reason() -> None:
     (f"{W}.max_groups_per_window", JAVA_INT_MAX),
     ("sources[0].max_files_per_trigger", JAVA_INT_MAX),
     ("target.create_table", True),
+    (ET, {"interval_ms": MAX_DURATION_MS}),
+    (ET, {"count": 2**63 - 1}),
     ("sources[0].header", False),
 ])
 def test_values_at_the_bounds_load(path: str, value: Any) -> None:

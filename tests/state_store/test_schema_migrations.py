@@ -1,4 +1,4 @@
-"""State-store schema migrations (SQLite, PostgreSQL): recorded versions, steps in order, step 5."""
+"""State-store schema migrations (SQLite, PostgreSQL): recorded versions, steps in order, steps 5 and 6."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_schema_versions_are_recorded_and_newer_schemas_refused(schema_store):
     store.close()
     conn = connect()
     rows = conn.execute("SELECT version, description FROM ematix_streaming_schema_version ORDER BY version").fetchall()
-    assert [r[0] for r in rows] == [s.version for s in migrations.STEPS] == [1, 2, 3, 4, 5]
+    assert [r[0] for r in rows] == [s.version for s in migrations.STEPS] == [1, 2, 3, 4, 5, 6]
     conn.execute("INSERT INTO ematix_streaming_schema_version (version, description, applied_at) "
                  "VALUES (99, 'from the future', '2030-01-01')")
     if kind == "sqlite":
@@ -121,3 +121,69 @@ def test_schema_step_5_adds_a_null_emitted_flag_to_existing_rows(schema_store):
         assert store.load("old").emitted == {(0, key("a")): True}
     finally:
         store.close()
+
+
+def test_schema_step_6_adds_null_written_rows_and_trigger_timer_in_place(schema_store):
+    """A store at schema version 5 opens at 6 with its rows as they were: no written row kept, the
+    interval trigger never fired. Both columns are catalog-only additions (PostgreSQL rewrites
+    neither table), after which they round-trip; a schema newer than 6 is still refused."""
+    kind, build, connect = schema_store
+    conn = connect()
+    if kind == "sqlite":
+        conn.isolation_level = None
+        migrations.apply_sqlite(conn, "v5", migrations.STEPS[:5])
+        conn.execute("INSERT INTO ematix_streaming_pipelines (pipeline_name, state_version, last_batch_id, watermark, "
+                     "updated_at) VALUES ('v5', ?, 3, 77, 'now')", (codec.STATE_VERSION,))
+        conn.executemany("INSERT INTO ematix_streaming_state (pipeline_name, window_start, window_end, group_key, "
+                         "state_blob, state_version, updated_at, emitted) VALUES ('v5', ?, ?, ?, ?, ?, 'now', ?)",
+                         [(0, 10, key("a"), blob(1), codec.STATE_VERSION, 1),
+                          (60, 70, key("b"), blob(2), codec.STATE_VERSION, None)])
+        files = None
+    else:
+        schema = conn.execute("SELECT current_schema()").fetchone()[0]
+        with psycopg.connect(conn.info.dsn) as tx:
+            migrations.apply_postgres(tx, schema, "v5", migrations.STEPS[:5])
+        names = migrations.postgres_names(schema)
+        conn.execute(sql.SQL("INSERT INTO {pipelines} (pipeline_name, state_version, last_batch_id, watermark) "
+                             "VALUES ('v5', %s, 3, 77)").format(**names), (codec.STATE_VERSION,))
+        with conn.cursor() as cur:
+            cur.executemany(sql.SQL("INSERT INTO {state} (pipeline_name, window_start, window_end, group_key, "
+                                    "state_blob, state_version, emitted) VALUES ('v5', %s, %s, %s, %s, %s, %s)"
+                                    ).format(**names),
+                            [(0, 10, key("a"), blob(1), codec.STATE_VERSION, True),
+                             (60, 70, key("b"), blob(2), codec.STATE_VERSION, None)])
+        files = _FILENODES
+        before = conn.execute(files).fetchone()
+    conn.close()
+    store = build()
+    store.open()
+    try:
+        check = connect()
+        assert check.execute("SELECT max(version) FROM ematix_streaming_schema_version").fetchone()[0] == 6
+        assert check.execute("SELECT written_row FROM ematix_streaming_state").fetchall() == [(None,), (None,)]
+        assert check.execute("SELECT trigger_fired_at FROM ematix_streaming_pipelines").fetchall() == [(None,)]
+        if files:
+            assert check.execute(files).fetchone() == before  # no table rewrite
+        check.close()
+        state = store.load("v5")
+        assert sorted(state.groups) == [(0, 10, key("a"), blob(1)), (60, 70, key("b"), blob(2))]
+        assert state.emitted == {(0, key("a")): True} and state.written == {}
+        assert state.record.trigger_fired_at is None and state.record.watermark == 77
+        store.commit(BatchCommit(record("v5", 4, trigger_fired_at=5_000_000),
+                                 upserts=[(60, 70, key("b"), blob(3))], written={(60, key("b")): b"\x00row"}))
+        again = store.load("v5")
+        assert again.written == {(60, key("b")): b"\x00row"} and again.record.trigger_fired_at == 5_000_000
+    finally:
+        store.close()
+    conn = connect()
+    conn.execute("INSERT INTO ematix_streaming_schema_version (version, description, applied_at) "
+                 "VALUES (7, 'the next step', '2030-01-01')")
+    if kind == "sqlite":
+        conn.commit()
+    conn.close()
+    with pytest.raises(StateVersionError, match=r"schema version 7 is newer than this code \(6\)"):
+        build().open()
+
+
+_FILENODES = ("SELECT pg_relation_filenode('ematix_streaming_state'), "
+              "pg_relation_filenode('ematix_streaming_pipelines')")

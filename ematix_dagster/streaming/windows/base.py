@@ -30,6 +30,8 @@ class WindowKind(ABC):
 
     #: ``[transform.window]`` keys only this kind takes (another kind's spec refuses them)
     own_keys: tuple[str, ...] = ()
+    #: the kind takes an ``emit_trigger`` other than ``"watermark"`` (docs/contract/emission.md)
+    early_triggers: bool = True
     #: a column the kind adds to its output after the window bounds (:meth:`row_ids` fills it)
     id_column: str | None = None
     #: the kind may retract rows it wrote, so its rows are numbered in their batch (``_emit_seq``)

@@ -22,7 +22,7 @@ from ematix_dagster.spark.batch_columns import BatchColumns
 from ematix_dagster.spark.safe_sql import guard_sql
 from ematix_dagster.spark.windows.base import Aggregates
 from ematix_dagster.spec import PipelineSpec
-from ematix_dagster.streaming.aggregators import Aggregator, make_aggregator
+from ematix_dagster.streaming.aggregators import Aggregator, make_aggregator, window_aggregators
 
 #: Plan nodes that make a query look at more than one row at a time.
 NOT_ROW_WISE = {"Aggregate", "Window", "WindowGroupLimit", "Sort", "GlobalLimit", "LocalLimit", "Tail", "Offset",
@@ -69,8 +69,7 @@ class BatchPlan:
 
     @cached_property
     def aggregators(self) -> list[Aggregator]:
-        window = self.spec.window
-        return [make_aggregator(a, self.integral[i], window.hll_precision) for i, a in enumerate(window.aggregations)]
+        return window_aggregators(self.spec.window, self.integral)
 
     def partial_columns(self, gate: Column) -> Aggregates:
         """Every aggregation's partial expressions, named ``_p<i>`` (and the aggregator's suffixes),
@@ -82,9 +81,11 @@ class BatchPlan:
         """
         inputs: list[Column] = []
         cols: list[Column] = []
-        for i, (a, agg) in enumerate(zip(self.spec.window.aggregations, self.aggregators)):
-            spark = AggregationInput(None, None) if a.column is None else \
-                AggregationInput(F.when(gate, F.col(a.column)), self.output_types[a.column], (INPUT_PREFIX, inputs))
+        aggregations = self.spec.window.aggregations
+        for i, agg in enumerate(self.aggregators):  # a hidden one after the aggregations counts rows
+            column = aggregations[i].column if i < len(aggregations) else None
+            spark = AggregationInput(None, None) if column is None else \
+                AggregationInput(F.when(gate, F.col(column)), self.output_types[column], (INPUT_PREFIX, inputs))
             cols += [expr.alias(name) for expr, name in zip(agg.spark_partials(spark), agg.partial_names(f"{PARTIAL_PREFIX}{i}"))]
         return Aggregates(inputs, cols)
 

@@ -199,7 +199,8 @@ class PipelineRunner:
         spec = self.spec
         stream = union_sources(self.spark, spec)
         plan = analyse(self.spark, spec, stream)
-        self.engine = Engine.for_window(spec.pipeline_name, spec.window, spec.source_names, plan.integral)
+        self.engine = Engine.for_window(spec.pipeline_name, spec.window, spec.source_names, plan.integral,
+                                        retractions=spec.target.retractions)
         record = restore_engine(self.engine, self.recovered, self.store.description if self.store else None)
         self.recovered = RecoveredState(record=record)  # drop the blobs
         schema = output_schema(plan)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from ematix_dagster.columns import HEARTBEAT
 from ematix_dagster.spec.environment import _resolved
+from ematix_dagster.spec.registries import WINDOW_KINDS
 from ematix_dagster.spec.rules import (
     _IDENT_RE,
     _NAME_RE,
@@ -265,6 +266,12 @@ class PipelineSpec:
         if self.window.crash_recovery == "persisted" and not self.state_store.durable:
             _fail("transform.window.crash_recovery", '"persisted" needs a durable [state_store]',
                   'add [state_store] kind = "sqlite" or "postgres", or use "at_least_once"')
+        if (self.target.retractions and self.window.late_data == "reopen"
+                and not WINDOW_KINDS[self.window.kind].retracts_corrections):
+            _fail("target.retractions", f'{self.window.kind} windows under late_data = "reopen" do not keep the rows '
+                  "they wrote, so a correction cannot retract the row it replaces",
+                  'remove retractions (readers keep the latest row per key), or use late_data = "drop" or "dlq", '
+                  "where each window is written once")
         if self.target.same_transaction and self.state_store.kind != "postgres":
             _fail("target.same_transaction", "needs a postgres [state_store] in the same database",
                   'set [state_store] kind = "postgres" or remove same_transaction')

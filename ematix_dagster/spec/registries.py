@@ -21,6 +21,7 @@ class SpecKind(Protocol):
 
     own_keys: tuple[str, ...]
     early_triggers: bool
+    retracts_corrections: bool
 
     @classmethod
     def validate(cls, window: Window, key: str) -> None: ...

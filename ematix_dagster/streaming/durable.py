@@ -14,10 +14,10 @@ from typing import Any, Callable, Sequence, cast
 from ematix_dagster.streaming.aggregators import Aggregator
 from ematix_dagster.streaming.emitted import GroupKey
 from ematix_dagster.streaming.micro_batch import Engine
-from ematix_dagster.streaming.state.base import StoredGroup
+from ematix_dagster.streaming.state.base import StoredGroup, WrittenRow
 from ematix_dagster.streaming.windows import WindowKind
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, SourceProgress
-from state_store.codec import STATE_VERSION, encode_key, encode_state
+from state_store.codec import STATE_VERSION, decode_key, decode_state, encode_key, encode_state
 from state_store.errors import RESTORE_OR_RESET, CorruptState
 from state_store.loaded_groups import decode_groups
 from state_store.whole_window import encode_window
@@ -39,14 +39,16 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
 
     Takes the engine's pending changes, so call it once per commit.
     """
-    changes = engine.state.take_changes()
-    upserts, whole = window_rows(engine.state.aggregators, changes.windows)
+    state = engine.state
+    changes = state.take_changes()
+    upserts, whole = window_rows(state.aggregators, changes.windows, by_group=state.keeps_written)
     flags: dict[tuple[int, bytes], bool] = {}
     for start, end, key, accs, emitted in changes.upserts:
         encoded = encoded_key(key)
         upserts.append((start, cast(int, end), encoded, encode_state(accs)))  # take_changes sets every end
         if emitted is not None:  # a session's flag is its own (schema step 5)
             flags[(start, encoded)] = emitted
+    written = written_rows(state.written, upserts) if state.keeps_written else {}
     marks = engine.watermarks
     record = PipelineRecord(
         pipeline=pipeline, state_version=STATE_VERSION, query_id=provenance.query_id,
@@ -54,6 +56,7 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
         fingerprint_doc=provenance.fingerprint_doc, watermark=marks.global_wm,
         sources={n: SourceProgress(c.max_event_ts, c.last_arrival) for n, c in marks.clocks.items()},
         counters=dict(engine.counters), offsets=dict(offsets or {}),
+        trigger_fired_at=engine.clock.fired_at_us,
     )
     return BatchCommit(
         record=record,
@@ -64,7 +67,33 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
         in_transaction=list(in_transaction),
         emitted=flags,
         whole_windows=whole,
+        written=written,
     )
+
+
+def written_rows(written: dict[int, dict[GroupKey, WrittenRow]],
+                 upserts: list[tuple[int, int, bytes, bytes]]) -> dict[tuple[int, bytes], bytes]:
+    """The written row of each upserted group that has one, encoded (schema step 6): it travels
+    with its group's row, so it is stored, restored and deleted with it."""
+    if not written:
+        return {}
+    upserted = {(start, encoded) for start, _end, encoded, _blob in upserts}
+    out = {}
+    for start, by_key in written.items():
+        for key, (end, values) in by_key.items():
+            encoded = encoded_key(key)
+            if (start, encoded) in upserted:
+                out[(start, encoded)] = encode_state([end, *values])
+    return out
+
+
+def decoded_written(recovered: RecoveredState) -> dict[int, dict[GroupKey, WrittenRow]]:
+    """The stored written rows in the shape ``StateBase.written`` holds them."""
+    out: dict[int, dict[GroupKey, WrittenRow]] = {}
+    for (start, encoded), blob in recovered.written.items():
+        end, *values = decode_state(blob)
+        out.setdefault(start, {})[decode_key(encoded)] = (end, tuple(values))
+    return out
 
 
 #: a window is written whole when at least this share of its groups changed: one row instead of one
@@ -77,9 +106,10 @@ WHOLE_WINDOW_MAX_BYTES = 64 << 20
 
 
 def window_rows(aggregators: Sequence[Aggregator],
-                windows: list[tuple[int, int, dict[GroupKey, list[Any]], set[GroupKey]]]
+                windows: list[tuple[int, int, dict[GroupKey, list[Any]], set[GroupKey]]], by_group: bool = False
                 ) -> tuple[list[tuple[int, int, bytes, bytes]], list[tuple[int, int, bytes]]]:
-    """(group upserts, whole windows) for the changed groups of windows a store may write whole.
+    """(group upserts, whole windows) for the changed groups of windows a store may write whole
+    (``by_group``: never whole, each group's row carries its written row).
 
     A window most of whose groups changed (always so in the batch that opens it) is written as one
     row: a row costs the store far more than the bytes in it. A few changed groups of a big window
@@ -89,7 +119,7 @@ def window_rows(aggregators: Sequence[Aggregator],
     """
     upserts: list[tuple[int, int, bytes, bytes]] = []
     whole: list[tuple[int, int, bytes]] = []
-    may_be_whole = not any(a.bytes_per_value for a in aggregators)
+    may_be_whole = not by_group and not any(a.bytes_per_value for a in aggregators)
     for start, end, groups, keys in windows:
         if may_be_whole and len(keys) >= WHOLE_WINDOW_SHARE * len(groups):
             # encoded to learn its size: a window past the bound is encoded twice, which only a window
@@ -121,7 +151,8 @@ def restore_engine(engine: Engine, recovered: RecoveredState, store: str | None 
     groups = decoded_groups(state.pipeline, recovered, store, ends_stored=state.kind.ends_stored)
     engine.restore(record.last_batch_id, record.watermark,
                    {n: (p.max_event_ts, p.last_arrival) for n, p in record.sources.items()},
-                   record.counters, groups, store=store)
+                   record.counters, groups, store=store, written=decoded_written(recovered),
+                   trigger_fired_at_us=record.trigger_fired_at)
     return record
 
 

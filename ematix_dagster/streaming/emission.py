@@ -1,30 +1,33 @@
 """Which rows a batch writes, decided once for every window kind (docs/contract/windows.md, docs/contract/emission.md).
 
 A kind's state reports, as columns, every (window, group) the batch may write a row for, with
-three flags (``streaming.state.base.Report``); the row's kind follows from them alone:
+three flags (``streaming.state.base.Report``); at most one row per (window, group) and batch:
 
 - ``final``: the window is closed at the new watermark and no ``final`` or ``correction`` of it
   was written (at most one ``final`` per window and group);
 - ``correction``: it changed in this batch and was emitted before, or its window had closed before
   the batch (a group whose first rows reach a closed window under ``reopen`` gets a correction,
   never a late final);
-- no row otherwise (an open window waits for the watermark).
+- ``early``: it is open, was never emitted, and the emit trigger fires for it
+  (``streaming.triggers``);
+- no row otherwise (an open window waits).
 
-Rows that were written and no longer exist (a session merged away or moved) are retracted first,
-repeating what was written. Every row is then ordered by window start and group key, whatever the
-kind, so the same input always writes the same files. Eviction follows, by the kind's retention
-rule.
+Rows written before whose (window start, key) no longer exists (a session merged away or moved)
+are retracted first, repeating what was written; with ``retractions``, so is every row a new one
+supersedes. Retractions come first, then the rows, each part ordered by window start and group key
+whatever the kind, so the same input always writes the same files. Eviction follows, by the kind's
+retention rule.
 
 >>> from ematix_dagster.streaming.aggregators import Count
 >>> from ematix_dagster.streaming.state.fixed import FixedState
 >>> from ematix_dagster.streaming.windows import FixedWindows
->>> state = FixedState("p", [Count()], ["n"], 10, FixedWindows(duration=10, hop=10))
+>>> state = FixedState("p", [Count()], ["n"], 10, FixedWindows(duration=10, hop=10), keeps_written=True)
 >>> state.merge([0, 0], [("b",), ("a",)], [[1, 2]])
 >>> [(row.key, row.values, row.kind) for row in emit(state, None, 10, retention=5).rows]
 [(('a',), (2,), 'final'), (('b',), (1,), 'final')]
 >>> state.merge([0], [("a",)], [[1]])  # reopen: a late row reaches the retained window
->>> [(row.key, row.values, row.kind) for row in emit(state, 10, 12, retention=5).rows]
-[(('a',), (3,), 'correction')]
+>>> [(row.key, row.values, row.kind) for row in emit(state, 10, 12, retention=5, retractions=True).rows]
+[(('a',), (2,), 'retract'), (('a',), (3,), 'correction')]
 """
 
 from __future__ import annotations
@@ -32,12 +35,14 @@ from __future__ import annotations
 from itertools import compress, product
 from typing import TYPE_CHECKING, cast
 
-from ematix_dagster.columns import CORRECTION, FINAL
-from ematix_dagster.streaming.emitted import Emitted
+from ematix_dagster.columns import CORRECTION, EARLY, FINAL, RETRACT
+from ematix_dagster.streaming.emitted import Emitted, EmittedRow
+from ematix_dagster.streaming.state.base import CLOSING, OPEN
 from ematix_dagster.streaming.state.order import row_order
 
 if TYPE_CHECKING:
     from ematix_dagster.streaming.state.base import KindState, Report
+    from ematix_dagster.streaming.triggers import TriggerClock
 
 
 def _row_kind(closed: bool, emitted: bool, changed: bool) -> str | None:
@@ -53,18 +58,25 @@ _KINDS = {flags: _row_kind(*flags) for flags in product((False, True), repeat=3)
 
 
 def row_kinds(report: Report) -> list[str | None]:
-    """Each reported row's kind (None: no row this batch)."""
+    """Each reported row's kind by its flags (None: no row, unless an early trigger fires)."""
     return list(map(_KINDS.__getitem__, zip(report.closed, report.emitted, report.changed)))
 
 
-def emit(state: KindState, before: int | None, watermark: int | None, retention: int) -> Emitted:
+def emit(state: KindState, before: int | None, watermark: int | None, retention: int,
+         clock: TriggerClock | None = None, batch_time_us: int = 0, retractions: bool = False) -> Emitted:
     """The batch's rows once W moved from ``before`` to ``watermark``, then eviction.
 
-    Every window fires on the watermark (the only trigger so far): the report leaves out the
-    changed groups of windows still open, which could write no row.
+    ``clock`` is the emit trigger (None: the watermark's, as in the end-of-input flush, where
+    every window closes); ``batch_time_us`` the batch time it fires by; ``retractions``: every
+    row that supersedes a written one is preceded by its retraction.
     """
-    report = state.report(before, watermark, retention, open_changes=False)
+    scope = CLOSING if clock is None else clock.scope(batch_time_us)
+    report = state.report(before, watermark, retention, scope)
     kinds = row_kinds(report)
+    if scope != CLOSING:
+        _early(state, report, kinds, cast("TriggerClock", clock), scope == OPEN)
+        if scope == OPEN:
+            cast("TriggerClock", clock).fired(batch_time_us)
     rows = list(compress(range(len(kinds)), kinds))
     if len(rows) == len(kinds):  # every reported row is written (a closing fixed window, sliding windows)
         starts, keys = report.starts, report.keys
@@ -75,11 +87,59 @@ def emit(state: KindState, before: int | None, watermark: int | None, retention:
         order = row_order(starts, keys)
         rows = list(map(rows.__getitem__, order))
     values = state.value_columns(state.accumulators(report, rows))
-    state.mark_emitted(report, rows)
+    row_kinds_ = cast("list[str]", list(map(kinds.__getitem__, rows)))  # rows: those with a kind
+    state.mark_emitted(report, [r for r, kind in zip(rows, row_kinds_) if kind != EARLY])
+    starts, ends = list(map(starts.__getitem__, order)), list(map(report.ends.__getitem__, rows))
+    keys = list(map(keys.__getitem__, order))
+    retracts = report.gone.rows
+    if retractions:
+        retracts += _superseded(state, starts, keys)
+    if state.keeps_written and rows:
+        state.remember(starts, ends, keys, values)
+        state.touch(report, rows)
     state.evict(watermark, retention)
-    gone = report.gone
-    out = gone.select(row_order(gone.starts, gone.keys))
-    out.add_columns(list(map(starts.__getitem__, order)), list(map(report.ends.__getitem__, rows)),
-                    list(map(keys.__getitem__, order)), values,
-                    cast("list[str]", list(map(kinds.__getitem__, rows))))  # rows: those with a kind
+    out = Emitted()
+    if retracts:
+        out.add_rows([retracts[i] for i in row_order([r.start for r in retracts], [r.key for r in retracts])])
+    out.add_columns(starts, ends, keys, values, row_kinds_)
+    return out
+
+
+def _early(state: KindState, report: Report, kinds: list[str | None], clock: TriggerClock, firing: bool) -> None:
+    """Give the open, never-emitted groups the trigger fires for an ``early`` row, and move the
+    hidden row counts' marks where the trigger keeps them (``count``: every changed group, to
+    its count at the batch's end; ``interval``, when it fires: every group it looked at)."""
+    closed, emitted, changed = report.closed, report.emitted, report.changed
+    candidates = [r for r, kind in enumerate(kinds) if kind is None and not closed[r] and not emitted[r]]
+    if not clock.trigger.counts_rows:
+        for r, fires in zip(candidates, clock.fires([changed[r] for r in candidates], ())):
+            if fires:
+                kinds[r] = EARLY
+        return
+    looked = list(range(len(kinds))) if firing else [r for r in range(len(kinds)) if changed[r]]
+    accs = state.accumulators(report, looked)
+    counts = {r: acc[-1] or (0, 0) for r, acc in zip(looked, accs)}
+    fired = clock.fires([changed[r] for r in candidates], [counts[r] for r in candidates])
+    for r, fires in zip(candidates, fired):
+        if fires:
+            kinds[r] = EARLY
+    moved = []
+    for r, acc in zip(looked, accs):
+        rows, mark = counts[r]
+        if rows != mark:
+            acc[-1] = (rows, rows)
+            moved.append(r)
+    state.touch(report, [r for r in moved if not changed[r]])  # the changed ones are written anyway
+
+
+def _superseded(state: KindState, starts: list[int], keys: list[tuple]) -> list[EmittedRow]:
+    """The written rows the batch's rows replace, as retractions (``[target] retractions``)."""
+    written = state.written
+    out = []
+    for start, key in zip(starts, keys):
+        by_key = written.get(start)
+        if by_key is not None:
+            row = by_key.get(key)
+            if row is not None:
+                out.append(EmittedRow(start, row[0], key, row[1], RETRACT))
     return out

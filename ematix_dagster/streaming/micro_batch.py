@@ -27,10 +27,11 @@ from typing import Any, Iterable, NoReturn, Sequence
 from ematix_dagster.columns import CORRECTION, EARLY, FINAL, RETRACT
 from ematix_dagster.errors import CorruptState
 from ematix_dagster.spec import Window
-from ematix_dagster.streaming.aggregators import describe_value, make_aggregator
+from ematix_dagster.streaming.aggregators import describe_value, window_aggregators, window_aliases
 from ematix_dagster.streaming.emission import emit
 from ematix_dagster.streaming.emitted import Emitted, EmittedRow, GroupKey
-from ematix_dagster.streaming.state.base import KindState, StoredGroup
+from ematix_dagster.streaming.state.base import KindState, StoredGroup, WrittenRow
+from ematix_dagster.streaming.triggers import TriggerClock
 from ematix_dagster.streaming.watermark import Watermarks
 from ematix_dagster.streaming.windows import MICROS_PER_MS, window_kind
 from state_store.errors import RESTORE_OR_RESET
@@ -108,33 +109,41 @@ class Engine:
     window: Window
     state: KindState
     watermarks: Watermarks
+    clock: TriggerClock
+    #: ``[target] retractions``: a row that supersedes a written one is preceded by its retraction
+    retractions: bool = False
     counters: Counter[str] = field(default_factory=Counter)
     last_batch_id: int | None = None
     running: bool = False
 
     @classmethod
     def for_window(cls, pipeline: str, window: Window, sources: Sequence[str],
-                   integral: Sequence[bool | None]) -> "Engine":
+                   integral: Sequence[bool | None], retractions: bool = False) -> "Engine":
         """``integral[i]`` says whether aggregation i sums integers (BIGINT rules).
 
         ``None`` (not known without Spark's column types) is for vetting stored state only
         (``ematix-dagster check``): such a sum accepts integer, float and decimal accumulators.
         """
-        aggs = [make_aggregator(a, integral[i], window.hll_precision) for i, a in enumerate(window.aggregations)]
-        aliases = [a.as_ for a in window.aggregations]
-        state = window_kind(window).make_state(pipeline, aggs, aliases, window.max_groups_per_window)
+        state = window_kind(window).make_state(pipeline, window_aggregators(window, integral), window_aliases(window),
+                                               window.max_groups_per_window)
+        state.keeps_written = state.keeps_written or retractions
         marks = Watermarks(
             lateness=window.lateness_ms * MICROS_PER_MS,
             idleness=window.source_idleness_ms * MICROS_PER_MS,
             sources=tuple(sources),
             processing_time=window.time_mode == "processing",
         )
-        return cls(window=window, state=state, watermarks=marks)
+        return cls(window=window, state=state, watermarks=marks, clock=TriggerClock(window.emit_trigger),
+                   retractions=retractions)
 
     def restore(self, last_batch_id: int | None, watermark: int | None,
                 sources: dict[str, tuple[int | None, int | None]], counters: dict[str, int],
-                groups: Iterable[StoredGroup], store: str | None = None, thorough: bool = False) -> None:
-        """Continue from durable state; ``sources`` maps name -> (max event time, last arrival).
+                groups: Iterable[StoredGroup], store: str | None = None, thorough: bool = False,
+                written: dict[int, dict[GroupKey, WrittenRow]] | None = None,
+                trigger_fired_at_us: int | None = None) -> None:
+        """Continue from durable state; ``sources`` maps name -> (max event time, last arrival);
+        ``written``: the rows last written per (window start, key) the state keeps; the interval
+        trigger's last firing.
 
         The groups are checked against the window's group_by and aggregations first: state that
         decodes but has another shape (another number of accumulators, a text where a count
@@ -153,6 +162,8 @@ class Engine:
                 clock.max_event_ts, clock.last_arrival = max_ts, last_arrival
         self.counters.update(counters)
         self.state.restore(groups, watermark)
+        self.state.written = written or {}
+        self.clock.fired_at_us = trigger_fired_at_us
 
     def _check_groups(self, groups: list[StoredGroup], store: str | None, thorough: bool) -> None:
         """Raise ``CorruptState`` for the first group whose key or accumulators do not fit the window.
@@ -189,7 +200,7 @@ class Engine:
 
     def _reject(self, store: str | None, start: int, key: Any, accs: Any, index: int | None = None) -> NoReturn:
         """Raise ``CorruptState`` for a restored group whose key or accumulators have the wrong shape."""
-        names = [a.as_ for a in self.window.aggregations]
+        names = list(self.state.aliases)
         group_by = list(self.window.group_by)
         if type(key) is not tuple or len(key) != len(group_by):
             problem = f"the group key does not have one value per group_by column {group_by}"
@@ -199,9 +210,9 @@ class Engine:
             problem = f"{len(accs)} accumulators are stored, but the pipeline has {len(names)} aggregations {names}"
         else:
             assert index is not None
-            agg, spec = self.state.aggregators[index], self.window.aggregations[index]
+            agg = self.state.aggregators[index]
             wrong = agg.check_state(accs[index]) or f"expected {agg.expected}, got {describe_value(accs[index])}"
-            problem = f"aggregation {spec.as_!r} ({spec.agg}): {wrong}"
+            problem = f"aggregation {names[index]!r} ({type(agg).__name__}): {wrong}"
         place = f"pipeline {self.state.pipeline!r}" + (f" in {store}" if store else "")
         window = repr(start) if type(start) is not int else self.state.describe(start, key)
         raise CorruptState(
@@ -232,7 +243,8 @@ class Engine:
             self.watermarks.observe(name, stats.rows, stats.max_event_ts, batch.batch_time)
             self._count(name, stats)
         self.watermarks.advance(batch.batch_time)
-        emitted = emit(self.state, before, self.watermarks.global_wm, self.retention)
+        emitted = emit(self.state, before, self.watermarks.global_wm, self.retention, self.clock, batch.batch_time,
+                       self.retractions)
         self.counters["late_rows_dropped"] += batch.late_rows
         self.counters["late_assignments_dropped"] += batch.late_assignments
         self.counters["late_rows_reopened"] += batch.reopened_rows
@@ -248,8 +260,8 @@ class Engine:
         flushed = self.state.flush_watermark
         if flushed is not None:
             self.watermarks.raise_to(flushed)
-        return self._result(batch_id, emit(self.state, before, self.watermarks.global_wm, self.retention),
-                            before, batch_time)
+        emitted = emit(self.state, before, self.watermarks.global_wm, self.retention, retractions=self.retractions)
+        return self._result(batch_id, emitted, before, batch_time)
 
     def open_windows(self) -> int:
         """Windows (sessions) not emitted yet."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ematix_dagster.spec import Window
-from ematix_dagster.streaming.aggregators import make_aggregator
+from ematix_dagster.streaming.aggregators import window_aggregators
 from ematix_dagster.streaming.windows import MICROS_PER_MS, window_kind
 
 GIB = 1 << 30
@@ -48,7 +48,7 @@ class StateEstimate:
 
 def estimate_state(window: Window) -> StateEstimate:
     kind = window_kind(window)
-    aggregators = [make_aggregator(a, None, window.hll_precision) for a in window.aggregations]
+    aggregators = window_aggregators(window, (None,) * len(window.aggregations))
     return StateEstimate(
         open_windows=kind.expected_open_windows(window.lateness_ms * MICROS_PER_MS,
                                                 window.retention_ms * MICROS_PER_MS),

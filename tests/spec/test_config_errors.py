@@ -235,6 +235,10 @@ ERROR_CASES: list[tuple[str, dict[str, Any], str, tuple[str, ...]]] = [
     ("retractions-on-postgres", {"target": {**PG_TARGET, "retractions": True}}, "target.retractions",
      ("postgres target keeps one row per key", "deletes the keys", "parquet and console")),
     ("retractions-string", {"target.retractions": "true"}, "target.retractions", ("'true'", "not a boolean")),
+    ("retractions-on-sliding-reopen", {f"{W}.kind": "sliding", f"{W}.max_events_per_group": 10,
+                                       f"{W}.late_data": "reopen", f"{W}.allowed_lateness_ms": 1_000,
+                                       "target.retractions": True}, "target.retractions",
+     ("sliding windows", "cannot retract", '"drop"')),
     ("unknown-dead-letter-kind", {"dead_letter.kind": "kafka"}, "dead_letter.kind", ("'kafka'", '"postgres"')),
 ]
 

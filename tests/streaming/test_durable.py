@@ -175,3 +175,38 @@ def test_a_window_too_big_for_one_row_is_written_group_by_group(monkeypatch, agg
         assert size < 10 * (1 << 14)  # far below ten dense sketch images
         commit, whole = commit_with(size + slack), slack == 0
     assert (len(commit.whole_windows), len(commit.upserts)) == ((1, 0) if whole else (0, 10))
+
+
+@pytest.mark.parametrize(("trigger", "retractions"), [
+    ("every_batch", True), ({"interval_ms": 2_500}, True), ({"count": 5}, False)])
+def test_restore_continues_emit_triggers_and_retractions_exactly(tmp_path, trigger, retractions):
+    """Hidden row counts, the interval's last firing and the written rows survive every restart."""
+    window = dataclasses.replace(WINDOW, aggregations=tuple(WINDOW.aggregations[i] for i in SCALARS),
+                                 emit_trigger=trigger)
+    counts_rows = window.emit_trigger.counts_rows
+    batches = [dataclasses.replace(b, partials=[*b.partials, *([b.partials[0]] if counts_rows else [])])
+               for b in map(_scalars, _batches(2))]
+
+    def engine() -> Engine:
+        return Engine.for_window("replay", window, ("s",), integral=(False, True, False), retractions=retractions)
+
+    straight = engine()
+    expected = [_rows(straight.process(b)) for b in batches]
+    kinds = {kind for rows in expected for *_, kind in rows}
+    assert {"early", "final", "correction"} <= kinds and (not retractions or "retract" in kinds)
+    store = SqliteStateStore(str(tmp_path / "state.db"))
+    store.open()
+    store.acquire_lease("replay", "test")
+    try:
+        got, current = [], engine()
+        for b in batches:
+            got.append(_rows(current.process(b)))
+            store.commit(batch_commit(current, "replay"))
+            current = engine()
+            restore_engine(current, store.load("replay"))
+        assert got == expected
+        assert current.clock.fired_at_us == straight.clock.fired_at_us
+        assert current.state.written == straight.state.written
+        assert current.state.windows == straight.state.windows
+    finally:
+        store.close()

@@ -46,7 +46,7 @@ class Harness:
         self.fresh = lambda: SessionState("p", aggs(), ALIASES, p.max_groups, self.rules)
         self.state = self.fresh()
         self.max_seen: int | None = None
-        self.store: dict[tuple[int, Key], tuple[int, list[Any], bool]] = {}
+        self.store: dict[tuple[int, Key], tuple[int, list[Any], bool, Any]] = {}
         self.target: dict[tuple[int, Key], tuple[int, tuple[Any, ...]]] = {}
         self.late, self.kinds, self.outputs = 0, set(), []  # rows judged late, kinds seen, output per batch
 
@@ -75,18 +75,24 @@ class Harness:
         upserts, deletes = changes.upserts, changes.deletes
         for start, key in deletes:
             del self.store[(start, key)]
+        written = self.state.written
         for start, end, key, accs, emitted in upserts:
-            row = (end, copy.deepcopy(accs), emitted)
+            row = (end, copy.deepcopy(accs), emitted, written.get(start, {}).get(key))
             assert self.store.get((start, key)) != row, f"unchanged session {start} {key} rewritten"
             self.store[(start, key)] = row
-        held = {(s.start, key): (s.end, s.accs, s.emitted) for key, ss in self.state.sessions.items() for s in ss}
+        held = {(s.start, key): (s.end, s.accs, s.emitted, written.get(s.start, {}).get(key))
+                for key, ss in self.state.sessions.items() for s in ss}
         assert self.store == held
+        assert sum(map(len, written.values())) == sum(row[3] is not None for row in held.values())
 
     def restart(self) -> None:
         """A restart: a new SessionState from the store's rows."""
         self.state = self.fresh()
         self.state.restore([StoredGroup(start, end, key, copy.deepcopy(accs), emitted)
-                            for (start, key), (end, accs, emitted) in self.store.items()], None)
+                            for (start, key), (end, accs, emitted, _) in self.store.items()], None)
+        for (start, key), (_, _, _, written) in self.store.items():
+            if written is not None:
+                self.state.written.setdefault(start, {})[key] = written
 
 
 def merge(state: SessionState, partials: Partials) -> None:

@@ -19,9 +19,9 @@ which the spec's validation reads; the class checks its input column (``input_pr
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
-from ematix_dagster.spec import Aggregation
+from ematix_dagster.spec import Aggregation, Window
 from ematix_dagster.spec.registries import AGGREGATIONS
 from ematix_dagster.streaming.aggregators.base import (
     SCALAR_TYPES,
@@ -34,6 +34,7 @@ from ematix_dagster.streaming.aggregators.base import (
 )
 from ematix_dagster.streaming.aggregators.basic import Avg, Count, First, Last, Max, Min, Sum
 from ematix_dagster.streaming.aggregators.distinct import ApproxDistinct, ExactDistinct
+from ematix_dagster.streaming.aggregators.trigger_rows import TRIGGER_ROWS_ALIAS, TriggerRows
 
 #: spec ``agg`` -> (the spec entry, whether a sum is integral, hll_precision) -> its aggregator; the
 #: spec's own registry, which the spec validates against
@@ -61,8 +62,22 @@ def make_aggregator(agg: Aggregation, integral: bool | None, hll_precision: int)
     return AGGREGATORS[agg.agg](agg, integral, hll_precision)
 
 
+def window_aggregators(window: Window, integral: Sequence[bool | None]) -> list[Aggregator]:
+    """What a window's state holds per group: one aggregator per aggregation (``integral[i]``: as
+    :func:`make_aggregator`), then the emit trigger's hidden row count where it needs one."""
+    aggs = [make_aggregator(a, integral[i], window.hll_precision) for i, a in enumerate(window.aggregations)]
+    return aggs + [TriggerRows()] if window.emit_trigger.counts_rows else aggs
+
+
+def window_aliases(window: Window) -> list[str]:
+    """The names of :func:`window_aggregators`' accumulators, for messages."""
+    aliases = [a.as_ for a in window.aggregations]
+    return aliases + [TRIGGER_ROWS_ALIAS] if window.emit_trigger.counts_rows else aliases
+
+
 __all__ = [
     "AGGREGATORS", "Aggregator", "Count", "Sum", "Min", "Max", "Avg", "First", "Last", "ApproxDistinct",
-    "ExactDistinct", "PartialRowError", "SparkInput", "make_aggregator", "merge_partials", "order_key", "describe_value",
+    "ExactDistinct", "PartialRowError", "SparkInput", "TriggerRows", "make_aggregator", "window_aggregators",
+    "window_aliases", "merge_partials", "order_key", "describe_value",
     "SCALAR_TYPES",
 ]

@@ -153,6 +153,8 @@ class Aggregator:
     bytes_per_value = 0
     #: whether ``output_type`` needs the input column's Arrow type
     reads_input_type = False
+    #: held in state for the engine, never written to a target (an emit trigger's row count)
+    hidden = False
 
     # -- Spark: the input, the partial and its Arrow shape ------------------------------------
 

@@ -9,10 +9,14 @@ batch (``streaming.emission``):
    whether it *changed* in the batch (took accepted rows; a session: created, extended or
    merged), whether a ``final`` or ``correction`` of it was *emitted* before, whether it is
    *closed* at the new watermark; and the rows already written whose (window start, key) no
-   longer exists (``gone``: merged away or moved), with the values they were written with;
-3. the engine decides each row's kind from those flags alone, then asks the kind for the chosen
-   rows' accumulators (:meth:`KindState.accumulators`: a sliding window's are computed, the others
-   are held) and tells it which rows it wrote (:meth:`KindState.mark_emitted`);
+   longer exists (``gone``: merged away or moved), as they were written. Which open groups it
+   includes is the trigger's ``scope`` (:data:`CLOSING`, :data:`CHANGED`, :data:`OPEN`);
+3. the engine decides each row's kind from those flags (and an early trigger's rule), then asks
+   the kind for the chosen rows' accumulators (:meth:`KindState.accumulators`: a sliding window's
+   are computed, the others are held), tells it which rows were emitted
+   (:meth:`KindState.mark_emitted`) and which groups it changed in place (:meth:`KindState.touch`:
+   a trigger's row count, a written row), and keeps the rows it wrote where a retraction may
+   have to repeat them (:attr:`StateBase.written`);
 4. :meth:`KindState.evict` drops what the kind's retention rule says no row can reach any more.
 
 What a store must write is asked separately, once per commit, in the store's own vocabulary
@@ -41,6 +45,17 @@ Accumulators = list[Any]
 GROUP_BYTES = 150
 #: each group_by value in the key tuple (a slot and a short string)
 KEY_VALUE_BYTES = 60
+
+#: a report's scope (the emit trigger's, docs/contract/emission.md): windows that close and
+#: groups emitted before only (the watermark trigger: an open window waits for it) ...
+CLOSING = "closing"
+#: ... and the changed groups of open windows (``every_batch``, ``count``) ...
+CHANGED = "changed"
+#: ... and every group of open windows never emitted (``interval``, when it fires)
+OPEN = "open"
+
+#: a written row as a retraction repeats it: the window's end and the row's values
+WrittenRow = tuple[int, tuple[Any, ...]]
 
 
 @dataclass
@@ -131,12 +146,15 @@ class KindState(Protocol):
         start, a sliding window's event time, a partial session's first event time, ``lasts[r]``
         its last), ``partials[i][r]`` for aggregator i."""
 
-    def report(self, before: int | None, watermark: int | None, retention: int, open_changes: bool = False) -> Report:
+    written: dict[int, dict[GroupKey, WrittenRow]]
+    keeps_written: bool
+
+    def report(self, before: int | None, watermark: int | None, retention: int, scope: str = CLOSING) -> Report:
         """The batch's candidate rows now that W moved from ``before`` to ``watermark``.
 
-        ``open_changes``: also the changed groups of windows still open and never emitted (what an
-        early trigger fires on). Under the watermark trigger they write no row, and leaving them
-        out keeps a batch's cost to the windows that close or were emitted.
+        ``scope`` says which groups of windows still open (and never emitted) are included besides
+        (:data:`CHANGED`, :data:`OPEN`). Under the watermark trigger they write no row, and leaving
+        them out keeps a batch's cost to the windows that close or were emitted.
         """
 
     def accumulators(self, report: Report, rows: Sequence[int]) -> list[Accumulators]:
@@ -144,6 +162,14 @@ class KindState(Protocol):
 
     def mark_emitted(self, report: Report, rows: Sequence[int]) -> None:
         """``report``'s rows ``rows`` were written as ``final`` or ``correction``."""
+
+    def remember(self, starts: Sequence[int], ends: Sequence[int], keys: Sequence[GroupKey],
+                 values: Sequence[Sequence[Any]]) -> None:
+        """Rows written this batch are the last of their keys (:attr:`written`)."""
+
+    def touch(self, report: Report, rows: Sequence[int]) -> None:
+        """``report``'s rows ``rows`` changed without taking rows (their trigger count moved, or
+        :attr:`written` did): the next commit writes them."""
 
     def evict(self, watermark: int | None, retention: int) -> None:
         """Drop what no accepted row can reach any more (``retention``: how long ``reopen`` keeps
@@ -191,6 +217,23 @@ class StateBase:
     aliases: Sequence[str]
     max_groups_per_window: int
     kind: WindowKind
+    #: keep :attr:`written` (``[target] retractions = true``; session windows always, whose keys
+    #: may disappear after any row was written for them)
+    keeps_written: bool = False
+    #: window start -> key -> the last row written for it, while the group is held: what a
+    #: retraction repeats (a session's early row, or any row under ``retractions``); stored with
+    #: the group
+    written: dict[int, dict[GroupKey, WrittenRow]] = field(default_factory=dict, repr=False)
+
+    def remember(self, starts: Sequence[int], ends: Sequence[int], keys: Sequence[GroupKey],
+                 values: Sequence[Sequence[Any]]) -> None:
+        """Rows written this batch (``values``: one column per aggregation) are the last of their keys."""
+        written = self.written
+        for start, end, key, row in zip(starts, ends, keys, zip(*values) if values else repeat(())):
+            by_key = written.get(start)
+            if by_key is None:
+                by_key = written[start] = {}
+            by_key[key] = (end, row)
 
     def describe(self, start: int, key: GroupKey | None = None) -> str:
         """The window a row at ``start`` is in, for messages."""
@@ -220,4 +263,5 @@ class StateBase:
     def value_columns(self, accumulators: Sequence[Accumulators]) -> list[list[Any]]:
         """The finished values of groups' ``accumulators``, one column per aggregation (each
         aggregator over its whole column at once)."""
-        return [agg.result_column(list(map(itemgetter(i), accumulators))) for i, agg in enumerate(self.aggregators)]
+        return [agg.result_column(list(map(itemgetter(i), accumulators))) for i, agg in enumerate(self.aggregators)
+                if not agg.hidden]

@@ -12,13 +12,16 @@ of its groups did (``streaming.durable``).
 >>> from ematix_dagster.streaming.windows import FixedWindows
 >>> state = FixedState("p", [Count()], ["n"], 10, FixedWindows(duration=10, hop=10))
 >>> state.merge([0, 0, 10], [("a",), ("b",), ("a",)], [[1, 2, 3]])
->>> report = state.report(before=None, watermark=10, retention=0, open_changes=True)
+>>> report = state.report(before=None, watermark=10, retention=0, scope=CHANGED)
 >>> list(zip(report.starts, report.keys, report.closed))
 [(0, ('a',), True), (0, ('b',), True), (10, ('a',), False)]
 >>> state.merge([10], [("b",)], [[1]])
 >>> report = state.report(before=10, watermark=10, retention=0)  # the watermark trigger: open windows wait
 >>> len(report)
 0
+>>> report = state.report(before=10, watermark=10, retention=0, scope=OPEN)  # an interval trigger firing
+>>> list(zip(report.starts, report.keys, report.changed))
+[(10, ('a',), False), (10, ('b',), False)]
 """
 
 from __future__ import annotations
@@ -30,7 +33,16 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence, cast
 
 from ematix_dagster.streaming.aggregators import PartialRowError
 from ematix_dagster.streaming.emitted import GroupKey
-from ematix_dagster.streaming.state.base import Accumulators, Report, StateBase, StoreChanges, StoredGroup
+from ematix_dagster.streaming.state.base import (
+    CHANGED,
+    CLOSING,
+    OPEN,
+    Accumulators,
+    Report,
+    StateBase,
+    StoreChanges,
+    StoredGroup,
+)
 
 if TYPE_CHECKING:
     from ematix_dagster.streaming.windows.fixed import FixedWindows
@@ -149,9 +161,9 @@ class FixedState(StateBase):
 
     # -- emission -------------------------------------------------------------------------------
 
-    def report(self, before: int | None, watermark: int | None, retention: int, open_changes: bool = False) -> Report:
+    def report(self, before: int | None, watermark: int | None, retention: int, scope: str = CLOSING) -> Report:
         """Every group of a window that closes at ``watermark``; the changed groups of windows
-        emitted before (final at ``before``) and, with ``open_changes``, of open ones."""
+        emitted before (final at ``before``); of open ones, as ``scope`` says."""
         out = Report()
         kind, touched = self.kind, self.touched
         for start in sorted(self.windows):
@@ -162,12 +174,12 @@ class FixedState(StateBase):
                 if changed:
                     keys = list(changed)
                     out.add(start, bounds.end, keys, list(map(groups.__getitem__, keys)), True, True, True)
-            elif kind.is_final(bounds, watermark):
+            elif kind.is_final(bounds, watermark) or scope == OPEN:
                 keys = list(groups)
                 flags = True if changed is not None and len(changed) == len(keys) \
                     else list(map((changed or set()).__contains__, keys))
-                out.add(start, bounds.end, keys, list(groups.values()), flags, False, True)
-            elif changed and open_changes:
+                out.add(start, bounds.end, keys, list(groups.values()), flags, False, kind.is_final(bounds, watermark))
+            elif changed and scope == CHANGED:
                 keys = list(changed)
                 out.add(start, bounds.end, keys, list(map(groups.__getitem__, keys)), True, False, False)
         self.touched = {}
@@ -179,10 +191,20 @@ class FixedState(StateBase):
     def mark_emitted(self, report: Report, rows: Sequence[int]) -> None:
         """Nothing to keep: a fixed window was emitted exactly when it was final at the last W."""
 
+    def touch(self, report: Report, rows: Sequence[int]) -> None:
+        dirty, starts, keys = self.dirty, report.starts, report.keys
+        for r in rows:
+            held = dirty.get(starts[r])
+            if held is None:
+                dirty[starts[r]] = {keys[r]}
+            else:
+                held.add(keys[r])
+
     def evict(self, watermark: int | None, retention: int) -> None:
         kind = self.kind
         for start in [s for s in self.windows if kind.is_evicted(kind.bounds(s), watermark, retention)]:
             del self.windows[start]
+            self.written.pop(start, None)
             self.evicted.add(start)
 
     # -- durable state ----------------------------------------------------------------------------

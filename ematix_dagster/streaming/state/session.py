@@ -10,9 +10,9 @@ restored session needs no more than the (start, end) it was stored with.
 
 Unlike fixed windows, whether a session was emitted is stored per session: a late row under
 ``reopen`` can bridge an emitted session with one that is still open, and the result counts as
-emitted (docs/contract/windows.md), which the watermark alone cannot tell. An emitted session's accumulators
-always equal what was last written (every change is re-emitted in its batch), so the row a
-retraction repeats is computed from them before the batch first changes them.
+emitted (docs/contract/windows.md), which the watermark alone cannot tell. The last row written for
+each session is kept (``StateBase.written``): when its (start, key) disappears (it merged away, or
+its start moved) that row is retracted as written, whichever trigger wrote it.
 
 >>> from ematix_dagster.streaming.aggregators import Count
 >>> from ematix_dagster.streaming.emission import emit
@@ -40,7 +40,15 @@ from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExc
 from ematix_dagster.streaming.aggregators import PartialRowError, merge_partials
 from ematix_dagster.streaming.bounds import WindowBounds
 from ematix_dagster.streaming.emitted import EmittedRow, GroupKey
-from ematix_dagster.streaming.state.base import Accumulators, Report, StateBase, StoreChanges, StoredGroup
+from ematix_dagster.streaming.state.base import (
+    CLOSING,
+    OPEN,
+    Accumulators,
+    Report,
+    StateBase,
+    StoreChanges,
+    StoredGroup,
+)
 
 if TYPE_CHECKING:
     from ematix_dagster.streaming.windows.session import SessionWindows
@@ -76,10 +84,11 @@ class SessionState(StateBase):
     """
 
     kind: SessionWindows
+    keeps_written: bool = True
     sessions: dict[GroupKey, list[Session]] = field(default_factory=dict)
-    # since the last report: sessions changed, and the rows emitted sessions had before they changed
+    # since the last report: sessions changed, and the (key, start) of sessions that merged or moved
     _changed: dict[int, tuple[GroupKey, Session]] = field(default_factory=dict, init=False, repr=False)
-    _superseded: dict[tuple[GroupKey, int], EmittedRow] = field(default_factory=dict, init=False, repr=False)
+    _moved: dict[tuple[GroupKey, int], None] = field(default_factory=dict, init=False, repr=False)
     # since the last commit: sessions to write, and (start, key) rows to delete
     _dirty: dict[int, tuple[GroupKey, Session]] = field(default_factory=dict, init=False, repr=False)
     _dropped: dict[tuple[int, GroupKey], None] = field(default_factory=dict, init=False, repr=False)
@@ -197,10 +206,8 @@ class SessionState(StateBase):
         if not rows:  # untouched (sessions in state never join each other)
             assert len(olds) == 1, olds
             return olds[0]
-        for s in olds:
-            if s.emitted and not s.changed:  # what the target holds for it, before it changes
-                values = tuple(column[0] for column in self.value_columns([s.accs]))
-                self._superseded[(key, s.start)] = EmittedRow(s.start, s.end, key, values, RETRACT)
+        for s in olds:  # their (start, key) may disappear: the report retracts what was written for it
+            self._moved[(key, s.start)] = None
         start, end = run[0][0], max(item[1] for item in run)
         last = max([s.last for s in olds] + [lasts[r] for r in rows])
         if olds:
@@ -239,28 +246,44 @@ class SessionState(StateBase):
 
     # -- emission and eviction ----------------------------------------------------------------------
 
-    def report(self, before: int | None, watermark: int | None, retention: int, open_changes: bool = False) -> Report:
-        """Every session changed since the last report that is emitted or closes (with
-        ``open_changes``: every one), and every other one whose end passed W; the rows written for
-        sessions whose (start, key) no longer exists."""
+    def report(self, before: int | None, watermark: int | None, retention: int, scope: str = CLOSING) -> Report:
+        """Every session changed since the last report that is emitted or closes (open ones as
+        ``scope`` says), and every other one whose end passed W (or, with :data:`OPEN`, that is
+        not emitted); the rows written for sessions whose (start, key) no longer exists."""
         out = Report()
         rules = self.kind
         for key, s in self._changed.values():
             closed = rules.is_final(WindowBounds(s.start, s.end), watermark)
-            if s.emitted or closed or open_changes:
+            if s.emitted or closed or scope != CLOSING:
                 out.add_row(s.start, s.end, key, s, True, s.emitted, closed)
             s.changed = False
         reported, self._changed = set(self._changed), {}  # a session has as many heap entries as changes
-        out.gone.add_rows(row for (key, start), row in self._superseded.items()
-                          if not any(s.start == start for s in self.sessions.get(key, ())))
-        self._superseded = {}
+        out.gone.add_rows(self._gone())
         finals = self._to_final
         while finals and rules.is_final(WindowBounds(finals[0][3].start, finals[0][0]), watermark):
             end, _, key, s = heapq.heappop(finals)
             if s.alive and s.end == end and not s.emitted and id(s) not in reported:
                 reported.add(id(s))
                 out.add_row(s.start, s.end, key, s, False, False, True)
+        if scope == OPEN:
+            for key, held in self.sessions.items():
+                for s in held:
+                    if not s.emitted and id(s) not in reported:
+                        out.add_row(s.start, s.end, key, s, False, False, False)
         return out
+
+    def _gone(self) -> list[EmittedRow]:
+        """The written rows of (start, key)s no session holds any more, as retractions (and forgotten)."""
+        rows = []
+        for key, start in self._moved:
+            by_key = self.written.get(start)
+            if by_key is not None and key in by_key and not any(s.start == start for s in self.sessions.get(key, ())):
+                end, values = by_key.pop(key)
+                rows.append(EmittedRow(start, end, key, values, RETRACT))
+                if not by_key:
+                    del self.written[start]
+        self._moved = {}
+        return rows
 
     def accumulators(self, report: Report, rows: Sequence[int]) -> list[Accumulators]:
         handles = report.handles
@@ -276,6 +299,11 @@ class SessionState(StateBase):
                 s.emitted = True
                 self._dirty[id(s)] = (keys[r], s)
 
+    def touch(self, report: Report, rows: Sequence[int]) -> None:
+        handles, keys = report.handles, report.keys
+        for r in rows:
+            self._dirty[id(handles[r])] = (keys[r], handles[r])
+
     def evict(self, watermark: int | None, retention: int) -> None:
         rules, evict = self.kind, self._to_evict
         while evict and rules.is_evicted(WindowBounds(evict[0][3].start, evict[0][0]), watermark, retention):
@@ -283,6 +311,9 @@ class SessionState(StateBase):
             if s.alive and s.end == end:
                 held = [other for other in self.sessions[key] if other is not s]
                 self._forget(key, s)
+                by_key = self.written.get(s.start)
+                if by_key is not None and by_key.pop(key, None) is not None and not by_key:
+                    del self.written[s.start]
                 if held:
                     self.sessions[key] = held
                 else:

@@ -36,7 +36,14 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
 from ematix_dagster.streaming.aggregators import Aggregator, PartialRowError, merge_partials
 from ematix_dagster.streaming.emitted import GroupKey
-from ematix_dagster.streaming.state.base import Accumulators, Report, StateBase, StoreChanges, StoredGroup
+from ematix_dagster.streaming.state.base import (
+    CLOSING,
+    Accumulators,
+    Report,
+    StateBase,
+    StoreChanges,
+    StoredGroup,
+)
 from ematix_dagster.streaming.two_stacks import TwoStacks
 
 if TYPE_CHECKING:
@@ -161,7 +168,7 @@ class SlidingState(StateBase):
 
     # -- emission and eviction ------------------------------------------------------------------
 
-    def report(self, before: int | None, watermark: int | None, retention: int, open_changes: bool = False) -> Report:
+    def report(self, before: int | None, watermark: int | None, retention: int, scope: str = CLOSING) -> Report:
         """Finals for windows with ``before <= t < W``, and the windows emitted (or created behind
         ``before``) that a partial of this batch reaches. Sliding windows fire on the watermark
         only (docs/contract/windows.md): windows still open are not looked at, and a closing window's ``changed``
@@ -237,6 +244,10 @@ class SlidingState(StateBase):
 
     def mark_emitted(self, report: Report, rows: Sequence[int]) -> None:
         """Nothing to keep: a sliding window was emitted exactly when ``t`` was before the last W."""
+
+    def touch(self, report: Report, rows: Sequence[int]) -> None:
+        """Nothing changes in place: sliding windows emit on the watermark only and keep no written
+        rows (``retractions`` is refused under ``reopen``, where alone a row could be superseded)."""
 
     def _by_prefix_sums(self, key: GroupKey, ends: list[int]) -> list[list[Any]]:
         """Each window's accumulators as differences of the key's prefix sums."""

@@ -32,6 +32,9 @@ class WindowKind(ABC):
     own_keys: tuple[str, ...] = ()
     #: the kind takes an ``emit_trigger`` other than ``"watermark"`` (docs/contract/emission.md)
     early_triggers: bool = True
+    #: the kind keeps the rows it wrote, so a ``correction`` under ``reopen`` can be preceded by a
+    #: retraction of the row it supersedes (``[target] retractions``)
+    retracts_corrections: bool = True
     #: a column the kind adds to its output after the window bounds (:meth:`row_ids` fills it)
     id_column: str | None = None
     #: the kind may retract rows it wrote, so its rows are numbered in their batch (``_emit_seq``)

@@ -45,6 +45,9 @@ class SlidingWindows(KeyedByStart):
     #: watermark only (seed 002, docs/contract/windows.md): a row counts in every window ending in
     #: ``[x, x + D]``, so early rows would rewrite each of them for every row that reaches it
     early_triggers = False
+    #: a window's values are computed from the partials when it is written, never held: the row a
+    #: correction supersedes is not kept (docs/contract/emission.md)
+    retracts_corrections = False
     state_class = SlidingState
     held = "event times per key (max_events_per_group)"
     rows_per_key = "events"

@@ -23,6 +23,7 @@ from ematix_dagster.spec import load_pipeline_str
 from tests.conftest import BatchFiles
 from tests.e2e.lateness_helpers import metric, run
 from tests.e2e.trigger_helpers import (
+    BATCHES,
     Pauses,
     check_against_oracle,
     check_finals,
@@ -73,7 +74,7 @@ def ran(request, spark, tmp_path_factory) -> Ran:
     with Pauses(root / "faults", [3] if interval else [], PAUSE_S):
         _, registry = run(spec, spark)
     expected = oracle_for(feed, spec.run.checkpoint_location, cfg)
-    assert len(expected.batches) == 5, "one micro-batch per file"
+    assert len(expected.batches) == len(BATCHES), "one micro-batch per file"
     return Ran(name, cfg, spec.target.path, expected, registry)
 
 

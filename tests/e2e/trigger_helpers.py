@@ -25,18 +25,21 @@ COLUMNS = ("window_start", "window_end", "k", "n", "total", KIND)  # what the or
 AGGREGATIONS = [{"agg": "count", "as": "n"}, {"agg": "sum", "column": "v", "as": "total"}]
 
 # (k, seconds after lateness_helpers.T0, v) per micro-batch; T0 is a multiple of every window and of
-# the session cap. With lateness 5 s: W = 35, 50, 70, 80, 125 s. Fixed windows (60 s; hopping 60/30):
+# the session cap. With lateness 5 s: W = 35, 50, 70, 80, 157, 157 s. Fixed windows (60 s; hopping 60/30):
 # (0, a) takes 2 then 4 rows while open (count 2 crosses twice); b@58, c@45 and a@30 come after
 # [0, 60) closed (corrections under reopen, c's with no final before it). Sessions (gap 20 s): b@37
 # moves b's start from 40 (under drop too: 37 >= W_prev 35); under reopen a@31 bridges a's emitted
 # session [10, 40) with the open [50, 72), b@58 bridges [37, 60) with [70, 90), c@45 is a session of
-# late rows only and a@30 joins an emitted session. NULL keys throughout.
+# late rows only and a@30 joins an emitted session; d@158 (not late: W_prev = 157) bridges d's open
+# sessions [140, 160) and [162, 182) under every policy, 1 + 1 rows into 3 (count 2 does not fire:
+# a merged session counts from the sum of its parts). NULL keys throughout.
 BATCHES: list[list[tuple[str | None, float, int]]] = [
     [("a", 10, 1), ("a", 20, 2), (None, 30, 3), ("b", 40, 4)],
     [("a", 50, 5), ("a", 52, 6), (None, 55, 7), ("b", 37, 8)],
     [("b", 70, 9), ("a", 75, 10), ("a", 31, 11)],
     [("b", 58, 12), ("c", 45, 13), ("a", 80, 14), (None, 85, 15)],
-    [("a", 130, 16), ("a", 30, 17), ("b", 110, 18)],
+    [("a", 130, 16), ("a", 30, 17), ("b", 110, 18), ("d", 140, 19), ("d", 162, 20)],
+    [("d", 158, 21)],
 ]
 
 

@@ -52,9 +52,10 @@ def generate(directory: Path, events: int, keys: int, files: int, items: int, di
 
 
 def pipeline_toml(name: str, data: Path, work: Path, shape: str, max_groups: int, extra_aggregations: str,
-                  run: str) -> str:
+                  run: str, target: str = "") -> str:
     """A benchmark pipeline over the generated files: count + sum(amount) per key (plus
-    ``extra_aggregations``, TOML tables) in the window ``shape``, SQLite state, parquet target."""
+    ``extra_aggregations``, TOML tables) in the window ``shape``, SQLite state, parquet target (plus
+    ``target``, TOML keys of ``[target]``)."""
     return f"""
 pipeline_name = "{name}"
 
@@ -88,6 +89,7 @@ as = "total"
 [target]
 kind = "parquet"
 path = "{work / 'target'}"
+{target}
 
 [state_store]
 kind = "sqlite"

@@ -30,6 +30,7 @@ class Result:
     jvm: dict[str, float] = field(default_factory=dict)  # JVM CPU by thread group (measure.JVM_THREADS)
     jobs: int = 0  # Spark jobs and stages the run submitted
     stages: int = 0
+    rows_by_kind: dict[str, int] = field(default_factory=dict)  # ours: the target's rows by _emit_kind
 
     @property
     def cpu_per_batch(self) -> float:

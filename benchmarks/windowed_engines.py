@@ -7,6 +7,9 @@ and the floor also on heartbeat-only batches.
 
 from __future__ import annotations
 
+import cProfile
+import io
+import pstats
 import shutil
 import sys
 import tempfile
@@ -37,7 +40,11 @@ SESSION_GAP_S = 30
 # ours
 
 
-def our_spec(data: Path, work: Path, workload: str, max_groups: int, heartbeat: bool = False):
+def our_spec(data: Path, work: Path, workload: str, max_groups: int, heartbeat: bool = False, *,
+             duration_ms: int = 60_000, emit_trigger: str = "watermark", retractions: bool = False,
+             end_of_input: str = "keep"):
+    """Our pipeline spec for ``workload``: tumbling windows of ``duration_ms`` (sessions: ``SESSION_GAP_S``)
+    emitted under ``emit_trigger``, ``[target] retractions`` and ``[run] end_of_input`` as given."""
     distinct = """
 [[transform.window.aggregations]]
 agg = "count_distinct"
@@ -46,16 +53,31 @@ as = "items"
 mode = "approximate"
 """ if workload == "sketch" else ""
     run = (f'trigger = "processing_time"\ntrigger_interval_ms = {HEARTBEAT_INTERVAL_MS}' if heartbeat
-           else 'trigger = "available_now"')
+           else f'trigger = "available_now"\nend_of_input = "{end_of_input}"')
     shape = (f'kind = "session"\ngap_ms = {SESSION_GAP_S * 1000}\nmax_session_duration_ms = 3_600_000'
-             if workload == "session" else 'kind = "tumbling"\nduration_ms = 60_000')
-    return load_pipeline_str(pipeline_toml("bench-windowed", data, work, shape, max_groups, distinct, run))
+             if workload == "session" else f'kind = "tumbling"\nduration_ms = {duration_ms}')
+    shape += f'\nemit_trigger = "{emit_trigger}"'
+    target = "retractions = true" if retractions else ""
+    return load_pipeline_str(pipeline_toml("bench-windowed", data, work, shape, max_groups, distinct, run, target))
+
+
+def target_rows(target: Path) -> dict[str, int]:
+    """Rows a parquet target holds, by ``_emit_kind`` (every batch's files and the end-of-input flush's)."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    if not target.exists():
+        return {}
+    kinds = ds.dataset(target, format="parquet", partitioning="hive").to_table(columns=["_emit_kind"])["_emit_kind"]
+    return {str(v["values"]): int(v["counts"]) for v in pc.value_counts(kinds).to_pylist()}
 
 
 def run_ours(spark, data: Path, scratch: Path, workload: str, timer: DriverTimer, max_groups: int,
-             verbose: bool) -> Result:
+             verbose: bool, **spec_options) -> Result:
+    """One run of ours (``spec_options``: :func:`our_spec`'s keywords), its target's rows counted by
+    kind after the measurement."""
     work = Path(tempfile.mkdtemp(prefix="ours-", dir=scratch))
-    spec = our_spec(data, work, workload, max_groups)
+    spec = our_spec(data, work, workload, max_groups, **spec_options)
     timer.reset()
     settle(spark)
     progress = (lambda line: print("   ", line, flush=True)) if verbose else (lambda line: None)
@@ -65,11 +87,30 @@ def run_ours(spark, data: Path, scratch: Path, workload: str, timer: DriverTimer
         wall = time.perf_counter() - t0
     if summary.late_rows:
         print(f"    note: {summary.late_rows} late rows", flush=True)
+    rows_by_kind = target_rows(work / "target")
     shutil.rmtree(work, ignore_errors=True)
     return Result("ours", workload, meter.cpu, wall, meter.peak_rss, summary.batches, summary.rows_in,
                   summary.windows_emitted, meter.by_process(), [r.seconds for r in summary.reports],
                   timer.cpu["Engine.process"] + timer.cpu["convert.partial_lists"],
-                  {k: (timer.calls[k], timer.cpu[k], timer.wall[k]) for k in timer.calls}, meter.by_jvm_thread())
+                  {k: (timer.calls[k], timer.cpu[k], timer.wall[k]) for k in timer.calls}, meter.by_jvm_thread(),
+                  rows_by_kind=rows_by_kind)
+
+
+def profile_ours(spark, data: Path, scratch: Path, workload: str, timer: DriverTimer, max_groups: int,
+                 top: int, out_path: str | None = None, **spec_options) -> None:
+    """One extra run of ours with cProfile inside the foreachBatch callback; prints its stats."""
+    timer.profiler = cProfile.Profile()
+    result = run_ours(spark, data, scratch, workload, timer, max_groups, verbose=False, **spec_options)
+    timer.profiler.disable()
+    if out_path:
+        timer.profiler.dump_stats(out_path)
+    print(f"\nprofiled run (cProfile inside the foreachBatch callback; inflated): {result.line()}")
+    for sort in ("tottime", "cumulative"):
+        out = io.StringIO()
+        pstats.Stats(timer.profiler, stream=out).strip_dirs().sort_stats(sort).print_stats(top)
+        print(f"\n--- driver callback profile, by {sort} ---")
+        print(out.getvalue())
+    timer.profiler = None
 
 
 #: heartbeat batches run before measuring (either engine): the first pays the query's start, and the

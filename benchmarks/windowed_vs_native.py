@@ -49,10 +49,7 @@ measuring (``measure.py``).
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import os
-import pstats
 import shutil
 import sys
 import tempfile
@@ -61,10 +58,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from measure import MB, DriverTimer, percentile, spark_jobs  # noqa: E402
+from measure import MB, percentile, spark_jobs  # noqa: E402
 from results import Result, median_result, print_splits  # noqa: E402
 from run_setup import add_data_arguments, install_timers, prepare  # noqa: E402
 from windowed_engines import (  # noqa: E402
+    profile_ours,
     run_floor,
     run_floor_heartbeats,
     run_native,
@@ -74,22 +72,6 @@ from windowed_engines import (  # noqa: E402
 
 WORKLOADS = ("plain", "sketch", "session")
 ENGINES = ("ours", "floor", "native")
-
-
-def profile_ours(spark, data: Path, scratch: Path, workload: str, timer: DriverTimer, max_groups: int,
-                 top: int, out_path: str | None = None) -> None:
-    timer.profiler = cProfile.Profile()
-    result = run_ours(spark, data, scratch, workload, timer, max_groups, verbose=False)
-    timer.profiler.disable()
-    if out_path:
-        timer.profiler.dump_stats(out_path)
-    print(f"\nprofiled run (cProfile inside the foreachBatch callback; inflated): {result.line()}")
-    for sort in ("tottime", "cumulative"):
-        out = io.StringIO()
-        pstats.Stats(timer.profiler, stream=out).strip_dirs().sort_stats(sort).print_stats(top)
-        print(f"\n--- driver callback profile, by {sort} ---")
-        print(out.getvalue())
-    timer.profiler = None
 
 
 def report(args, med: dict[tuple[str, str], Result], beats: dict[tuple[str, str], Result]) -> None:

@@ -8,7 +8,7 @@ the project, so every layer (``spec``, ``streaming``, ``spark``, ``targets``) ma
 >>> DEAD_LETTER_COLUMNS
 ('_batch_id', '_source', '_event_ts', '_reason')
 >>> RESERVED_COLUMNS
-('_event_ts', '_source', '_batch_id', '_reason', '_emit_kind', '_emit_seq', '_corrupt_record')
+('_event_ts', '_source', '_batch_id', '_reason', '_emit_kind', '_emit_seq', '_corrupt_record', '_release_us')
 """
 
 from __future__ import annotations
@@ -39,10 +39,12 @@ FILE_ERROR = "_file_error"
 #: the rows the file's footer declares (NULL if unknown), in its dead-letter row (spark/input_files.py)
 FILE_ROWS = "_file_rows"
 
-# --- the transform's output (spark/safe_sql.py) --------------------------------------------------
+# --- the transform's output (spark/safe_sql.py, sql/release.py) -----------------------------------
 
 #: the first failing expression of a guarded SQL's row (NULL when none failed), added by guard_sql
 SQL_ERROR = "_sql_error"
+#: a row's release time under ``WATERMARK_TS()`` (µs; NULL: never released), added by sql/release.py
+RELEASE_COLUMN = "_release_us"
 
 # --- a batch's own values as columns (spark/batch_values.py; µs, bounds NULL before a watermark) ---
 
@@ -110,4 +112,4 @@ CORRECTION = "correction"
 RETRACT = "retract"
 
 #: columns the engine adds or reserves; user names may not take them (``spec.rules._is_reserved``)
-RESERVED_COLUMNS = (EVENT_TS, SOURCE, BATCH_ID, REASON, EMIT_KIND, EMIT_SEQ, CORRUPT)
+RESERVED_COLUMNS = (EVENT_TS, SOURCE, BATCH_ID, REASON, EMIT_KIND, EMIT_SEQ, CORRUPT, RELEASE_COLUMN)

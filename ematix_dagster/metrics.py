@@ -10,10 +10,13 @@ import threading
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from ematix_dagster.columns import CORRECTION, EARLY, FINAL, RETRACT
 from ematix_dagster.errors import PipelineConfigError
 from ematix_dagster.streaming.micro_batch import BatchInput, BatchResult
 
 PREFIX = "ematix_streaming"
+#: the ``emit_kind`` label values of ``rows_emitted_total``: every marker a written row may carry
+EMIT_KINDS = (EARLY, FINAL, CORRECTION, RETRACT)
 
 
 class StreamingMetrics:
@@ -53,6 +56,8 @@ class StreamingMetrics:
                                         "Input files left out of their batch: unreadable (on_unreadable_file = "
                                         '"skip") or removed after their batch listed them.', ["pipeline", "source"],
                                         registry=registry)
+        self.rows_emitted = Counter(f"{PREFIX}_rows_emitted", "Rows written to the target, by _emit_kind (retracts "
+                                    "included).", ["pipeline", "emit_kind"], registry=registry)
         self.rejected_rows = Counter(f"{PREFIX}_rejected_rows",
                                      "Rows no target or state store can hold, or whose SQL failed (kept in the dead "
                                      "letters when configured).", ["pipeline", "reason"], registry=registry)
@@ -75,7 +80,10 @@ class StreamingMetrics:
         self.batch_duration.labels(pipeline).observe(seconds)
 
     def record_emit(self, pipeline: str, window_kind: str, result: BatchResult) -> None:
+        """What a batch (or the end-of-input flush) wrote and where the stream stands after it."""
         self.windows_emitted.labels(pipeline, window_kind).inc(result.finals)
+        for emit_kind in EMIT_KINDS:
+            self.rows_emitted.labels(pipeline, emit_kind).inc(result.emitted.count(emit_kind))
         self.window_corrections.labels(pipeline).inc(result.corrections)
         self.windows_active.labels(pipeline).set(result.windows_open)
         self.state_groups.labels(pipeline).set(result.groups)

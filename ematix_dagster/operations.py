@@ -178,12 +178,15 @@ def migrate(spec: PipelineSpec, dry_run: bool = False) -> list[str]:
 
 
 def reset(spec: PipelineSpec) -> list[str]:
-    """Delete the pipeline's state rows and its checkpoint; never the target."""
+    """Delete the pipeline's state rows and its checkpoint; never the target. Says how many pending
+    rows (held back by WATERMARK_TS(), not written yet) it discarded."""
     done = []
     with opened(spec) as store:
         with leased(store, spec, "reset"):
-            store.reset(spec.pipeline_name)
+            pending = store.reset(spec.pipeline_name)
             done.append(f"deleted the state of pipeline {spec.pipeline_name} in {store.description}")
+            done.append(f"discarded {pending} pending row{'' if pending == 1 else 's'} (held back by "
+                        "WATERMARK_TS(), never written to the target)")
             cp = checkpoint.local_path(spec.resolved().run.checkpoint_location)
             if cp.exists():
                 shutil.rmtree(cp)

@@ -37,6 +37,12 @@ Decisions shared by the three stores:
   forgets it, and a delete removes it with its row); ``load`` returns the non-NULL ones in
   ``RecoveredState.written``. Whole-window rows never carry one. The pipeline row carries the
   interval trigger's last firing, ``PipelineRecord.trigger_fired_at`` (µs, None before any).
+* Pending rows (schema step 7, ``WATERMARK_TS()``): ``BatchCommit.pending_inserts`` and
+  ``pending_released`` commit with the batch; ``load_pending`` reads only the rows due, in release
+  order, and ``pending_summary`` their count, bytes, next release and smallest event time, never
+  their values; ``reset`` deletes them too and returns how many it discarded
+  (``state_store.pending`` has the rules). SQLite files the store creates are mode 0600
+  (``state_store.private_files``).
 * A row in the pipelines table whose ``state_version`` is NULL is a lease marker written by
   ``acquire_lease`` before the first commit: ``load`` reports such a pipeline as never committed.
 
@@ -47,7 +53,16 @@ Decisions shared by the three stores:
 
 from __future__ import annotations
 
-from state_store.base import BatchCommit, PipelineRecord, RecoveredState, SourceProgress, StateStore, make_holder
+from state_store.base import (
+    BatchCommit,
+    PendingRow,
+    PendingSummary,
+    PipelineRecord,
+    RecoveredState,
+    SourceProgress,
+    StateStore,
+    make_holder,
+)
 
 
 def create_store(kind: str, *, path: str | None = None, url: str | None = None, schema: str | None = None,
@@ -72,5 +87,5 @@ def create_store(kind: str, *, path: str | None = None, url: str | None = None, 
     raise ValueError(f"unknown state store kind {kind!r} (use in_memory, sqlite or postgres)")
 
 
-__all__ = ["BatchCommit", "PipelineRecord", "RecoveredState", "SourceProgress", "StateStore", "create_store",
-           "make_holder"]
+__all__ = ["BatchCommit", "PendingRow", "PendingSummary", "PipelineRecord", "RecoveredState", "SourceProgress",
+           "StateStore", "create_store", "make_holder"]

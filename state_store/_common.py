@@ -12,6 +12,7 @@ from state_store import codec, whole_window
 from state_store.base import BatchCommit, PipelineRecord, SourceProgress
 from state_store.errors import RESTORE_OR_RESET, CorruptState, LeaseHeld, StateVersionError
 from state_store.names import PIPELINES_TABLE
+from state_store.pending import check_pending
 
 
 def where(pipeline: str | None, store: str) -> str:
@@ -167,7 +168,8 @@ def ordered_offsets(record_sources: Iterable[str], offsets: dict[str, str]) -> d
 
 
 def check_batch(batch: BatchCommit) -> None:
-    """Types a store relies on (the databases check the same through their column types)."""
+    """Types a store relies on (the databases check the same through their column types); the pending
+    rows' (schema step 7) with ``state_store.pending.check_pending``."""
     if not isinstance(batch.record, PipelineRecord) or not batch.record.pipeline:
         raise TypeError("BatchCommit.record must be a PipelineRecord with a pipeline name")
     if not _is_int_or_none(batch.record.trigger_fired_at):
@@ -210,6 +212,9 @@ def check_batch(batch: BatchCommit) -> None:
     for name, offset in batch.record.offsets.items():
         if not isinstance(name, str) or not isinstance(offset, str):
             raise TypeError("record.offsets must map source names to offset JSON text")
+    if batch.pending_inserts or batch.pending_released or type(batch.pending_inserts) is not list \
+            or type(batch.pending_released) is not list:
+        check_pending(batch)
 
 
 def _plain_rows(rows: list, types: tuple[type, ...]) -> bool:

@@ -27,6 +27,14 @@ non-NULL blobs); whole-window rows never carry one. The record carries ``trigger
 batch time (µs) of the interval emit trigger's last firing (None before any), committed with the
 batch like the watermark.
 
+Schema step 7 adds pending rows (SPEC §11, ``WATERMARK_TS()``): output rows held back until the
+watermark reaches their release time, one :class:`PendingRow` each, keyed by ``(release_us,
+arrival_batch, seq)``, the release order. A commit inserts the batch's new ones
+(``BatchCommit.pending_inserts``) and deletes the ones it released (``BatchCommit.pending_released``,
+by key) in its transaction; the engine reads only the rows due (``StateStore.load_pending``) and a
+:class:`PendingSummary` (count, bytes, next release, smallest event time), never the whole set.
+Payloads are not public yet: nothing here logs or prints them.
+
 A window may also be stored whole, as one row (``BatchCommit.whole_windows``, key
 ``whole_window.WINDOW_KEY``, a blob of ``whole_window.encode_window``): a batch that changed most of
 a window's groups writes one row instead of thousands (measured: a SQLite row costs about 2 µs to
@@ -85,6 +93,36 @@ class RecoveredState:
     written: dict[tuple[int, bytes], bytes] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class PendingRow:
+    """One row held back by ``WATERMARK_TS()`` until the watermark reaches ``release_us`` (µs).
+
+    Keyed by ``(release_us, arrival_batch, seq)``: ``arrival_batch`` is the batch it arrived in,
+    ``seq`` its position in that batch's output (0, 1, ...). ``event_ts`` is its ``_event_ts`` (µs,
+    None when it has none), ``payload`` its values, an opaque engine blob.
+    """
+
+    release_us: int
+    arrival_batch: int
+    seq: int
+    event_ts: int | None
+    payload: bytes
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return self.release_us, self.arrival_batch, self.seq
+
+
+@dataclass
+class PendingSummary:
+    """A pipeline's pending rows, without their values (the ``state`` command, the output watermark)."""
+
+    rows: int = 0
+    payload_bytes: int = 0
+    next_release_us: int | None = None  # the smallest release time, None when nothing is pending
+    min_event_ts: int | None = None  # the smallest non-NULL event time, None when there is none
+
+
 @dataclass
 class BatchCommit:
     """One micro-batch's unit of work."""
@@ -103,6 +141,10 @@ class BatchCommit:
     written: dict[tuple[int, bytes], bytes] = field(default_factory=dict)
     #: (start, end, blob of every group): written first, replacing every stored row of the window
     whole_windows: list[tuple[int, int, bytes]] = field(default_factory=list)
+    #: rows this batch holds back (schema step 7); a re-insert of an identical stored row is a no-op
+    pending_inserts: list[PendingRow] = field(default_factory=list)
+    #: keys (release_us, arrival_batch, seq) of stored pending rows this batch released, deleted with it
+    pending_released: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 class StateStore(ABC):
@@ -140,8 +182,17 @@ class StateStore(ABC):
         """Apply the whole unit of work in one transaction, or nothing."""
 
     @abstractmethod
-    def reset(self, pipeline: str) -> None:
-        """Delete the pipeline's state rows (never a target)."""
+    def load_pending(self, pipeline: str, up_to_release_us: int, limit: int | None = None) -> list[PendingRow]:
+        """The pipeline's pending rows with ``release_us <= up_to_release_us``, in key (release) order;
+        at most ``limit`` of them (the first ones) unless it is None."""
+
+    @abstractmethod
+    def pending_summary(self, pipeline: str) -> PendingSummary:
+        """Count, payload bytes, next release time and smallest event time of the pipeline's pending rows."""
+
+    @abstractmethod
+    def reset(self, pipeline: str) -> int:
+        """Delete the pipeline's state rows (never a target); returns how many pending rows it discarded."""
 
     @abstractmethod
     def migrate_state(self, pipeline: str) -> int:

@@ -14,6 +14,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
+from state_store import pending
 from state_store._common import (
     bring_forward,
     bring_forward_stored,
@@ -22,7 +23,7 @@ from state_store._common import (
     expand_windows,
     lease_held,
 )
-from state_store.base import BatchCommit, PipelineRecord, RecoveredState, StateStore
+from state_store.base import BatchCommit, PendingRow, PendingSummary, PipelineRecord, RecoveredState, StateStore
 from state_store.whole_window import WINDOW_KEY
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,8 @@ class _Pipeline:
     record: PipelineRecord | None = None
     #: window start -> key -> (window end, blob, emitted flag or None, last written row or None)
     windows: dict[int, dict[bytes, tuple[int | None, bytes, bool | None, bytes | None]]] = field(default_factory=dict)
+    #: pending rows (schema step 7): (release_us, arrival_batch, seq) -> (event_ts, payload)
+    pending: dict[tuple[int, int, int], tuple[int | None, bytes]] = field(default_factory=dict)
 
 
 @dataclass
@@ -136,7 +139,12 @@ class InMemoryStateStore(StateStore):
             space = self._space()
             self._check_writer(pipeline)
             # Everything that can fail happens before the first change: the types were checked
-            # above, and the callbacks (there is no connection to give them) run first.
+            # above, re-inserted pending rows are compared, and the callbacks (there is no
+            # connection to give them) run first.
+            stored = space.pipelines[pipeline].pending if pipeline in space.pipelines else {}
+            for row in batch.pending_inserts:
+                if stored.get(row.key, (row.event_ts, row.payload)) != (row.event_ts, row.payload):
+                    raise pending.conflict(pipeline, self.description, row.key)
             for callback in batch.in_transaction:
                 callback(None)
             data = space.pipelines.setdefault(pipeline, _Pipeline())
@@ -160,13 +168,34 @@ class InMemoryStateStore(StateStore):
             if batch.deleted_before is not None:
                 for start in [s for s in windows if s < batch.deleted_before]:
                     del windows[start]
+            for row in batch.pending_inserts:
+                data.pending[row.key] = (row.event_ts, row.payload)
+            for released in batch.pending_released:
+                data.pending.pop(released, None)
             data.record = record
 
-    def reset(self, pipeline: str) -> None:
+    def load_pending(self, pipeline: str, up_to_release_us: int, limit: int | None = None) -> list[PendingRow]:
+        pending.check_load(up_to_release_us, limit)
+        with _LOCK:
+            data = self._space().pipelines.get(pipeline)
+            due = sorted(key for key in data.pending if key[0] <= up_to_release_us) if data else []
+            return [PendingRow(*key, *data.pending[key]) for key in due[:limit]] if data else []
+
+    def pending_summary(self, pipeline: str) -> PendingSummary:
+        with _LOCK:
+            data = self._space().pipelines.get(pipeline)
+            rows = data.pending if data else {}
+            return PendingSummary(
+                rows=len(rows), payload_bytes=sum(len(payload) for _, payload in rows.values()),
+                next_release_us=min(rows)[0] if rows else None,
+                min_event_ts=min((ts for ts, _ in rows.values() if ts is not None), default=None))
+
+    def reset(self, pipeline: str) -> int:
         with _LOCK:
             space = self._space()
             self._check_writer(pipeline)
-            space.pipelines.pop(pipeline, None)
+            data = space.pipelines.pop(pipeline, None)
+            return len(data.pending) if data else 0
 
     def migrate_state(self, pipeline: str) -> int:
         with _LOCK:

@@ -75,6 +75,23 @@ with the state"). Layout decision:
 * Both nullable and without a default: catalog-only changes on both databases (no table rewrite,
   no lock held for longer than the ALTER). Rows and pipelines written before the step read as
   "nothing kept" and "never fired": no code kept either before it.
+
+Step 7 (``ematix_streaming_pending``): rows delayed by ``WATERMARK_TS()`` (SPEC §11: "pending rows
+live in the state store, one stored row each, indexed by release time, committed with the batch").
+Layout decision:
+
+* A table of its own, one row per pending output row: ``release_us``, ``arrival_batch``, ``seq``
+  (the row's position in its arrival batch), ``event_ts`` (its ``_event_ts``, µs, NULL allowed) and
+  ``payload`` (the row's values, an opaque engine blob). A pending row is no window group.
+* PRIMARY KEY ``(pipeline_name, release_us, arrival_batch, seq)``, the release order's prefix
+  ((release time, arrival batch, ``_event_ts``, values): within an arrival batch ``seq`` follows
+  ``_event_ts`` and the values), so the rows due at W are one range scan read in order, and a
+  release deletes by key. SQLite: WITHOUT ROWID and STRICT, like the state table.
+* A partial index on ``(pipeline_name, event_ts) WHERE event_ts IS NOT NULL``: the output watermark
+  needs the smallest pending ``_event_ts`` after every batch, a scan of every pending row without
+  the index, one probe with it (SQLite, 50,000 rows: 6.7 ms -> 0.01 ms; inserting them cost the
+  same, releasing half 50 ms instead of 28). Rows without an event time never lower the minimum,
+  so they are left out. A new table: the step rewrites and locks nothing.
 """
 
 from __future__ import annotations
@@ -84,14 +101,23 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from state_store.errors import StateVersionError
-from state_store.names import OFFSETS_TABLE, PIPELINES_TABLE, SCHEMA_VERSION_TABLE, STATE_TABLE, lease_key
+from state_store.names import (
+    OFFSETS_TABLE,
+    PENDING_EVENT_TS_INDEX,
+    PENDING_TABLE,
+    PIPELINES_TABLE,
+    SCHEMA_VERSION_TABLE,
+    STATE_TABLE,
+    lease_key,
+)
 
 
 @dataclass(frozen=True)
 class SchemaStep:
     version: int
     description: str
-    postgres: tuple[str, ...]  # psycopg.sql templates; {state} {offsets} {pipelines} are qualified names
+    #: psycopg.sql templates: {state} {offsets} {pipelines} {pending} are qualified, {pending_event_ts} is not
+    postgres: tuple[str, ...]
     sqlite: tuple[str, ...]
 
 
@@ -205,6 +231,31 @@ STEPS: tuple[SchemaStep, ...] = (
         sqlite=("ALTER TABLE {state} ADD COLUMN written_row BLOB",
                 "ALTER TABLE {pipelines} ADD COLUMN trigger_fired_at INTEGER"),
     ),
+    SchemaStep(
+        7, "pending rows (WATERMARK_TS()): one row each, keyed in release order, indexed by event time",
+        postgres=(
+            """CREATE TABLE {pending} (
+                pipeline_name text NOT NULL,
+                release_us bigint NOT NULL,
+                arrival_batch bigint NOT NULL,
+                seq integer NOT NULL,
+                event_ts bigint,
+                payload bytea NOT NULL,
+                PRIMARY KEY (pipeline_name, release_us, arrival_batch, seq))""",
+            "CREATE INDEX {pending_event_ts} ON {pending} (pipeline_name, event_ts) WHERE event_ts IS NOT NULL",
+        ),
+        sqlite=(
+            """CREATE TABLE {pending} (
+                pipeline_name TEXT NOT NULL,
+                release_us INTEGER NOT NULL,
+                arrival_batch INTEGER NOT NULL,
+                seq INTEGER NOT NULL,
+                event_ts INTEGER,
+                payload BLOB NOT NULL,
+                PRIMARY KEY (pipeline_name, release_us, arrival_batch, seq)) WITHOUT ROWID, STRICT""",
+            "CREATE INDEX {pending_event_ts} ON {pending} (pipeline_name, event_ts) WHERE event_ts IS NOT NULL",
+        ),
+    ),
 )
 
 SCHEMA_VERSION = STEPS[-1].version
@@ -232,6 +283,8 @@ def postgres_names(schema: str) -> dict:
         "offsets": sql.Identifier(schema, OFFSETS_TABLE),
         "pipelines": sql.Identifier(schema, PIPELINES_TABLE),
         "schema_version": sql.Identifier(schema, SCHEMA_VERSION_TABLE),
+        "pending": sql.Identifier(schema, PENDING_TABLE),
+        "pending_event_ts": sql.Identifier(PENDING_EVENT_TS_INDEX),
     }
 
 
@@ -290,7 +343,8 @@ def apply_postgres(conn, schema: str, store: str, steps: Sequence[SchemaStep] = 
 
 def sqlite_names() -> dict[str, str]:
     return {"state": f'"{STATE_TABLE}"', "offsets": f'"{OFFSETS_TABLE}"', "pipelines": f'"{PIPELINES_TABLE}"',
-            "schema_version": f'"{SCHEMA_VERSION_TABLE}"'}
+            "schema_version": f'"{SCHEMA_VERSION_TABLE}"', "pending": f'"{PENDING_TABLE}"',
+            "pending_event_ts": f'"{PENDING_EVENT_TS_INDEX}"'}
 
 
 def sqlite_version(conn: sqlite3.Connection) -> int:

@@ -12,6 +12,9 @@ STATE_TABLE = "ematix_streaming_state"
 OFFSETS_TABLE = "ematix_streaming_offsets"
 PIPELINES_TABLE = "ematix_streaming_pipelines"
 SCHEMA_VERSION_TABLE = "ematix_streaming_schema_version"
+PENDING_TABLE = "ematix_streaming_pending"
+#: the pending table's index on (pipeline_name, event_ts), its non-NULL event times (schema step 7)
+PENDING_EVENT_TS_INDEX = "ematix_streaming_pending_event_ts"
 
 
 def lease_key(schema: str, pipeline: str) -> int:

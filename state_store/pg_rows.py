@@ -1,7 +1,7 @@
 """The PostgreSQL store's state-row statements: read a pipeline's groups, upsert a batch of them.
 
 Kept beside ``state_store.postgres`` (the store's lifecycle, leases and commit) so that module
-stays small. Rows are ``(window_start, window_end, key, blob)`` (``state_store.base``); their
+stays small; a commit's state rows are written by :func:`write_groups`. Rows are ``(window_start, window_end, key, blob)`` (``state_store.base``); their
 ``emitted`` flags (schema step 5) and last written rows (``written_row``, schema step 6) travel
 beside them, keyed by ``(window_start, key)``.
 """
@@ -12,6 +12,9 @@ from typing import Any, Sequence
 
 import psycopg
 from psycopg import sql
+
+from state_store import whole_window
+from state_store.base import BatchCommit
 
 # named for its columns: a session that still holds the temp table of an older layout never reuses it
 _TEMP = sql.Identifier("pg_temp", "ematix_state_upserts_6")
@@ -44,6 +47,31 @@ def read_beside(cur: psycopg.Cursor, names: dict, params: tuple, stale_only: boo
     cur.execute(select_beside(names, "written_row", stale_only), params)
     written = {(start, key): kept for start, key, kept in cur.fetchall()}
     return flags, written
+
+
+def write_groups(conn: psycopg.Connection, names: dict, batch: BatchCommit) -> None:
+    """A commit's state rows, in the caller's transaction: whole windows (replacing every row of
+    theirs), upserts, then deletes by key, by window and before a start (so a group both updated
+    and deleted in a batch ends deleted)."""
+    pipeline = batch.record.pipeline
+    if batch.whole_windows:
+        conn.execute(sql.SQL("DELETE FROM {state} WHERE pipeline_name = %s AND window_start = ANY(%s::bigint[])")
+                     .format(**names), (pipeline, [start for start, _, _ in batch.whole_windows]))
+        upsert_groups(conn, names, pipeline, [(start, end, whole_window.WINDOW_KEY, blob)
+                                              for start, end, blob in batch.whole_windows])
+    if batch.upserts:
+        upsert_groups(conn, names, pipeline, batch.upserts, batch.emitted, batch.written)
+    if batch.deletes:
+        conn.execute(sql.SQL(
+            "DELETE FROM {state} s USING unnest(%s::bigint[], %s::bytea[]) AS d(window_start, group_key) "
+            "WHERE s.pipeline_name = %s AND s.window_start = d.window_start AND s.group_key = d.group_key"
+        ).format(**names), ([s for s, _ in batch.deletes], [k for _, k in batch.deletes], pipeline))
+    if batch.deleted_windows:
+        conn.execute(sql.SQL("DELETE FROM {state} WHERE pipeline_name = %s AND window_start = ANY(%s::bigint[])")
+                     .format(**names), (pipeline, list(batch.deleted_windows)))
+    if batch.deleted_before is not None:
+        conn.execute(sql.SQL("DELETE FROM {state} WHERE pipeline_name = %s AND window_start < %s")
+                     .format(**names), (pipeline, batch.deleted_before))
 
 
 def upsert_groups(conn: psycopg.Connection, names: dict, pipeline: str,
@@ -82,4 +110,4 @@ def upsert_groups(conn: psycopg.Connection, names: dict, pipeline: str,
             "written_row = EXCLUDED.written_row").format(temp=_TEMP, **names), (pipeline,))
 
 
-__all__ = ["read_beside", "select_beside", "select_groups", "upsert_groups"]
+__all__ = ["read_beside", "select_beside", "select_groups", "upsert_groups", "write_groups"]

@@ -3,7 +3,8 @@
 * Tables live in a configurable schema (default ``ematix``), created and migrated on first use
   (``state_store.migrations``); every identifier goes through ``psycopg.sql.Identifier``.
 * A commit is one transaction: COPY of the dirty groups into a temp table + one
-  ``INSERT ... ON CONFLICT DO UPDATE``; deletes by key and by whole window; the batch's offsets;
+  ``INSERT ... ON CONFLICT DO UPDATE``; deletes by key and by whole window (``state_store.pg_rows``);
+  pending rows inserted and released (``state_store.pending``); the batch's offsets;
   the pipeline row; then each ``in_transaction`` callback with the connection; then COMMIT.
   Upserts are applied before deletes, so a group both updated and deleted in a batch ends deleted.
 * Lease: a session-level ``pg_try_advisory_lock(<64-bit hash of schema + pipeline>)`` on a
@@ -35,7 +36,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from state_store import codec, loaded_groups, migrations, whole_window
+from state_store import codec, loaded_groups, migrations, pending
 from state_store._common import (
     PIPELINE_COLUMNS,
     bring_forward,
@@ -48,10 +49,10 @@ from state_store._common import (
     record_from_row,
     where,
 )
-from state_store.base import BatchCommit, PipelineRecord, RecoveredState, StateStore
+from state_store.base import BatchCommit, PendingRow, PendingSummary, PipelineRecord, RecoveredState, StateStore
 from state_store.errors import EmatixError, StoreConfigError, StoreUnavailable
 from state_store.names import lease_key
-from state_store.pg_rows import read_beside, select_groups, upsert_groups
+from state_store.pg_rows import read_beside, select_groups, upsert_groups, write_groups
 from state_store.pg_url import describe, parse_url, store_error
 
 log = logging.getLogger(__name__)
@@ -301,24 +302,8 @@ class PostgresStateStore(StateStore):
         pipeline = record.pipeline
         with self._connection() as conn, conn.transaction():
             self._check_writer(conn, pipeline)
-            if batch.whole_windows:
-                conn.execute(sql.SQL("DELETE FROM {state} WHERE pipeline_name = %s AND window_start = ANY(%s::bigint[])")
-                             .format(**n), (pipeline, [start for start, _, _ in batch.whole_windows]))
-                upsert_groups(conn, n, pipeline, [(start, end, whole_window.WINDOW_KEY, blob)
-                                                  for start, end, blob in batch.whole_windows])
-            if batch.upserts:
-                upsert_groups(conn, n, pipeline, batch.upserts, batch.emitted, batch.written)
-            if batch.deletes:
-                conn.execute(sql.SQL(
-                    "DELETE FROM {state} s USING unnest(%s::bigint[], %s::bytea[]) AS d(window_start, group_key) "
-                    "WHERE s.pipeline_name = %s AND s.window_start = d.window_start AND s.group_key = d.group_key"
-                ).format(**n), ([s for s, _ in batch.deletes], [k for _, k in batch.deletes], pipeline))
-            if batch.deleted_windows:
-                conn.execute(sql.SQL("DELETE FROM {state} WHERE pipeline_name = %s AND window_start = ANY(%s::bigint[])")
-                             .format(**n), (pipeline, list(batch.deleted_windows)))
-            if batch.deleted_before is not None:
-                conn.execute(sql.SQL("DELETE FROM {state} WHERE pipeline_name = %s AND window_start < %s")
-                             .format(**n), (pipeline, batch.deleted_before))
+            write_groups(conn, n, batch)
+            pending.pg_commit(conn, n, batch, self.description)
             conn.execute(sql.SQL("DELETE FROM {offsets} WHERE pipeline_name = %s").format(**n), (pipeline,))
             if record.offsets:
                 batch_id = record.last_batch_id if record.last_batch_id is not None else -1
@@ -342,18 +327,36 @@ class PostgresStateStore(StateStore):
             for callback in batch.in_transaction:
                 callback(conn)
 
-    def reset(self, pipeline: str) -> None:
-        self._guard("resetting state", pipeline, lambda: self._reset(pipeline))
+    def load_pending(self, pipeline: str, up_to_release_us: int, limit: int | None = None) -> list[PendingRow]:
+        pending.check_load(up_to_release_us, limit)
 
-    def _reset(self, pipeline: str) -> None:
+        def load() -> list[PendingRow]:
+            with self._connection() as conn:
+                return pending.pg_load(conn, self._names, pipeline, up_to_release_us, limit)
+
+        return self._guard("loading pending rows", pipeline, load)
+
+    def pending_summary(self, pipeline: str) -> PendingSummary:
+        def summary() -> PendingSummary:
+            with self._connection() as conn:
+                return pending.pg_summary(conn, self._names, pipeline)
+
+        return self._guard("summing up pending rows", pipeline, summary)
+
+    def reset(self, pipeline: str) -> int:
+        return self._guard("resetting state", pipeline, lambda: self._reset(pipeline))
+
+    def _reset(self, pipeline: str) -> int:
         with self._connection() as conn, conn.transaction():
             self._check_writer(conn, pipeline)
             for table in ("state", "offsets", "pipelines"):
                 conn.execute(sql.SQL("DELETE FROM {t} WHERE pipeline_name = %s").format(t=self._names[table]),
                              (pipeline,))
+            discarded = pending.pg_discard(conn, self._names, pipeline)
             if pipeline in self._leases:  # keep showing who holds the lease
                 conn.execute(sql.SQL("INSERT INTO {pipelines} (pipeline_name, lease_holder) VALUES (%s, %s)")
                              .format(**self._names), (pipeline, self._leases[pipeline]))
+            return discarded
 
     def migrate_state(self, pipeline: str) -> int:
         return self._guard("migrating state", pipeline, lambda: self._migrate_state(pipeline))

@@ -11,6 +11,8 @@
   store object that writes without holding the lease takes the lock for the duration of the
   write, so a commit/reset/migration never runs while another process holds the lease.
 * Lock files are never deleted (deleting a lock file another process may be opening is a race).
+* Files the store creates (the database, its -wal and -shm, lock files) are mode 0600; an existing
+  file keeps its mode (``state_store.private_files``). Pending rows: ``state_store.pending``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from state_store import codec, migrations
+from state_store import codec, migrations, pending
 from state_store._common import (
     PIPELINE_COLUMNS,
     bring_forward,
@@ -41,9 +43,10 @@ from state_store._common import (
     sources_to_json,
     where,
 )
-from state_store.base import BatchCommit, RecoveredState, StateStore
+from state_store.base import BatchCommit, PendingRow, PendingSummary, RecoveredState, StateStore
 from state_store.errors import CorruptState, StorePermissionError, StoreUnavailable
 from state_store.loaded_groups import gc_paused
+from state_store.private_files import PRIVATE, create_private, warn_if_shared
 from state_store.whole_window import WINDOW_KEY
 
 _NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
@@ -97,6 +100,8 @@ class SqliteStateStore(StateStore):
                 return
             with self._errors("opening the store"):
                 self.path.parent.mkdir(parents=True, exist_ok=True)
+                if not create_private(self.path):
+                    warn_if_shared(self.path, self.description)
                 conn = sqlite3.connect(str(self.path), timeout=self.timeout, isolation_level=None,
                                        check_same_thread=False)
                 try:
@@ -159,7 +164,7 @@ class SqliteStateStore(StateStore):
         deadline = time.monotonic() + _HOLDER_WAIT_S
         while True:
             try:
-                fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+                fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), PRIVATE)
             except FileNotFoundError:
                 return None, None
             try:
@@ -294,6 +299,7 @@ class SqliteStateStore(StateStore):
                     conn.executemany(_DELETE_WINDOW, ((pipeline, start) for start in batch.deleted_windows))
                 if batch.deleted_before is not None:
                     conn.execute(_DELETE_BEFORE, (pipeline, batch.deleted_before))
+                pending.sqlite_commit(conn, batch, self.description)
                 conn.execute(f"DELETE FROM {_N['offsets']} WHERE pipeline_name = ?", (pipeline,))
                 if record.offsets:
                     conn.executemany(
@@ -311,14 +317,25 @@ class SqliteStateStore(StateStore):
                 for callback in batch.in_transaction:
                     callback(conn)
 
-    def reset(self, pipeline: str) -> None:
+    def load_pending(self, pipeline: str, up_to_release_us: int, limit: int | None = None) -> list[PendingRow]:
+        pending.check_load(up_to_release_us, limit)
+        with self._lock, self._errors("loading pending rows", pipeline):
+            return pending.sqlite_load(self._db(), pipeline, up_to_release_us, limit)
+
+    def pending_summary(self, pipeline: str) -> PendingSummary:
+        with self._lock, self._errors("summing up pending rows", pipeline):
+            return pending.sqlite_summary(self._db(), pipeline)
+
+    def reset(self, pipeline: str) -> int:
         with self._lock, self._errors("resetting state", pipeline), self._writer(pipeline):
             with self._transaction() as conn:
                 for table in ("state", "offsets", "pipelines"):
                     conn.execute(f"DELETE FROM {_N[table]} WHERE pipeline_name = ?", (pipeline,))
+                discarded = pending.sqlite_discard(conn, pipeline)
                 if pipeline in self._leases:  # keep showing who holds the lease
                     conn.execute(f"INSERT INTO {_N['pipelines']} (pipeline_name, lease_holder, updated_at) "
                                  f"VALUES (?, ?, {_NOW})", (pipeline, self._leases[pipeline][1]))
+                return discarded
 
     def migrate_state(self, pipeline: str) -> int:
         with self._lock, self._errors("migrating state", pipeline), self._writer(pipeline):

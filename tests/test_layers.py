@@ -1,6 +1,7 @@
-"""Layering: ``state_store`` is the bottom layer and imports nothing else of this project; ``spec``
-imports only the layers below it; ``streaming`` (pure driver logic) imports no Spark; and no two
-modules of the project import each other, however indirectly.
+"""Layering: ``state_store`` is the bottom layer and imports nothing else of this project; ``sql``
+(reading the SQL at load time) imports only sqlglot, the standard library, the errors and the column
+names; ``spec`` imports only the layers below it; ``streaming`` (pure driver logic) imports no Spark;
+and no two modules of the project import each other, however indirectly.
 
 The checks are static (``ast``): every ``import`` / ``from ... import`` anywhere in a module
 counts, including those inside functions and ``try`` blocks, so an import that only runs on some
@@ -242,7 +243,8 @@ def test_classifying_a_failure_loads_no_spark():
 
 
 def _spec_imports_above_it() -> list[str]:
-    allowed = ("ematix_dagster.spec", "ematix_dagster.columns", "ematix_dagster.errors", "state_store.errors")
+    allowed = ("ematix_dagster.spec", "ematix_dagster.sql", "ematix_dagster.columns", "ematix_dagster.errors",
+               "state_store.errors")
     project = _project_packages()
     offending = []
     for path in sorted((ROOT / "ematix_dagster" / "spec").rglob("*.py")):
@@ -258,6 +260,24 @@ def test_spec_imports_nothing_above_it():
     ``dagster``, ``targets``, stores."""
     offending = _spec_imports_above_it()
     assert not offending, "spec must not import the layers above it:\n" + "\n".join(offending)
+
+
+def test_sql_imports_only_sqlglot_and_the_bottom():
+    """``sql`` reads the pipeline's SQL while the spec loads (``spec`` calls it), so it sits below
+    ``spec``: it imports only itself, the errors and the column names of the project, and only
+    sqlglot and the standard library outside it: no ``spec``, ``spark`` (no pyspark), ``streaming``."""
+    allowed = ("ematix_dagster.sql", "ematix_dagster.columns", "ematix_dagster.errors")
+    project = _project_packages()
+    offending = []
+    for path in sorted((ROOT / "ematix_dagster" / "sql").rglob("*.py")):
+        for line, name in _imports(path):
+            top = name.split(".")[0]
+            outside = top not in project and top not in sys.stdlib_module_names and top not in ("sqlglot", "__future__")
+            if outside or (top in project and not _in(name, allowed)):
+                offending.append(f"{path.relative_to(ROOT)}:{line}: imports {name}")
+    assert (ROOT / "ematix_dagster" / "sql" / "release.py").exists()
+    assert not offending, "sql must import only sqlglot, the standard library, errors and columns:\n" + \
+        "\n".join(offending)
 
 
 def test_the_spec_registries_are_filled_by_importing_the_package():

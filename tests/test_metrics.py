@@ -46,6 +46,32 @@ def test_families_and_labels():
     assert v("ematix_streaming_late_rows_reopened_total", {"pipeline": "p1"}) == 1
     assert v("ematix_streaming_late_assignments_dropped_total", {"pipeline": "p1"}) == 2
     assert v("ematix_streaming_batch_duration_seconds_count", {"pipeline": "p1"}) == 1
+    rows = {kind: v("ematix_streaming_rows_emitted_total", {"pipeline": "p1", "emit_kind": kind})
+            for kind in ("early", "final", "correction", "retract")}
+    assert rows == {"early": 0, "final": 2, "correction": 1, "retract": 0}
+
+
+def test_rows_emitted_counts_every_row_written_by_kind_batches_and_flush():
+    """Early rows and retracts are counted like the others, in a batch and in the end-of-input flush
+    (``record_emit``), while ``windows_emitted_total`` still counts finals only."""
+    registry = CollectorRegistry()
+    metrics = StreamingMetrics(registry)
+    batch_rows = [EmittedRow(0, 60, ("x",), (1,), "retract"), EmittedRow(0, 60, ("x",), (4,), "early"),
+                  EmittedRow(0, 60, ("y",), (2,), "early"), EmittedRow(-60, 0, ("x",), (3,), "final")]
+    flush_rows = [EmittedRow(0, 60, ("x",), (4,), "retract"), EmittedRow(0, 60, ("x",), (5,), "final"),
+                  EmittedRow(0, 60, ("y",), (2,), "final")]
+    for batch_id, rows in ((0, batch_rows), (0, flush_rows)):
+        emitted = Emitted()
+        emitted.add_rows(rows)
+        result = BatchResult(batch_id=batch_id, emitted=emitted, watermark_before=None, watermark=None,
+                             source_watermarks={}, idle_sources=[], windows_open=0, groups=0)
+        metrics.record_emit("p2", "tumbling", result)
+    v = registry.get_sample_value
+    rows = {kind: v("ematix_streaming_rows_emitted_total", {"pipeline": "p2", "emit_kind": kind})
+            for kind in ("early", "final", "correction", "retract")}
+    assert rows == {"early": 2, "final": 3, "correction": 0, "retract": 2}
+    assert sum(rows.values()) == len(batch_rows) + len(flush_rows)
+    assert v("ematix_streaming_windows_emitted_total", {"pipeline": "p2", "kind": "tumbling"}) == 3
 
 
 def test_endpoint_on_localhost():

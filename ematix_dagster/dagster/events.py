@@ -1,6 +1,6 @@
 """The runner's per-batch reports as Dagster events (dagster-sling's event-iterator seam).
 
-Batches that wrote windows become materializations, batches that only consumed rows observations,
+Batches that wrote rows become materializations, batches that only consumed rows observations,
 throttled; heartbeat-only batches give no event and no log line (a summary line every
 ``summary_seconds`` counts them). The stream ends with a ``MaterializeResult`` holding the run's
 totals as ``run_*``, so they never join the per-batch series.
@@ -22,10 +22,15 @@ def _seconds(us: Optional[int]) -> Optional[float]:
     return None if us is None else us / 1e6
 
 
+def _wrote_rows(report: Any) -> bool:
+    """Whether a batch (or a stretch of them) wrote rows to the target: finals, corrections, early
+    rows (an emit trigger fired) or retractions."""
+    return bool(report.windows_emitted or report.corrections or report.early_rows or report.retractions)
+
+
 def is_heartbeat_only(report: Any) -> bool:
     """A batch that read no rows and emitted nothing (e.g. only the heartbeat ticked)."""
-    return (report.rows_in == 0 and report.windows_emitted == 0 and report.corrections == 0
-            and report.late_rows == 0 and report.dead_letter_rows == 0)
+    return report.rows_in == 0 and not _wrote_rows(report) and report.late_rows == 0 and report.dead_letter_rows == 0
 
 
 @dataclass
@@ -37,6 +42,8 @@ class _Window:
     rows_in: int = 0
     windows_emitted: int = 0
     corrections: int = 0
+    early_rows: int = 0
+    retractions: int = 0
     late_rows: int = 0
     dead_letter_rows: int = 0
     rows_by_source: dict[str, int] = field(default_factory=dict)
@@ -50,6 +57,8 @@ class _Window:
         self.rows_in += report.rows_in
         self.windows_emitted += report.windows_emitted
         self.corrections += report.corrections
+        self.early_rows += report.early_rows
+        self.retractions += report.retractions
         self.late_rows += report.late_rows
         self.dead_letter_rows += report.dead_letter_rows
         for name, n in report.rows_by_source.items():
@@ -83,6 +92,8 @@ def batch_metadata(report: Any, since: _Window, elapsed_s: float, now_s: float) 
         "rows_per_second": float(since.rows_in / elapsed_s) if elapsed_s > 0 else 0.0,
         "windows_emitted": since.windows_emitted,
         "corrections": since.corrections,
+        "early_rows": since.early_rows,
+        "retractions": since.retractions,
         "late_rows": since.late_rows,
         "dead_letter_rows": since.dead_letter_rows,
     }
@@ -100,6 +111,8 @@ def run_metadata(totals: _Window, elapsed_s: float) -> dict[str, Any]:
         "run_rows_in": totals.rows_in,
         "run_windows_emitted": totals.windows_emitted,
         "run_corrections": totals.corrections,
+        "run_early_rows": totals.early_rows,
+        "run_retractions": totals.retractions,
         "run_late_rows": totals.late_rows,
         "run_dead_letter_rows": totals.dead_letter_rows,
         "run_rows_per_second": float(totals.rows_in / elapsed_s) if elapsed_s > 0 else 0.0,
@@ -115,10 +128,16 @@ def _span(window: _Window, last_batch_id: int) -> str:
     return f"batch {last_batch_id}" if first is None or first == last_batch_id else f"batches {first}-{last_batch_id}"
 
 
+def _emitted(window: _Window) -> str:
+    """The rows written, in words; early rows and retractions only when there are some."""
+    extra = "".join(f", {n} {label}" for label, n in (("early rows", window.early_rows),
+                                                      ("retractions", window.retractions)) if n)
+    return f"{window.windows_emitted} windows emitted (+{window.corrections} corrections){extra}"
+
+
 def _describe(window: _Window, report: Any) -> str:
-    return (f"{_span(window, int(report.batch_id))}: {window.rows_in} rows in, {window.windows_emitted} windows "
-            f"emitted (+{window.corrections} corrections), {window.late_rows} late rows, watermark "
-            f"{format_us(report.watermark)}")
+    return (f"{_span(window, int(report.batch_id))}: {window.rows_in} rows in, {_emitted(window)}, "
+            f"{window.late_rows} late rows, watermark {format_us(report.watermark)}")
 
 
 def _duration(seconds: float) -> str:
@@ -128,8 +147,9 @@ def _duration(seconds: float) -> str:
 class EmatixEventIterator(Iterator[Any]):
     """Dagster events from a runner's ``BatchReport`` stream (like dagster-sling's event iterator).
 
-    * A batch that wrote windows (finals or corrections) gives an ``AssetMaterialization``; a batch
-      that only consumed rows gives an ``AssetObservation``; heartbeat-only batches give nothing.
+    * A batch that wrote rows (finals, corrections, early rows or retractions) gives an
+      ``AssetMaterialization``; a batch that only consumed rows gives an ``AssetObservation``;
+      heartbeat-only batches give nothing.
     * At most one event per ``throttle_seconds`` (by ``clock``); the counts of the batches with
       data in between are added to the next event, which comes at the next batch (heartbeat-only
       or not) once the throttle allows.
@@ -209,7 +229,7 @@ class EmatixEventIterator(Iterator[Any]):
         """The event for the data batches since the previous one (at the last of them)."""
         since, report = self._since, self._last_data
         meta = batch_metadata(report, since, now - self._since_started, self._wall())
-        if since.windows_emitted or since.corrections:
+        if _wrote_rows(since):
             event: Any = dg.AssetMaterialization(asset_key=self.asset_key, metadata=meta,
                                                  description=_describe(since, report))
         else:
@@ -225,8 +245,8 @@ class EmatixEventIterator(Iterator[Any]):
         if report.watermark is not None:
             lag = f" (lag {self._wall() - report.watermark / 1e6:.0f} s)"
         return (f"[{self.name}] last {_duration(seconds)}: {window.batches} batches ({window.idle_batches} "
-                f"heartbeat-only), {window.rows_in} rows in, {window.windows_emitted} windows emitted "
-                f"(+{window.corrections} corrections), {window.late_rows} late rows; at batch {report.batch_id}, "
+                f"heartbeat-only), {window.rows_in} rows in, {_emitted(window)}, {window.late_rows} late rows; "
+                f"at batch {report.batch_id}, "
                 f"watermark {format_us(report.watermark)}{lag}, {report.state_groups} state groups")
 
     def final_result(self, stopped: Optional[str] = None) -> dg.MaterializeResult:

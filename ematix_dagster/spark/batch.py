@@ -40,6 +40,11 @@ from state_store.loaded_groups import gc_paused
 
 InTransaction = list[Callable[[object], None]]
 
+#: the engine counter holding how many rows the last batch wrote (set per batch, committed with it):
+#: the end-of-input flush numbers its rows after them (``_emit_seq``), in this run or a later one
+#: that has no batch of its own (the counter then comes back from the store)
+LAST_BATCH_ROWS = "last_batch_rows_written"
+
 
 @dataclass(frozen=True)
 class BatchReport:
@@ -51,6 +56,8 @@ class BatchReport:
     rows_by_source: dict[str, int]
     windows_emitted: int
     corrections: int
+    early_rows: int
+    retractions: int
     late_rows: int
     dead_letter_rows: int
     watermark: int | None
@@ -61,9 +68,13 @@ class BatchReport:
     seconds: float
 
     def progress_line(self, pipeline: str) -> str:
+        """One line per batch; early rows and retractions only when there are some (a pipeline
+        whose trigger is the watermark and that never retracts prints the line it always did)."""
+        extra = "".join(f", {label} {n}" for label, n in (("early rows", self.early_rows),
+                                                          ("retractions", self.retractions)) if n)
         return (f"[{pipeline}] batch {self.batch_id}: rows in {self.rows_in}, windows emitted {self.windows_emitted}"
-                f" (+{self.corrections} corrections), watermark {format_us(self.watermark)}, late rows {self.late_rows},"
-                f" state groups {self.state_groups}, {self.seconds:.2f}s")
+                f" (+{self.corrections} corrections){extra}, watermark {format_us(self.watermark)}, late rows"
+                f" {self.late_rows}, state groups {self.state_groups}, {self.seconds:.2f}s")
 
 
 @dataclass
@@ -125,6 +136,7 @@ class BatchStep:
         else:
             batch = BatchInput(batch_id, batch_time, {s.name: SourceStats() for s in spec.sources})
         result = engine.process(batch)
+        engine.counters[LAST_BATCH_ROWS] = len(result.emitted)
         self._write(batch_id, result, in_transaction)
         faults.point("target_write", batch_id)
         self._commit(batch_id, batch_id, named_offsets(spec, offsets.offsets), in_transaction)
@@ -205,13 +217,16 @@ class BatchStep:
     def flush(self) -> BatchReport:
         """``end_of_input = "flush"``: emit every open window, written beside the last real batch.
 
-        It takes the last batch's id (its own file part), so a later run's next batch id stays free.
+        It takes the last batch's id (its own file part), so a later run's next batch id stays free,
+        and numbers its rows after that batch's (:data:`LAST_BATCH_ROWS`): a reader orders the two
+        files' rows of one key by ``_emit_seq``. The flush leaves the counter as it is, so a flush
+        replayed after a crash numbers its rows as the first try did.
         """
         spec, engine = self.spec, self.engine
         batch_id = engine.last_batch_id if engine.last_batch_id is not None else 0
         result = engine.flush(batch_id, self.last_batch_time)
         in_transaction: InTransaction = []
-        self._write(batch_id, result, in_transaction, part="flush")
+        self._write(batch_id, result, in_transaction, part="flush", first_seq=engine.counters[LAST_BATCH_ROWS])
         faults.point("target_write", "flush")
         # The flush reads no input: the offsets stay those of the last committed batch.
         self._commit(batch_id, "flush", self.record.offsets if self.record else {}, in_transaction)
@@ -246,13 +261,14 @@ class BatchStep:
         else:
             dead_letter.write(batch_id, rows)
 
-    def _write(self, batch_id: int, result: BatchResult, in_transaction: InTransaction, part: str = "part-0") -> None:
+    def _write(self, batch_id: int, result: BatchResult, in_transaction: InTransaction, part: str = "part-0",
+               first_seq: int = 0) -> None:
         ids = None
         emitted = result.emitted
         kind = self.engine.state.kind
         if kind.id_column is not None:
             ids = kind.row_ids(self.spec.pipeline_name, list(map(encoded_key, emitted.keys)), emitted.starts)
-        table = rows_to_arrow(self.schema, emitted, len(self.spec.window.group_by), ids)
+        table = rows_to_arrow(self.schema, emitted, len(self.spec.window.group_by), ids, first_seq)
         if self.spec.target.same_transaction:
             target = cast(WritesInTransaction, self.target)  # a postgres one: same_transaction
             in_transaction.append(lambda conn: target.write_in_transaction(conn, batch_id, table))
@@ -284,7 +300,8 @@ class BatchStep:
             batch_id=batch.batch_id, batch_time=batch.batch_time,
             rows_in=sum(s.rows for s in batch.sources.values()),
             rows_by_source={k: s.rows for k, s in batch.sources.items()},
-            windows_emitted=result.finals, corrections=result.corrections, late_rows=batch.late_rows,
+            windows_emitted=result.finals, corrections=result.corrections, early_rows=result.early,
+            retractions=result.retractions, late_rows=batch.late_rows,
             dead_letter_rows=sum(batch.dead_letters.values()), watermark=result.watermark,
             source_watermarks=result.source_watermarks, idle_sources=result.idle_sources,
             state_groups=result.groups, windows_open=result.windows_open, seconds=seconds,

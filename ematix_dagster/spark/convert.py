@@ -2,10 +2,11 @@
 
 Partials arrive as an Arrow table (one row per (window start, group)); emitted rows leave as an
 Arrow table with the output schema of seed 000: window bounds, group columns, aggregations, plus
-``_emit_kind``. A kind with an id column (sessions: ``session_id``) adds it after the bounds and
-a kind that may retract (sessions), because its batches can hold ``retract`` rows that must be
-read before the rows replacing them, adds ``_emit_seq`` (the row's order within the batch, from
-0) after ``_emit_kind`` (docs/contract/emission.md). Fixed windows never retract and keep the seed's columns.
+``_emit_kind`` and ``_emit_seq``. A kind with an id column (sessions: ``session_id``) adds it after
+the bounds. ``_emit_seq`` (the row's order within the batch, from 0) is on every kind's rows: a
+batch may hold a key's ``retract`` row before the row replacing it, and an early trigger lets the
+end-of-input flush write a key the batch's own file wrote, so readers order a key's rows by
+``(batch_id, _emit_seq)`` (SPEC §10, docs/contract/emission.md).
 """
 
 from __future__ import annotations
@@ -34,9 +35,7 @@ def output_schema(plan: BatchPlan) -> pa.Schema:
     for a, agg in zip(window.aggregations, plan.aggregators):
         input_type = _arrow(types[a.column]) if agg.reads_input_type else None  # type: ignore[index]
         fields.append(pa.field(a.as_, agg.output_type(input_type)))
-    fields.append(pa.field(EMIT_KIND, pa.string()))
-    if kind.retracts:
-        fields.append(pa.field(EMIT_SEQ, pa.int64()))
+    fields += [pa.field(EMIT_KIND, pa.string()), pa.field(EMIT_SEQ, pa.int64())]
     return pa.schema(fields)
 
 
@@ -59,9 +58,10 @@ def partial_lists(plan: BatchPlan, table: pa.Table,
 
 
 def rows_to_arrow(schema: pa.Schema, emitted: Emitted, group_width: int,
-                  row_ids: Sequence[int] | None = None) -> pa.Table:
+                  row_ids: Sequence[int] | None = None, first_seq: int = 0) -> pa.Table:
     """The emitted rows as the output schema's columns, in their order (``row_ids``: one per row,
-    for a kind with an id column; a schema with ``_emit_seq`` numbers the rows 0, 1, ... as given)."""
+    for a kind with an id column). ``_emit_seq`` numbers the rows ``first_seq``, ``first_seq + 1``,
+    ... as given: the end-of-input flush continues the numbers of the last batch's rows."""
     columns: list[Sequence[Any]] = [()] * len(schema)
     first_key = 2 if row_ids is None else 3
     if emitted:  # the group keys transposed at C speed; everything else is a column already
@@ -73,7 +73,5 @@ def rows_to_arrow(schema: pa.Schema, emitted: Emitted, group_width: int,
             columns[first_key + group_width + j] = values
     if row_ids is not None:
         columns[2] = list(row_ids)
-    seq = schema.get_field_index(EMIT_SEQ)
-    if seq >= 0:
-        columns[seq] = range(len(emitted))
+    columns[schema.get_field_index(EMIT_SEQ)] = range(first_seq, first_seq + len(emitted))
     return pa.table([pa.array(c, type=f.type) for c, f in zip(columns, schema)], schema=schema)

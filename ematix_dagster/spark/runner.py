@@ -205,7 +205,8 @@ class PipelineRunner:
         self.recovered = RecoveredState(record=record)  # drop the blobs
         schema = output_schema(plan)
         key = [spec.window.window_start_column, *spec.window.group_by]
-        self.target = make_window_writer(spec.target, spec.pipeline_name, schema, key)
+        self.target = make_window_writer(spec.target, spec.pipeline_name, schema, key,
+                                         store_emit_kind=spec.window.emit_trigger.fires_early)
         self.target.open()
         self.dead_letter = make_dead_letter_writer(spec.dead_letter, spec.pipeline_name) if spec.dead_letter else None
         if self.dead_letter:

@@ -54,31 +54,15 @@ Spark names an unaliased SELECT item after its text, so a guarded one is named a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Iterator, cast
 
-import sqlglot
 from sqlglot import exp
-from sqlglot.dialects.spark import Spark
-from sqlglot.errors import ParseError, TokenError
-from sqlglot.parsers.spark import SparkParser  # Spark.Parser, by the name its type checker can follow
 
 from ematix_dagster.columns import SQL_ERROR
 from ematix_dagster.errors import PipelineConfigError
+from ematix_dagster.sql.parsing import AnsiSpark, misplaced, parse_statement, top_selects
+from ematix_dagster.sql.parsing import text as _text
 
 _KEY = "transform.sql"
-
-
-class _AnsiSpark(Spark):
-    """Spark SQL read as Spark 4 runs it with ANSI mode on.
-
-    sqlglot's Spark dialect reads ``CAST`` as Hive's NULL-on-failure cast and turns functions into
-    its portable forms, some of which print differently (``PARSE_JSON(j)`` prints as ``j``). Here
-    ``CAST`` is the throwing cast and every function stays the call the user wrote.
-    """
-
-    class Parser(SparkParser):
-        STRICT_CAST = True
-        FUNCTIONS: ClassVar[dict] = {}
 
 
 @dataclass(frozen=True)
@@ -101,8 +85,6 @@ _CAST_FUNCTIONS = {"TINYINT", "SMALLINT", "INT", "BIGINT", "FLOAT", "DOUBLE", "D
                    "TIMESTAMP", "BINARY"}
 #: Conditional functions: an argument is evaluated only while the ones before it are NULL.
 _COALESCING = {"COALESCE", "NVL", "IFNULL"}
-_CLAUSES = {"joins": "a JOIN condition", "group": "GROUP BY", "having": "HAVING", "order": "ORDER BY",
-            "laterals": "LATERAL VIEW", "qualify": "QUALIFY", "windows": "WINDOW"}
 
 
 def guard_sql(sql: str) -> GuardedSql:
@@ -112,13 +94,13 @@ def guard_sql(sql: str) -> GuardedSql:
     is not a query, already names ``_sql_error``, or has a failure-prone expression where a failing
     row cannot be flagged (a subquery, a WITH clause, a JOIN condition, a lambda, GROUP BY, ...).
     """
-    tree = _parse(sql)
-    tops = list(_top_selects(tree))
+    tree = parse_statement(sql, _KEY)
+    tops = list(top_selects(tree, _KEY))
     for node in tree.walk():
         if isinstance(node, exp.Identifier) and node.name.lower() == SQL_ERROR:
             raise PipelineConfigError(_KEY, f"names {SQL_ERROR}, the column that flags the rows an expression "
                                       "failed on", f"rename it: {SQL_ERROR} is added to the SELECT list")
-        if _guarded(node) and (place := _misplaced(node, tops)):
+        if _guarded(node) and (place := misplaced(node, tops, ("expressions", "where"))):
             raise PipelineConfigError(_KEY, f"has {_text(node)} {place}, where a row it fails on cannot be flagged "
                                       "(under ANSI mode one bad value would fail every retry of the batch)",
                                       "move it into the SELECT list or the WHERE of the outer query, or write its "
@@ -126,51 +108,7 @@ def guard_sql(sql: str) -> GuardedSql:
     texts: list[str] = []
     for select in tops:
         texts += _guard_select(select)
-    return GuardedSql(tree.sql(dialect=_AnsiSpark), tuple(texts))
-
-
-def _parse(sql: str) -> exp.Expr:
-    try:
-        statements = [s for s in sqlglot.parse(sql, dialect=_AnsiSpark) if s is not None]
-    except ParseError as exc:
-        e = exc.errors[0]
-        raise PipelineConfigError(_KEY, f"does not parse: {e['description']} at line {e['line']}, column {e['col']} "
-                                  f"(near {e['highlight']!r})", "fix the SQL (Spark SQL syntax)") from None
-    except TokenError as exc:
-        raise PipelineConfigError(_KEY, f"does not parse: {exc}", "fix the SQL (Spark SQL syntax)") from None
-    if len(statements) != 1:
-        raise PipelineConfigError(_KEY, f"holds {len(statements)} statements",
-                                  "write one SELECT over the view 'source'")
-    return statements[0]
-
-
-def _top_selects(node: exp.Expr) -> Iterator[exp.Select]:
-    """The SELECTs whose rows are the output: the query, or each branch of its UNION ALL."""
-    if isinstance(node, exp.Select):
-        yield node
-    elif isinstance(node, exp.SetOperation):
-        yield from _top_selects(node.left)
-        yield from _top_selects(node.right)
-    elif isinstance(node, exp.Subquery):
-        yield from _top_selects(node.this)
-    else:
-        raise PipelineConfigError(_KEY, f"is not a query (it is {type(node).__name__.upper()})",
-                                  "write one SELECT over the view 'source'")
-
-
-def _misplaced(node: exp.Expr, tops: list[exp.Select]) -> str | None:
-    """Where ``node`` is, if not in a top SELECT's list or WHERE (the places a failure can be flagged)."""
-    child, parent = node, node.parent
-    while parent is not None:
-        if any(parent is top for top in tops):
-            key = cast(str, child.arg_key)  # set: child has a parent
-            return None if key in ("expressions", "where") else f"in {_CLAUSES.get(key, key.upper())}"
-        if isinstance(parent, exp.Lambda):
-            return "inside a lambda function"
-        if isinstance(parent, (exp.Select, exp.Subquery)):
-            return "in a WITH clause" if parent.find_ancestor(exp.CTE) else "in a subquery"
-        child, parent = parent, parent.parent
-    return "outside the SELECT lists and WHERE clauses"
+    return GuardedSql(tree.sql(dialect=AnsiSpark), tuple(texts))
 
 
 def _guard_select(select: exp.Select) -> list[str]:
@@ -255,10 +193,6 @@ class _Guards:
 
 def _is_call(node: exp.Expr, names: set[str] | dict[str, str]) -> bool:
     return isinstance(node, exp.Anonymous) and node.name.upper() in names
-
-
-def _text(node: exp.Expr) -> str:
-    return node.sql(dialect=_AnsiSpark)
 
 
 def _guarded(node: exp.Expr) -> bool:

@@ -17,10 +17,13 @@ at-least-once delivery of Spark into effectively-once output:
   transaction, so a replay rewrites identical values (rows whose values did not change are not
   touched at all) and a later correction replaces the earlier row of the same key. Within one
   batch the last row of a key wins. The key constraint is ``UNIQUE NULLS NOT DISTINCT`` so that
-  NULL group keys form one group (PostgreSQL >= 15). ``_emit_kind`` is not stored: the table
-  always holds the latest row per key. A ``retract`` row (session windows under ``reopen``: a key
-  that disappeared because a session's start moved or sessions merged, docs/contract/emission.md) deletes its
-  key's row instead; the batch's deletes run before its upserts, in the same transaction, so a
+  NULL group keys form one group (PostgreSQL >= 15). The table always holds the latest row per
+  key, so ``_emit_seq`` is never stored; ``_emit_kind`` (a ``text`` column) is stored when the
+  window's emit trigger is not ``"watermark"``, because a key's row may then be an ``early`` one
+  (created by ``create_table``; an existing table without it is refused at start). Early rows are
+  upserted like finals and corrections. A ``retract`` row (a key that disappeared: a session's
+  start moved or sessions merged, docs/contract/emission.md) deletes its key's row instead, for
+  every window kind; the batch's deletes run before its upserts, in the same transaction, so a
   replay deletes nothing more. :meth:`PostgresWindowWriter.write_in_transaction` does the
   same on a caller's connection without committing, so a Postgres state store in the same
   database can commit state and output together (exactly-once).
@@ -29,20 +32,23 @@ at-least-once delivery of Spark into effectively-once output:
   written (and fsynced) under a hidden temporary name and renamed into place, so readers see the
   old or the new complete file, never a partial one, and a replay replaces it. Temporary files
   left by a crash are removed by ``open()``. The parquet target keeps ``_emit_kind``
-  (``final`` | ``correction``): readers keep the latest row per key by ``batch_id`` then emit kind.
-  Session windows may also write ``retract`` rows (under ``reopen``, for keys that disappeared),
-  each repeating the row it withdraws and written before the rows that replace it, and add
-  ``_emit_seq`` (the row's order within its batch file): readers keep the row with the largest
-  ``(batch_id, _emit_seq)`` per key and drop keys whose latest row is a ``retract`` (docs/contract/emission.md).
-  The end-of-input flush file of a batch holds only ``final`` rows of keys its ``part-0`` did
-  not write, so the two never need ordering against each other.
+  (``early`` | ``final`` | ``correction`` | ``retract``) and ``_emit_seq`` (the row's order within
+  its batch) on every row of every window kind. A ``retract`` row repeats the row it withdraws and
+  comes before the rows that replace it: readers keep the row with the largest
+  ``(batch_id, _emit_seq)`` per key and drop keys whose latest row is a ``retract``
+  (docs/contract/emission.md). The end-of-input flush file continues the ``_emit_seq`` of its
+  batch's ``part-0`` (``spark.batch.LAST_BATCH_ROWS``), and it may write a key ``part-0`` wrote:
+  with an early trigger, a window with an ``early`` row in the last batch gets its ``final`` (and,
+  with ``[target] retractions``, a ``retract`` before it) in the flush, so readers order
+  ``part-0`` and flush rows together by ``(batch_id, _emit_seq)``.
   Only local paths (or ``file://``) are supported.
 * **postgres dead letters**: ``DELETE`` the rows of the batch id, then COPY the new ones, in one
   transaction (``write_in_transaction`` likewise commits nothing). A dead-letter table therefore
   belongs to one pipeline: a second pipeline writing the same table would delete the first one's
   rows of the same batch id.
-* **console**: prints each batch; a replay prints it again, so the console target is
-  at-least-once (``idempotent = False``; the engine warns at start).
+* **console**: prints each batch with ``_emit_kind`` and ``_emit_seq`` as the parquet target
+  writes them; a replay prints it again, so the console target is at-least-once
+  (``idempotent = False``; the engine warns at start).
 
 Empty batches are a no-op for every writer (nothing is written, nothing is deleted).
 
@@ -91,11 +97,13 @@ __all__ = [
 
 
 def make_window_writer(target: Target, pipeline_name: str, schema: pa.Schema,
-                       key_columns: list[str]) -> WindowWriter:
+                       key_columns: list[str], *, store_emit_kind: bool = False) -> WindowWriter:
     """The writer for ``[target]``.
 
-    ``schema`` is the output schema including the ``_emit_kind`` column (and, for session windows,
-    ``_emit_seq``); ``key_columns`` is ``[window start column] + group columns`` (the upsert key).
+    ``schema`` is the output schema including the ``_emit_kind`` and ``_emit_seq`` columns;
+    ``key_columns`` is ``[window start column] + group columns`` (the upsert key).
+    ``store_emit_kind``: the window's emit trigger fires early, so a postgres table keeps
+    ``_emit_kind`` (parquet and console always write it).
     """
     names = list(schema.names)
     if EMIT_KIND not in names:
@@ -104,7 +112,7 @@ def make_window_writer(target: Target, pipeline_name: str, schema: pa.Schema,
     if not key_columns or missing:
         raise ValueError(f"key columns {missing or key_columns} are not output columns {names}")
     if target.kind == "postgres":
-        return PostgresWindowWriter(target, pipeline_name, schema, key_columns)
+        return PostgresWindowWriter(target, pipeline_name, schema, key_columns, store_emit_kind)
     if target.kind == "parquet":
         return ParquetWriter(target.path, pipeline_name, "target")
     if target.kind == "console":

@@ -43,25 +43,31 @@ _PAYLOAD_COLUMN = "payload"
 _ORD_COLUMN = "__ematix_row_ord"
 _STAGE_TABLE = "ematix_stage_rows"
 _RETRACT_TABLE = "ematix_stage_retracts"
-#: the envelope columns of an emitted row that the table does not store (it holds the latest row per key)
-_NOT_STORED = (EMIT_KIND, EMIT_SEQ)
 
 
 class PostgresWindowWriter:
-    """Upserts closed windows into a PostgreSQL table (see :mod:`ematix_dagster.targets`).
+    """Upserts window rows into a PostgreSQL table (see :mod:`ematix_dagster.targets`).
 
-    ``retract`` rows (session windows under reopen: a key that disappeared because a session's start
-    moved or sessions merged, docs/contract/emission.md) delete their key's row instead, before the batch's upserts
-    and in the same transaction.
+    ``retract`` rows (a key that disappeared, e.g. a session whose start moved or that merged into
+    another, docs/contract/emission.md) delete their key's row instead, before the batch's upserts and
+    in the same transaction, whatever the window kind.
+
+    The table holds the latest row per key, so ``_emit_seq`` (order within a batch) is never
+    stored. ``_emit_kind`` is stored when ``store_emit_kind`` (the window's emit trigger fires
+    early): a key's row may then be an ``early`` one its window's ``final`` will replace, and only
+    the column tells readers which. With the watermark trigger every row is final or a correction
+    and the seed's columns stay as they were.
     """
 
     idempotent = True
 
-    def __init__(self, target: Target, pipeline_name: str, schema: pa.Schema, key_columns: list[str]) -> None:
+    def __init__(self, target: Target, pipeline_name: str, schema: pa.Schema, key_columns: list[str],
+                 store_emit_kind: bool) -> None:
         self._pg = PostgresTable(target.url, target.table, pipeline_name, "target")
         self.create_table = bool(target.create_table)
         self.pipeline_name = pipeline_name
-        self.columns = [n for n in schema.names if n not in _NOT_STORED]
+        not_stored = (EMIT_SEQ,) if store_emit_kind else (EMIT_SEQ, EMIT_KIND)
+        self.columns = [n for n in schema.names if n not in not_stored]
         self.key_columns = list(key_columns)
         self.value_columns = [c for c in self.columns if c not in self.key_columns]
         if len(set(self.columns)) != len(self.columns):

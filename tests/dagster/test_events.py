@@ -12,11 +12,12 @@ T0 = 1_767_225_600  # 2026-01-01T00:00:00Z, epoch seconds
 
 
 def report(batch_id: int, rows: int, emitted: int = 0, late: int = 0, watermark_s: float | None = None,
-           corrections: int = 0) -> BatchReport:
+           corrections: int = 0, early: int = 0, retractions: int = 0) -> BatchReport:
     wm = None if watermark_s is None else int(watermark_s * 1_000_000)
     return BatchReport(batch_id=batch_id, batch_time=(T0 + batch_id) * 1_000_000, rows_in=rows,
                        rows_by_source={"a": rows - rows // 2, "b": rows // 2}, windows_emitted=emitted,
-                       corrections=corrections, late_rows=late, dead_letter_rows=0, watermark=wm,
+                       corrections=corrections, early_rows=early, retractions=retractions, late_rows=late,
+                       dead_letter_rows=0, watermark=wm,
                        source_watermarks={"a": wm, "b": None if wm is None else wm - 5_000_000},
                        idle_sources=["b"] if rows == 0 else [], state_groups=7, windows_open=2, seconds=0.25)
 
@@ -66,6 +67,26 @@ def test_unthrottled_every_batch_with_data_gives_one_event_with_numeric_metadata
     assert final["run_windows_emitted"] == 5 and final["run_late_rows"] == 1 and final["batch_id"] == 3
     assert "rows_in" not in final and "batches" not in final
     assert isinstance(final["watermark"], dg.TimestampMetadataValue)
+
+
+def test_early_rows_and_retractions_are_written_rows():
+    """A batch whose only rows are early ones (an emit trigger fired) or retractions wrote to the
+    target: a materialization with both counts, which also reach the run's totals and the text."""
+    events = run([report(0, 6, early=4, watermark_s=T0 + 30), report(1, 2, emitted=1, early=2, retractions=1),
+                  report(2, 0, retractions=2),  # no rows in, yet not heartbeat-only: it retracted
+                  report(3, 3)],  # read rows, wrote none
+                 Clock(), throttle=0, step=1.0)
+    kinds = [type(e).__name__ for e in events]
+    assert kinds == ["AssetMaterialization", "AssetMaterialization", "AssetMaterialization", "AssetObservation",
+                     "MaterializeResult"]
+    assert [(e.metadata["early_rows"].value, e.metadata["retractions"].value) for e in events[:4]] == [
+        (4, 0), (2, 1), (0, 2), (0, 0)]
+    assert events[0].description == ("batch 0: 6 rows in, 0 windows emitted (+0 corrections), 4 early rows, "
+                                      "0 late rows, watermark 2026-01-01T00:00:30Z")
+    assert "1 windows emitted (+0 corrections), 2 early rows, 1 retractions, 0 late rows" in events[1].description
+    assert "early rows" not in events[3].description and "retractions" not in events[3].description
+    final = events[-1].metadata
+    assert final["run_early_rows"] == 6 and final["run_retractions"] == 3 and final["run_idle_batches"] == 0
 
 
 def test_throttled_events_carry_the_counts_of_the_batches_in_between():

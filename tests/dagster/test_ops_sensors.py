@@ -140,9 +140,14 @@ def test_idempotent_target_check_warns_for_console_and_postgres_tables_without_a
         conn.execute(sql.SQL("CREATE TABLE {}.keyed (window_start timestamptz, window_end timestamptz, "
                              "user_id bigint, clicks bigint, UNIQUE NULLS NOT DISTINCT (window_start, user_id))")
                      .format(sql.Identifier(pg_schema)))
+        # an early trigger's table keeps _emit_kind (docs/contract/targets-and-guarantees.md)
+        conn.execute(sql.SQL("CREATE TABLE {}.keyed_kind (window_start timestamptz, window_end timestamptz, "
+                             "user_id bigint, clicks bigint, _emit_kind text, "
+                             "UNIQUE NULLS NOT DISTINCT (window_start, user_id))").format(sql.Identifier(pg_schema)))
     no_key = postgres("pg-no-key", "no_key", False)
     assert not no_key.passed and "no unique key" in no_key.description and "user_id" in no_key.description
     assert postgres("pg-keyed", "keyed", False).passed
+    assert postgres("pg-keyed-kind", "keyed_kind", False).passed
     assert postgres("pg-created-at-start", "not_yet", True).passed
     missing = postgres("pg-missing", "missing", False)
     assert not missing.passed and "does not exist" in missing.description

@@ -124,12 +124,15 @@ def _plain(v: Any) -> Any:
 
 
 def read_batch_dirs(path: str) -> dict[int, list[dict[str, Any]]]:
+    """Each batch directory's rows (timestamps as µs), its ``part-0`` file before the end-of-input
+    flush's, the order their ``_emit_seq`` numbers them in (docs/contract/targets-and-guarantees.md)."""
     root = Path(path)
     if not root.exists():
         return {}
     out = {}
     for d in root.glob("batch_id=*"):
-        rows = [r for f in sorted(d.glob("*.parquet")) for r in pq.read_table(f).to_pylist()]
+        files = sorted(d.glob("*.parquet"), key=lambda f: (f.name != "part-0.parquet", f.name))
+        rows = [r for f in files for r in pq.read_table(f).to_pylist()]
         out[int(d.name.split("=", 1)[1])] = [{k: _plain(v) for k, v in r.items()} for r in rows]
     return out
 
@@ -138,13 +141,21 @@ def _sorted(rows: list[tuple]) -> list[tuple]:
     return sorted(rows, key=repr)
 
 
-def compare_output(spec, expected: oracle.OracleResult) -> dict[int, list[dict[str, Any]]]:
-    """Every emitted row of every batch, in the engine's parquet dirs and the oracle, must agree."""
+def compare_output(spec, expected: oracle.OracleResult, old_batches: int = 0) -> dict[int, list[dict[str, Any]]]:
+    """Every emitted row of every batch, in the engine's parquet dirs and the oracle, must agree.
+
+    The first ``old_batches`` batches were written by a version that numbered only session rows:
+    they have no ``_emit_seq``.
+    """
     w = spec.window
     cols = ["window_start", "window_end", *w.group_by, *(a.as_ for a in w.aggregations), "_emit_kind"]
     got = read_batch_dirs(spec.target.path)
-    for rows in got.values():
-        assert list(rows[0]) == cols, "output columns: window bounds, groups, aggregations, _emit_kind"
+    for batch_id, rows in got.items():
+        if batch_id < old_batches:
+            assert list(rows[0]) == cols, "output columns of old batches: bounds, groups, aggregations, kind"
+            continue
+        assert list(rows[0]) == [*cols, "_emit_seq"], "output columns: bounds, groups, aggregations, kind, seq"
+        assert [r["_emit_seq"] for r in rows] == list(range(len(rows))), "a batch (and its flush) numbers its rows"
     got_t = {b: _sorted([tuple(r[c] for c in cols) for r in rows]) for b, rows in got.items()}
     want_t = {b: _sorted([tuple(r[c] for c in cols) for r in rows]) for b, rows in expected.emitted.items() if rows}
     assert got_t == want_t

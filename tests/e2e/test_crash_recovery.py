@@ -31,12 +31,11 @@ from typing import Any
 import pandas as pd
 import psutil
 import psycopg
-import pyarrow.parquet as pq
 import pytest
 
 from ematix_dagster.spec import load_pipeline
 from tests import oracle
-from tests.e2e.lateness_helpers import Feed, at, oracle_params, row
+from tests.e2e.lateness_helpers import Feed, at, oracle_params, read_batch_dirs, row
 from tests.pipeline_toml import parquet_target, postgres_store, postgres_target, sqlite_store, windowed_pipeline_toml
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -230,23 +229,16 @@ def actual_target(dsn: str, table: str) -> dict[tuple, tuple]:
 
 
 def parquet_view(path: str) -> dict[tuple, tuple]:
-    """What a reader of a parquet target sees (docs/contract/emission.md): the latest row per key by
-    ``(batch_id, _emit_seq)``, retracts dropped. A batch's flush file only holds keys its
-    ``part-0`` did not write, so the two files of one batch never compete for a key."""
+    """What a reader of a parquet target sees (docs/contract/targets-and-guarantees.md): the latest
+    row per key by ``(batch_id, _emit_seq)``, retracts dropped. A batch directory's files (its
+    ``part-0``, then the end-of-input flush's) number their rows 0, 1, ... together."""
     latest: dict[tuple, tuple] = {}
-    for directory in Path(path).glob("batch_id=*"):
-        batch_id = int(directory.name.split("=", 1)[1])
-        in_batch: set[tuple] = set()
-        for file in sorted(directory.glob("*.parquet")):
-            rows = pq.read_table(file).to_pylist()
-            assert [r["_emit_seq"] for r in rows] == list(range(len(rows))), "a file numbers its rows 0, 1, ..."
-            keys = {(int(pd.Timestamp(r["window_start"]).value // 1000), r["k"]) for r in rows}
-            assert not keys & in_batch, "the flush file repeats no key of its batch's part-0"
-            in_batch |= keys
-            for r in rows:
-                key = (int(pd.Timestamp(r["window_start"]).value // 1000), r["k"])
-                if key not in latest or (batch_id, r["_emit_seq"]) > latest[key][0]:
-                    latest[key] = ((batch_id, r["_emit_seq"]), r)
+    for batch_id, rows in read_batch_dirs(path).items():
+        assert [r["_emit_seq"] for r in rows] == list(range(len(rows))), "a batch numbers its rows 0, 1, ..."
+        for r in rows:
+            key = (r["window_start"], r["k"])
+            if key not in latest or (batch_id, r["_emit_seq"]) > latest[key][0]:
+                latest[key] = ((batch_id, r["_emit_seq"]), r)
     return {key: (r["n"], r["total"], r["pages"]) for key, (_, r) in latest.items() if r["_emit_kind"] != "retract"}
 
 

@@ -261,7 +261,7 @@ def test_the_postgres_writer_deletes_retracted_keys_before_its_upserts(pg_dsn, p
         writer.close()
 
 
-def test_session_output_numbers_its_rows_and_fixed_output_is_unchanged(tmp_path) -> None:
+def test_output_rows_are_numbered_for_every_kind() -> None:
     from ematix_dagster.streaming.emitted import Emitted, EmittedRow
 
     rows = [EmittedRow(20, 30, ("a",), (2,), "retract"), EmittedRow(0, 30, ("a",), (3,), "correction")]
@@ -274,11 +274,12 @@ def test_session_output_numbers_its_rows_and_fixed_output_is_unchanged(tmp_path)
     assert table.to_pydict()[SEQ] == [0, 1] and table.to_pydict()[KIND] == ["retract", "correction"]
     assert table.to_pydict()["session_id"] == [7, 8] and table.to_pydict()["n"] == [2, 3]
     fixed = pa.schema([("window_start", UTC_MICROS), ("window_end", UTC_MICROS), ("k", pa.string()),
-                       ("n", pa.int64()), (KIND, pa.string())])
-    assert rows_to_arrow(fixed, last, 1).to_pydict() == {
+                       ("n", pa.int64()), (KIND, pa.string()), (SEQ, pa.int64())])
+    # a fixed window's rows are numbered too; the end-of-input flush continues the last batch's numbers
+    assert rows_to_arrow(fixed, last, 1, first_seq=5).to_pydict() == {
         "window_start": [dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)],
         "window_end": [dt.datetime(1970, 1, 1, 0, 0, 0, 30, tzinfo=dt.timezone.utc)],
-        "k": ["a"], "n": [3], KIND: ["correction"]}
+        "k": ["a"], "n": [3], KIND: ["correction"], SEQ: [5]}
 
 
 # -- real Spark ----------------------------------------------------------------------------------------

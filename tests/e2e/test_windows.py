@@ -155,7 +155,14 @@ window_end_column = "bucket_end"
         ("batch_id=0", "part-0.parquet"), ("batch_id=1", "part-0.parquet"),
         ("batch_id=2", "flush.parquet"), ("batch_id=2", "part-0.parquet")], "3 batches, the flush beside the last"
     schema = pq.read_schema(files_out[0])
-    assert schema.names == ["bucket_start", "bucket_end", *group_by, *(a["as"] for a in ALL_AGGS), "_emit_kind"]
+    assert schema.names == ["bucket_start", "bucket_end", *group_by, *(a["as"] for a in ALL_AGGS), "_emit_kind",
+                            "_emit_seq"]
+    # _emit_seq numbers a batch's rows; the flush beside the last batch continues its numbers
+    seqs = {(p.parent.name, p.name): pq.read_table(p, columns=["_emit_seq"]).column(0).to_pylist() for p in files_out}
+    flushed = seqs.pop(("batch_id=2", "flush.parquet"))
+    assert all(seq == list(range(len(seq))) for seq in seqs.values()), seqs
+    last = len(seqs[("batch_id=2", "part-0.parquet")])
+    assert last and flushed == list(range(last, last + len(flushed))), (last, flushed)
     types = {f.name: f.type for f in schema}
     assert types["bucket_start"] == TS_TYPE and types["bucket_end"] == TS_TYPE
     assert types["qty_sum"] == pa.int64() and types["amount_sum"] == pa.float64()

@@ -1,13 +1,17 @@
 """The stores of the state-store contract tests: ``kind`` (in-memory, SQLite in tmp_path, PostgreSQL in a fresh
-schema) and ``make_store``, a factory of store objects that all see the same data.
+schema) and ``make_store``, a factory of store objects that all see the same data; ``schema_store`` for the
+schema-migration tests (SQLite and PostgreSQL only).
 """
 
 from __future__ import annotations
 
+import sqlite3
 import uuid
 from typing import Callable
 
+import psycopg
 import pytest
+from psycopg import sql
 
 from state_store.base import StateStore
 from state_store.memory import InMemoryStateStore
@@ -46,3 +50,21 @@ def make_store(kind, request, tmp_path) -> Callable[[], StateStore]:
         store.close()
     if kind == "in_memory":
         InMemoryStateStore.forget(name)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def schema_store(request, tmp_path):
+    """(kind, a factory of store objects not opened yet, a factory of plain connections: SQLite in tmp_path,
+    PostgreSQL in a fresh schema, its search_path set) for the schema-migration tests."""
+    if request.param == "sqlite":
+        path = tmp_path / "schema.db"
+        yield "sqlite", (lambda: SqliteStateStore(path)), (lambda: sqlite3.connect(path))
+    else:
+        dsn, schema = request.getfixturevalue("pg_dsn"), request.getfixturevalue("pg_schema")
+
+        def conn():
+            c = psycopg.connect(dsn, autocommit=True)
+            c.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+            return c
+
+        yield "postgres", (lambda: PostgresStateStore(dsn, schema)), conn

@@ -1,4 +1,5 @@
-"""State-store schema migrations (SQLite, PostgreSQL): recorded versions, steps in order, steps 5 and 6."""
+"""State-store schema migrations (SQLite, PostgreSQL): recorded versions, steps in order, steps 5 and 6
+(step 7: test_pending_rows.py)."""
 
 from __future__ import annotations
 
@@ -9,27 +10,9 @@ from psycopg import sql
 from ematix_dagster.errors import StateVersionError
 from state_store import codec, migrations
 from state_store.base import BatchCommit
-from state_store.postgres import PostgresStateStore
-from state_store.sqlite import SqliteStateStore
 from tests.state_store.contract_stores import blob, key, record
 
-# ---- schema migrations -----------------------------------------------------------------------
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def schema_store(request, tmp_path):
-    if request.param == "sqlite":
-        path = tmp_path / "schema.db"
-        yield "sqlite", (lambda: SqliteStateStore(path)), (lambda: __import__("sqlite3").connect(path))
-    else:
-        dsn, schema = request.getfixturevalue("pg_dsn"), request.getfixturevalue("pg_schema")
-
-        def conn():
-            c = psycopg.connect(dsn, autocommit=True)
-            c.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
-            return c
-
-        yield "postgres", (lambda: PostgresStateStore(dsn, schema)), conn
+# ---- schema migrations (the stores: conftest.py's ``schema_store``) ------------------------------
 
 
 def test_schema_versions_are_recorded_and_newer_schemas_refused(schema_store):
@@ -41,7 +24,7 @@ def test_schema_versions_are_recorded_and_newer_schemas_refused(schema_store):
     store.close()
     conn = connect()
     rows = conn.execute("SELECT version, description FROM ematix_streaming_schema_version ORDER BY version").fetchall()
-    assert [r[0] for r in rows] == [s.version for s in migrations.STEPS] == [1, 2, 3, 4, 5, 6]
+    assert [r[0] for r in rows] == [s.version for s in migrations.STEPS] == [1, 2, 3, 4, 5, 6, 7]
     conn.execute("INSERT INTO ematix_streaming_schema_version (version, description, applied_at) "
                  "VALUES (99, 'from the future', '2030-01-01')")
     if kind == "sqlite":
@@ -124,9 +107,9 @@ def test_schema_step_5_adds_a_null_emitted_flag_to_existing_rows(schema_store):
 
 
 def test_schema_step_6_adds_null_written_rows_and_trigger_timer_in_place(schema_store):
-    """A store at schema version 5 opens at 6 with its rows as they were: no written row kept, the
+    """A store at schema version 5 opens at 6 (and on, at 7) with its rows as they were: no written row kept, the
     interval trigger never fired. Both columns are catalog-only additions (PostgreSQL rewrites
-    neither table), after which they round-trip; a schema newer than 6 is still refused."""
+    neither table), after which they round-trip; a schema newer than the code is still refused."""
     kind, build, connect = schema_store
     conn = connect()
     if kind == "sqlite":
@@ -159,7 +142,7 @@ def test_schema_step_6_adds_null_written_rows_and_trigger_timer_in_place(schema_
     store.open()
     try:
         check = connect()
-        assert check.execute("SELECT max(version) FROM ematix_streaming_schema_version").fetchone()[0] == 6
+        assert check.execute("SELECT max(version) FROM ematix_streaming_schema_version").fetchone()[0] == 7
         assert check.execute("SELECT written_row FROM ematix_streaming_state").fetchall() == [(None,), (None,)]
         assert check.execute("SELECT trigger_fired_at FROM ematix_streaming_pipelines").fetchall() == [(None,)]
         if files:
@@ -177,11 +160,11 @@ def test_schema_step_6_adds_null_written_rows_and_trigger_timer_in_place(schema_
         store.close()
     conn = connect()
     conn.execute("INSERT INTO ematix_streaming_schema_version (version, description, applied_at) "
-                 "VALUES (7, 'the next step', '2030-01-01')")
+                 "VALUES (8, 'the next step', '2030-01-01')")
     if kind == "sqlite":
         conn.commit()
     conn.close()
-    with pytest.raises(StateVersionError, match=r"schema version 7 is newer than this code \(6\)"):
+    with pytest.raises(StateVersionError, match=r"schema version 8 is newer than this code \(7\)"):
         build().open()
 
 

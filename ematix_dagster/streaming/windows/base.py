@@ -37,8 +37,6 @@ class WindowKind(ABC):
     retracts_corrections: bool = True
     #: a column the kind adds to its output after the window bounds (:meth:`row_ids` fills it)
     id_column: str | None = None
-    #: the kind may retract rows it wrote, so its rows are numbered in their batch (``_emit_seq``)
-    retracts: bool = False
     #: no start names a window's end, so each group's stored end and emitted flag are restored
     #: (false for :class:`KeyedByStart` kinds, whose start names it)
     ends_stored: bool = True

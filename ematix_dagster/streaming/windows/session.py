@@ -71,7 +71,6 @@ class SessionWindows(WindowKind):
 
     own_keys = ("gap_ms", "max_session_duration_ms")
     id_column = SESSION_ID
-    retracts = True
     state_class = SessionState
     rows_per_key = "sessions"
 

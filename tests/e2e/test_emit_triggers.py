@@ -36,8 +36,8 @@ from tests.e2e.trigger_helpers import (
 )
 from tests.e2e.trigger_oracle import Config, Outcome
 
-INTERVAL = {"interval_ms": 3_000}
-PAUSE_S = 3.2  # after batch 3: batch 4 is later than any firing + the interval
+INTERVAL = {"interval_ms": 6_000}  # longer than a few batches take even on a busy machine: some batches do not fire
+PAUSE_S = 6.2  # after batch 3: batch 4 is later than any firing + the interval
 COUNT = {"count": 2}
 
 RUNS: dict[str, Config] = {

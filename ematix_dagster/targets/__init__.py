@@ -68,28 +68,34 @@ and :mod:`.pg_types` the Arrow -> PostgreSQL type mapping and value conversion.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import pyarrow as pa
 
 from ematix_dagster.columns import EMIT_KIND
 from ematix_dagster.errors import PipelineConfigError
 from ematix_dagster.spec import DeadLetter, Target
-from ematix_dagster.targets.base import DeadLetterWriter, WindowWriter
-from ematix_dagster.targets.console import ConsoleWindowWriter
+from ematix_dagster.targets.base import DeadLetterWriter, RowWriter, WindowWriter
+from ematix_dagster.targets.console import ConsoleWriter
 from ematix_dagster.targets.parquet import ParquetWriter
 from ematix_dagster.targets.pg_table import PostgresTable
 from ematix_dagster.targets.pg_types import postgres_type
 from ematix_dagster.targets.postgres import PostgresDeadLetterWriter, PostgresWindowWriter
+from ematix_dagster.targets.postgres_rows import PostgresRowWriter
 from state_store.pg_url import redact as redact_url
 
 __all__ = [
     "WindowWriter",
+    "RowWriter",
     "DeadLetterWriter",
     "PostgresTable",
     "PostgresWindowWriter",
+    "PostgresRowWriter",
     "ParquetWriter",
-    "ConsoleWindowWriter",
+    "ConsoleWriter",
     "PostgresDeadLetterWriter",
     "make_window_writer",
+    "make_row_writer",
     "make_dead_letter_writer",
     "postgres_type",
     "redact_url",
@@ -116,9 +122,33 @@ def make_window_writer(target: Target, pipeline_name: str, schema: pa.Schema,
     if target.kind == "parquet":
         return ParquetWriter(target.path, pipeline_name, "target")
     if target.kind == "console":
-        return ConsoleWindowWriter(pipeline_name)
-    raise PipelineConfigError("target.kind", f"unknown target kind {target.kind!r}",
-                              'use "postgres", "parquet" or "console"')
+        return ConsoleWriter(pipeline_name, "window")
+    raise _unknown_target(target)
+
+
+def make_row_writer(target: Target, pipeline_name: str, schema: pa.Schema,
+                    key_columns: Sequence[str]) -> RowWriter:
+    """The writer for the ``[target]`` of a row pipeline (no ``[transform.window]``).
+
+    ``schema`` is the ``[transform] sql`` SELECT's output schema, its columns in SELECT order;
+    ``key_columns`` the target's key (empty: none). Only a postgres target upserts on a key;
+    parquet and console append every row of a batch, so a key there is refused rather than ignored.
+    """
+    if target.kind == "postgres":
+        return PostgresRowWriter(target, pipeline_name, schema, key_columns)
+    if key_columns and target.kind in ("parquet", "console"):
+        raise PipelineConfigError("target.key", f"a {target.kind} target appends every row, only a postgres "
+                                  "target upserts on a key", "remove key, or use a postgres target")
+    if target.kind == "parquet":
+        return ParquetWriter(target.path, pipeline_name, "target")
+    if target.kind == "console":
+        return ConsoleWriter(pipeline_name, "row")
+    raise _unknown_target(target)
+
+
+def _unknown_target(target: Target) -> PipelineConfigError:
+    return PipelineConfigError("target.kind", f"unknown target kind {target.kind!r}",
+                               'use "postgres", "parquet" or "console"')
 
 
 def make_dead_letter_writer(dead_letter: DeadLetter, pipeline_name: str) -> DeadLetterWriter:

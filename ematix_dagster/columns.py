@@ -45,6 +45,9 @@ FILE_ROWS = "_file_rows"
 SQL_ERROR = "_sql_error"
 #: a row's release time under ``WATERMARK_TS()`` (µs; NULL: never released), added by sql/release.py
 RELEASE_COLUMN = "_release_us"
+#: a row pipeline's hidden column (issue 26): the row's ``_event_ts`` in µs, appended beside
+#: ``RELEASE_COLUMN`` (release order and the output watermark read it; the SELECT may drop ``_event_ts``)
+EVENT_US = "_event_us"
 
 # --- a batch's own values as columns (spark/batch_values.py; µs, bounds NULL before a watermark) ---
 
@@ -112,4 +115,4 @@ CORRECTION = "correction"
 RETRACT = "retract"
 
 #: columns the engine adds or reserves; user names may not take them (``spec.rules._is_reserved``)
-RESERVED_COLUMNS = (EVENT_TS, SOURCE, BATCH_ID, REASON, EMIT_KIND, EMIT_SEQ, CORRUPT, RELEASE_COLUMN)
+RESERVED_COLUMNS = (EVENT_TS, SOURCE, BATCH_ID, REASON, EMIT_KIND, EMIT_SEQ, CORRUPT, RELEASE_COLUMN, EVENT_US)

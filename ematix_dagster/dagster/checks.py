@@ -82,13 +82,7 @@ def _postgres_key_warnings(spec: PipelineSpec, key: list[str]) -> list[str]:
             if target.create_table:
                 return []  # created at start with UNIQUE NULLS NOT DISTINCT (key)
             return [f"table {target.table} does not exist and create_table is false"]
-        with conn.cursor() as cur:
-            cur.execute(
-                "SELECT array(SELECT a.attname::text FROM unnest(i.indkey) k "
-                "             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k) "
-                "FROM pg_index i WHERE i.indrelid = %s AND i.indisunique AND i.indisvalid "
-                "AND i.indpred IS NULL AND i.indexprs IS NULL", (oid,))
-            indexes = [set(cols) for (cols,) in cur.fetchall()]
+        indexes = [set(cols) for cols, _ in table.unique_indexes(conn, oid)]
         conn.rollback()
     finally:
         table.close()

@@ -1,4 +1,8 @@
-"""Writers for closed windows (``[target]``) and dead-letter rows (``[dead_letter]``).
+"""Writers for a pipeline's output (``[target]``) and its dead-letter rows (``[dead_letter]``).
+
+A windowed pipeline writes closed windows (:func:`make_window_writer`); a row pipeline (no
+``[transform.window]``) writes the rows of its ``[transform] sql``, the SELECT's columns in its
+order (:func:`make_row_writer`).
 
 Everything here is pyarrow and psycopg: no Spark. The engine hands each writer one
 :class:`pyarrow.Table` per micro-batch, together with the batch id from the streaming checkpoint.
@@ -46,11 +50,20 @@ at-least-once delivery of Spark into effectively-once output:
   transaction (``write_in_transaction`` likewise commits nothing). A dead-letter table therefore
   belongs to one pipeline: a second pipeline writing the same table would delete the first one's
   rows of the same batch id.
-* **console**: prints each batch with ``_emit_kind`` and ``_emit_seq`` as the parquet target
-  writes them; a replay prints it again, so the console target is at-least-once
-  (``idempotent = False``; the engine warns at start).
+* **postgres target of a row pipeline** (:class:`PostgresRowWriter`): without a key the table gets
+  a ``_batch_id bigint NOT NULL`` column (the batch that released the row, indexed) and a batch
+  deletes its ``_batch_id``'s rows, then COPYs its own, in one transaction, like the dead
+  letters; so the table, too, belongs to one pipeline. With key columns it gets a
+  ``UNIQUE NULLS NOT DISTINCT`` constraint on them and the window target's upsert (same staging,
+  the last row of a key in the batch wins; the engine sorts each key's winner, the largest
+  ``(_event_ts, values in SELECT order)``, last). Both commit nothing in ``write_in_transaction``.
+* **parquet target of a row pipeline**: the batch directories above, the rows as they are.
+* **console**: prints each batch as the parquet target writes it (windows with ``_emit_kind`` and
+  ``_emit_seq``, a row pipeline's rows as they are); a replay prints it again, so the console
+  target is at-least-once (``idempotent = False``; the engine warns at start).
 
-Empty batches are a no-op for every writer (nothing is written, nothing is deleted).
+Empty batches are a no-op for every writer (nothing is written, nothing is deleted): a replay
+recomputes the same rows, so a batch that is empty on replay was empty the first time.
 
 Errors
 ------
@@ -61,35 +74,44 @@ stripped from every message and raw DSNs are never printed. Data errors raised b
 (a value that does not fit an existing column, ...) are also :class:`TargetError` but with
 ``terminal = True``. A table that does not fit is a :class:`PipelineConfigError`.
 
-:mod:`.base` holds the writer protocols, :mod:`.postgres`, :mod:`.parquet` and :mod:`.console` the
-writers, :mod:`.pg_table` the PostgreSQL connection and catalog they share with the Dagster checks,
-and :mod:`.pg_types` the Arrow -> PostgreSQL type mapping and value conversion.
+:mod:`.base` holds the writer protocols, :mod:`.postgres` (windows, dead letters),
+:mod:`.postgres_rows` (row pipelines), :mod:`.parquet` and :mod:`.console` the writers,
+:mod:`.pg_table` the PostgreSQL connection, catalog and DDL they share with the Dagster checks,
+:mod:`.pg_write` the statements every PostgreSQL writer runs in a batch's transaction (COPY,
+staging, upsert, batch delete, commit), and :mod:`.pg_types` the Arrow -> PostgreSQL type mapping
+and value conversion.
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import pyarrow as pa
 
 from ematix_dagster.columns import EMIT_KIND
 from ematix_dagster.errors import PipelineConfigError
 from ematix_dagster.spec import DeadLetter, Target
-from ematix_dagster.targets.base import DeadLetterWriter, WindowWriter
-from ematix_dagster.targets.console import ConsoleWindowWriter
+from ematix_dagster.targets.base import DeadLetterWriter, RowWriter, WindowWriter
+from ematix_dagster.targets.console import ConsoleWriter
 from ematix_dagster.targets.parquet import ParquetWriter
 from ematix_dagster.targets.pg_table import PostgresTable
 from ematix_dagster.targets.pg_types import postgres_type
 from ematix_dagster.targets.postgres import PostgresDeadLetterWriter, PostgresWindowWriter
+from ematix_dagster.targets.postgres_rows import PostgresRowWriter
 from state_store.pg_url import redact as redact_url
 
 __all__ = [
     "WindowWriter",
+    "RowWriter",
     "DeadLetterWriter",
     "PostgresTable",
     "PostgresWindowWriter",
+    "PostgresRowWriter",
     "ParquetWriter",
-    "ConsoleWindowWriter",
+    "ConsoleWriter",
     "PostgresDeadLetterWriter",
     "make_window_writer",
+    "make_row_writer",
     "make_dead_letter_writer",
     "postgres_type",
     "redact_url",
@@ -116,9 +138,33 @@ def make_window_writer(target: Target, pipeline_name: str, schema: pa.Schema,
     if target.kind == "parquet":
         return ParquetWriter(target.path, pipeline_name, "target")
     if target.kind == "console":
-        return ConsoleWindowWriter(pipeline_name)
-    raise PipelineConfigError("target.kind", f"unknown target kind {target.kind!r}",
-                              'use "postgres", "parquet" or "console"')
+        return ConsoleWriter(pipeline_name, "window")
+    raise _unknown_target(target)
+
+
+def make_row_writer(target: Target, pipeline_name: str, schema: pa.Schema,
+                    key_columns: Sequence[str]) -> RowWriter:
+    """The writer for the ``[target]`` of a row pipeline (no ``[transform.window]``).
+
+    ``schema`` is the ``[transform] sql`` SELECT's output schema, its columns in SELECT order;
+    ``key_columns`` the target's key (empty: none). Only a postgres target upserts on a key;
+    parquet and console append every row of a batch, so a key there is refused rather than ignored.
+    """
+    if target.kind == "postgres":
+        return PostgresRowWriter(target, pipeline_name, schema, key_columns)
+    if key_columns and target.kind in ("parquet", "console"):
+        raise PipelineConfigError("target.key", f"a {target.kind} target appends every row, only a postgres "
+                                  "target upserts on a key", "remove key, or use a postgres target")
+    if target.kind == "parquet":
+        return ParquetWriter(target.path, pipeline_name, "target")
+    if target.kind == "console":
+        return ConsoleWriter(pipeline_name, "row")
+    raise _unknown_target(target)
+
+
+def _unknown_target(target: Target) -> PipelineConfigError:
+    return PipelineConfigError("target.kind", f"unknown target kind {target.kind!r}",
+                               'use "postgres", "parquet" or "console"')
 
 
 def make_dead_letter_writer(dead_letter: DeadLetter, pipeline_name: str) -> DeadLetterWriter:

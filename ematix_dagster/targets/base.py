@@ -24,6 +24,22 @@ class WindowWriter(Protocol):
 
 
 @runtime_checkable
+class RowWriter(Protocol):
+    """Writes the rows a row pipeline (no window) releases in one micro-batch, all in one call."""
+
+    idempotent: bool
+
+    @property
+    def description(self) -> str: ...
+
+    def open(self) -> None: ...
+
+    def write(self, batch_id: int, rows: pa.Table) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
 class DeadLetterWriter(Protocol):
     """Writes the dead-letter rows of one micro-batch (rows of any schema)."""
 

@@ -7,13 +7,15 @@ import sys
 import pyarrow as pa
 
 
-class ConsoleWindowWriter:
-    """Prints each batch's windows to stdout; replays print again (at-least-once)."""
+class ConsoleWriter:
+    """Prints each batch's rows (windows or a row pipeline's rows) to stdout; replays print again
+    (at-least-once). ``noun`` names what a row is in the batch header (``window``, ``row``)."""
 
     idempotent = False
 
-    def __init__(self, pipeline_name: str) -> None:
+    def __init__(self, pipeline_name: str, noun: str) -> None:
         self.pipeline_name = pipeline_name
+        self.noun = noun
         self.description = "console (stdout)"
 
     def open(self) -> None:
@@ -25,7 +27,7 @@ class ConsoleWindowWriter:
         n = rows.num_rows
         text = rows.to_pandas().to_string(index=False)
         out = sys.stdout
-        out.write(f"-- batch {batch_id}: {n} window{'' if n == 1 else 's'} --\n{text}\n")
+        out.write(f"-- batch {batch_id}: {n} {self.noun}{'' if n == 1 else 's'} --\n{text}\n")
         out.flush()
 
     def close(self) -> None:

@@ -6,12 +6,13 @@ Shared so that both name the table and ``host:port/dbname`` alike and never show
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
+from ematix_dagster.columns import BATCH_ID
 from ematix_dagster.errors import PipelineConfigError, StoreConfigError, TargetError
 from ematix_dagster.targets.pg_types import _canonical_type
 from state_store.pg_url import access_denied, error_text, parse_url
@@ -154,6 +155,56 @@ class PostgresTable:
             if _canonical_type(have[col]) != _canonical_type(typ):
                 log.warning("pipeline %r: column %r of %s is %s, the output type maps to %s; PostgreSQL will cast",
                             self.pipeline_name, col, self.table_text, have[col], typ)
+
+    def unique_indexes(self, conn: psycopg.Connection, oid: int) -> list[tuple[list[str], bool]]:
+        """The table's plain unique indexes: (columns, NULLS NOT DISTINCT) each."""
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT array(SELECT a.attname::text FROM unnest(i.indkey) k "
+                "             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k), "
+                "       i.indnullsnotdistinct "
+                "FROM pg_index i WHERE i.indrelid = %s AND i.indisunique AND i.indisvalid "
+                "AND i.indpred IS NULL AND i.indexprs IS NULL", (oid,))
+            return [(list(cols), bool(nnd)) for cols, nnd in cur.fetchall()]
+
+    def check_unique_key(self, conn: psycopg.Connection, oid: int, key: Sequence[str],
+                         nullable: Collection[str]) -> None:
+        """Refuse a table without a unique index on exactly ``key`` (any order): ``ON CONFLICT`` needs
+        one. When a ``nullable`` key column may hold NULL, the index must be ``NULLS NOT DISTINCT``,
+        or every row with a NULL key value would be inserted anew instead of updating its key."""
+        wanted = set(key)
+        matching = [nnd for cols, nnd in self.unique_indexes(conn, oid)
+                    if set(cols) == wanted and len(cols) == len(wanted)]
+        keys = ", ".join(key)
+        if not matching:
+            raise PipelineConfigError(
+                f"{self.key}.table", f"table {self.table_text!r} on {self.where} has no unique key on ({keys})",
+                f"ALTER TABLE ... ADD UNIQUE NULLS NOT DISTINCT ({keys}), or let create_table = true create the table")
+        if wanted & set(nullable) and not any(matching):
+            raise PipelineConfigError(
+                f"{self.key}.table", f"the unique key ({keys}) of {self.table_text!r} treats NULLs as distinct, "
+                "so NULL key values would duplicate rows",
+                f"recreate it as UNIQUE NULLS NOT DISTINCT ({keys})")
+
+    # -- DDL (run only with create_table = true)
+
+    def create(self, cur: psycopg.Cursor, types: Mapping[str, str], unique_key: Sequence[str] = (),
+               not_null: Collection[str] = ()) -> None:
+        """``CREATE TABLE IF NOT EXISTS`` with ``types``' columns in their order, and a
+        ``UNIQUE NULLS NOT DISTINCT`` constraint on ``unique_key`` when one is given (the upsert key:
+        NULL key values form one key)."""
+        parts = [sql.SQL("{} {}{}").format(sql.Identifier(c), sql.SQL(t), sql.SQL(" NOT NULL" if c in not_null else ""))
+                 for c, t in types.items()]
+        if unique_key:
+            parts.append(sql.SQL("UNIQUE NULLS NOT DISTINCT ({})").format(
+                sql.SQL(", ").join(sql.Identifier(k) for k in unique_key)))
+        cur.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(self.ident, sql.SQL(", ").join(parts)))
+
+    def create_batch_id_index(self, cur: psycopg.Cursor) -> None:
+        """The index a replay's ``DELETE ... WHERE _batch_id = N`` uses, named ``<table>_batch_id_idx``."""
+        index = sql.Identifier(f"{self.table_name}{BATCH_ID}_idx"[:63])
+        cur.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} ({})").format(
+            index, self.ident, sql.Identifier(BATCH_ID)))
 
     def prepare(self, create: Callable[[psycopg.Cursor], None] | None, types: dict[str, str], what: str,
                 check: Callable[[psycopg.Connection, int], None] | None = None) -> None:

@@ -21,9 +21,10 @@ dictionary<values>                            the mapping of the value type
 
 Other types (lists, structs, maps, null) are refused with a :class:`PipelineConfigError` naming
 the column. An existing table (``create_table = false``, or created earlier) must have every output
-column (extra columns are fine) and a unique index on exactly the key columns; with group columns
-it must be ``NULLS NOT DISTINCT``, otherwise NULL group keys would duplicate rows. A column whose
-type differs from the mapping is accepted with a warning (PostgreSQL casts on insert).
+column (extra columns are fine) and a unique index on exactly the key columns; with key columns
+that may be NULL (group columns, a row pipeline's key) it must be ``NULLS NOT DISTINCT``, otherwise
+NULL key values would duplicate rows. A column whose type differs from the mapping is accepted
+with a warning (PostgreSQL casts on insert).
 
 Timestamps outside Python's years 1..9999 (Spark holds about ±290,000 years) are written as
 PostgreSQL text (``10000-01-01 00:00:00+00``, ``0044-03-15 00:00:00+00 BC``), so an extreme but

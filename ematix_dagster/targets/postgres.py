@@ -19,6 +19,7 @@ which ``open()`` checks.
 from __future__ import annotations
 
 import json
+from typing import Any, Iterator
 
 import psycopg
 import pyarrow as pa
@@ -26,7 +27,6 @@ import pyarrow.compute as pc
 from psycopg import sql
 
 from ematix_dagster.columns import BATCH_ID, DEAD_LETTER_COLUMNS, EMIT_KIND, EMIT_SEQ, EVENT_TS, REASON, RETRACT, SOURCE
-from ematix_dagster.errors import PipelineConfigError
 from ematix_dagster.spec import DeadLetter, Target
 from ematix_dagster.targets.pg_table import PostgresTable
 from ematix_dagster.targets.pg_types import (
@@ -38,11 +38,17 @@ from ematix_dagster.targets.pg_types import (
     postgres_type,
     python_values,
 )
+from ematix_dagster.targets.pg_write import (
+    commit_write,
+    copy_rows,
+    delete_batch,
+    require_columns,
+    require_transaction,
+    stage_rows,
+    upsert,
+)
 
 _PAYLOAD_COLUMN = "payload"
-_ORD_COLUMN = "__ematix_row_ord"
-_STAGE_TABLE = "ematix_stage_rows"
-_RETRACT_TABLE = "ematix_stage_retracts"
 
 
 class PostgresWindowWriter:
@@ -69,7 +75,6 @@ class PostgresWindowWriter:
         not_stored = (EMIT_SEQ,) if store_emit_kind else (EMIT_SEQ, EMIT_KIND)
         self.columns = [n for n in schema.names if n not in not_stored]
         self.key_columns = list(key_columns)
-        self.value_columns = [c for c in self.columns if c not in self.key_columns]
         if len(set(self.columns)) != len(self.columns):
             raise ValueError(f"duplicate output column names: {self.columns}")
         self.types = {n: postgres_type(schema.field(n).type, n, "target") for n in self.columns}
@@ -88,35 +93,14 @@ class PostgresWindowWriter:
         self._opened = True
 
     def _create(self, cur: psycopg.Cursor) -> None:
-        col_defs = [sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(self.types[c])) for c in self.columns]
-        cur.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, UNIQUE NULLS NOT DISTINCT ({}))").format(
-            self._pg.ident, sql.SQL(", ").join(col_defs),
-            sql.SQL(", ").join(sql.Identifier(k) for k in self.key_columns)))
+        self._pg.create(cur, self.types, unique_key=self.key_columns)
 
     def _check_unique_key(self, conn: psycopg.Connection, oid: int) -> None:
-        with conn.cursor() as cur:
-            cur.execute(
-                "SELECT i.indnullsnotdistinct, "
-                "       array(SELECT a.attname::text FROM unnest(i.indkey) k "
-                "             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k) "
-                "FROM pg_index i WHERE i.indrelid = %s AND i.indisunique AND i.indisvalid "
-                "AND i.indpred IS NULL AND i.indexprs IS NULL", (oid,))
-            indexes = cur.fetchall()
-        wanted = set(self.key_columns)
-        matching = [nnd for nnd, cols in indexes if set(cols) == wanted and len(cols) == len(wanted)]
-        keys = ", ".join(self.key_columns)
-        if not matching:
-            raise PipelineConfigError(
-                "target.table", f"table {self.table!r} on {self._pg.where} has no unique key on ({keys})",
-                f"ALTER TABLE ... ADD UNIQUE NULLS NOT DISTINCT ({keys}), or let create_table = true create the table")
-        if len(self.key_columns) > 1 and not any(matching):
-            raise PipelineConfigError(
-                "target.table", f"the unique key ({keys}) of {self.table!r} treats NULLs as distinct, "
-                "so NULL group keys would duplicate rows",
-                f"recreate it as UNIQUE NULLS NOT DISTINCT ({keys})")
+        # window_start (the key's first column) is never NULL, group values may be
+        self._pg.check_unique_key(conn, oid, self.key_columns, nullable=self.key_columns[1:])
 
     def write(self, batch_id: int, rows: pa.Table, part: str = "part-0") -> None:
-        _commit_write(self, batch_id, rows, f"writing batch {batch_id} to")
+        commit_write(self, batch_id, rows, f"writing batch {batch_id} to")
 
     def write_in_transaction(self, conn: psycopg.Connection, batch_id: int, rows: pa.Table) -> None:
         """Delete the keys of ``rows``' retract rows, then upsert the others, using ``conn``'s
@@ -127,11 +111,8 @@ class PostgresWindowWriter:
         """
         if rows.num_rows == 0:
             return
-        if conn.autocommit:
-            raise ValueError("write_in_transaction needs a connection with autocommit = False")
-        missing = [c for c in self.columns if c not in rows.column_names]
-        if missing:
-            raise ValueError(f"batch {batch_id} lacks output column(s) {missing}")
+        require_transaction(conn)
+        require_columns(batch_id, rows, self.columns)
         if EMIT_KIND in rows.column_names:
             retract = pc.fill_null(pc.equal(rows.column(EMIT_KIND), RETRACT), False)
             if pc.any(retract).as_py():
@@ -139,49 +120,19 @@ class PostgresWindowWriter:
                 rows = rows.filter(pc.invert(retract))
                 if rows.num_rows == 0:
                     return
-        cols = [sql.Identifier(c) for c in self.columns]
-        keys = [sql.Identifier(c) for c in self.key_columns]
-        stage = sql.Identifier(_STAGE_TABLE)
-        ord_col = sql.Identifier(_ORD_COLUMN)
-        col_list = sql.SQL(", ").join(cols)
-        key_list = sql.SQL(", ").join(keys)
-        values = [sql.Identifier(c) for c in self.value_columns]
         with conn.cursor() as cur:
-            cur.execute(sql.SQL("DROP TABLE IF EXISTS pg_temp.{}").format(stage))
-            cur.execute(sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {}, 0::bigint AS {} FROM {} WITH NO DATA")
-                        .format(stage, col_list, ord_col, self._pg.ident))
-            data = _python_columns(rows, self.columns)
-            with cur.copy(sql.SQL("COPY {} ({}, {}) FROM STDIN").format(stage, col_list, ord_col)) as copy:
-                for i, row in enumerate(zip(*data)):
-                    copy.write_row((*row, i))
-            cur.execute(sql.SQL(
-                "INSERT INTO {target} AS t ({cols}) "
-                "SELECT {cols} FROM (SELECT DISTINCT ON ({keys}) {cols} FROM {stage} ORDER BY {keys}, {ord} DESC) s "
-                "ON CONFLICT ({keys}) DO UPDATE SET {sets} WHERE ({old}) IS DISTINCT FROM ({new})").format(
-                    target=self._pg.ident, cols=col_list, keys=key_list, stage=stage, ord=ord_col,
-                    sets=sql.SQL(", ").join(sql.SQL("{} = EXCLUDED.{}").format(v, v) for v in values),
-                    old=sql.SQL(", ").join(sql.SQL("t.{}").format(v) for v in values),
-                    new=sql.SQL(", ").join(sql.SQL("EXCLUDED.{}").format(v) for v in values)))
-            cur.execute(sql.SQL("DROP TABLE {}").format(stage))
+            upsert(cur, self._pg, rows, self.columns, self.key_columns)
 
     def _delete_keys(self, conn: psycopg.Connection, retracts: pa.Table) -> None:
         """Delete the rows whose key a retract row names (NULL group values match NULL: the key is
         ``NULLS NOT DISTINCT``). The keys are staged with the table's own column types."""
         keys = [sql.Identifier(c) for c in self.key_columns]
-        key_list = sql.SQL(", ").join(keys)
-        stage = sql.Identifier(_RETRACT_TABLE)
         # window_start is never NULL (the unique key's first column); group values may be
         match = sql.SQL(" AND ").join(
             sql.SQL("t.{k} = s.{k}").format(k=k) if i == 0 else
             sql.SQL("(t.{k} = s.{k} OR (t.{k} IS NULL AND s.{k} IS NULL))").format(k=k) for i, k in enumerate(keys))
         with conn.cursor() as cur:
-            cur.execute(sql.SQL("DROP TABLE IF EXISTS pg_temp.{}").format(stage))
-            cur.execute(sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA")
-                        .format(stage, key_list, self._pg.ident))
-            data = _python_columns(retracts, self.key_columns)
-            with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(stage, key_list)) as copy:
-                for row in zip(*data):
-                    copy.write_row(row)
+            stage = stage_rows(cur, "ematix_stage_retracts", self._pg, retracts, self.key_columns)
             cur.execute(sql.SQL("DELETE FROM {target} AS t USING {stage} AS s WHERE {match}").format(
                 target=self._pg.ident, stage=stage, match=match))
             cur.execute(sql.SQL("DROP TABLE {}").format(stage))
@@ -189,25 +140,6 @@ class PostgresWindowWriter:
     def close(self) -> None:
         self._pg.close()
         self._opened = False
-
-
-def _commit_write(writer: "PostgresWindowWriter | PostgresDeadLetterWriter", batch_id: int, rows: pa.Table,
-                  action: str) -> None:
-    """``write_in_transaction`` on the writer's own connection, committed; failures reconnect next time."""
-    if rows.num_rows == 0:
-        return
-    conn = writer._pg.connect()
-    if not writer._opened:
-        writer.open()
-    try:
-        writer.write_in_transaction(conn, batch_id, rows)
-        conn.commit()
-    except psycopg.Error as exc:
-        writer._pg.drop_broken_connection()
-        raise writer._pg.error(action, exc) from None
-    except BaseException:
-        writer._pg.drop_broken_connection()
-        raise
 
 
 class PostgresDeadLetterWriter:
@@ -237,21 +169,17 @@ class PostgresDeadLetterWriter:
         self._opened = True
 
     def _create(self, cur: psycopg.Cursor) -> None:
-        index = sql.Identifier(f"{self._pg.table_name}_batch_id_idx"[:63])
-        cur.execute(sql.SQL(f"CREATE TABLE IF NOT EXISTS {{}} ({BATCH_ID} bigint NOT NULL, {SOURCE} text, "
-                            f"{EVENT_TS} timestamptz, {REASON} text, {_PAYLOAD_COLUMN} jsonb NOT NULL)")
-                    .format(self._pg.ident))
-        cur.execute(sql.SQL(f"CREATE INDEX IF NOT EXISTS {{}} ON {{}} ({BATCH_ID})").format(index, self._pg.ident))
+        self._pg.create(cur, self._TYPES, not_null=(BATCH_ID, _PAYLOAD_COLUMN))
+        self._pg.create_batch_id_index(cur)
 
     def write(self, batch_id: int, rows: pa.Table, part: str = "part-0") -> None:
-        _commit_write(self, batch_id, rows, f"writing dead letters of batch {batch_id} to")
+        commit_write(self, batch_id, rows, f"writing dead letters of batch {batch_id} to")
 
     def write_in_transaction(self, conn: psycopg.Connection, batch_id: int, rows: pa.Table) -> None:
         """Replace the batch's dead letters using ``conn``'s transaction; the caller commits."""
         if rows.num_rows == 0:
             return
-        if conn.autocommit:
-            raise ValueError("write_in_transaction needs a connection with autocommit = False")
+        require_transaction(conn)
         for c in (SOURCE, REASON):
             if c not in rows.column_names:
                 raise ValueError(f"dead-letter rows of batch {batch_id} lack the {c} column")
@@ -269,16 +197,18 @@ class PostgresDeadLetterWriter:
             event_ts, early = [None] * n, [False] * n
         payload_cols = [c for c in rows.column_names if c not in DEAD_LETTER_COLUMNS]
         payload_data = [python_values(rows.column(c)) for c in payload_cols]
+
+        def copy_values() -> Iterator[tuple[Any, ...]]:
+            for i in range(n):
+                payload = {c: _json_value(col[i]) for c, col in zip(payload_cols, payload_data)}
+                if early[i]:
+                    payload[EVENT_TS], event_ts[i] = event_ts[i], None
+                yield (batch_id, _text(sources[i]), event_ts[i], _text(reasons[i]),
+                       json.dumps(payload, allow_nan=False, ensure_ascii=False))
+
         with conn.cursor() as cur:
-            cur.execute(sql.SQL(f"DELETE FROM {{}} WHERE {BATCH_ID} = %s").format(self._pg.ident), (batch_id,))
-            with cur.copy(sql.SQL(f"COPY {{}} ({', '.join(DEAD_LETTER_COLUMNS)}, {_PAYLOAD_COLUMN}) FROM STDIN")
-                          .format(self._pg.ident)) as copy:
-                for i in range(n):
-                    payload = {c: _json_value(col[i]) for c, col in zip(payload_cols, payload_data)}
-                    if early[i]:
-                        payload[EVENT_TS], event_ts[i] = event_ts[i], None
-                    copy.write_row((batch_id, _text(sources[i]), event_ts[i], _text(reasons[i]),
-                                    json.dumps(payload, allow_nan=False, ensure_ascii=False)))
+            delete_batch(cur, self._pg.ident, batch_id)
+            copy_rows(cur, self._pg.ident, [*DEAD_LETTER_COLUMNS, _PAYLOAD_COLUMN], copy_values())
 
     def close(self) -> None:
         self._pg.close()

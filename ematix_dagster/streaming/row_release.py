@@ -1,0 +1,148 @@
+"""Which rows a row pipeline's batch writes, and which it holds back (docs/contract/row-pipelines.md).
+
+A row pipeline's batch hands the driver its SQL's output rows, each with its event time in µs
+(:data:`~ematix_dagster.columns.EVENT_US`) and, under ``WATERMARK_TS()``, its release time
+(:data:`~ematix_dagster.columns.RELEASE_COLUMN`, computed once in Spark by ``sql.release``).
+:meth:`RowEngine.process` advances the watermark W, then:
+
+- a row whose release time is NULL is never released: it is counted (``not_released``) and dropped;
+- a row whose release time W has reached (or ``RELEASE_NOW``) is written in this batch;
+- any other row is held back: a :class:`~state_store.base.PendingRow` the batch's commit inserts;
+- held rows W has reached now come back from the store (``load_due``) and are written too.
+
+The batch's rows leave ordered by (release time, arrival batch, event time, values in SELECT order),
+so a replay writes the same file. A held row keeps its values as the store's codec encodes them
+(never pickle), its key is (release time, arrival batch, its place in that order), which a replay
+of the batch recomputes exactly. Nothing here touches Spark or a file: the rules are tested alone.
+
+>>> import pyarrow as pa
+>>> from ematix_dagster.streaming.micro_batch import SourceStats
+>>> eng = RowEngine(Watermarks(lateness=0, idleness=10**9, sources=("s",)), max_buffered_rows=10)
+>>> rows = pa.table({"id": [1, 2, 3], EVENT_US: [5, 7, 9], RELEASE_COLUMN: [6, None, 9]})
+>>> out = eng.process(RowBatch(0, 0, {"s": SourceStats(rows=3, max_event_ts=8)}, rows), lambda w: [])
+>>> out.watermark, out.released.column("id").to_pylist(), out.not_released, [p.release_us for p in out.held]
+(8, [1], 1, [9])
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ematix_dagster.columns import EVENT_US, RELEASE_COLUMN
+from ematix_dagster.errors import StateCapExceeded
+from ematix_dagster.sql.release import RELEASE_NOW
+from ematix_dagster.streaming.watermark import Watermarks
+from state_store.base import PendingRow
+from state_store.codec import decode_state, encode_state
+
+#: the release order's hidden column besides the row's own (dropped before the target sees them)
+ARRIVAL = "_arrival_batch"
+
+
+@dataclass
+class RowBatch:
+    """What one batch of a row pipeline hands the driver (times in µs)."""
+
+    batch_id: int
+    batch_time: int
+    sources: dict  # source name -> SourceStats, measured before the SQL
+    rows: pa.Table  # the SQL's output rows, with EVENT_US (and RELEASE_COLUMN under WATERMARK_TS())
+
+
+@dataclass
+class RowResult:
+    batch_id: int
+    released: pa.Table  # the SELECT's columns, in release order
+    held: list[PendingRow]  # rows this batch holds back (the commit inserts them)
+    released_held: list[tuple[int, int, int]]  # keys of held rows released now (the commit deletes them)
+    not_released: int  # rows no branch will ever release
+    watermark_before: int | None
+    watermark: int | None
+    pending: int  # rows held after this batch
+
+
+@dataclass
+class RowEngine:
+    """A row pipeline's driver: its watermarks, counters and how many rows it holds back."""
+
+    watermarks: Watermarks
+    max_buffered_rows: int | None = None
+    pipeline: str = ""
+    counters: Counter[str] = field(default_factory=Counter)
+    last_batch_id: int | None = None
+    pending: int = 0
+    running: bool = False
+
+    def process(self, batch: RowBatch, load_due: Callable[[int], list[PendingRow]]) -> RowResult:
+        """``load_due(W)``: the rows held with a release time <= W, as the store returns them."""
+        if not self.running:
+            self.watermarks.start_run(batch.batch_time)
+            self.running = True
+        before = self.watermarks.global_wm
+        for name, stats in batch.sources.items():
+            self.watermarks.observe(name, stats.rows, stats.max_event_ts, batch.batch_time)
+        w = self.watermarks.advance(batch.batch_time)
+        rows, not_released, held = batch.rows, 0, []
+        columns = [n for n in rows.column_names if n not in (RELEASE_COLUMN, EVENT_US)]
+        if RELEASE_COLUMN in rows.column_names:
+            release = rows.column(RELEASE_COLUMN)
+            not_released = release.null_count
+            due = pc.fill_null(pc.less_equal(release, RELEASE_NOW if w is None else w), False)
+            now = pc.or_(due, pc.equal(release, RELEASE_NOW))
+            wait = pc.and_(pc.invert(now), pc.is_valid(release))
+            held = self._hold(rows.filter(wait), columns, batch.batch_id)
+            rows = rows.filter(pc.fill_null(now, False))
+        else:
+            rows = rows.append_column(RELEASE_COLUMN, pa.array([RELEASE_NOW] * rows.num_rows, pa.int64()))
+        rows = rows.append_column(ARRIVAL, pa.array([batch.batch_id] * rows.num_rows, pa.int64()))
+        loaded = load_due(w) if w is not None and self.pending else []
+        pending = self.pending + len(held) - len(loaded)
+        if self.max_buffered_rows is not None and pending > self.max_buffered_rows:
+            raise StateCapExceeded(
+                f"pipeline {self.pipeline}: {pending} rows would be held back by WATERMARK_TS() after batch "
+                f"{batch.batch_id}, more than max_buffered_rows = {self.max_buffered_rows} (watermark "
+                f"{w}); raise it, or release rows sooner (a smaller delay in the WHERE)")
+        if loaded:
+            rows = pa.concat_tables([_unheld(loaded, rows.schema, columns), rows.select(rows.schema.names)])
+        released = _ordered(rows, columns).select(columns)
+        self.pending = pending
+        self.last_batch_id = batch.batch_id
+        self.counters["released_rows"] += released.num_rows
+        self.counters["not_released_rows"] += not_released
+        return RowResult(batch.batch_id, released, held, [p.key for p in loaded], not_released, before, w, pending)
+
+    def _hold(self, rows: pa.Table, columns: list[str], batch_id: int) -> list[PendingRow]:
+        """Rows to hold back, keyed by their place in the release order (a replay computes the same keys)."""
+        if not rows.num_rows:
+            return []
+        ordered = _ordered(rows.append_column(ARRIVAL, pa.array([batch_id] * rows.num_rows, pa.int64())), columns)
+        values = [ordered.column(c).to_pylist() for c in columns]
+        releases, events = ordered.column(RELEASE_COLUMN).to_pylist(), ordered.column(EVENT_US).to_pylist()
+        return [PendingRow(release, batch_id, seq, event, encode_state(list(row)))
+                for seq, (release, event, row) in enumerate(zip(releases, events, zip(*values)))]
+
+
+def _ordered(rows: pa.Table, columns: Sequence[str]) -> pa.Table:
+    """``rows`` in release order: release time, arrival batch, event time, then the values in SELECT
+    order (those Arrow can order), NULLs first as Spark orders ascending."""
+    keys = [RELEASE_COLUMN, ARRIVAL, EVENT_US] + [c for c in columns if _orderable(rows.schema.field(c).type)]
+    return rows.take(pc.sort_indices(rows, sort_keys=[(k, "ascending", "at_start") for k in keys]))
+
+
+def _orderable(dtype: pa.DataType) -> bool:
+    return not (pa.types.is_nested(dtype) or pa.types.is_dictionary(dtype))
+
+
+def _unheld(loaded: list[PendingRow], schema: pa.Schema, columns: Sequence[str]) -> pa.Table:
+    """Held rows back as a table of ``schema`` (their values decoded, the order's columns restored)."""
+    values = list(zip(*(decode_state(p.payload) for p in loaded)))
+    arrays = {c: pa.array(list(v), type=schema.field(c).type) for c, v in zip(columns, values)}
+    arrays[RELEASE_COLUMN] = pa.array([p.release_us for p in loaded], pa.int64())
+    arrays[EVENT_US] = pa.array([p.event_ts for p in loaded], pa.int64())
+    arrays[ARRIVAL] = pa.array([p.arrival_batch for p in loaded], pa.int64())
+    return pa.table([arrays[name] for name in schema.names], schema=schema)

@@ -1,0 +1,107 @@
+"""A row pipeline's release rules on the driver (``streaming/row_release.py``; no Spark), against a
+pandas oracle of docs/contract/row-pipelines.md applied batch by batch: every row leaves in the first
+batch whose watermark (after the batch's advance) reaches its release time, in release order, once.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from ematix_dagster.errors import StateCapExceeded
+from ematix_dagster.streaming.micro_batch import SourceStats
+from ematix_dagster.streaming.row_release import RowBatch, RowEngine
+from ematix_dagster.streaming.watermark import Watermarks
+
+NOW = -(2**63)
+
+
+def _oracle(batches: list[pd.DataFrame], lateness: int) -> list[list[tuple]]:
+    """Per batch, the (id, v) rows written, in order: pandas over all rows seen so far."""
+    records: list[dict] = []
+    written: set[int] = set()
+    w = None
+    out = []
+    for b, rows in enumerate(batches):
+        if len(rows):
+            top = int(rows["event"].max()) - lateness
+            w = top if w is None else max(w, top)
+        records += rows.assign(arrival=b).to_dict("records")
+        if not records:
+            out.append([])
+            continue
+        seen = pd.DataFrame.from_records(records)
+        due = seen[seen["release"].notna() & ~seen["id"].isin(written)]
+        due = due[(due["release"] == NOW) | ((w is not None) & (due["release"] <= (w if w is not None else 0)))]
+        due = due.sort_values(["release", "arrival", "event", "id", "v"], kind="stable")
+        written.update(due["id"])
+        out.append(list(zip(due["id"].astype(int), due["v"])))
+    return out
+
+
+def _batches(seed: int) -> list[pd.DataFrame]:
+    rng = random.Random(seed)
+    batches, next_id = [], 0
+    for b in range(8):
+        rows = []
+        for _ in range(rng.randint(0, 6)):
+            event = b * 10 + rng.randint(-8, 8)
+            release = rng.choice([None, NOW, event, event + rng.randint(1, 25), event - 3])
+            rows.append({"id": next_id, "v": rng.choice(["x", "y", None]), "event": event, "release": release})
+            next_id += 1
+        batches.append(pd.DataFrame(rows, columns=["id", "v", "event", "release"]))
+    return batches
+
+
+class _Store:
+    """The held rows as a store keeps them: inserted and deleted by each commit, loaded by bound."""
+
+    def __init__(self) -> None:
+        self.rows: dict = {}
+
+    def due(self, w: int):
+        return [self.rows[k] for k in sorted(k for k in self.rows if k[0] <= w)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("restart", [False, True])
+def test_rows_leave_in_the_first_batch_whose_watermark_reaches_them(seed: int, restart: bool) -> None:
+    batches, lateness = _batches(seed), 4
+    expected = _oracle(batches, lateness)
+    store = _Store()
+
+    def engine() -> RowEngine:
+        return RowEngine(Watermarks(lateness=lateness, idleness=10**12, sources=("s",)), max_buffered_rows=1_000)
+
+    eng = engine()
+    got, held_then_released = [], 0
+    for b, rows in enumerate(batches):
+        table = pa.table({"id": pa.array(rows["id"].tolist(), pa.int64()), "v": pa.array(rows["v"].tolist(), pa.string()),
+                          "_release_us": pa.array([None if pd.isna(r) else int(r) for r in rows["release"]], pa.int64()),
+                          "_event_us": pa.array(rows["event"].tolist(), pa.int64())})
+        stats = {"s": SourceStats(rows=len(rows), max_event_ts=int(rows["event"].max()) if len(rows) else None)}
+        result = eng.process(RowBatch(b, b, stats, table), store.due)
+        held_then_released += len(result.released_held)
+        for key in result.released_held:
+            del store.rows[key]
+        for row in result.held:
+            store.rows[row.key] = row
+        got.append(list(zip(result.released.column("id").to_pylist(), result.released.column("v").to_pylist())))
+        assert result.released.column_names == ["id", "v"]
+        assert result.pending == len(store.rows)
+        if restart:  # a new engine from what a store keeps: the watermark and the held rows' count
+            w, eng = eng.watermarks.global_wm, engine()
+            eng.watermarks.global_wm, eng.pending = w, len(store.rows)
+            eng.watermarks.clocks["s"].max_event_ts = None if w is None else w + lateness
+    assert got == expected
+    assert held_then_released  # the data holds rows back and releases them later
+
+
+def test_max_buffered_rows_fails_loud_naming_the_bound() -> None:
+    eng = RowEngine(Watermarks(lateness=0, idleness=10**12, sources=("s",)), max_buffered_rows=1, pipeline="p")
+    table = pa.table({"id": [1, 2], "_release_us": [100, 200], "_event_us": [1, 2]})
+    with pytest.raises(StateCapExceeded, match="2 rows would be held back.*max_buffered_rows = 1"):
+        eng.process(RowBatch(0, 0, {"s": SourceStats(rows=2, max_event_ts=2)}, table), lambda w: [])

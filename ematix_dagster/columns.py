@@ -7,8 +7,9 @@ the project, so every layer (``spec``, ``streaming``, ``spark``, ``targets``) ma
 
 >>> DEAD_LETTER_COLUMNS
 ('_batch_id', '_source', '_event_ts', '_reason')
->>> RESERVED_COLUMNS
-('_event_ts', '_source', '_batch_id', '_reason', '_emit_kind', '_emit_seq', '_corrupt_record', '_release_us')
+>>> RESERVED_COLUMNS  # doctest: +NORMALIZE_WHITESPACE
+('_event_ts', '_source', '_batch_id', '_reason', '_emit_kind', '_emit_seq', '_corrupt_record', '_release_us',
+ '_event_us')
 """
 
 from __future__ import annotations

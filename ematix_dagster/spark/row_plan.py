@@ -17,22 +17,32 @@ from ematix_dagster.columns import CORRUPT, EVENT_US, RELEASE_COLUMN
 from ematix_dagster.errors import PipelineConfigError, first_line
 from ematix_dagster.spark.plan import VIEW, check_row_wise
 from ematix_dagster.spec import PipelineSpec
+from ematix_dagster.sql.release import release_plan
 from ematix_dagster.sql.row_query import row_query
 
 
 def analyse_rows(spark: SparkSession, spec: PipelineSpec, stream: DataFrame) -> T.StructType:
     """Run a row pipeline's SQL on an empty frame of ``stream``'s schema; return its output columns,
-    in SELECT order (the engine's ``_release_us`` and ``_event_us`` left out). A ``PipelineConfigError``
-    on ``transform.sql`` if it does not run or is not row by row."""
+    in SELECT order. A ``PipelineConfigError`` on ``transform.sql`` if it does not run or is not row
+    by row.
+
+    The SQL is checked row by row in its release form first (an aggregate then reads "not
+    row-wise", not as a column the engine's ``_event_us`` cannot find), then run as the engine
+    runs it, with ``_event_us`` appended.
+    """
     assert spec.transform_sql is not None  # the spec refuses a row pipeline without SQL
-    sql, _plan = row_query(spec.transform_sql)
+    plan = release_plan(spec.transform_sql)
     empty = spark.createDataFrame([], stream.schema).drop(CORRUPT)
     empty.createOrReplaceTempView(VIEW)
+    check_row_wise(empty, _run(spark, spec.transform_sql if plan is None else plan.sql))
+    out = _run(spark, row_query(spec.transform_sql)[0])
+    return T.StructType([f for f in out.schema.fields if f.name not in (RELEASE_COLUMN, EVENT_US)])
+
+
+def _run(spark: SparkSession, sql: str) -> DataFrame:
     try:
-        out = spark.sql(sql)
+        return spark.sql(sql)
     except Exception as exc:
         raise PipelineConfigError("transform.sql", f"does not run: {first_line(exc)}",
                                   f"query the view named {VIEW!r}, which holds each source's columns, _event_ts and "
                                   "_source; WATERMARK_TS() compares with a TIMESTAMP (cast a DATE or STRING)") from None
-    check_row_wise(empty, out)
-    return T.StructType([f for f in out.schema.fields if f.name not in (RELEASE_COLUMN, EVENT_US)])

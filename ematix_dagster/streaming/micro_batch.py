@@ -210,9 +210,10 @@ class Engine:
             problem = f"{len(accs)} accumulators are stored, but the pipeline has {len(names)} aggregations {names}"
         else:
             assert index is not None
-            agg = self.state.aggregators[index]
+            agg, specs = self.state.aggregators[index], self.window.aggregations
             wrong = agg.check_state(accs[index]) or f"expected {agg.expected}, got {describe_value(accs[index])}"
-            problem = f"aggregation {names[index]!r} ({type(agg).__name__}): {wrong}"
+            what = specs[index].agg if index < len(specs) else "the emit trigger's row count"
+            problem = f"aggregation {names[index]!r} ({what}): {wrong}"
         place = f"pipeline {self.state.pipeline!r}" + (f" in {store}" if store else "")
         window = repr(start) if type(start) is not int else self.state.describe(start, key)
         raise CorruptState(

@@ -12,7 +12,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 
 from ematix_dagster.columns import CORRECTION, EARLY, FINAL, RETRACT
 from ematix_dagster.errors import PipelineConfigError
-from ematix_dagster.streaming.micro_batch import BatchInput, BatchResult
+from ematix_dagster.streaming.micro_batch import BatchInput, BatchResult, SourceStats
+from ematix_dagster.streaming.row_release import RowResult
 
 PREFIX = "ematix_streaming"
 #: the ``emit_kind`` label values of ``rows_emitted_total``: every marker a written row may carry
@@ -58,6 +59,13 @@ class StreamingMetrics:
                                         registry=registry)
         self.rows_emitted = Counter(f"{PREFIX}_rows_emitted", "Rows written to the target, by _emit_kind (retracts "
                                     "included).", ["pipeline", "emit_kind"], registry=registry)
+        self.rows_filtered = Counter(f"{PREFIX}_rows_filtered", "Rows a row pipeline's SQL did not write: "
+                                     "reason=where (its WHERE), not_released (no WATERMARK_TS() branch releases them).",
+                                     ["pipeline", "reason"], registry=registry)
+        self.released_rows = Counter(f"{PREFIX}_released_rows", "Rows a row pipeline wrote.", ["pipeline"],
+                                     registry=registry)
+        self.buffered_rows = Gauge(f"{PREFIX}_buffered_rows", "Rows held back by WATERMARK_TS() in the state store.",
+                                   ["pipeline"], registry=registry)
         self.rejected_rows = Counter(f"{PREFIX}_rejected_rows",
                                      "Rows no target or state store can hold, or whose SQL failed (kept in the dead "
                                      "letters when configured).", ["pipeline", "reason"], registry=registry)
@@ -77,6 +85,26 @@ class StreamingMetrics:
             self.rejected_rows.labels(pipeline, reason).inc(n)
         for reason, n in batch.dead_letters.items():
             self.dead_letter_rows.labels(pipeline, reason).inc(n)
+        self.batch_duration.labels(pipeline).observe(seconds)
+
+    def record_rows(self, pipeline: str, sources: dict[str, SourceStats], result: RowResult,
+                    dead_letters: dict[str, int], seconds: float) -> None:
+        """A row pipeline's batch (docs/contract/row-pipelines.md)."""
+        for source, stats in sources.items():
+            self.rows_consumed.labels(pipeline, source).inc(stats.rows)
+            self.invalid_event_time.labels(pipeline, source).inc(stats.invalid)
+            self.future_rows.labels(pipeline, source).inc(stats.future)
+            self.malformed_rows.labels(pipeline, source).inc(stats.malformed)
+        for reason, n in dead_letters.items():
+            self.dead_letter_rows.labels(pipeline, reason).inc(n)
+        self.rows_filtered.labels(pipeline, "not_released").inc(result.not_released)
+        self.rows_filtered.labels(pipeline, "where").inc(result.filtered)
+        self.released_rows.labels(pipeline).inc(result.released.num_rows)
+        self.buffered_rows.labels(pipeline).set(result.pending)
+        if result.watermark is not None:
+            self.watermark.labels(pipeline, "_global").set(result.watermark / 1e6)
+        if result.output_watermark is not None:
+            self.watermark.labels(pipeline, "_output").set(result.output_watermark / 1e6)
         self.batch_duration.labels(pipeline).observe(seconds)
 
     def record_emit(self, pipeline: str, window_kind: str, result: BatchResult) -> None:

@@ -21,11 +21,11 @@ from ematix_dagster.columns import CLASS, HEARTBEAT, REASON
 from ematix_dagster.errors import BatchDataError, StateNotDurableError, first_line
 from ematix_dagster.metrics import StreamingMetrics
 from ematix_dagster.spark import checkpoint
-from ematix_dagster.spark.batch_counts import batch_counts, may_hold_future_rows
+from ematix_dagster.spark.batch_counts import batch_counts, may_hold_future_rows, sources_of
 from ematix_dagster.spark.batch_job import BatchFrames, build_batch
 from ematix_dagster.spark.checkpoint import batch_files
 from ematix_dagster.spark.convert import partial_lists, rows_to_arrow
-from ematix_dagster.spark.input_files import UNREADABLE_FILE, DeadLetters, InputFiles, WithFileRows
+from ematix_dagster.spark.input_files import UNREADABLE_FILE, DeadLetters, InputFiles
 from ematix_dagster.spark.plan import BatchPlan
 from ematix_dagster.spark.recovery import checkpoint_offsets, named_offsets, offset_names
 from ematix_dagster.spark.windows.fixed import late_windows
@@ -66,10 +66,18 @@ class BatchReport:
     state_groups: int
     windows_open: int
     seconds: float
+    #: a row pipeline's: rows written, and rows held back by WATERMARK_TS() after the batch (None:
+    #: a windowed pipeline's report)
+    released_rows: int | None = None
+    held_rows: int | None = None
 
     def progress_line(self, pipeline: str) -> str:
         """One line per batch; early rows and retractions only when there are some (a pipeline
         whose trigger is the watermark and that never retracts prints the line it always did)."""
+        if self.released_rows is not None:
+            return (f"[{pipeline}] batch {self.batch_id}: rows in {self.rows_in}, rows out {self.released_rows}, "
+                    f"held back {self.held_rows}, watermark {format_us(self.watermark)}, dead letters "
+                    f"{self.dead_letter_rows}, {self.seconds:.2f}s")
         extra = "".join(f", {label} {n}" for label, n in (("early rows", self.early_rows),
                                                           ("retractions", self.retractions)) if n)
         return (f"[{pipeline}] batch {self.batch_id}: rows in {self.rows_in}, windows emitted {self.windows_emitted}"
@@ -198,9 +206,7 @@ class BatchStep:
             else:
                 table = late_windows(spec.window, table, *bounds)
         src, late = batch_counts(spec, table, frames.source_stats)
-        stats = {s.name: SourceStats(rows=src[f"rows_{i}"], max_event_ts=src[f"max_{i}"], invalid=src[f"invalid_{i}"],
-                                     future=src[f"future_{i}"], malformed=src[f"malformed_{i}"])
-                 for i, s in enumerate(spec.sources)}
+        stats = sources_of(spec, src)
         dead = self._write_dead_letters(dead_letter, batch_id, frames, stats, late["late_rows"], late["rejected"],
                                         in_transaction)
         windowed = table.filter(pc.is_null(table.column(CLASS)))
@@ -322,20 +328,12 @@ class BatchStep:
         reader = self.input_files
         if not reader.managed:
             return self._aggregate(df, batch_id, batch_time, in_transaction, self.dead_letter)
-        own, queued = self.dead_letter, len(in_transaction)
-        files = reader.open_batch(batch_id)  # raises for a file known unreadable under "fail"
-        while True:
-            del in_transaction[queued:]  # what a failed attempt queued
-            frame = reader.frame(df, files)
-            rows = reader.dead_letter_rows(files) if own is not None else None
-            writer = own if rows is None else WithFileRows(cast(DeadLetters, own), rows, files.key)  # rows: own set
-            try:
-                batch = self._aggregate(frame, batch_id, batch_time, in_transaction, writer)
-                break
-            except Exception as exc:
-                if not reader.leave_out(exc, files):  # raises for the file under "fail"
-                    raise
-        skipped = reader.record(files, dead_lettered=rows is not None)
+        own = self.dead_letter
+
+        def run(frame: DataFrame, writer: DeadLetters | None) -> BatchInput:
+            return self._aggregate(frame, batch_id, batch_time, in_transaction, cast(DeadLetterWriter | None, writer))
+
+        batch, rows, skipped = reader.attempt(df, batch_id, cast(DeadLetters | None, own), in_transaction, run)
         if rows is not None:
             if not batch.dead_letters:  # no write of the batch's own carried the files' rows
                 assert own is not None

@@ -41,6 +41,15 @@ def _reason(ts: Column, future_after: Column | None) -> Column:
     return reason if future_after is None else reason.when(ts > future_after, F.lit("future"))
 
 
+def pre_sql_reason(spec: PipelineSpec, future_in_spark: bool = True) -> Column:
+    """A row's pre-SQL reason to update nothing (malformed, invalid event time, future), NULL for a
+    valid row; the future check reads the batch time column and each source's skew."""
+    skew = F.lit(None).cast("bigint")
+    for s in spec.sources:
+        skew = F.when(F.col(SOURCE) == s.name, F.lit(s.max_future_skew_ms * MICROS_PER_MS)).otherwise(skew)
+    return _reason(F.unix_micros(EVENT_TS), F.col(BATCH_TIME) + skew if future_in_spark else None)
+
+
 @dataclass(frozen=True)
 class BatchColumns:
     """The columns every batch of a run applies, built once (each Column is a round trip to the
@@ -64,11 +73,8 @@ class BatchColumns:
 
         ``future_in_spark=False``: no future check and a tumbling plan without batch values
         (``BatchPlan.late_on_driver``)."""
-        skew = F.lit(None).cast("bigint")
-        for s in spec.sources:
-            skew = F.when(F.col(SOURCE) == s.name, F.lit(s.max_future_skew_ms * MICROS_PER_MS)).otherwise(skew)
         ts = F.unix_micros(EVENT_TS)
-        before_sql = _reason(ts, F.col(BATCH_TIME) + skew if future_in_spark else None)
+        before_sql = pre_sql_reason(spec, future_in_spark)
         rejected = reject_reason(spec, output_types)
         reason = rejected
         if not spec.transform_sql:
@@ -81,14 +87,15 @@ class BatchColumns:
         has_reason = not spec.transform_sql or rejected is not None
         return cls(data=F.col(SOURCE) != HEARTBEAT, processing_time=F.timestamp_micros(F.col(BATCH_TIME)),
                    classified=[ts.alias(TS), before_sql.alias(REASON)],
-                   source_stats=_source_stats(spec) if spec.transform_sql else [],
+                   source_stats=source_stats(spec) if spec.transform_sql else [],
                    valid=F.col(REASON).isNull(), reason=reason,
                    windows=partial_plan(spec.window, aggregates, has_reason) if future_in_spark
                    else FixedPlan(spec.window, aggregates, has_reason, late_in_spark=False))
 
 
-def _source_stats(spec: PipelineSpec) -> list[Column]:
-    """Per-source counters as aggregates over the batch's rows (one row each)."""
+def source_stats(spec: PipelineSpec) -> list[Column]:
+    """Per-source counters as aggregates over the batch's classified rows (``_ts``, ``_reason``;
+    one result row), as ``spark.batch_counts`` and the row step read them."""
     stats: list[Column] = []
     for i, s in enumerate(spec.sources):
         mine = F.col(SOURCE) == s.name

@@ -16,11 +16,12 @@ from ematix_dagster.columns import CLASS, LATE_ASSIGNMENTS, REOPENED, ROWS, SOUR
 from ematix_dagster.spark.observed import Observed
 from ematix_dagster.spark.rejects import REJECT_REASONS
 from ematix_dagster.spec import PipelineSpec
+from ematix_dagster.streaming.micro_batch import SourceStats
 from ematix_dagster.streaming.windows import MICROS_PER_MS
 
 
 def batch_counts(spec: PipelineSpec, table: pa.Table, source_stats: Observed | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(per-source counters as ``spark.batch_columns``' ``_source_stats`` names them, lateness and
+    """(per-source counters as ``spark.batch_columns.source_stats`` names them, lateness and
     rejection counters) from the job's result (``rejected``: rows per reason of
     ``ematix_dagster.spark.rejects``).
 
@@ -50,6 +51,15 @@ def batch_counts(spec: PipelineSpec, table: pa.Table, source_stats: Observed | N
         for reason in ("invalid_event_time", "future", "malformed"):
             stats[f"{reason.split('_')[0]}_{i}"] = total(rows, pc.equal(classes, reason))
     return stats, late
+
+
+def sources_of(spec: PipelineSpec, values: dict[str, Any]) -> dict[str, SourceStats]:
+    """Each source's statistics from the per-source counters (``spark.batch_columns.source_stats``'
+    names)."""
+    return {s.name: SourceStats(rows=values[f"rows_{i}"] or 0, max_event_ts=values[f"max_{i}"],
+                                invalid=values[f"invalid_{i}"] or 0, future=values[f"future_{i}"] or 0,
+                                malformed=values[f"malformed_{i}"] or 0)
+            for i, s in enumerate(spec.sources)}
 
 
 def may_hold_future_rows(spec: PipelineSpec, table: pa.Table, batch_time_us: int) -> bool:

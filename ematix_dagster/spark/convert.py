@@ -31,15 +31,16 @@ def output_schema(plan: BatchPlan) -> pa.Schema:
     fields = [pa.field(window.window_start_column, UTC_MICROS), pa.field(window.window_end_column, UTC_MICROS)]
     if kind.id_column is not None:
         fields.append(pa.field(kind.id_column, pa.int64()))
-    fields += [pa.field(g, _arrow(types[g])) for g in window.group_by]
+    fields += [pa.field(g, arrow_type(types[g])) for g in window.group_by]
     for a, agg in zip(window.aggregations, plan.aggregators):
-        input_type = _arrow(types[a.column]) if agg.reads_input_type else None  # type: ignore[index]
+        input_type = arrow_type(types[a.column]) if agg.reads_input_type else None  # type: ignore[index]
         fields.append(pa.field(a.as_, agg.output_type(input_type)))
     fields += [pa.field(EMIT_KIND, pa.string()), pa.field(EMIT_SEQ, pa.int64())]
     return pa.schema(fields)
 
 
-def _arrow(dtype: T.DataType) -> pa.DataType:
+def arrow_type(dtype: T.DataType) -> pa.DataType:
+    """The Arrow type a Spark column reaches the targets as (timestamps: UTC µs)."""
     if isinstance(dtype, T.TimestampType):
         return UTC_MICROS
     return to_arrow_type(dtype)

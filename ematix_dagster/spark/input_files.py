@@ -42,7 +42,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import Callable, Protocol
+from typing import Callable, Protocol, TypeVar
 from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
@@ -196,6 +196,10 @@ def _alignment(df: DataFrame, schema: T.StructType) -> list[Column] | None:
             for f in schema.fields]
 
 
+#: what a batch step's attempt returns (``InputFiles.attempt``)
+B = TypeVar("B")
+
+
 class DeadLetters(Protocol):
     def write(self, batch_id: int, rows: pa.Table, part: str = "part-0") -> None: ...
 
@@ -280,6 +284,31 @@ class InputFiles:
                     self._refuse(i, f, batch_id)
                     files.skipped[f.path] = (i, f)
         return files
+
+    def attempt(self, df: DataFrame, batch_id: int, own: DeadLetters | None, in_transaction: list,
+                run: Callable[[DataFrame, DeadLetters | None], B]) -> tuple[B, pa.Table | None, dict[str, int]]:
+        """Run a batch step's ``run(frame, dead letter writer)`` over this batch's files until no file
+        fails it: each unreadable file is left out (or stops the run under ``fail``) and the batch
+        planned again, dropping what the failed attempt queued in ``in_transaction``.
+
+        Returns ``run``'s result, the left-out files' dead-letter rows (None without a dead-letter
+        target; the writer handed to ``run`` adds them to the batch's own dead letters, and a batch
+        that writes none must write them itself) and the files left out per source.
+        """
+        queued = len(in_transaction)
+        files = self.open_batch(batch_id)  # raises for a file known unreadable under "fail"
+        while True:
+            del in_transaction[queued:]  # what a failed attempt queued
+            frame = self.frame(df, files)
+            rows = self.dead_letter_rows(files) if own is not None else None
+            writer = own if rows is None or own is None else WithFileRows(own, rows, files.key)
+            try:
+                result = run(frame, writer)
+                break
+            except Exception as exc:
+                if not self.leave_out(exc, files):  # raises for the file under "fail"
+                    raise
+        return result, rows, self.record(files, dead_lettered=rows is not None)
 
     def leave_out(self, exc: BaseException, files: BatchFiles) -> bool:
         """After an attempt at the batch failed with ``exc``: leave out the managed file Spark's error

@@ -23,7 +23,6 @@ from pyspark.sql.streaming import StreamingQuery
 from ematix_dagster.errors import (
     CheckpointDiverged,
     FingerprintChanged,
-    PipelineConfigError,
     SparkQueryFailed,
     StateNotDurableError,
     first_line,
@@ -37,13 +36,24 @@ from ematix_dagster.spark.failures import classify
 from ematix_dagster.spark.plan import analyse
 from ematix_dagster.spark.readers import union_sources
 from ematix_dagster.spark.recovery import validate_checkpoint
+from ematix_dagster.spark.row_batch import RowPlan, RowStep, restore_rows
 from ematix_dagster.spark.session import get_spark
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.stores import guarantee, make_store
 from ematix_dagster.streaming.durable import Provenance, restore_engine
 from ematix_dagster.streaming.micro_batch import Engine
+from ematix_dagster.streaming.row_release import RowEngine
 from ematix_dagster.streaming.state_size import GIB, estimate_state
-from ematix_dagster.targets import DeadLetterWriter, WindowWriter, make_dead_letter_writer, make_window_writer
+from ematix_dagster.streaming.watermark import Watermarks
+from ematix_dagster.streaming.windows import MICROS_PER_MS
+from ematix_dagster.targets import (
+    DeadLetterWriter,
+    RowWriter,
+    WindowWriter,
+    make_dead_letter_writer,
+    make_row_writer,
+    make_window_writer,
+)
 from state_store.base import RecoveredState, StateStore, make_holder
 
 
@@ -74,11 +84,6 @@ class PipelineRunner:
                  metrics: StreamingMetrics | None = None, progress: Callable[[str], None] | None = None,
                  store: StateStore | None = None, run_label: str | None = None,
                  batch_progress: Callable[[BatchReport], None] | None = None) -> None:
-        if spec.is_row_pipeline:  # before anything is opened: nothing of a row pipeline runs yet
-            raise PipelineConfigError("transform", f"pipeline {spec.pipeline_name} is a row pipeline (no "
-                                      "[transform.window]): row pipelines are validated but the runner for them is "
-                                      "not built yet", "add [transform.window] to aggregate, or wait for the row "
-                                      "pipeline runner (docs/contract/row-pipelines.md)")
         # Sources, stores, targets and the checkpoint are opened with ``${NAME}`` expanded; the
         # fingerprint that the state records keeps the placeholders (never a value).
         self.spec = spec.resolved()
@@ -101,7 +106,8 @@ class PipelineRunner:
         self.recovered = RecoveredState(record=None)
         self.fingerprint_doc = fingerprint_doc(spec)  # as written
         self.fingerprint = fingerprint(self.fingerprint_doc)
-        self.target: WindowWriter | None = None
+        self.target: WindowWriter | RowWriter | None = None
+        self.engine: Engine | RowEngine | None = None
         self.dead_letter: DeadLetterWriter | None = None
         self._store_open = False
 
@@ -122,8 +128,8 @@ class PipelineRunner:
             self._open_store()
         if spec.metrics_port:
             serve(spec.metrics_port, pipeline=name)
-        expected = estimate_state(spec.window)
-        if expected.total_bytes > GIB:
+        expected = None if spec.is_row_pipeline else estimate_state(spec.window)
+        if expected is not None and expected.total_bytes > GIB:
             self.progress(f"[{name}] warning: window state is expected to reach {expected.describe()}; lower "
                           "max_groups_per_window or hll_precision if that is more than this machine has")
         if spec.target.kind == "console":
@@ -204,22 +210,7 @@ class PipelineRunner:
     def _start_query(self) -> StreamingQuery:
         spec = self.spec
         stream = union_sources(self.spark, spec)
-        plan = analyse(self.spark, spec, stream)
-        self.engine = Engine.for_window(spec.pipeline_name, spec.window, spec.source_names, plan.integral,
-                                        retractions=spec.target.retractions)
-        record = restore_engine(self.engine, self.recovered, self.store.description if self.store else None)
-        self.recovered = RecoveredState(record=record)  # drop the blobs
-        schema = output_schema(plan)
-        key = [spec.window.window_start_column, *spec.window.group_by]
-        self.target = make_window_writer(spec.target, spec.pipeline_name, schema, key,
-                                         store_emit_kind=spec.window.emit_trigger.fires_early)
-        self.target.open()
-        self.dead_letter = make_dead_letter_writer(spec.dead_letter, spec.pipeline_name) if spec.dead_letter else None
-        if self.dead_letter:
-            self.dead_letter.open()
-        provenance = Provenance(record.query_id if record else None, self.fingerprint, self.fingerprint_doc)
-        self.step = BatchStep(spec, plan, self.engine, schema, self.target, self.dead_letter, self.store,
-                              self.metrics, self.progress, provenance, record)
+        self.step = self._row_step(stream) if spec.is_row_pipeline else self._window_step(stream)
         writer = (stream.writeStream.queryName(spec.pipeline_name.replace("-", "_"))
                   .option("checkpointLocation", spec.run.checkpoint_location)
                   .foreachBatch(self._on_batch))
@@ -229,6 +220,50 @@ class PipelineRunner:
             writer = writer.trigger(processingTime=f"{spec.run.trigger_interval_ms} milliseconds")
         self.query = writer.start()
         return self.query
+
+    def _row_step(self, stream: DataFrame) -> RowStep:
+        """A row pipeline's batches (docs/contract/row-pipelines.md): no window, held rows in the store."""
+        spec = self.spec
+        plan = RowPlan.build(self.spark, spec, stream)
+        marks = spec.watermark
+        engine = RowEngine(Watermarks(lateness=marks.lateness_ms * MICROS_PER_MS,
+                                      idleness=marks.source_idleness_ms * MICROS_PER_MS, sources=spec.source_names,
+                                      processing_time=marks.time_mode == "processing"),
+                           max_buffered_rows=spec.rows.max_buffered_rows if spec.rows else None,
+                           pipeline=spec.pipeline_name, by_event_time=bool(spec.target.key))
+        self.engine = engine
+        record = self.recovered.record
+        held = self.store.pending_summary(spec.pipeline_name).rows if self.store and self.store.durable else 0
+        restore_rows(engine, record, held)
+        self.target = target = make_row_writer(spec.target, spec.pipeline_name, plan.schema, spec.target.key)
+        target.open()
+        self._open_dead_letters()
+        provenance = Provenance(record.query_id if record else None, self.fingerprint, self.fingerprint_doc)
+        return RowStep(spec, plan, engine, target, self.dead_letter, self.store, self.metrics, self.progress,
+                       provenance, record)
+
+    def _open_dead_letters(self) -> None:
+        spec = self.spec
+        self.dead_letter = make_dead_letter_writer(spec.dead_letter, spec.pipeline_name) if spec.dead_letter else None
+        if self.dead_letter:
+            self.dead_letter.open()
+
+    def _window_step(self, stream: DataFrame) -> BatchStep:
+        spec = self.spec
+        plan = analyse(self.spark, spec, stream)
+        self.engine = engine = Engine.for_window(spec.pipeline_name, spec.window, spec.source_names, plan.integral,
+                                                 retractions=spec.target.retractions)
+        record = restore_engine(engine, self.recovered, self.store.description if self.store else None)
+        self.recovered = RecoveredState(record=record)  # drop the blobs
+        schema = output_schema(plan)
+        key = [spec.window.window_start_column, *spec.window.group_by]
+        self.target = target = make_window_writer(spec.target, spec.pipeline_name, schema, key,
+                                                  store_emit_kind=spec.window.emit_trigger.fires_early)
+        target.open()
+        self._open_dead_letters()
+        provenance = Provenance(record.query_id if record else None, self.fingerprint, self.fingerprint_doc)
+        return BatchStep(spec, plan, engine, schema, target, self.dead_letter, self.store,
+                         self.metrics, self.progress, provenance, record)
 
     # -- one micro-batch -----------------------------------------------------------------------
 
@@ -319,11 +354,15 @@ class PipelineRunner:
                                f"{first_line(exc)}") from exc
 
     def _finish(self) -> Iterator[BatchReport]:
-        spec, engine = self.spec, self.engine
-        if spec.run.trigger != "available_now" or self._stopping:
+        """The end of an ``available_now`` run: the end-of-input flush, or what stays open. A row
+        pipeline has nothing to flush: its held rows wait for the watermark (WATERMARK_TS() never
+        moves by a flush)."""
+        spec, engine, step = self.spec, self.engine, self.step
+        if spec.run.trigger != "available_now" or self._stopping or not isinstance(engine, Engine):
             return
+        assert isinstance(step, BatchStep)
         if spec.run.end_of_input == "flush" and self._not_emitted():
-            report = self.step.flush()
+            report = step.flush()
             self.progress(report.progress_line(spec.pipeline_name) + " (end-of-input flush)")
             yield report
         elif self._not_emitted() and self.store is not None and self.store.durable:
@@ -348,7 +387,7 @@ class PipelineRunner:
         return summary
 
     def _not_emitted(self) -> int:
-        return self.engine.open_windows()
+        return self.engine.open_windows() if isinstance(self.engine, Engine) else 0
 
 
 def run_pipeline(spec: PipelineSpec, spark: SparkSession | None = None) -> RunSummary:

@@ -52,6 +52,7 @@ class RowBatch:
     batch_time: int
     sources: dict  # source name -> SourceStats, measured before the SQL
     rows: pa.Table  # the SQL's output rows, with EVENT_US (and RELEASE_COLUMN under WATERMARK_TS())
+    filtered: int = 0  # rows an ordinary WHERE left out (counted, reason ``where``)
 
 
 @dataclass
@@ -64,6 +65,10 @@ class RowResult:
     watermark_before: int | None
     watermark: int | None
     pending: int  # rows held after this batch
+    filtered: int = 0  # rows an ordinary WHERE left out
+    #: how far the output is complete: W, or the oldest held row's event time when earlier (set by
+    #: the batch step, which asks the store)
+    output_watermark: int | None = None
 
 
 @dataclass
@@ -73,6 +78,9 @@ class RowEngine:
     watermarks: Watermarks
     max_buffered_rows: int | None = None
     pipeline: str = ""
+    #: a ``[target] key``: the rows of a key leave winner last, ordered by (event time, values), as
+    #: the upserting target keeps a batch's last row of a key
+    by_event_time: bool = False
     counters: Counter[str] = field(default_factory=Counter)
     last_batch_id: int | None = None
     pending: int = 0
@@ -109,12 +117,14 @@ class RowEngine:
                 f"{w}); raise it, or release rows sooner (a smaller delay in the WHERE)")
         if loaded:
             rows = pa.concat_tables([_unheld(loaded, rows.schema, columns), rows.select(rows.schema.names)])
-        released = _ordered(rows, columns).select(columns)
+        released = _ordered(rows, columns, self.by_event_time).select(columns)
         self.pending = pending
         self.last_batch_id = batch.batch_id
         self.counters["released_rows"] += released.num_rows
-        self.counters["not_released_rows"] += not_released
-        return RowResult(batch.batch_id, released, held, [p.key for p in loaded], not_released, before, w, pending)
+        self.counters["filtered_rows:not_released"] += not_released
+        self.counters["filtered_rows:where"] += batch.filtered
+        return RowResult(batch.batch_id, released, held, [p.key for p in loaded], not_released, before, w, pending,
+                         batch.filtered)
 
     def _hold(self, rows: pa.Table, columns: list[str], batch_id: int) -> list[PendingRow]:
         """Rows to hold back, keyed by their place in the release order (a replay computes the same keys)."""
@@ -127,10 +137,12 @@ class RowEngine:
                 for seq, (release, event, row) in enumerate(zip(releases, events, zip(*values)))]
 
 
-def _ordered(rows: pa.Table, columns: Sequence[str]) -> pa.Table:
+def _ordered(rows: pa.Table, columns: Sequence[str], by_event_time: bool = False) -> pa.Table:
     """``rows`` in release order: release time, arrival batch, event time, then the values in SELECT
-    order (those Arrow can order), NULLs first as Spark orders ascending."""
-    keys = [RELEASE_COLUMN, ARRIVAL, EVENT_US] + [c for c in columns if _orderable(rows.schema.field(c).type)]
+    order (those Arrow can order), NULLs first as Spark orders ascending; ``by_event_time``: event
+    time and values only (a keyed target's winner last)."""
+    order = [EVENT_US] if by_event_time else [RELEASE_COLUMN, ARRIVAL, EVENT_US]
+    keys = order + [c for c in columns if _orderable(rows.schema.field(c).type)]
     return rows.take(pc.sort_indices(rows, sort_keys=[(k, "ascending", "at_start") for k in keys]))
 
 

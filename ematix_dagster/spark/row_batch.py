@@ -42,7 +42,7 @@ from ematix_dagster.spark.batch import BatchReport, InTransaction
 from ematix_dagster.spark.batch_columns import pre_sql_reason, source_stats
 from ematix_dagster.spark.batch_counts import sources_of
 from ematix_dagster.spark.batch_values import with_batch_values
-from ematix_dagster.spark.convert import arrow_type
+from ematix_dagster.spark.convert import UTC_MICROS, arrow_type
 from ematix_dagster.spark.input_files import UNREADABLE_FILE, DeadLetters, InputFiles
 from ematix_dagster.spark.observed import Observed
 from ematix_dagster.spark.plan import VIEW
@@ -177,10 +177,9 @@ class RowStep:
                 tables.append(rows.filter(F.col(REASON).isNotNull()).drop(TS, *BATCH_VALUES)
                               .withColumn(BATCH_ID, F.lit(batch_id).cast("bigint")).toArrow())
             if errors.num_rows:
-                tables.append(errors.drop_columns([c for c in (RELEASE_COLUMN, EVENT_US) if c in errors.column_names])
-                              .append_column(BATCH_ID, pa.array([batch_id] * errors.num_rows, pa.int64()))
-                              .append_column(REASON, pa.array(["sql_error"] * errors.num_rows, pa.string())))
-            letters = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+                tables.append(self._sql_errors(errors, batch_id))
+            letters = pa.concat_tables([_nullable(t) for t in tables], promote_options="permissive") \
+                if len(tables) > 1 else tables[0]
             self._write_dead_letters(dead_letter, batch_id, letters, in_transaction)
             reasons = letters.column(REASON).to_pylist()
             dead = {r: reasons.count(r) for r in sorted(set(reasons))}
@@ -190,6 +189,19 @@ class RowStep:
         filtered = 0 if plan.delayed else max(valid_rows - table.num_rows - errors.num_rows, 0)
         self.engine.counters["rejected_rows:sql_error"] += errors.num_rows
         return RowBatch(batch_id, batch_time, sources, table, filtered), dead
+
+    def _sql_errors(self, errors: pa.Table, batch_id: int) -> pa.Table:
+        """Rows whose SQL failed as dead letters: the SELECT's columns plus ``_event_ts`` (from the hidden
+        event time when the SELECT left it out), ``_source`` (when the SELECT left it out and the pipeline has
+        one source; with several it stays NULL), ``_batch_id`` and ``_reason``."""
+        n = errors.num_rows
+        letters = errors.drop_columns([c for c in (RELEASE_COLUMN, EVENT_US) if c in errors.column_names])
+        if EVENT_TS not in letters.column_names:
+            letters = letters.append_column(EVENT_TS, errors.column(EVENT_US).cast(UTC_MICROS))
+        if SOURCE not in letters.column_names and len(self.spec.sources) == 1:
+            letters = letters.append_column(SOURCE, pa.array([self.spec.sources[0].name] * n, pa.string()))
+        return (letters.append_column(BATCH_ID, pa.array([batch_id] * n, pa.int64()))
+                .append_column(REASON, pa.array(["sql_error"] * n, pa.string())))
 
     def _output_watermark(self, result: RowResult) -> int | None:
         """W, or the oldest held row's event time when it is earlier: how far the output is complete."""
@@ -244,3 +256,9 @@ def restore_rows(engine: RowEngine, record: PipelineRecord | None, pending: int)
             clock = engine.watermarks.clocks[name]
             clock.max_event_ts, clock.last_arrival = progress.max_event_ts, progress.last_arrival
     engine.counters.update(record.counters)
+
+
+def _nullable(table: pa.Table) -> pa.Table:
+    """``table`` with every column nullable: dead letters of several kinds are concatenated, and a column one
+    kind lacks (a SELECT without ``_source``) is NULL in its rows."""
+    return table.cast(pa.schema([f.with_nullable(True) for f in table.schema]))

@@ -244,6 +244,19 @@ class RowStep:
         self.record = record
 
 
+def rows_changed(spec: PipelineSpec, store: StateStore, changes: list[str]) -> str:
+    """Why a row pipeline refuses state written by another spec: rows held back by the old SQL hold its
+    output columns and release times (SPEC §11: a changed output schema with rows pending refuses)."""
+    pending = store.pending_summary(spec.pipeline_name).rows
+    held = (f"{pending} row{'' if pending == 1 else 's'} pending (held back by WATERMARK_TS(), not written yet) "
+            "hold the old SQL's output columns and release times" if pending else "no rows are pending")
+    discards = f", which discards the {pending} pending rows" if pending else ""
+    return (f"pipeline {spec.pipeline_name}: the state in {store.description} was written by another row pipeline "
+            f"spec; changed: {'; '.join(changes) or 'fingerprint'}. {held}. Revert the change (the pending rows then "
+            f"leave as planned), or start over with `ematix-dagster reset PIPELINE.toml --yes`{discards} (lateness, "
+            "idleness and max_buffered_rows may change freely).")
+
+
 def restore_rows(engine: RowEngine, record: PipelineRecord | None, pending: int) -> None:
     """Continue a row pipeline from its committed record and the number of rows it holds back."""
     engine.pending = pending

@@ -36,7 +36,7 @@ from ematix_dagster.spark.failures import classify
 from ematix_dagster.spark.plan import analyse
 from ematix_dagster.spark.readers import union_sources
 from ematix_dagster.spark.recovery import validate_checkpoint
-from ematix_dagster.spark.row_batch import RowPlan, RowStep, restore_rows
+from ematix_dagster.spark.row_batch import RowPlan, RowStep, restore_rows, rows_changed
 from ematix_dagster.spark.session import get_spark
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.stores import guarantee, make_store
@@ -149,6 +149,8 @@ class PipelineRunner:
             record = self.recovered.record
             if record is not None and record.fingerprint and record.fingerprint != self.fingerprint:
                 changes = describe_changes(record.fingerprint_doc, self.fingerprint_doc)
+                if spec.is_row_pipeline:
+                    raise FingerprintChanged(rows_changed(spec, store, changes))
                 raise FingerprintChanged(
                     f"pipeline {name}: the state in {store.description} was written for another window shape or "
                     f"emission; changed: {'; '.join(changes) or 'fingerprint'}. Revert the change, or start over with "

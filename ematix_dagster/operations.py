@@ -20,7 +20,8 @@ from ematix_dagster.spark.recovery import Problem, validate_checkpoint
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.stores import make_store
 from ematix_dagster.streaming.windows import window_kind
-from state_store.base import PipelineRecord, StateStore, make_holder
+from ematix_dagster.streaming.windows.units import format_us
+from state_store.base import PendingSummary, PipelineRecord, StateStore, make_holder
 from state_store.codec import STATE_VERSION
 
 
@@ -110,10 +111,12 @@ def check(spec: PipelineSpec) -> CheckReport:
 
 
 def summary(spec: PipelineSpec, windows: bool = True) -> dict[str, Any]:
-    """Watermarks and counters as stored, and (``windows``) open windows, groups and bytes."""
+    """Watermarks and counters as stored, and (``windows``) open windows, groups and bytes; for a row pipeline
+    its pending rows (count, bytes, next release time, never values)."""
     with opened(spec) as store:
         recovered = store.load(spec.pipeline_name, groups=windows)
         holder = store.lease_holder(spec.pipeline_name)
+        held = store.pending_summary(spec.pipeline_name) if spec.is_row_pipeline else None
     record = recovered.record
     per_window: dict[int, int] = {}
     size = 0
@@ -136,7 +139,20 @@ def summary(spec: PipelineSpec, windows: bool = True) -> dict[str, Any]:
         "counters": dict(record.counters) if record else {},
         "windows": per_window,
         **({noun: _held_per_key(recovered.groups, noun)} if (noun := _rows_per_key(spec)) else {}),
+        **({"pending": _pending(held)} if held is not None else {}),
     }
+
+
+def _pending(held: PendingSummary) -> dict[str, Any]:
+    """A row pipeline's rows held back by WATERMARK_TS(): how many, their bytes, when the next one and the
+    oldest event time among them; never their values (they are not public yet)."""
+    return {"rows": held.rows, "payload_bytes": held.payload_bytes,
+            "next_release_us": held.next_release_us, "next_release": _iso(held.next_release_us),
+            "oldest_event_ts_us": held.min_event_ts, "oldest_event_ts": _iso(held.min_event_ts)}
+
+
+def _iso(us: int | None) -> str | None:
+    return None if us is None else format_us(us)
 
 
 def _rows_per_key(spec: PipelineSpec) -> str | None:

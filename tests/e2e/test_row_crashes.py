@@ -1,0 +1,96 @@
+"""Rows held back by ``WATERMARK_TS()`` survive SIGKILL (SPEC §11; fault points of ``ematix_dagster/faults.py``,
+driven as ``tests/e2e/test_crash_recovery.py`` does).
+
+One ``ematix-dagster run`` process group over the delayed input of ``tests/e2e/row_helpers.py`` (five files, one
+micro-batch each; every batch holds rows back or releases held ones) is killed at two points and restarted with a
+plain ``run`` until it exits 0:
+
+* parquet target, SQLite store: killed when batch 0's rows are written (its held rows not committed yet) and inside
+  batch 2's store transaction (batch 1's held rows committed, batch 2's release of some not). After each kill the
+  pending rows in the store are those the oracle held after the last committed batch; every batch directory
+  written before a kill holds the same rows at the end (a replay rewrites it identically), and the whole output
+  equals the oracle;
+* exactly-once PostgreSQL (``same_transaction = true``, PostgreSQL store, no key: ``_batch_id``): killed inside
+  batch 2's transaction, after its target rows are inserted and its released rows deleted from the store, before
+  COMMIT; the table equals the oracle, each row with the batch that released it. (With ``same_transaction`` the
+  ``target_write`` point comes before anything is written, so one kill inside the transaction is the case.)
+
+Each restart starts a JVM (about 20 s on a busy machine), so the kills are few. A row pipeline has no end-of-input
+flush step (``end_of_input = "flush"`` releases nothing), so there is no ``flush`` fault point to meet.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ematix_dagster.operations import summary
+from ematix_dagster.spec import load_pipeline
+from tests.e2e.lateness_helpers import Feed
+from tests.e2e.row_helpers import (
+    DELAYED_QUERY,
+    DELAYED_RUN_1,
+    DELAYED_RUN_2,
+    DELAYED_SQL,
+    by_batch,
+    expected_batches,
+    oracle_run,
+    parquet_batches,
+    postgres_rows,
+    row_toml,
+    write_batches,
+)
+from tests.e2e.test_emit_trigger_crashes import offsets_written, run_with_kills
+from tests.pipeline_toml import postgres_store, postgres_target
+
+BATCHES = DELAYED_RUN_1 + DELAYED_RUN_2  # five files, batches 0..4
+
+
+@pytest.mark.slow
+def test_kills_keep_held_rows_and_rewrite_parquet_batches_identically(tmp_path, batch_files):
+    feed = Feed()
+    write_batches(feed, batch_files("in"), BATCHES)
+    toml = row_toml("row-crash", tmp_path, DELAYED_SQL)
+    spec = load_pipeline(toml)
+    cp, out = spec.run.checkpoint_location, spec.target.path
+    snapshots: list[tuple[set[int], dict[int, list[tuple]], int | None, int]] = []
+
+    def snapshot() -> None:
+        state = summary(spec, windows=False)
+        written = parquet_batches(out) if Path(out).exists() else {}
+        snapshots.append((offsets_written(cp), written, state["last_batch_id"], state["pending"]["rows"]))
+
+    assert run_with_kills(toml, tmp_path / "faults", "target_write:0,store_commit:2", snapshot) == 2
+    outs = oracle_run(feed, cp, DELAYED_QUERY)
+    assert len(outs) == len(BATCHES), "one micro-batch per file"
+    final = parquet_batches(out)
+    assert final == expected_batches(outs)
+
+    # after each kill: the store holds the last committed batch and exactly the rows the oracle held after it
+    assert [(sorted(ids), committed) for ids, _, committed, _ in snapshots] == [([0], None), ([0, 1, 2], 1)]
+    assert [pending for *_, pending in snapshots] == [0, len(outs[1].held)]
+    assert len(outs[1].held) > 0 and 0 in snapshots[0][1] and 2 in snapshots[1][1], "the kills met held rows"
+    for ids, before, _, _ in snapshots:
+        for batch_id in ids:
+            assert final.get(batch_id) == before.get(batch_id, final.get(batch_id)), \
+                f"batch {batch_id} was rewritten differently"
+
+
+@pytest.mark.slow
+def test_kills_keep_held_rows_in_exactly_once_postgres(tmp_path, batch_files, pg_dsn, pg_schema):
+    feed = Feed()
+    write_batches(feed, batch_files("in"), BATCHES)
+    table = f"{pg_schema}.released"
+    toml = row_toml("row-crash-pg", tmp_path, DELAYED_SQL, store=postgres_store(pg_dsn, pg_schema),
+                    target=postgres_target(pg_dsn, table, same_transaction=True))
+    spec = load_pipeline(toml)
+    pending: list[int] = []
+    assert run_with_kills(toml, tmp_path / "faults", "store_commit:2",
+                          lambda: pending.append(summary(spec, windows=False)["pending"]["rows"])) == 1
+
+    outs = oracle_run(feed, spec.run.checkpoint_location, DELAYED_QUERY)
+    released = {h.row["id"] for h in outs[2].released} & {h.row["id"] for h in outs[1].held}
+    assert pending == [len(outs[1].held)] and released, "the kill found batch 1's held rows, some released by batch 2"
+    got = by_batch(postgres_rows(pg_dsn, table, ["id", "k", "v", "page", "_event_ts", "_batch_id"]))
+    assert got == {b: sorted(rows, key=repr) for b, rows in expected_batches(outs).items()}

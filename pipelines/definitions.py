@@ -1,4 +1,4 @@
-"""The example code location: five pipelines as assets, with checks, sensors, jobs and schedules.
+"""The example code location: six pipelines as assets, with checks, sensors, jobs and schedules.
 
 ``dagster dev -w workspace.yaml`` (from the repository root) loads this module. Loading it starts
 no Spark session and opens no database connection: Spark starts inside a run, and stores are
@@ -63,13 +63,14 @@ def _env_seconds(name: str, default: float) -> float:
     return default if value is None or not value.strip() else float(value)
 
 
-# -- pipelines: four from TOML files, one from the Python facade -------------------------------------
+# -- pipelines: five from TOML files, one from the Python facade -------------------------------------
 clicks_per_minute = EmatixPipeline.load(HERE / "clicks_per_minute.toml")
 clicks_hopping = EmatixPipeline.load(HERE / "clicks_hopping_5min.toml")
 user_sessions = EmatixPipeline.load(HERE / "user_sessions.toml")
 card_payments = EmatixPipeline.load(HERE / "card_payments.toml")
+embargoed_clicks = EmatixPipeline.load(HERE / "embargoed_clicks.toml")  # a row pipeline: WATERMARK_TS()
 revenue = EmatixPipeline.load(revenue_per_channel)
-PIPELINES = [clicks_per_minute, clicks_hopping, user_sessions, card_payments, revenue]
+PIPELINES = [clicks_per_minute, clicks_hopping, user_sessions, card_payments, embargoed_clicks, revenue]
 
 # -- assets and their checks ------------------------------------------------------------------------
 assets = [streaming_pipeline_asset(p, owners=["team:data-platform"]) for p in PIPELINES]

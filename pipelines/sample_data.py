@@ -1,7 +1,7 @@
 """Write sample input for the example pipelines under ``.ematix/data`` (one file per call and source).
 
 ``python -m pipelines.sample_data [--minutes 3] [--close]``: appends ``--minutes`` minutes of clicks
-(ending now) to ``.ematix/data/clicks``, of orders to ``.ematix/data/orders-web`` and
+(ending now, each with its customer's ``tier``) to ``.ematix/data/clicks``, of orders to ``.ematix/data/orders-web`` and
 ``.ematix/data/orders-mobile``, and of card payments to ``.ematix/data/payments`` (a few cards, most
 paying several times within 10 minutes). ``--close`` adds one event 10 minutes ahead per source,
 which moves the watermark past every window so the running pipelines emit them all.
@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 DATA = Path(".ematix/data")
-CLICKS = pa.schema([("user_id", pa.int64()), ("amount", pa.float64()), ("page", pa.string()),
+CLICKS = pa.schema([("user_id", pa.int64()), ("amount", pa.float64()), ("page", pa.string()), ("tier", pa.string()),
                     ("ts", pa.timestamp("us", tz="UTC"))])
 ORDERS = pa.schema([("order_id", pa.int64()), ("user_id", pa.int64()), ("amount", pa.float64()),
                     ("ts", pa.timestamp("us", tz="UTC"))])
@@ -49,7 +49,7 @@ def write_sample(minutes: int = 3, close: bool = False, seed: int | None = None,
     written = []
     if close:
         ahead = end + timedelta(minutes=10)
-        written.append(_write(root / "clicks", [{"user_id": 0, "amount": 0.0, "page": "/close", "ts": ahead}], CLICKS))
+        written.append(_write(root / "clicks", [{"user_id": 0, "amount": 0.0, "page": "/close", "tier": "realtime", "ts": ahead}], CLICKS))
         for channel in ("web", "mobile"):
             written.append(_write(root / f"orders-{channel}",
                                   [{"order_id": 0, "user_id": 0, "amount": 0.0, "ts": ahead}], ORDERS))
@@ -57,7 +57,9 @@ def write_sample(minutes: int = 3, close: bool = False, seed: int | None = None,
                                                    "ts": ahead}], PAYMENTS))
         return written
     seconds = minutes * 60
-    clicks = [{"user_id": rng.randint(1, 5), "amount": round(rng.uniform(0, 40), 2), "page": f"/p/{rng.randint(1, 8)}",
+    # users 1 and 2 are realtime customers (embargoed-clicks publishes their clicks at once)
+    clicks = [{"user_id": (user := rng.randint(1, 5)), "amount": round(rng.uniform(0, 40), 2),
+               "page": f"/p/{rng.randint(1, 8)}", "tier": "realtime" if user <= 2 else "standard",
                "ts": start + timedelta(seconds=rng.uniform(0, seconds))} for _ in range(20 * minutes)]
     written.append(_write(root / "clicks", clicks, CLICKS))
     for channel in ("web", "mobile"):

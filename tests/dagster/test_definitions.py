@@ -17,10 +17,11 @@ from ematix_dagster.spec import load_pipeline
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 EXPECTED_ASSETS = {"public/user_clicks_1min", "ematix/clicks-hopping-5min", "ematix/user-sessions",
-                   "ematix/card-payments", "ematix/revenue-per-channel"}
+                   "ematix/card-payments", "ematix/revenue-per-channel", "ematix/embargoed-clicks"}
 EXPECTED_SENSORS = {"clicks_per_minute_keep_alive", "revenue_per_channel_keep_alive", "ematix_run_failure_sensor"}
 EXPECTED_JOBS = {"clicks_per_minute_job", "clicks_hopping_5min_job", "user_sessions_job", "card_payments_job",
-                 "revenue_per_channel_job", "ematix_state_migration_job", "ematix_validate_job", "ematix_checks_job"}
+                 "revenue_per_channel_job", "embargoed_clicks_job", "ematix_state_migration_job", "ematix_validate_job",
+                 "ematix_checks_job"}
 EXPECTED_SCHEDULES = {"clicks_hopping_5min_schedule", "ematix_state_migration_job_schedule",
                       "ematix_checks_job_schedule"}
 
@@ -93,11 +94,11 @@ def test_each_example_exists_as_toml_and_as_python_facade_with_the_same_spec(loc
 
     files = {"clicks-per-minute": "clicks_per_minute.toml", "clicks-hopping-5min": "clicks_hopping_5min.toml",
              "user-sessions": "user_sessions.toml", "card-payments": "card_payments.toml",
-             "revenue-per-channel": "revenue_per_channel.toml"}
+             "revenue-per-channel": "revenue_per_channel.toml", "embargoed-clicks": "embargoed_clicks.toml"}
     assert set(PIPELINES) == set(files)
     for name, file in files.items():
         assert load_pipeline(ROOT / "pipelines" / file) == PIPELINES[name].spec, name
-    kinds = {p.spec.window.kind for p in PIPELINES.values()}
+    kinds = {p.spec.window.kind for p in PIPELINES.values() if not p.spec.is_row_pipeline}
     assert kinds == {"tumbling", "hopping", "session", "sliding"}
     assert PIPELINES["clicks-per-minute"].spec.target.kind == "postgres"
     assert PIPELINES["clicks-hopping-5min"].spec.window.duration_ms == 300_000
@@ -105,6 +106,9 @@ def test_each_example_exists_as_toml_and_as_python_facade_with_the_same_spec(loc
     assert len(PIPELINES["revenue-per-channel"].spec.sources) == 2
     assert PIPELINES["card-payments"].spec.window.duration_ms == 600_000
     assert PIPELINES["card-payments"].spec.window.max_events_per_group is not None
+    embargo = PIPELINES["embargoed-clicks"].spec
+    assert embargo.is_row_pipeline and embargo.rows is not None and embargo.rows.max_buffered_rows
+    assert "WATERMARK_TS()" in (embargo.transform_sql or "")
 
 
 def test_asset_spec_keys_kinds_tags_and_an_environment_free_code_version(location, monkeypatch):
@@ -170,7 +174,7 @@ def test_pipeline_jobs_run_only_their_asset_and_the_checks_job_only_checks(locat
     # a never-ending asset step never reaches its checks: they run in their own job
     assert list(repo.get_job("clicks_per_minute_job").graph.node_dict) == ["public__user_clicks_1min"]
     check_nodes = set(repo.get_job("ematix_checks_job").graph.node_dict)
-    assert len(check_nodes) == 17  # three per pipeline (5), watermark_lag for the two long-running ones
+    assert len(check_nodes) == 20  # three per pipeline (6), watermark_lag for the two long-running ones
     assert not check_nodes & {"public__user_clicks_1min", "ematix__clicks_hopping_5min", "ematix__user_sessions",
-                              "ematix__card_payments", "ematix__revenue_per_channel"}
+                              "ematix__card_payments", "ematix__revenue_per_channel", "ematix__embargoed_clicks"}
     assert repo.get_job("clicks_per_minute_job").tags["ematix/pipeline"] == "clicks-per-minute"

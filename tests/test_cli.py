@@ -166,11 +166,6 @@ def test_validate_analyses_a_row_pipelines_sql_with_spark(spark, tmp_path, capsy
     assert "transform.sql: " in err and "Traceback" not in err and all(w in err for w in words), err
 
 
-def test_run_refuses_a_row_pipeline_until_its_runner_exists(tmp_path, capsys):
-    assert main(["run", str(_row_pipeline(tmp_path))]) == 2
-    assert "the runner for them is not built yet" in capsys.readouterr().err
-
-
 def test_missing_file_exits_2(capsys):
     assert main(["validate", "/nonexistent/pipeline.toml"]) == 2
     assert "does not exist" in capsys.readouterr().err

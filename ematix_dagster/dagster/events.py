@@ -25,7 +25,8 @@ def _seconds(us: Optional[int]) -> Optional[float]:
 def _wrote_rows(report: Any) -> bool:
     """Whether a batch (or a stretch of them) wrote rows to the target: finals, corrections, early
     rows (an emit trigger fired) or retractions."""
-    return bool(report.windows_emitted or report.corrections or report.early_rows or report.retractions)
+    return bool(report.windows_emitted or report.corrections or report.early_rows or report.retractions
+                or report.released_rows)
 
 
 def is_heartbeat_only(report: Any) -> bool:
@@ -46,6 +47,8 @@ class _Window:
     retractions: int = 0
     late_rows: int = 0
     dead_letter_rows: int = 0
+    #: a row pipeline's rows written (None: a windowed pipeline's batches)
+    released_rows: Optional[int] = None
     rows_by_source: dict[str, int] = field(default_factory=dict)
     first_batch_id: Optional[int] = None
 
@@ -61,6 +64,8 @@ class _Window:
         self.retractions += report.retractions
         self.late_rows += report.late_rows
         self.dead_letter_rows += report.dead_letter_rows
+        if report.released_rows is not None:
+            self.released_rows = (self.released_rows or 0) + report.released_rows
         for name, n in report.rows_by_source.items():
             self.rows_by_source[name] = self.rows_by_source.get(name, 0) + n
 
@@ -74,6 +79,8 @@ def position_metadata(report: Any, now_s: float) -> dict[str, Any]:
         "batch_seconds": float(report.seconds),
         "idle_sources": len(report.idle_sources),
     }
+    if report.held_rows is not None:  # a row pipeline: rows held back by WATERMARK_TS()
+        meta["held_rows"] = int(report.held_rows)
     watermark = _seconds(report.watermark)
     if watermark is not None:
         meta["watermark"] = dg.MetadataValue.timestamp(watermark)
@@ -97,6 +104,8 @@ def batch_metadata(report: Any, since: _Window, elapsed_s: float, now_s: float) 
         "late_rows": since.late_rows,
         "dead_letter_rows": since.dead_letter_rows,
     }
+    if since.released_rows is not None:
+        meta["released_rows"] = since.released_rows
     for name, n in sorted(since.rows_by_source.items()):
         meta[f"rows_in/{name}"] = n
     meta.update(position_metadata(report, now_s))
@@ -118,6 +127,8 @@ def run_metadata(totals: _Window, elapsed_s: float) -> dict[str, Any]:
         "run_rows_per_second": float(totals.rows_in / elapsed_s) if elapsed_s > 0 else 0.0,
         "run_seconds": float(elapsed_s),
     }
+    if totals.released_rows is not None:
+        meta["run_released_rows"] = totals.released_rows
     for name, n in sorted(totals.rows_by_source.items()):
         meta[f"run_rows_in/{name}"] = n
     return meta
@@ -130,6 +141,8 @@ def _span(window: _Window, last_batch_id: int) -> str:
 
 def _emitted(window: _Window) -> str:
     """The rows written, in words; early rows and retractions only when there are some."""
+    if window.released_rows is not None:
+        return f"{window.released_rows} rows written"
     extra = "".join(f", {n} {label}" for label, n in (("early rows", window.early_rows),
                                                       ("retractions", window.retractions)) if n)
     return f"{window.windows_emitted} windows emitted (+{window.corrections} corrections){extra}"

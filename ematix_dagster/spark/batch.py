@@ -85,6 +85,27 @@ class BatchReport:
                 f" {self.late_rows}, state groups {self.state_groups}, {self.seconds:.2f}s")
 
 
+def already_committed(spec: PipelineSpec, last_batch_id: int | None, store: StateStore | None,
+                      progress: Callable[[str], None], batch_id: int) -> bool:
+    """Spark replays a batch the store committed (it crashed before recording it): already counted,
+    skipped. With state in memory only that cannot be told from a lost batch, so it stops the run."""
+    if last_batch_id is None or batch_id > last_batch_id:
+        return False
+    if store is None or not store.durable:
+        raise StateNotDurableError(f"pipeline {spec.pipeline_name}: Spark replayed batch {batch_id} "
+                                   "but in-memory state already holds it")
+    progress(f"[{spec.pipeline_name}] batch {batch_id} is already in the state store: replay skipped")
+    return True
+
+
+def with_query_id(provenance: Provenance, spec: PipelineSpec) -> Provenance:
+    """``provenance`` with the streaming query's id, read from the checkpoint once it has one."""
+    if provenance.query_id is not None:
+        return provenance
+    return Provenance(checkpoint.query_id(spec.run.checkpoint_location), provenance.fingerprint,
+                      provenance.fingerprint_doc)
+
+
 @dataclass
 class BatchStep:
     """Everything a batch needs, opened by the runner before the query starts.
@@ -120,16 +141,9 @@ class BatchStep:
     def _run(self, df: DataFrame, batch_id: int) -> BatchReport | None:
         started = time.perf_counter()
         spec, engine = self.spec, self.engine
-        if engine.last_batch_id is not None and batch_id <= engine.last_batch_id:
-            if self.store is None or not self.store.durable:
-                raise StateNotDurableError(f"pipeline {spec.pipeline_name}: Spark replayed batch {batch_id} "
-                                           "but in-memory state already holds it")
-            # The store committed this batch but Spark did not record it: already counted, skip.
-            self.progress(f"[{spec.pipeline_name}] batch {batch_id} is already in the state store: replay skipped")
+        if already_committed(spec, engine.last_batch_id, self.store, self.progress, batch_id):
             return None
-        if self.provenance.query_id is None:
-            self.provenance = Provenance(checkpoint.query_id(spec.run.checkpoint_location),
-                                         self.provenance.fingerprint, self.provenance.fingerprint_doc)
+        self.provenance = with_query_id(self.provenance, spec)
         offsets = checkpoint.read_offsets(spec.run.checkpoint_location, batch_id)
         batch_time = offsets.batch_timestamp_ms * 1_000
         self.last_batch_time = batch_time

@@ -35,10 +35,9 @@ from ematix_dagster.columns import (
     SQL_ERROR,
     TS,
 )
-from ematix_dagster.errors import StateNotDurableError
 from ematix_dagster.metrics import StreamingMetrics
 from ematix_dagster.spark import checkpoint
-from ematix_dagster.spark.batch import BatchReport, InTransaction
+from ematix_dagster.spark.batch import BatchReport, InTransaction, already_committed, with_query_id
 from ematix_dagster.spark.batch_columns import pre_sql_reason, source_stats
 from ematix_dagster.spark.batch_counts import sources_of
 from ematix_dagster.spark.batch_values import with_batch_values
@@ -98,15 +97,9 @@ class RowStep:
         """Process Spark's batch ``batch_id``; None when the store already holds it (a replay)."""
         started = time.perf_counter()
         spec, engine = self.spec, self.engine
-        if engine.last_batch_id is not None and batch_id <= engine.last_batch_id:
-            if self.store is None or not self.store.durable:
-                raise StateNotDurableError(f"pipeline {spec.pipeline_name}: Spark replayed batch {batch_id} "
-                                           "but in-memory state already holds it")
-            self.progress(f"[{spec.pipeline_name}] batch {batch_id} is already in the state store: replay skipped")
+        if already_committed(spec, engine.last_batch_id, self.store, self.progress, batch_id):
             return None
-        if self.provenance.query_id is None:
-            self.provenance = Provenance(checkpoint.query_id(spec.run.checkpoint_location),
-                                         self.provenance.fingerprint, self.provenance.fingerprint_doc)
+        self.provenance = with_query_id(self.provenance, spec)
         offsets = checkpoint.read_offsets(spec.run.checkpoint_location, batch_id)
         batch_time = offsets.batch_timestamp_ms * 1_000
         in_transaction: InTransaction = []

@@ -87,8 +87,8 @@ def emit(state: KindState, before: int | None, watermark: int | None, retention:
         order = row_order(starts, keys)
         rows = list(map(rows.__getitem__, order))
     values = state.value_columns(state.accumulators(report, rows))
-    row_kinds_ = cast("list[str]", list(map(kinds.__getitem__, rows)))  # rows: those with a kind
-    state.mark_emitted(report, [r for r, kind in zip(rows, row_kinds_) if kind != EARLY])
+    written_kinds = cast("list[str]", list(map(kinds.__getitem__, rows)))  # rows: those with a kind
+    state.mark_emitted(report, [r for r, kind in zip(rows, written_kinds) if kind != EARLY])
     starts, ends = list(map(starts.__getitem__, order)), list(map(report.ends.__getitem__, rows))
     keys = list(map(keys.__getitem__, order))
     retracts = report.gone.rows
@@ -101,7 +101,7 @@ def emit(state: KindState, before: int | None, watermark: int | None, retention:
     out = Emitted()
     if retracts:
         out.add_rows([retracts[i] for i in row_order([r.start for r in retracts], [r.key for r in retracts])])
-    out.add_columns(starts, ends, keys, values, row_kinds_)
+    out.add_columns(starts, ends, keys, values, written_kinds)
     return out
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import dagster as dg
 
 from ematix_dagster.dagster.events import EmatixEventIterator
@@ -87,6 +89,22 @@ def test_early_rows_and_retractions_are_written_rows():
     assert "early rows" not in events[3].description and "retractions" not in events[3].description
     final = events[-1].metadata
     assert final["run_early_rows"] == 6 and final["run_retractions"] == 3 and final["run_idle_batches"] == 0
+
+
+def test_row_pipeline_batches_report_rows_written_and_held_back():
+    """A row pipeline's batch that wrote rows is a materialization with its released and held rows;
+    one that only held rows back is an observation; the run totals the rows written."""
+    def rows(batch_id: int, rows_in: int, released: int, held: int) -> BatchReport:
+        return dataclasses.replace(report(batch_id, rows_in, watermark_s=T0 + batch_id), released_rows=released,
+                                   held_rows=held)
+
+    events = run([rows(0, 5, 3, 2), rows(1, 4, 0, 6), rows(2, 0, 6, 0)], Clock(), throttle=0, step=1.0)
+    assert [type(e).__name__ for e in events] == ["AssetMaterialization", "AssetObservation",
+                                                   "AssetMaterialization", "MaterializeResult"]
+    assert [(e.metadata["released_rows"].value, e.metadata["held_rows"].value) for e in events[:3]] == [
+        (3, 2), (0, 6), (6, 0)]
+    assert events[0].description.startswith("batch 0: 5 rows in, 3 rows written, 0 late rows")
+    assert events[-1].metadata["run_released_rows"] == 9
 
 
 def test_throttled_events_carry_the_counts_of_the_batches_in_between():

@@ -24,7 +24,7 @@ from ematix_dagster.cli import main as cli
 from ematix_dagster.errors import FingerprintChanged
 from ematix_dagster.spec import load_pipeline
 from tests.e2e import row_oracle as ro
-from tests.e2e.lateness_helpers import Feed, at, files_source, metric, run, us
+from tests.e2e.lateness_helpers import Feed, at, files_source, metric, read_batch_dirs, run, us
 from tests.e2e.row_helpers import (
     DELAYED_QUERY,
     DELAYED_RUN_1,
@@ -140,9 +140,10 @@ def test_delayed_rows_leave_in_the_batch_whose_watermark_reaches_them(spark, tmp
 
 # -- without WATERMARK_TS() -----------------------------------------------------------------------------------
 
-PLAIN_SQL = "SELECT id, k, CAST(page AS BIGINT) AS page_no, _event_ts FROM source WHERE v >= 0"
+# no _event_ts in the output: the engine still orders by it, picks keyed winners by it and dead-letters with it
+PLAIN_SQL = "SELECT id, k, CAST(page AS BIGINT) AS page_no FROM source WHERE v >= 0"
 PLAIN_QUERY = ro.Query(
-    select=lambda r: {"id": r["id"], "k": r["k"], "page_no": cast_bigint(r["page"]), "_event_ts": r["_event_ts"]},
+    select=lambda r: {"id": r["id"], "k": r["k"], "page_no": cast_bigint(r["page"])},
     where=lambda r: ge(r["v"], 0))
 TRUNCATED = '{"id": 90, "k": "a", "v": 1, "page": "1", "ts": "2024-01-01 00:0'
 JSON_DDL = "id BIGINT, k STRING, v BIGINT, page STRING, ts STRING"
@@ -201,11 +202,15 @@ def test_a_plain_filter_writes_every_row_once_and_dead_letters_bad_ones(target, 
 
     p = spec.pipeline_name
     assert dead_letters(str(tmp_path / "dlq")) == expected_dead_letters(outs)
+    failed = [r for rows in read_batch_dirs(str(tmp_path / "dlq")).values() for r in rows if r["_reason"] == "sql_error"]
+    assert [(r["id"], r["page_no"], r["_source"], r["_event_ts"]) for r in failed] == \
+        [(r["id"], None, "a", r["_event_ts"]) for reason, r in outs[0].dead if reason == "sql_error"], \
+        "a failed row keeps its columns, _source and _event_ts"
     assert metric(registry, "rows_filtered_total", pipeline=p, reason="where") == 2
     assert metric(registry, "rows_filtered_total", pipeline=p, reason="not_released") == 0
     assert metric(registry, "malformed_rows_total", pipeline=p, source="a") == 1
     assert [r.watermark for r in summary.reports] == [o.watermark for o in outs]
-    columns = ["id", "k", "page_no", "_event_ts"]
+    columns = ["id", "k", "page_no"]
     if target == "parquet":
         assert parquet_batches(spec.target.path) == expected_batches(outs)  # ordered by event time, then values
     elif target == "postgres":

@@ -25,7 +25,8 @@ from ematix_dagster.spark.batch_counts import batch_counts, may_hold_future_rows
 from ematix_dagster.spark.batch_job import BatchFrames, build_batch
 from ematix_dagster.spark.checkpoint import batch_files
 from ematix_dagster.spark.convert import partial_lists, rows_to_arrow
-from ematix_dagster.spark.input_files import UNREADABLE_FILE, DeadLetters, InputFiles
+from ematix_dagster.spark.file_dead_letters import DeadLetters
+from ematix_dagster.spark.input_files import UNREADABLE_FILE, InputFiles
 from ematix_dagster.spark.plan import BatchPlan
 from ematix_dagster.spark.recovery import checkpoint_offsets, named_offsets, offset_names
 from ematix_dagster.spark.windows.fixed import late_windows

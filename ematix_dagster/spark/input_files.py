@@ -28,10 +28,8 @@ by file group:
 What a batch reads is a function of the checkpoint's file list and the files' bytes, so a
 replayed batch skips the same files as the original did.
 
-This module reads and records; it does not run the batch. The batch step
-(:meth:`.batch.BatchStep._aggregate_input`) owns the attempts: it asks :meth:`InputFiles.frame`
-for the rows, aggregates them, and on a failure asks :meth:`InputFiles.leave_out` whether the error
-names a file to leave out before trying again.
+This module reads, records and retries (:meth:`InputFiles.attempt`); what a batch does with the
+rows is the batch step's (windowed or row pipeline), handed in as a function.
 """
 
 from __future__ import annotations
@@ -42,7 +40,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import Callable, Protocol, TypeVar
+from typing import Callable, TypeVar
 from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
@@ -53,8 +51,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ematix_dagster.columns import BATCH_ID, EVENT_TS, FILE_ERROR, FILE_PATH, FILE_ROWS, REASON, SOURCE
-from ematix_dagster.errors import PipelineConfigError, first_line
+from ematix_dagster.errors import first_line
 from ematix_dagster.spark.checkpoint import batch_files
+from ematix_dagster.spark.file_dead_letters import DeadLetters, WithFileRows
 from ematix_dagster.spark.read_errors import REPLACE_FILE, ReadFailure, read_failure, type_mismatch, url_path
 from ematix_dagster.spark.readers import (
     format_options,
@@ -198,43 +197,6 @@ def _alignment(df: DataFrame, schema: T.StructType) -> list[Column] | None:
 
 #: what a batch step's attempt returns (``InputFiles.attempt``)
 B = TypeVar("B")
-
-
-class DeadLetters(Protocol):
-    def write(self, batch_id: int, rows: pa.Table, part: str = "part-0") -> None: ...
-
-    def write_in_transaction(self, conn: object, batch_id: int, rows: pa.Table) -> None: ...
-
-
-class WithFileRows:
-    """The batch's dead-letter writer, adding the unreadable files' rows to what the batch writes:
-    a postgres dead-letter write replaces the batch's rows, so a batch writes its dead letters once."""
-
-    def __init__(self, inner: DeadLetters, rows: pa.Table, key: str) -> None:
-        self.inner, self.rows, self.key = inner, rows, key
-
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
-
-    def _with(self, rows: pa.Table) -> pa.Table:
-        mine = self.rows
-        for name in mine.column_names:
-            if name in rows.column_names:
-                want = rows.schema.field(name).type
-                if not mine.schema.field(name).type.equals(want):
-                    if name in (FILE_PATH, FILE_ERROR, FILE_ROWS):
-                        raise PipelineConfigError(
-                            self.key, f"the batch's dead-letter rows have a column {name} of type {want}, the "
-                            "column unreadable files' dead-letter rows use",
-                            f"rename {name} in the data or in [transform] sql")
-                    mine = mine.set_column(mine.column_names.index(name), name, mine.column(name).cast(want))
-        return pa.concat_tables([rows, mine], promote_options="permissive")
-
-    def write(self, batch_id: int, rows: pa.Table, part: str = "part-0") -> None:
-        self.inner.write(batch_id, self._with(rows), part)
-
-    def write_in_transaction(self, conn: object, batch_id: int, rows: pa.Table) -> None:
-        self.inner.write_in_transaction(conn, batch_id, self._with(rows))
 
 
 @dataclass

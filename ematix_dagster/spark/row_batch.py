@@ -42,7 +42,8 @@ from ematix_dagster.spark.batch_columns import pre_sql_reason, source_stats
 from ematix_dagster.spark.batch_counts import sources_of
 from ematix_dagster.spark.batch_values import with_batch_values
 from ematix_dagster.spark.convert import UTC_MICROS, arrow_type
-from ematix_dagster.spark.input_files import UNREADABLE_FILE, DeadLetters, InputFiles
+from ematix_dagster.spark.file_dead_letters import DeadLetters
+from ematix_dagster.spark.input_files import UNREADABLE_FILE, InputFiles
 from ematix_dagster.spark.observed import Observed
 from ematix_dagster.spark.plan import VIEW
 from ematix_dagster.spark.readers import has_heartbeat

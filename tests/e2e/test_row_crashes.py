@@ -5,8 +5,9 @@ One ``ematix-dagster run`` process group over the delayed input of ``tests/e2e/r
 micro-batch each; every batch holds rows back or releases held ones) is killed at two points and restarted with a
 plain ``run`` until it exits 0:
 
-* parquet target, SQLite store: killed when batch 0's rows are written (its held rows not committed yet) and inside
-  batch 2's store transaction (batch 1's held rows committed, batch 2's release of some not). After each kill the
+* parquet target, SQLite store: killed when batch 0's rows are written (its held rows not committed yet), inside
+  batch 2's store transaction (batch 1's held rows committed, batch 2's release of some not) and right after batch
+  3's commit (Spark replays it; the store already holds it, so it is skipped). After each kill the
   pending rows in the store are those the oracle held after the last committed batch; every batch directory
   written before a kill holds the same rows at the end (a replay rewrites it identically), and the whole output
   equals the oracle;
@@ -61,15 +62,17 @@ def test_kills_keep_held_rows_and_rewrite_parquet_batches_identically(tmp_path, 
         written = parquet_batches(out) if Path(out).exists() else {}
         snapshots.append((offsets_written(cp), written, state["last_batch_id"], state["pending"]["rows"]))
 
-    assert run_with_kills(toml, tmp_path / "faults", "target_write:0,store_commit:2", snapshot) == 2
+    assert run_with_kills(toml, tmp_path / "faults", "target_write:0,store_commit:2,after_store_commit:3",
+                          snapshot) == 3
     outs = oracle_run(feed, cp, DELAYED_QUERY)
     assert len(outs) == len(BATCHES), "one micro-batch per file"
     final = parquet_batches(out)
     assert final == expected_batches(outs)
 
     # after each kill: the store holds the last committed batch and exactly the rows the oracle held after it
-    assert [(sorted(ids), committed) for ids, _, committed, _ in snapshots] == [([0], None), ([0, 1, 2], 1)]
-    assert [pending for *_, pending in snapshots] == [0, len(outs[1].held)]
+    assert [(sorted(ids), committed) for ids, _, committed, _ in snapshots] == [
+        ([0], None), ([0, 1, 2], 1), ([0, 1, 2, 3], 3)]  # the last: committed, not yet recorded by Spark (replayed)
+    assert [pending for *_, pending in snapshots] == [0, len(outs[1].held), len(outs[3].held)]
     assert len(outs[1].held) > 0 and 0 in snapshots[0][1] and 2 in snapshots[1][1], "the kills met held rows"
     for ids, before, _, _ in snapshots:
         for batch_id in ids:

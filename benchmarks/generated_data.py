@@ -51,14 +51,9 @@ def generate(directory: Path, events: int, keys: int, files: int, items: int, di
         os.utime(final, (mtime, mtime))
 
 
-def pipeline_toml(name: str, data: Path, work: Path, shape: str, max_groups: int, extra_aggregations: str,
-                  run: str, target: str = "") -> str:
-    """A benchmark pipeline over the generated files: count + sum(amount) per key (plus
-    ``extra_aggregations``, TOML tables) in the window ``shape``, SQLite state, parquet target (plus
-    ``target``, TOML keys of ``[target]``)."""
+def source_toml(data: Path) -> str:
+    """The ``[[sources]]`` table every benchmark pipeline reads the generated files with, one per batch."""
     return f"""
-pipeline_name = "{name}"
-
 [[sources]]
 name = "events"
 kind = "files"
@@ -67,7 +62,25 @@ path = "{data}"
 schema = "{SCHEMA_DDL}"
 event_time_column = "ts"
 max_files_per_trigger = 1
+"""
 
+
+def state_store_toml(work: Path, postgres_url: str | None = None, schema: str | None = None) -> str:
+    """``[state_store]``: SQLite in ``work`` (the default), or PostgreSQL at ``postgres_url`` in ``schema``."""
+    if postgres_url is None:
+        return f'[state_store]\nkind = "sqlite"\npath = "{work / "state.db"}"\n'
+    return (f'[state_store]\nkind = "postgres"\nurl = "{postgres_url}"\n'
+            + (f'schema = "{schema}"\n' if schema else ""))
+
+
+def pipeline_toml(name: str, data: Path, work: Path, shape: str, max_groups: int, extra_aggregations: str,
+                  run: str, target: str = "") -> str:
+    """A benchmark pipeline over the generated files: count + sum(amount) per key (plus
+    ``extra_aggregations``, TOML tables) in the window ``shape``, SQLite state, parquet target (plus
+    ``target``, TOML keys of ``[target]``)."""
+    return f"""
+pipeline_name = "{name}"
+{source_toml(data)}
 [transform.window]
 {shape}
 lateness_ms = {LATENESS_MS}
@@ -91,10 +104,32 @@ kind = "parquet"
 path = "{work / 'target'}"
 {target}
 
-[state_store]
-kind = "sqlite"
-path = "{work / 'state.db'}"
+{state_store_toml(work)}
+[run]
+{run}
+checkpoint_location = "{work / 'checkpoint'}"
+"""
 
+
+def row_pipeline_toml(name: str, data: Path, work: Path, sql: str, run: str, state_store: str,
+                      max_buffered_rows: int | None = None) -> str:
+    """A row pipeline (no ``[transform.window]``) over the generated files: ``sql`` over the view
+    ``source``, the windowed pipelines' lateness and idleness, a parquet target, ``state_store``
+    (:func:`state_store_toml`) and ``max_buffered_rows`` (mandatory with ``WATERMARK_TS()``)."""
+    bound = f"max_buffered_rows = {max_buffered_rows}\n" if max_buffered_rows is not None else ""
+    return f"""
+pipeline_name = "{name}"
+{source_toml(data)}
+[transform]
+sql = '''{sql}'''
+lateness_ms = {LATENESS_MS}
+source_idleness_ms = 3_600_000
+{bound}
+[target]
+kind = "parquet"
+path = "{work / 'target'}"
+
+{state_store}
 [run]
 {run}
 checkpoint_location = "{work / 'checkpoint'}"

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from typing import Self
+from typing import Callable, Self
 
 import psutil
 
@@ -82,11 +82,50 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-class CpuMeter:
-    """User+system CPU of this process and every descendant, plus peak driver+JVM RSS."""
+class PostgresBackends:
+    """The PostgreSQL server processes serving this process's connections to ``url``'s server.
 
-    def __init__(self, interval: float = 0.2) -> None:
+    Called by :class:`CpuMeter`'s sampler: it lists this process's TCP connections to the server's
+    port and, when that set changed, asks ``pg_stat_activity`` (on a connection of its own, whose
+    backend is left out) which backends serve them. A backend that ends between samples keeps the
+    CPU last seen, so its last fraction of a sampling interval is missed; the server's shared
+    processes (WAL writer, checkpointer, autovacuum) are not counted.
+    """
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        self._conn = psycopg.connect(url, autocommit=True, application_name="ematix-bench cpu meter")
+        self.port = self._conn.info.port
+        self._ports: frozenset[int] = frozenset()
+        self._pids: list[int] = []
+
+    def __call__(self) -> list[int]:
+        ports = frozenset(c.laddr.port for c in psutil.Process().net_connections("tcp")
+                          if c.raddr and c.raddr.port == self.port and c.status == psutil.CONN_ESTABLISHED)
+        if ports != self._ports:
+            self._ports = ports
+            rows = self._conn.execute("SELECT pid FROM pg_stat_activity WHERE client_port = ANY(%s) "
+                                      "AND pid <> pg_backend_pid()", (list(ports),)).fetchall()
+            self._pids = [pid for (pid,) in rows]
+        return self._pids
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+class CpuMeter:
+    """User+system CPU of this process and every descendant, plus peak driver+JVM RSS.
+
+    ``extra_pids`` (e.g. :class:`PostgresBackends`) names processes outside the tree whose CPU is
+    counted apart (:attr:`extra_cpu`, and by name in :meth:`by_process`), never in :attr:`cpu`.
+    """
+
+    def __init__(self, interval: float = 0.2, extra_pids: Callable[[], list[int]] | None = None) -> None:
         self.interval = interval
+        self.extra_pids = extra_pids
+        self._extra: dict[int, psutil.Process] = {}
+        self.extra_keys: set[tuple[int, float]] = set()
         self.root = psutil.Process()
         self._stop = threading.Event()
         self.baseline: dict[tuple[int, float], float] = {}
@@ -100,9 +139,22 @@ class CpuMeter:
 
     def _procs(self) -> list[psutil.Process]:
         try:
-            return [self.root, *self.root.children(recursive=True)]
+            procs = [self.root, *self.root.children(recursive=True)]
         except psutil.Error:
-            return [self.root]
+            procs = [self.root]
+        return procs + self._extra_procs()
+
+    def _extra_procs(self) -> list[psutil.Process]:
+        if self.extra_pids is None:
+            return []
+        for pid in self.extra_pids():
+            if pid not in self._extra:
+                try:
+                    proc = self._extra[pid] = psutil.Process(pid)
+                    self.extra_keys.add((pid, proc.create_time()))
+                except psutil.Error:
+                    continue
+        return list(self._extra.values())
 
     def _sample(self, into: dict[tuple[int, float], float]) -> None:
         rss = 0
@@ -114,6 +166,8 @@ class CpuMeter:
                     into[key] = t.user + t.system
                     if key not in self.names:
                         self.names[key] = p.name()
+                    if key in self.extra_keys:
+                        continue
                     if p.pid == self.root.pid or self.names[key] == "java":
                         rss += p.memory_info().rss
                     if self.names[key] == "java" and (into is not self.last or self._ticks % THREAD_EVERY == 0):
@@ -150,8 +204,13 @@ class CpuMeter:
 
     @property
     def cpu(self) -> float:
-        total = sum(v - self.baseline.get(k, 0.0) for k, v in self.last.items())
+        total = sum(v - self.baseline.get(k, 0.0) for k, v in self.last.items() if k not in self.extra_keys)
         return total - self.sampler_cpu
+
+    @property
+    def extra_cpu(self) -> float:
+        """CPU of the ``extra_pids`` processes (outside :attr:`cpu`)."""
+        return sum(v - self.baseline.get(k, 0.0) for k, v in self.last.items() if k in self.extra_keys)
 
     def by_process(self) -> dict[str, float]:
         out: dict[str, float] = defaultdict(float)

@@ -31,6 +31,10 @@ class Result:
     jobs: int = 0  # Spark jobs and stages the run submitted
     stages: int = 0
     rows_by_kind: dict[str, int] = field(default_factory=dict)  # ours: the target's rows by _emit_kind
+    #: a row pipeline's batches: (rows in, rows released, rows held back after the batch)
+    row_batches: list[tuple[int, int, int]] = field(default_factory=list)
+    extra_cpu: float = 0.0  # CPU outside the process tree counted besides (PostgreSQL backends serving it)
+    extra: dict[str, float] = field(default_factory=dict)  # a benchmark's own figures, read after the run
 
     @property
     def cpu_per_batch(self) -> float:
@@ -61,6 +65,7 @@ def median_result(results: list[Result]) -> Result:
         first, cpu=statistics.median(r.cpu for r in results), wall=statistics.median(r.wall for r in results),
         peak_rss=int(statistics.median(r.peak_rss for r in results)),
         merge_cpu=statistics.median(r.merge_cpu for r in results),
+        extra_cpu=statistics.median(r.extra_cpu for r in results),
         latencies=[x for r in results for x in r.latencies])
 
 

@@ -17,10 +17,14 @@ from measure import MB, DriverTimer  # noqa: E402
 
 from ematix_dagster.spark import batch as batch_mod  # noqa: E402
 from ematix_dagster.spark.batch import BatchStep  # noqa: E402
+from ematix_dagster.spark.row_batch import RowStep  # noqa: E402
 from ematix_dagster.spark.session import get_spark  # noqa: E402
 from ematix_dagster.streaming import micro_batch as micro_batch_mod  # noqa: E402
 from ematix_dagster.streaming.micro_batch import Engine  # noqa: E402
+from ematix_dagster.streaming.row_release import RowEngine  # noqa: E402
 from ematix_dagster.streaming.state.fixed import FixedState  # noqa: E402
+from state_store.postgres import PostgresStateStore  # noqa: E402
+from state_store.sqlite import SqliteStateStore  # noqa: E402
 
 
 def add_data_arguments(ap: argparse.ArgumentParser) -> None:
@@ -79,6 +83,16 @@ def install_timers() -> DriverTimer:
     timer.wrap(micro_batch_mod, "emit", "  emission.emit")
     timer.wrap(BatchStep, "_write", "target write")
     timer.wrap(BatchStep, "_commit", "state store commit (encode + store)")
+    # a row pipeline's batch (delayed_rows.py): the same labels where the steps match
+    timer.wrap(RowStep, "run", "foreachBatch callback", profile=True)
+    timer.wrap(RowStep, "_read", "row read (SQL, toArrow)")
+    timer.wrap(RowEngine, "process", "RowEngine.process")
+    timer.wrap(RowEngine, "_hold", "  RowEngine._hold (encode)")
+    for store in (SqliteStateStore, PostgresStateStore):
+        timer.wrap(store, "load_pending", "  store.load_pending")
+    timer.wrap(RowStep, "_write", "target write")
+    timer.wrap(RowStep, "_commit", "state store commit (encode + store)")
+    timer.wrap(RowStep, "_output_watermark", "output watermark (pending_summary)")
     return timer
 
 

@@ -2,7 +2,8 @@
 
 ``ours`` (a pipeline spec run by ``PipelineRunner``), the Spark ``floor`` (the same source, the
 batch's groupBy and ``toArrow``, nothing else) and Spark's ``native`` streaming aggregation; ours
-and the floor also on heartbeat-only batches.
+and the floor also on heartbeat-only batches. :func:`row_spec` is a row pipeline (no window) over
+the same data, run like ours by :func:`run_spec` (``delayed_rows.py``).
 """
 
 from __future__ import annotations
@@ -15,12 +16,20 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from generated_data import HLL_PRECISION, LATENESS_MS, SCHEMA_DDL, pipeline_toml  # noqa: E402
-from measure import CpuMeter, DriverTimer  # noqa: E402
+from generated_data import (  # noqa: E402
+    HLL_PRECISION,
+    LATENESS_MS,
+    SCHEMA_DDL,
+    pipeline_toml,
+    row_pipeline_toml,
+    state_store_toml,
+)
+from measure import CpuMeter, DriverTimer, PostgresBackends  # noqa: E402
 from results import Result  # noqa: E402
 from run_setup import settle  # noqa: E402
 
@@ -61,15 +70,50 @@ mode = "approximate"
     return load_pipeline_str(pipeline_toml("bench-windowed", data, work, shape, max_groups, distinct, run, target))
 
 
+def row_spec(data: Path, work: Path, sql: str, *, max_buffered_rows: int | None = None,
+             postgres_url: str | None = None, schema: str | None = None):
+    """A row pipeline (no ``[transform.window]``) over the generated data: ``sql`` over the view
+    ``source``, lateness as the windowed pipelines', parquet target, ``trigger = "available_now"``;
+    SQLite state in ``work``, or PostgreSQL at ``postgres_url`` in ``schema``."""
+    return load_pipeline_str(row_pipeline_toml("bench-rows", data, work, sql, 'trigger = "available_now"',
+                                               state_store_toml(work, postgres_url, schema), max_buffered_rows))
+
+
 def target_rows(target: Path) -> dict[str, int]:
-    """Rows a parquet target holds, by ``_emit_kind`` (every batch's files and the end-of-input flush's)."""
+    """Rows a parquet target holds, by ``_emit_kind`` (every batch's files and the end-of-input flush's);
+    a row pipeline's target, which has no ``_emit_kind``, as ``{"row": n}``."""
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
     if not target.exists():
         return {}
-    kinds = ds.dataset(target, format="parquet", partitioning="hive").to_table(columns=["_emit_kind"])["_emit_kind"]
+    dataset = ds.dataset(target, format="parquet", partitioning="hive")
+    if "_emit_kind" not in dataset.schema.names:
+        return {"row": dataset.count_rows()}
+    kinds = dataset.to_table(columns=["_emit_kind"])["_emit_kind"]
     return {str(v["values"]): int(v["counts"]) for v in pc.value_counts(kinds).to_pylist()}
+
+
+def run_spec(spark, spec, workload: str, timer: DriverTimer, verbose: bool,
+             postgres: PostgresBackends | None = None) -> Result:
+    """One measured run of a pipeline spec by ``PipelineRunner`` (outputs left in place); ``postgres``
+    also counts the CPU of the PostgreSQL backends serving this process (``Result.extra_cpu``)."""
+    timer.reset()
+    settle(spark)
+    progress = (lambda line: print("   ", line, flush=True)) if verbose else (lambda line: None)
+    with CpuMeter(extra_pids=postgres) as meter:
+        t0 = time.perf_counter()
+        summary = PipelineRunner(spec, spark=spark, progress=progress).run()
+        wall = time.perf_counter() - t0
+    if summary.late_rows:
+        print(f"    note: {summary.late_rows} late rows", flush=True)
+    row_batches = [(r.rows_in, r.released_rows, r.held_rows) for r in summary.reports if r.released_rows is not None]
+    return Result("ours", workload, meter.cpu, wall, meter.peak_rss, summary.batches, summary.rows_in,
+                  summary.windows_emitted + sum(released for _, released, _ in row_batches), meter.by_process(),
+                  [r.seconds for r in summary.reports],
+                  timer.cpu["Engine.process"] + timer.cpu["convert.partial_lists"],
+                  {k: (timer.calls[k], timer.cpu[k], timer.wall[k]) for k in timer.calls}, meter.by_jvm_thread(),
+                  row_batches=row_batches, extra_cpu=meter.extra_cpu)
 
 
 def run_ours(spark, data: Path, scratch: Path, workload: str, timer: DriverTimer, max_groups: int,
@@ -77,30 +121,23 @@ def run_ours(spark, data: Path, scratch: Path, workload: str, timer: DriverTimer
     """One run of ours (``spec_options``: :func:`our_spec`'s keywords), its target's rows counted by
     kind after the measurement."""
     work = Path(tempfile.mkdtemp(prefix="ours-", dir=scratch))
-    spec = our_spec(data, work, workload, max_groups, **spec_options)
-    timer.reset()
-    settle(spark)
-    progress = (lambda line: print("   ", line, flush=True)) if verbose else (lambda line: None)
-    with CpuMeter() as meter:
-        t0 = time.perf_counter()
-        summary = PipelineRunner(spec, spark=spark, progress=progress).run()
-        wall = time.perf_counter() - t0
-    if summary.late_rows:
-        print(f"    note: {summary.late_rows} late rows", flush=True)
-    rows_by_kind = target_rows(work / "target")
+    result = run_spec(spark, our_spec(data, work, workload, max_groups, **spec_options), workload, timer, verbose)
+    result.rows_by_kind = target_rows(work / "target")
     shutil.rmtree(work, ignore_errors=True)
-    return Result("ours", workload, meter.cpu, wall, meter.peak_rss, summary.batches, summary.rows_in,
-                  summary.windows_emitted, meter.by_process(), [r.seconds for r in summary.reports],
-                  timer.cpu["Engine.process"] + timer.cpu["convert.partial_lists"],
-                  {k: (timer.calls[k], timer.cpu[k], timer.wall[k]) for k in timer.calls}, meter.by_jvm_thread(),
-                  rows_by_kind=rows_by_kind)
+    return result
 
 
 def profile_ours(spark, data: Path, scratch: Path, workload: str, timer: DriverTimer, max_groups: int,
                  top: int, out_path: str | None = None, **spec_options) -> None:
     """One extra run of ours with cProfile inside the foreachBatch callback; prints its stats."""
+    profile_run(timer, top, out_path,
+                lambda: run_ours(spark, data, scratch, workload, timer, max_groups, verbose=False, **spec_options))
+
+
+def profile_run(timer: DriverTimer, top: int, out_path: str | None, run: Callable[[], Result]) -> None:
+    """``run()`` once with cProfile inside the foreachBatch callback (the timer's profiled wrap); prints its stats."""
     timer.profiler = cProfile.Profile()
-    result = run_ours(spark, data, scratch, workload, timer, max_groups, verbose=False, **spec_options)
+    result = run()
     timer.profiler.disable()
     if out_path:
         timer.profiler.dump_stats(out_path)

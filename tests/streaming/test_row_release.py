@@ -105,3 +105,23 @@ def test_max_buffered_rows_fails_loud_naming_the_bound() -> None:
     table = pa.table({"id": [1, 2], "_release_us": [100, 200], "_event_us": [1, 2]})
     with pytest.raises(StateCapExceeded, match="2 rows would be held back.*max_buffered_rows = 1"):
         eng.process(RowBatch(0, 0, {"s": SourceStats(rows=2, max_event_ts=2)}, table), lambda w: [])
+
+
+def test_held_time_values_come_back_as_they_went_in() -> None:
+    """Timestamps (UTC µs), dates, decimals and NULLs survive being held and released."""
+    import datetime as dt
+    from decimal import Decimal
+
+    ts = [dt.datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=dt.timezone.utc), None]
+    rows = pa.table({"t": pa.array(ts, pa.timestamp("us", tz="UTC")),
+                     "d": pa.array([dt.date(2026, 1, 2), None], pa.date32()),
+                     "m": pa.array([Decimal("1.50"), None], pa.decimal128(9, 2)),
+                     "_release_us": [100, 100], "_event_us": [1, 2]})
+    store = _Store()
+    eng = RowEngine(Watermarks(lateness=0, idleness=10**12, sources=("s",)), max_buffered_rows=10)
+    first = eng.process(RowBatch(0, 0, {"s": SourceStats(rows=2, max_event_ts=2)}, rows), store.due)
+    store.rows = {row.key: row for row in first.held}
+    later = eng.process(RowBatch(1, 1, {"s": SourceStats(rows=0, max_event_ts=100)}, rows.slice(0, 0)), store.due)
+    assert first.released.num_rows == 0 and later.released_held == sorted(store.rows)
+    assert later.released.to_pydict() == {"t": ts, "d": [dt.date(2026, 1, 2), None], "m": [Decimal("1.50"), None]}
+    assert later.released.schema == rows.select(["t", "d", "m"]).schema

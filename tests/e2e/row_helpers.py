@@ -61,12 +61,12 @@ def cast_bigint(value: Any) -> int | None:
     return int(value)
 
 
-def _plain(r: ro.Row, columns: tuple[str, ...]) -> ro.Row:
+def plain_row(r: ro.Row, columns: tuple[str, ...]) -> ro.Row:
     return {c: None if ro.missing(r.get(c)) else r[c] for c in columns}
 
 
 DELAYED_QUERY = ro.Query(
-    select=lambda r: _plain(r, ("id", "k", "v", "page", "_event_ts")),
+    select=lambda r: plain_row(r, ("id", "k", "v", "page", "_event_ts")),
     branches=(
         ro.Branch(lambda r: eq(r["k"], "emb"), lambda r: r["_event_ts"] + 2 * MIN),
         ro.Branch(lambda r: eq(r["k"], "strict"), lambda r: r["_event_ts"] + MIN, strict=True),

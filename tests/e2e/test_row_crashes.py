@@ -28,6 +28,7 @@ import pytest
 
 from ematix_dagster.operations import summary
 from ematix_dagster.spec import load_pipeline
+from tests.e2e import row_oracle as ro
 from tests.e2e.lateness_helpers import Feed
 from tests.e2e.row_helpers import (
     DELAYED_QUERY,
@@ -36,8 +37,10 @@ from tests.e2e.row_helpers import (
     DELAYED_SQL,
     by_batch,
     expected_batches,
+    ge,
     oracle_run,
     parquet_batches,
+    plain_row,
     postgres_rows,
     row_toml,
     write_batches,
@@ -97,3 +100,26 @@ def test_kills_keep_held_rows_in_exactly_once_postgres(tmp_path, batch_files, pg
     assert pending == [len(outs[1].held)] and released, "the kill found batch 1's held rows, some released by batch 2"
     got = by_batch(postgres_rows(pg_dsn, table, ["id", "k", "v", "page", "_event_ts", "_batch_id"]))
     assert got == {b: sorted(rows, key=repr) for b, rows in expected_batches(outs).items()}
+
+
+PLAIN_QUERY = ro.Query(select=lambda r: plain_row(r, ("id", "k", "v", "page", "_event_ts")),
+                       where=lambda r: ge(r["v"], 20))
+
+
+@pytest.mark.slow
+def test_a_kill_inside_a_plain_row_pipelines_commit_rewrites_the_batch_identically(tmp_path, batch_files):
+    """Without WATERMARK_TS() (nothing held): killed inside batch 2's store transaction, after its parquet file
+    was written; the replay rewrites that file identically and the whole output equals the oracle."""
+    feed = Feed()
+    write_batches(feed, batch_files("in"), BATCHES)
+    toml = row_toml("row-crash-plain", tmp_path, "SELECT id, k, v, page, _event_ts FROM source WHERE v >= 20",
+                    max_buffered_rows=None)
+    spec = load_pipeline(toml)
+    cp, out = spec.run.checkpoint_location, spec.target.path
+    before: list[tuple[set[int], dict[int, list[tuple]]]] = []
+    assert run_with_kills(toml, tmp_path / "faults", "store_commit:2",
+                          lambda: before.append((offsets_written(cp), parquet_batches(out)))) == 1
+    outs = oracle_run(feed, cp, PLAIN_QUERY)
+    final = parquet_batches(out)
+    assert final == expected_batches(outs) and 2 in before[0][1], "batch 2's file was written before the kill"
+    assert all(final[b] == rows for b, rows in before[0][1].items()), "a batch was rewritten differently"

@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from measure import MB, PostgresBackends, percentile, spark_jobs  # noqa: E402
 from results import Result, median_result, print_splits  # noqa: E402
-from run_setup import add_data_arguments, install_timers, prepare  # noqa: E402
+from run_setup import add_data_arguments, install_timers, prepare, rotated_runs  # noqa: E402
 from windowed_engines import profile_run, row_spec, run_spec, target_rows  # noqa: E402
 
 from ematix_dagster.stores import make_store  # noqa: E402
@@ -205,29 +205,19 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
             return r
 
-        for _ in range(args.warmup):
-            for variant in args.variants:
-                run(variant)
-        if args.warmup:
-            print("warm-up done", flush=True)
+        def after(r: Result) -> None:
+            held = [h for *_, h in r.row_batches]
+            print(f"          pending after each batch: {' '.join(f'{s:.1%}' for s in shares(r))} (peak "
+                  f"{max(held, default=0)} rows); pending after the run {r.extra['pending_end']:.0f} rows, "
+                  f"{per_row(r, 'payload_bytes'):.1f} payload B/row, "
+                  + (f"{per_row(r, 'disk_bytes'):.0f} on-disk B/row" if "disk_bytes" in r.extra else "")
+                  + (f" (heap alone {per_row(r, 'heap_bytes'):.0f}; after VACUUM FULL "
+                     f"{per_row(r, 'compact_bytes'):.0f})" if "heap_bytes" in r.extra else "")
+                  + f"; rows written {r.rows_by_kind.get('row', 0)}", flush=True)
+            print(f"          {r.jvm_line()}", flush=True)
+            print_splits(r)
 
-        results: dict[str, list[Result]] = {v: [] for v in args.variants}
-        for i in range(args.runs):
-            shift = i % len(args.variants)
-            for variant in args.variants[shift:] + args.variants[:shift]:
-                r = run(variant, args.verbose)
-                results[variant].append(r)
-                print(f"run {i + 1}/{args.runs} {r.line()} (load avg {os.getloadavg()[0]:.1f})", flush=True)
-                held = [h for *_, h in r.row_batches]
-                print(f"          pending after each batch: {' '.join(f'{s:.1%}' for s in shares(r))} (peak "
-                      f"{max(held, default=0)} rows); pending after the run {r.extra['pending_end']:.0f} rows, "
-                      f"{per_row(r, 'payload_bytes'):.1f} payload B/row, "
-                      + (f"{per_row(r, 'disk_bytes'):.0f} on-disk B/row" if "disk_bytes" in r.extra else "")
-                      + (f" (heap alone {per_row(r, 'heap_bytes'):.0f}; after VACUUM FULL "
-                         f"{per_row(r, 'compact_bytes'):.0f})" if "heap_bytes" in r.extra else "")
-                      + f"; rows written {r.rows_by_kind.get('row', 0)}", flush=True)
-                print(f"          {r.jvm_line()}", flush=True)
-                print_splits(r)
+        results = rotated_runs(args.variants, args.warmup, args.runs, run, args.verbose, after)
 
         if args.profile:
             profile_run(timer, args.profile_top, args.profile_out, lambda: run(args.profile_variant))

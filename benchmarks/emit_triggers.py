@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from measure import MB, percentile, spark_jobs  # noqa: E402
 from results import Result, median_result, print_splits  # noqa: E402
-from run_setup import add_data_arguments, install_timers, prepare  # noqa: E402
+from run_setup import add_data_arguments, install_timers, prepare, rotated_runs  # noqa: E402
 from windowed_engines import profile_ours, run_ours  # noqa: E402
 
 from ematix_dagster.spark.batch import BatchStep  # noqa: E402
@@ -110,21 +110,11 @@ def main(argv: list[str] | None = None) -> int:
             r.engine, r.jobs, r.stages = variant, now[0] - jobs, now[1] - stages
             return r
 
-        for _ in range(args.warmup):
-            for variant in args.variants:
-                run(variant)
-        if args.warmup:
-            print("warm-up done", flush=True)
+        def after(r: Result) -> None:
+            print(f"          rows written by kind: {r.rows_by_kind}; {r.jvm_line()}", flush=True)
+            print_splits(r)
 
-        results: dict[str, list[Result]] = {v: [] for v in args.variants}
-        for i in range(args.runs):
-            shift = i % len(args.variants)
-            for variant in args.variants[shift:] + args.variants[:shift]:
-                r = run(variant, args.verbose)
-                results[variant].append(r)
-                print(f"run {i + 1}/{args.runs} {r.line()} (load avg {os.getloadavg()[0]:.1f})", flush=True)
-                print(f"          rows written by kind: {r.rows_by_kind}; {r.jvm_line()}", flush=True)
-                print_splits(r)
+        results = rotated_runs(args.variants, args.warmup, args.runs, run, args.verbose, after)
 
         if args.profile:
             profile_ours(spark, data, scratch, "plain", timer, max_groups, args.profile_top, args.profile_out,

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from generated_data import generate  # noqa: E402
 from measure import MB, DriverTimer  # noqa: E402
+from results import Result  # noqa: E402
 
 from ematix_dagster.spark import batch as batch_mod  # noqa: E402
 from ematix_dagster.spark.batch import BatchStep  # noqa: E402
@@ -107,3 +110,24 @@ def settle(spark) -> None:
     getattr(getattr(jvm, "org.apache.spark.sql.execution.streaming.state.StateStore$"), "MODULE$").stop()
     jvm.System.gc()
     time.sleep(1.0)
+
+
+def rotated_runs(variants: list[str], warmup: int, runs: int, run: Callable[..., "Result"], verbose: bool,
+                 after: Callable[["Result"], None]) -> dict[str, list["Result"]]:
+    """``warmup`` unmeasured runs of every variant, then ``runs`` measured ones, the variants' order
+    rotated from run to run (whatever runs first pays for what the JVM still compiles); ``after``
+    prints what a script adds about each measured run."""
+    for _ in range(warmup):
+        for variant in variants:
+            run(variant)
+    if warmup:
+        print("warm-up done", flush=True)
+    results: dict[str, list[Result]] = {v: [] for v in variants}
+    for i in range(runs):
+        shift = i % len(variants)
+        for variant in variants[shift:] + variants[:shift]:
+            r = run(variant, verbose)
+            results[variant].append(r)
+            print(f"run {i + 1}/{runs} {r.line()} (load avg {os.getloadavg()[0]:.1f})", flush=True)
+            after(r)
+    return results

@@ -12,7 +12,8 @@ plain ``run`` until it exits 0:
   written before a kill holds the same rows at the end (a replay rewrites it identically), and the whole output
   equals the oracle;
 * exactly-once PostgreSQL (``same_transaction = true``, PostgreSQL store, no key: ``_batch_id``): killed inside
-  batch 2's transaction, after its target rows are inserted and its released rows deleted from the store, before
+  batch 0's transaction (nothing of it committed: its held rows and its target rows come back with the replay) and
+  inside batch 2's transaction, after its target rows are inserted and its released rows deleted from the store, before
   COMMIT; the table equals the oracle, each row with the batch that released it. (With ``same_transaction`` the
   ``target_write`` point comes before anything is written, so one kill inside the transaction is the case.)
 
@@ -92,12 +93,13 @@ def test_kills_keep_held_rows_in_exactly_once_postgres(tmp_path, batch_files, pg
                     target=postgres_target(pg_dsn, table, same_transaction=True))
     spec = load_pipeline(toml)
     pending: list[int] = []
-    assert run_with_kills(toml, tmp_path / "faults", "store_commit:2",
-                          lambda: pending.append(summary(spec, windows=False)["pending"]["rows"])) == 1
+    assert run_with_kills(toml, tmp_path / "faults", "store_commit:0,store_commit:2",
+                          lambda: pending.append(summary(spec, windows=False)["pending"]["rows"])) == 2
 
     outs = oracle_run(feed, spec.run.checkpoint_location, DELAYED_QUERY)
     released = {h.row["id"] for h in outs[2].released} & {h.row["id"] for h in outs[1].held}
-    assert pending == [len(outs[1].held)] and released, "the kill found batch 1's held rows, some released by batch 2"
+    assert pending == [0, len(outs[1].held)] and outs[0].held and released, \
+        "batch 0's held rows were lost with its transaction; batch 1's were found by the second kill, some released by batch 2"
     got = by_batch(postgres_rows(pg_dsn, table, ["id", "k", "v", "page", "_event_ts", "_batch_id"]))
     assert got == {b: sorted(rows, key=repr) for b, rows in expected_batches(outs).items()}
 

@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from measure import MB, PostgresBackends, percentile, spark_jobs  # noqa: E402
 from results import Result, median_result, print_splits  # noqa: E402
-from run_setup import add_data_arguments, install_timers, prepare, rotated_runs  # noqa: E402
+from run_setup import add_data_arguments, add_variant_arguments, install_timers, prepare, rotated_runs  # noqa: E402
 from windowed_engines import profile_run, row_spec, run_spec, target_rows  # noqa: E402
 
 from ematix_dagster.stores import make_store  # noqa: E402
@@ -159,18 +159,10 @@ def report(args: argparse.Namespace, results: dict[str, list[Result]]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_arguments(ap)
-    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    add_variant_arguments(ap, list(VARIANTS), "delayed/sqlite")
     ap.add_argument("--delay-s", type=int, default=10, help="D in ts + INTERVAL D SECONDS <= WATERMARK_TS()")
     ap.add_argument("--postgres-url", default="postgresql://postgres@127.0.0.1:5432/test")
     ap.add_argument("--pg-schema", default="ematix_bench", help="the PostgreSQL store's schema (dropped before each run)")
-    ap.add_argument("--driver-memory", default="3g", help="spark.driver.memory ('' keeps Spark's default)")
-    ap.add_argument("--profile", action="store_true", help="one extra cProfile'd run of --profile-variant at the end")
-    ap.add_argument("--profile-variant", choices=VARIANTS, default="delayed/sqlite")
-    ap.add_argument("--profile-top", type=int, default=35)
-    ap.add_argument("--profile-out", help="also write the profile's stats to this file (pstats format)")
-    ap.add_argument("--verbose", action="store_true", help="print our per-batch progress lines")
-    ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--scratch", default=None, help="directory for data and outputs (default: a temp dir)")
     args = ap.parse_args(argv)
 
     scratch = Path(tempfile.mkdtemp(prefix="ematix-rows-bench-", dir=args.scratch))

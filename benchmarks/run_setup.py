@@ -112,6 +112,19 @@ def settle(spark) -> None:
     time.sleep(1.0)
 
 
+def add_variant_arguments(ap: argparse.ArgumentParser, variants: list[str], profile_variant: str) -> None:
+    """The options every script comparing variants of our engine takes (besides the data's)."""
+    ap.add_argument("--variants", nargs="+", choices=variants, default=variants)
+    ap.add_argument("--driver-memory", default="3g", help="spark.driver.memory ('' keeps Spark's default)")
+    ap.add_argument("--profile", action="store_true", help="one extra cProfile'd run of --profile-variant at the end")
+    ap.add_argument("--profile-variant", choices=variants, default=profile_variant)
+    ap.add_argument("--profile-top", type=int, default=35)
+    ap.add_argument("--profile-out", help="also write the profile's stats to this file (pstats format)")
+    ap.add_argument("--verbose", action="store_true", help="print our per-batch progress lines")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--scratch", default=None, help="directory for data and outputs (default: a temp dir)")
+
+
 def rotated_runs(variants: list[str], warmup: int, runs: int, run: Callable[..., "Result"], verbose: bool,
                  after: Callable[["Result"], None]) -> dict[str, list["Result"]]:
     """``warmup`` unmeasured runs of every variant, then ``runs`` measured ones, the variants' order

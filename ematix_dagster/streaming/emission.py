@@ -111,25 +111,24 @@ def _early(state: KindState, report: Report, kinds: list[str | None], clock: Tri
     its count at the batch's end; ``interval``, when it fires: every group it looked at)."""
     closed, emitted, changed = report.closed, report.emitted, report.changed
     candidates = [r for r, kind in enumerate(kinds) if kind is None and not closed[r] and not emitted[r]]
-    if not clock.trigger.counts_rows:
-        for r, fires in zip(candidates, clock.fires([changed[r] for r in candidates], ())):
-            if fires:
-                kinds[r] = EARLY
-        return
-    looked = list(range(len(kinds))) if firing else [r for r in range(len(kinds)) if changed[r]]
-    accs = state.accumulators(report, looked)
-    counts = {r: acc[-1] or (0, 0) for r, acc in zip(looked, accs)}
-    fired = clock.fires([changed[r] for r in candidates], [counts[r] for r in candidates])
+    candidates_changed = [changed[r] for r in candidates]
+    if clock.trigger.counts_rows:
+        looked = list(range(len(kinds))) if firing else [r for r in range(len(kinds)) if changed[r]]
+        accs = state.accumulators(report, looked)
+        counts = {r: acc[-1] or (0, 0) for r, acc in zip(looked, accs)}
+        fired = clock.fires(candidates_changed, [counts[r] for r in candidates])
+        moved = []
+        for r, acc in zip(looked, accs):
+            rows, mark = counts[r]
+            if rows != mark:
+                acc[-1] = (rows, rows)
+                moved.append(r)
+        state.touch(report, [r for r in moved if not changed[r]])  # the changed ones are written anyway
+    else:
+        fired = clock.fires(candidates_changed, ())
     for r, fires in zip(candidates, fired):
         if fires:
             kinds[r] = EARLY
-    moved = []
-    for r, acc in zip(looked, accs):
-        rows, mark = counts[r]
-        if rows != mark:
-            acc[-1] = (rows, rows)
-            moved.append(r)
-    state.touch(report, [r for r in moved if not changed[r]])  # the changed ones are written anyway
 
 
 def _superseded(state: KindState, starts: list[int], keys: list[tuple]) -> list[EmittedRow]:

@@ -347,5 +347,6 @@ def assert_reads_as_a_cancel(dagit: Dagit, run_id: str) -> None:
     messages = [e.get("message") or "" for e in events]
     assert "ExecutionStepUpForRetryEvent" not in types and "ExecutionStepFailureEvent" not in types, types
     assert not any("requested a retry" in m for m in messages)
-    assert any("terminate requested; the streaming query stopped at a batch boundary" in m for m in messages)
+    assert any("terminate requested; the streaming query stopped at a batch boundary" in m for m in messages), [
+        (t, m) for t, m in zip(types, messages) if m][-12:]
     assert "RunCanceledEvent" in types and "RunFailureEvent" not in types, types[-3:]

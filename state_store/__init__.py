@@ -37,8 +37,8 @@ Decisions shared by the three stores:
   forgets it, and a delete removes it with its row); ``load`` returns the non-NULL ones in
   ``RecoveredState.written``. Whole-window rows never carry one. The pipeline row carries the
   interval trigger's last firing, ``PipelineRecord.trigger_fired_at`` (µs, None before any).
-* Pending rows (schema step 7, ``WATERMARK_TS()``): ``BatchCommit.pending_inserts`` and
-  ``pending_released`` commit with the batch; ``load_pending`` reads only the rows due, in release
+* Pending rows (schema step 7, ``WATERMARK_TS()``): ``BatchCommit.pending_inserts``,
+  ``pending_released`` (by key) and ``pending_released_up_to`` (by release time) commit with the batch; ``load_pending`` reads only the rows due, in release
   order, and ``pending_summary`` their count, bytes, next release and smallest event time, never
   their values; ``reset`` deletes them too and returns how many it discarded
   (``state_store.pending`` has the rules). SQLite files the store creates are mode 0600

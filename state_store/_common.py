@@ -212,8 +212,8 @@ def check_batch(batch: BatchCommit) -> None:
     for name, offset in batch.record.offsets.items():
         if not isinstance(name, str) or not isinstance(offset, str):
             raise TypeError("record.offsets must map source names to offset JSON text")
-    if batch.pending_inserts or batch.pending_released or type(batch.pending_inserts) is not list \
-            or type(batch.pending_released) is not list:
+    if batch.pending_inserts or batch.pending_released or batch.pending_released_up_to is not None \
+            or type(batch.pending_inserts) is not list or type(batch.pending_released) is not list:
         check_pending(batch)
 
 

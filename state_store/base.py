@@ -30,8 +30,8 @@ batch like the watermark.
 Schema step 7 adds pending rows (SPEC §11, ``WATERMARK_TS()``): output rows held back until the
 watermark reaches their release time, one :class:`PendingRow` each, keyed by ``(release_us,
 arrival_batch, seq)``, the release order. A commit inserts the batch's new ones
-(``BatchCommit.pending_inserts``) and deletes the ones it released (``BatchCommit.pending_released``,
-by key) in its transaction; the engine reads only the rows due (``StateStore.load_pending``) and a
+(``BatchCommit.pending_inserts``) and deletes the ones it released (``BatchCommit.pending_released``
+by key, ``pending_released_up_to`` by release time) in its transaction; the engine reads only the rows due (``StateStore.load_pending``) and a
 :class:`PendingSummary` (count, bytes, next release, smallest event time), never the whole set.
 Payloads are not public yet: nothing here logs or prints them.
 
@@ -145,6 +145,9 @@ class BatchCommit:
     pending_inserts: list[PendingRow] = field(default_factory=list)
     #: keys (release_us, arrival_batch, seq) of stored pending rows this batch released, deleted with it
     pending_released: list[tuple[int, int, int]] = field(default_factory=list)
+    #: every stored pending row with ``release_us <= pending_released_up_to`` is deleted with the batch (a
+    #: row pipeline releases all rows due by W: one range delete instead of a key per row); None: none
+    pending_released_up_to: int | None = None
 
 
 class StateStore(ABC):

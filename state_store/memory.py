@@ -172,6 +172,9 @@ class InMemoryStateStore(StateStore):
                 data.pending[row.key] = (row.event_ts, row.payload)
             for released in batch.pending_released:
                 data.pending.pop(released, None)
+            if batch.pending_released_up_to is not None:
+                for due in [k for k in data.pending if k[0] <= batch.pending_released_up_to]:
+                    del data.pending[due]
             data.record = record
 
     def load_pending(self, pipeline: str, up_to_release_us: int, limit: int | None = None) -> list[PendingRow]:

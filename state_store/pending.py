@@ -5,7 +5,8 @@ A pending row is an output row held back until the watermark reaches its release
 order (``state_store.migrations``, step 7). Decisions shared by the three stores:
 
 * A commit inserts ``BatchCommit.pending_inserts``, then deletes ``BatchCommit.pending_released``
-  by key, in the batch's transaction, before the ``in_transaction`` callbacks.
+  by key and every row with ``release_us <= BatchCommit.pending_released_up_to``, in the batch's
+  transaction, before the ``in_transaction`` callbacks.
 * Re-inserting a stored row is a no-op when the row is identical (same event time and payload:
   ``ON CONFLICT DO NOTHING``, then a check), because a replayed batch recomputes the rows it
   computed before and commits them again. The same key with another event time or payload means
@@ -14,8 +15,9 @@ order (``state_store.migrations``, step 7). Decisions shared by the three stores
 * Releasing a key that is not stored is a no-op, like deleting a group that is not stored: a
   replayed batch releases rows its first commit already deleted.
 * A key inserted twice, or released twice, in one commit, and a key both inserted and released
-  (a row released in the batch it arrived in is written out, never stored) are refused with a
-  ``TypeError`` before anything is written, like ``check_batch``'s other checks.
+  (a row released in the batch it arrived in is written out, never stored; so is an insert the
+  range release would delete) are refused with a ``TypeError`` before anything is written, like
+  ``check_batch``'s other checks.
 * Nothing here logs, prints or puts into an error message a payload: pending rows are not public
   yet. Messages name a row by its key only.
 """
@@ -112,6 +114,16 @@ def check_pending(batch: BatchCommit) -> None:
         release_us, arrival_batch, seq = _first_repeat(released, lambda key: key)
         raise TypeError(f"pending row (release_us={release_us}, arrival_batch={arrival_batch}, seq={seq}) is "
                         "released twice in one commit")
+    up_to = batch.pending_released_up_to
+    if up_to is not None:
+        if type(up_to) is not int or not _INT64[0] <= up_to <= _INT64[1]:
+            raise TypeError(f"pending_released_up_to must be None or an int (µs) in the bigint range, got {up_to!r:.40}")
+        if rows and min(map(attrgetter("release_us"), rows)) <= up_to:
+            early = min(row.key for row in rows if row.release_us <= up_to)
+            release_us, arrival_batch, seq = early
+            raise TypeError(f"pending row (release_us={release_us}, arrival_batch={arrival_batch}, seq={seq}) is "
+                            f"inserted by a commit that releases every row up to {up_to}: a row released in the "
+                            "batch it arrived in is written out, never stored")
     both = inserted.intersection(released)
     if both:
         release_us, arrival_batch, seq = min(both)
@@ -162,6 +174,7 @@ _SUMMARY = ("SELECT count(*), coalesce(sum(length(payload)), 0), "
             "(SELECT event_ts FROM {pending} WHERE pipeline_name = %s AND event_ts IS NOT NULL "
             "ORDER BY event_ts LIMIT 1) FROM {pending} WHERE pipeline_name = %s")
 _DISCARD = "DELETE FROM {pending} WHERE pipeline_name = %s"
+_RELEASE_UP_TO = "DELETE FROM {pending} WHERE pipeline_name = %s AND release_us <= %s"
 
 
 def _rows(fetched: Any) -> list[PendingRow]:
@@ -181,7 +194,7 @@ _SQ_INSERT = _sqlite(f"INSERT INTO {{pending}} (pipeline_name, {_COLUMNS}) VALUE
                      "ON CONFLICT (pipeline_name, release_us, arrival_batch, seq) DO NOTHING")
 _SQ_STORED = _sqlite(f"SELECT event_ts, payload FROM {{pending}} WHERE {_KEY_MATCH}")
 _SQ_RELEASE = _sqlite(f"DELETE FROM {{pending}} WHERE {_KEY_MATCH}")
-_SQ_LOAD, _SQ_SUMMARY, _SQ_DISCARD = _sqlite(_LOAD), _sqlite(_SUMMARY), _sqlite(_DISCARD)
+_SQ_LOAD, _SQ_SUMMARY, _SQ_DISCARD, _SQ_RELEASE_UP_TO = map(_sqlite, (_LOAD, _SUMMARY, _DISCARD, _RELEASE_UP_TO))
 
 
 def sqlite_commit(conn: sqlite3.Connection, batch: BatchCommit, store: str) -> None:
@@ -196,6 +209,8 @@ def sqlite_commit(conn: sqlite3.Connection, batch: BatchCommit, store: str) -> N
                     raise conflict(pipeline, store, r.key)
     if batch.pending_released:
         conn.executemany(_SQ_RELEASE, ((pipeline, *key) for key in batch.pending_released))
+    if batch.pending_released_up_to is not None:
+        conn.execute(_SQ_RELEASE_UP_TO, (pipeline, batch.pending_released_up_to))
 
 
 def sqlite_load(conn: sqlite3.Connection, pipeline: str, up_to_release_us: int, limit: int | None
@@ -214,8 +229,9 @@ def sqlite_discard(conn: sqlite3.Connection, pipeline: str) -> int:
 
 # ---- PostgreSQL ----------------------------------------------------------------------------------
 
-#: the batch's rows as columns (arrays, sent binary: %b), so a batch is one statement whatever its size
-_UNNEST = ("unnest(%b::bigint[], %b::bigint[], %b::integer[], %b::bigint[], %b::bytea[]) "
+#: the batch's rows as columns (arrays), so a batch is one statement whatever its size: the integers
+#: as array literals (``_int_array``), the payloads sent binary (%b)
+_UNNEST = ("unnest(%s::bigint[], %s::bigint[], %s::integer[], %s::bigint[], %b::bytea[]) "
            "AS d(release_us, arrival_batch, seq, event_ts, payload)")
 _PG_INSERT = (f"INSERT INTO {{pending}} (pipeline_name, {_COLUMNS}) SELECT %s, {_COLUMNS} FROM {_UNNEST} "
               "ON CONFLICT (pipeline_name, release_us, arrival_batch, seq) DO NOTHING")
@@ -229,11 +245,20 @@ _PG_RELEASE = ("DELETE FROM {pending} AS p USING unnest(%b::bigint[], %b::bigint
                "AND p.arrival_batch = d.arrival_batch AND p.seq = d.seq")
 
 
+def _int_array(values: list[int | None]) -> str:
+    """An array literal of checked integers: joined at C speed, where psycopg's array dumper
+    handles one element at a time in Python (measured: 2.8 ms against 1.1 ms for 12,000 values)."""
+    if None in values:
+        return "{" + ",".join("NULL" if v is None else str(v) for v in values) + "}"
+    return "{" + ",".join(map(str, values)) + "}"
+
+
 def pg_commit(conn: psycopg.Connection, names: dict, batch: BatchCommit, store: str) -> None:
     """The batch's pending inserts and releases, inside the caller's transaction."""
     pipeline, rows = batch.record.pipeline, batch.pending_inserts
     if rows:
-        columns = [list(map(attrgetter(name), rows)) for name in (*_KEY_FIELDS, "event_ts", "payload")]
+        columns: list[Any] = [_int_array(list(map(attrgetter(name), rows))) for name in (*_KEY_FIELDS, "event_ts")]
+        columns.append(list(map(attrgetter("payload"), rows)))
         added = conn.execute(sql.SQL(_PG_INSERT).format(**names), (pipeline, *columns)).rowcount
         if added < len(rows):  # some were stored already (a replay): each must be the same row
             bad = conn.execute(sql.SQL(_PG_CONFLICT).format(**names), (*columns, pipeline)).fetchone()
@@ -242,6 +267,8 @@ def pg_commit(conn: psycopg.Connection, names: dict, batch: BatchCommit, store: 
     if batch.pending_released:
         keys = [list(column) for column in zip(*batch.pending_released)]
         conn.execute(sql.SQL(_PG_RELEASE).format(**names), (*keys, pipeline))
+    if batch.pending_released_up_to is not None:
+        conn.execute(sql.SQL(_RELEASE_UP_TO).format(**names), (pipeline, batch.pending_released_up_to))
 
 
 def pg_load(conn: psycopg.Connection, names: dict, pipeline: str, up_to_release_us: int, limit: int | None

@@ -233,7 +233,7 @@ class RowStep:
             fingerprint_doc=self.provenance.fingerprint_doc, watermark=marks.global_wm,
             sources={n: SourceProgress(c.max_event_ts, c.last_arrival) for n, c in marks.clocks.items()},
             counters=dict(self.engine.counters), offsets=offsets)
-        store.commit(BatchCommit(record=record, pending_inserts=result.held, pending_released=result.released_held,
+        store.commit(BatchCommit(record=record, pending_inserts=result.held, pending_released_up_to=result.released_up_to,
                                  in_transaction=[*in_transaction, lambda _conn: faults.point("store_commit", batch_id)]))
         self.record = record
 

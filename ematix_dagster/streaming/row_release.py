@@ -60,7 +60,8 @@ class RowResult:
     batch_id: int
     released: pa.Table  # the SELECT's columns, in release order
     held: list[PendingRow]  # rows this batch holds back (the commit inserts them)
-    released_held: list[tuple[int, int, int]]  # keys of held rows released now (the commit deletes them)
+    #: W when held rows were released now: the commit deletes every held row due by it, None otherwise
+    released_up_to: int | None
     not_released: int  # rows no branch will ever release
     watermark_before: int | None
     watermark: int | None
@@ -123,7 +124,7 @@ class RowEngine:
         self.counters["released_rows"] += released.num_rows
         self.counters["filtered_rows:not_released"] += not_released
         self.counters["filtered_rows:where"] += batch.filtered
-        return RowResult(batch.batch_id, released, held, [p.key for p in loaded], not_released, before, w, pending,
+        return RowResult(batch.batch_id, released, held, w if loaded else None, not_released, before, w, pending,
                          batch.filtered)
 
     def _hold(self, rows: pa.Table, columns: list[str], batch_id: int) -> list[PendingRow]:

@@ -4,8 +4,9 @@ The test starts ``dagster dev`` on 127.0.0.1 (a free port, a temporary DAGSTER_H
 process group), finds every example asset, sensor, job and schedule by name, launches the
 ``processing_time`` clicks pipeline over bounded input plus a closing event, waits for per-batch
 materializations, terminates the run (it must reach CANCELED within 60 s and read as a cancel: no
-retry request, no step failure), launches it again and checks that the Postgres target equals a
-pandas ground truth: nothing lost, nothing counted twice.
+retry request, no step failure), launches it again, terminates it once its pipeline runs (the first run
+may have written every window already) and checks that the Postgres target equals a pandas ground
+truth: nothing lost, nothing counted twice.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tests.dagster_support import (
     dagster_dev_env,
     drop_clicks_target,
     materializations,
+    run_events,
     terminate,
     wait_for,
     write_click_inputs,
@@ -60,6 +62,10 @@ def test_dagster_dev_launch_terminate_relaunch(tmp_path, pg_dsn):
 
         second = dagit.client.submit_job_execution(CLICKS_JOB, repository_location_name=LOCATION, run_config=run_config)
         wait_for(lambda: clicks_target(pg_dsn) == expected or None, 240, "the target to hold every closed window")
+        # The first run may have written every window already: terminate the second one only once its
+        # pipeline runs (a run canceled before its step starts never reaches the pipeline's stop line).
+        wait_for(lambda: any("] guarantee: " in (e.get("message") or "") for e in run_events(dagit, second)),
+                 240, "the second run's pipeline to start")
         terminate(dagit, second)
         assert_reads_as_a_cancel(dagit, second)
         assert clicks_target(pg_dsn) == expected

@@ -1,6 +1,6 @@
 """Schema step 7 on the three stores: pending rows, output rows held back by ``WATERMARK_TS()`` (SPEC §11).
 
-The store contract of ``BatchCommit.pending_inserts`` / ``pending_released``, ``load_pending``,
+The store contract of ``BatchCommit.pending_inserts`` / ``pending_released`` / ``pending_released_up_to``, ``load_pending``,
 ``pending_summary`` and ``reset``'s count; the step itself on a store at version 6 (as
 test_schema_migrations.py does for step 6); the event-time index; SQLite's 0600 files; the reset
 line of the CLI.
@@ -93,6 +93,25 @@ def test_released_rows_leave_with_the_commit_that_releases_them(make_store):
         assert s.load_pending(P, ALL) == [b, d]
     store.commit(BatchCommit(record(P, 2), pending_released=[a.key, c.key]))  # the same release again
     assert store.load_pending(P, ALL) == [b, d]
+
+
+def test_a_range_release_deletes_every_row_due_by_its_bound(make_store):
+    """``pending_released_up_to``: the rows with ``release_us <= bound`` leave (whatever their arrival
+    batch), the later ones and another pipeline's stay; a replay releasing the same range again is no
+    error; it combines with the batch's inserts above the bound."""
+    store = make_store()
+    rows = [row(-5, 0, 0), row(100, 0, 1, n=1), row(100, 1, 0, n=2), row(101, 0, 2, n=3), row(300, 1, 1, n=4)]
+    store.commit(BatchCommit(record(P, 1), pending_inserts=rows))
+    store.commit(BatchCommit(record("another", 0), pending_inserts=[row(1, 0, 0)]))
+    later = row(101, 2, 0, n=5)
+    store.commit(BatchCommit(record(P, 2), pending_inserts=[later], pending_released_up_to=100))
+    for s in (store, make_store()):
+        assert s.load_pending(P, ALL) == [rows[3], later, rows[4]]
+        assert s.load_pending("another", ALL) == [row(1, 0, 0)]
+    store.commit(BatchCommit(record(P, 3), pending_released_up_to=100))  # a replay: nothing left to delete
+    assert store.load_pending(P, ALL) == [rows[3], later, rows[4]]
+    store.commit(BatchCommit(record(P, 4), pending_released_up_to=ALL))
+    assert store.load_pending(P, ALL) == [] and store.pending_summary(P).rows == 0
 
 
 def test_a_commit_that_fails_leaves_the_pending_rows_as_they_were(make_store):
@@ -204,6 +223,10 @@ GOOD = row(100, 0, 0)
     (dict(pending_released=[(1, 0, 2**31)]), "named by its key"),
     (dict(pending_inserts=[GOOD], pending_released=[GOOD.key]), "both inserted and released in one commit: a row "
                                                                 "released in the batch it arrived in"),
+    (dict(pending_inserts=[GOOD], pending_released_up_to=100), r"\(release_us=100, arrival_batch=0, seq=0\) is "
+                                                               "inserted by a commit that releases every row up to 100"),
+    (dict(pending_released_up_to="100"), "pending_released_up_to must be None or an int"),
+    (dict(pending_released_up_to=2**63), "pending_released_up_to must be None or an int"),
 ])
 def test_malformed_pending_lists_are_refused_before_anything_is_written(make_store, batch, match):
     store = make_store()

@@ -20,6 +20,13 @@ Accumulator lists (:func:`encode_state` / :func:`decode_state`)
     msgpack lacks. Older blobs are brought forward by :func:`migrate`, a chain of pure functions that
     lives forever; a newer blob is refused with :class:`StateVersionError`.
 
+Held output rows (:func:`encode_row` / :func:`decode_row`)
+    A row held back by ``WATERMARK_TS()``: ``ROW_FORMAT`` byte (2) + a msgpack array of the row's
+    values as Arrow's ``to_pylist`` gives them, with state version 2's extension types. Unlike
+    accumulators, lists and dicts are values here (Arrow lists, maps' entries, structs): arrays
+    decode as tuples, maps as dicts. Like the key format, the row format is not versioned with
+    the state: a held row written by any version must still leave.
+
 Version history
     1. Every value tagged as ``[type name, payload]``; ints, floats and decimals as text,
        timestamps and dates as ISO-8601 strings, sets as plain (sorted) lists. Readable, but large
@@ -36,7 +43,7 @@ from typing import Any, Callable, Iterable
 
 from state_store.codec_v1 import v1_values
 from state_store.errors import CorruptState, StateVersionError
-from state_store.msgpack_values import packb, unpackb
+from state_store.msgpack_values import packb, unpackb, unpackb_values
 
 KEY_FORMAT = 1
 STATE_VERSION = 2
@@ -44,6 +51,8 @@ _MAX_VERSION_BYTE = 127  # version bytes 0 and 128..255 are never valid: such a 
 _NAN = float("nan")
 _KEY_PREFIX = bytes([KEY_FORMAT])
 STATE_PREFIX = bytes([STATE_VERSION])
+ROW_FORMAT = 2  # the byte before a held row's values: stable forever, like KEY_FORMAT
+_ROW_PREFIX = bytes([ROW_FORMAT])
 
 
 # ---- group keys ------------------------------------------------------------------------------
@@ -100,6 +109,27 @@ def encode_state(accs: list) -> bytes:
         return STATE_PREFIX + packb(accs if type(accs) is list else list(accs))
     except OverflowError as exc:  # pragma: no cover - msgpack hands big ints to _default
         raise TypeError(str(exc)) from None
+
+
+def encode_row(values: list) -> bytes:
+    """One held output row's values (any Arrow column's Python values)."""
+    try:
+        return _ROW_PREFIX + packb(values)
+    except OverflowError as exc:  # pragma: no cover - msgpack hands big ints to _default
+        raise TypeError(str(exc)) from None
+
+
+def decode_row(b: bytes) -> list:
+    """The values of a held row written by :func:`encode_row`."""
+    if b[:1] != _ROW_PREFIX:
+        raise CorruptState(f"held row is corrupt: {describe(b)} has no row format byte {ROW_FORMAT}")
+    try:
+        values = unpackb_values(bytes(b[1:]))
+    except Exception as exc:  # noqa: BLE001
+        raise CorruptState(f"held row is corrupt: {describe(b)} does not decode ({exc})") from None
+    if type(values) is not tuple:
+        raise CorruptState(f"held row is corrupt: {describe(b)} is not a list of values")
+    return list(values)
 
 
 def check_accumulators(accs: Iterable[Any]) -> None:
@@ -187,5 +217,5 @@ def migrate(blob: bytes, from_version: int, to_version: int = STATE_VERSION) -> 
     return blob
 
 
-__all__ = ["KEY_FORMAT", "STATE_VERSION", "encode_key", "decode_key", "encode_state", "decode_state",
-           "state_version", "migrate"]
+__all__ = ["KEY_FORMAT", "ROW_FORMAT", "STATE_VERSION", "encode_key", "decode_key", "encode_state", "decode_state",
+           "encode_row", "decode_row", "state_version", "migrate"]

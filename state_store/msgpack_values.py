@@ -111,4 +111,9 @@ def unpackb(data: bytes | memoryview) -> Any:
                            strict_map_key=False)
 
 
-__all__ = ["packb", "unpackb", "ext_hook"]
+def unpackb_values(data: bytes | memoryview) -> Any:
+    """Plain values (a held output row): maps come back as dicts (Arrow structs), not as sets."""
+    return msgpack.unpackb(data, ext_hook=ext_hook, use_list=False, raw=False, strict_map_key=False)
+
+
+__all__ = ["packb", "unpackb", "unpackb_values", "ext_hook"]

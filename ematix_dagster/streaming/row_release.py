@@ -12,7 +12,7 @@ A row pipeline's batch hands the driver its SQL's output rows, each with its eve
 
 The batch's rows leave ordered by (release time, arrival batch, event time, values in SELECT order),
 so a replay writes the same file. A held row keeps its values as the store's codec encodes them
-(never pickle; time values as their integers), its key is (release time, arrival batch, its place in that order), which a replay
+(``encode_row``: never pickle; time values as their integers; lists, maps and structs too), its key is (release time, arrival batch, its place in that order), which a replay
 of the batch recomputes exactly. Nothing here touches Spark or a file: the rules are tested alone.
 
 >>> import pyarrow as pa
@@ -38,7 +38,7 @@ from ematix_dagster.errors import StateCapExceeded
 from ematix_dagster.sql.release import RELEASE_NOW
 from ematix_dagster.streaming.watermark import Watermarks
 from state_store.base import PendingRow
-from state_store.codec import decode_state, encode_state
+from state_store.codec import decode_row, encode_row
 
 #: the release order's hidden column besides the row's own (dropped before the target sees them)
 ARRIVAL = "_arrival_batch"
@@ -134,7 +134,7 @@ class RowEngine:
         ordered = _ordered(rows.append_column(ARRIVAL, pa.array([batch_id] * rows.num_rows, pa.int64())), columns)
         values = [_stored(ordered.column(c)).to_pylist() for c in columns]
         releases, events = ordered.column(RELEASE_COLUMN).to_pylist(), ordered.column(EVENT_US).to_pylist()
-        return [PendingRow(release, batch_id, seq, event, encode_state(list(row)))
+        return [PendingRow(release, batch_id, seq, event, encode_row(list(row)))
                 for seq, (release, event, row) in enumerate(zip(releases, events, zip(*values)))]
 
 
@@ -176,7 +176,7 @@ def _restored(values: list, dtype: pa.DataType) -> pa.Array:
 
 def _unheld(loaded: list[PendingRow], schema: pa.Schema, columns: Sequence[str]) -> pa.Table:
     """Held rows back as a table of ``schema`` (their values decoded, the order's columns restored)."""
-    values = list(zip(*(decode_state(p.payload) for p in loaded)))
+    values = list(zip(*(decode_row(p.payload) for p in loaded)))
     arrays = {c: _restored(list(v), schema.field(c).type) for c, v in zip(columns, values)}
     arrays[RELEASE_COLUMN] = pa.array([p.release_us for p in loaded], pa.int64())
     arrays[EVENT_US] = pa.array([p.event_ts for p in loaded], pa.int64())

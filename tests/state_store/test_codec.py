@@ -145,6 +145,19 @@ def test_state_refuses_lists_and_unknown_types():
         codec.encode_state([time(1, tzinfo=UTC)])
 
 
+def test_held_rows_keep_lists_maps_and_structs_as_values():
+    """A held row's values (Arrow's to_pylist) are not accumulators: lists and dicts are values, and the
+    row format byte is stable (rows held by an older version still leave)."""
+    values = [1, "x", None, [1, None, 3], {"n": 1, "at": datetime(2026, 1, 1, tzinfo=UTC)}, [("k", Decimal("2.5"))]]
+    blob = codec.encode_row(values)
+    assert blob[0] == codec.ROW_FORMAT == 2
+    assert codec.decode_row(blob) == [1, "x", None, (1, None, 3), {"n": 1, "at": datetime(2026, 1, 1, tzinfo=UTC)},
+                                      (("k", Decimal("2.5")),)]
+    for corrupt in (b"", b"\x01" + blob[1:], blob[:-3], codec.encode_row([1])[:1] + msgpack.packb(7)):
+        with pytest.raises(CorruptState, match="held row is corrupt"):
+            codec.decode_row(corrupt)
+
+
 # ---- versions ----------------------------------------------------------------------------------
 
 

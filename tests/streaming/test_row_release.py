@@ -110,14 +110,18 @@ def test_max_buffered_rows_fails_loud_naming_the_bound() -> None:
 
 
 def test_held_time_values_come_back_as_they_went_in() -> None:
-    """Timestamps (UTC µs), dates, decimals and NULLs survive being held and released."""
+    """Timestamps (UTC µs), dates, decimals, NULLs and nested values (lists, structs holding a
+    timestamp, maps) survive being held and released."""
     import datetime as dt
     from decimal import Decimal
 
-    ts = [dt.datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=dt.timezone.utc), None]
-    rows = pa.table({"t": pa.array(ts, pa.timestamp("us", tz="UTC")),
+    ts, ts_type = [dt.datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=dt.timezone.utc), None], pa.timestamp("us", tz="UTC")
+    rows = pa.table({"t": pa.array(ts, ts_type),
                      "d": pa.array([dt.date(2026, 1, 2), None], pa.date32()),
                      "m": pa.array([Decimal("1.50"), None], pa.decimal128(9, 2)),
+                     "l": pa.array([["a", None], None], pa.list_(pa.string())),
+                     "s": pa.array([{"n": 1, "at": ts[0]}, None], pa.struct([("n", pa.int64()), ("at", ts_type)])),
+                     "kv": pa.array([[("k", Decimal("2.5"))], None], pa.map_(pa.string(), pa.decimal128(5, 1))),
                      "_release_us": [100, 100], "_event_us": [1, 2]})
     store = _Store()
     eng = RowEngine(Watermarks(lateness=0, idleness=10**12, sources=("s",)), max_buffered_rows=10)
@@ -125,5 +129,7 @@ def test_held_time_values_come_back_as_they_went_in() -> None:
     store.rows = {row.key: row for row in first.held}
     later = eng.process(RowBatch(1, 1, {"s": SourceStats(rows=0, max_event_ts=100)}, rows.slice(0, 0)), store.due)
     assert first.released.num_rows == 0 and later.released_up_to == 100 == later.watermark
-    assert later.released.to_pydict() == {"t": ts, "d": [dt.date(2026, 1, 2), None], "m": [Decimal("1.50"), None]}
-    assert later.released.schema == rows.select(["t", "d", "m"]).schema
+    assert later.released.to_pydict() == {"t": ts, "d": [dt.date(2026, 1, 2), None], "m": [Decimal("1.50"), None],
+                                          "l": [["a", None], None], "s": [{"n": 1, "at": ts[0]}, None],
+                                          "kv": [[("k", Decimal("2.5"))], None]}
+    assert later.released.schema == rows.select(["t", "d", "m", "l", "s", "kv"]).schema

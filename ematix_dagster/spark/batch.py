@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, cast
 
 import pyarrow as pa
@@ -18,17 +17,17 @@ from pyspark.sql import DataFrame, SparkSession
 
 from ematix_dagster import faults
 from ematix_dagster.columns import CLASS, HEARTBEAT, REASON
-from ematix_dagster.errors import BatchDataError, StateNotDurableError, first_line
+from ematix_dagster.errors import StateNotDurableError
 from ematix_dagster.metrics import StreamingMetrics
 from ematix_dagster.spark import checkpoint
 from ematix_dagster.spark.batch_counts import batch_counts, may_hold_future_rows, sources_of
 from ematix_dagster.spark.batch_job import BatchFrames, build_batch
-from ematix_dagster.spark.checkpoint import batch_files
 from ematix_dagster.spark.convert import partial_lists, rows_to_arrow
+from ematix_dagster.spark.data_errors import data_error, is_data_error
 from ematix_dagster.spark.file_dead_letters import DeadLetters
 from ematix_dagster.spark.input_files import UNREADABLE_FILE, InputFiles
 from ematix_dagster.spark.plan import BatchPlan
-from ematix_dagster.spark.recovery import checkpoint_offsets, named_offsets, offset_names
+from ematix_dagster.spark.recovery import named_offsets, offset_names
 from ematix_dagster.spark.windows.fixed import late_windows
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.streaming.durable import Provenance, batch_commit, encoded_key
@@ -153,8 +152,8 @@ class BatchStep:
             try:
                 batch = self._aggregate_input(df, batch_id, batch_time, in_transaction)
             except Exception as exc:
-                if _is_data_error(exc):
-                    raise self._data_error(batch_id, exc) from None
+                if is_data_error(exc):
+                    raise data_error(spec, batch_id, exc) from None
                 raise
         else:
             batch = BatchInput(batch_id, batch_time, {s.name: SourceStats() for s in spec.sources})
@@ -167,27 +166,6 @@ class BatchStep:
         seconds = time.perf_counter() - started
         self.metrics.record(spec.pipeline_name, spec.window.kind, spec.window.late_data, batch, result, seconds)
         return self._report(batch, result, seconds)
-
-    def _data_error(self, batch_id: int, exc: Exception) -> BatchDataError:
-        """The terminal error for a batch that failed on its data, naming what it read."""
-        spec, cp = self.spec, self.spec.run.checkpoint_location
-        inputs = []
-        for i, source in enumerate(spec.sources):
-            if source.kind == "files":
-                files = [Path(url).name for url in batch_files(cp, i, batch_id)]
-                shown = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
-                inputs.append(f"source {source.name!r} files {shown or '(none)'} under {source.path}")
-            else:
-                now = checkpoint_offsets(spec, batch_id).get(source.name)
-                before = checkpoint_offsets(spec, batch_id - 1).get(source.name) \
-                    if batch_id > 0 and checkpoint.offsets_exist(cp, batch_id - 1) else None
-                inputs.append(f"source {source.name!r} offsets {before} -> {now}")
-        return BatchDataError(
-            f"pipeline {spec.pipeline_name}: batch {batch_id} failed on a value in its input "
-            f"({'; '.join(inputs)}): {first_line(exc)}",
-            way_out="fix or remove the rows in that input, or compute the failing expression in [transform] sql "
-                    "(its ANSI-throwing expressions are guarded: ematix_dagster/spark/safe_sql.py lists the ones "
-                    "that cannot be)")
 
     def _reads_input(self, offsets: checkpoint.BatchOffsets) -> bool:
         """Whether a data source advanced since the previous batch (its offset line changed).
@@ -377,9 +355,3 @@ def one_job_per_batch(session: SparkSession) -> None:
     partitions = int(conf.get("spark.sql.shuffle.partitions") or 200)
     if partitions <= FEW_PARTITIONS_PER_CORE * session.sparkContext.defaultParallelism:
         conf.set("spark.sql.adaptive.enabled", "false")
-
-
-def _is_data_error(exc: BaseException) -> bool:
-    """Spark failed on a value (SQLSTATE class 22, "data exception"): the same rows fail again."""
-    state = exc.getSqlState() if hasattr(exc, "getSqlState") else None
-    return isinstance(state, str) and state.startswith("22")

@@ -42,6 +42,7 @@ from ematix_dagster.spark.batch_columns import pre_sql_reason, source_stats
 from ematix_dagster.spark.batch_counts import sources_of
 from ematix_dagster.spark.batch_values import with_batch_values
 from ematix_dagster.spark.convert import UTC_MICROS, arrow_type
+from ematix_dagster.spark.data_errors import data_error, is_data_error
 from ematix_dagster.spark.file_dead_letters import DeadLetters
 from ematix_dagster.spark.input_files import UNREADABLE_FILE, InputFiles
 from ematix_dagster.spark.observed import Observed
@@ -104,7 +105,12 @@ class RowStep:
         offsets = checkpoint.read_offsets(spec.run.checkpoint_location, batch_id)
         batch_time = offsets.batch_timestamp_ms * 1_000
         in_transaction: InTransaction = []
-        batch, dead = self._read_input(df, batch_id, batch_time, in_transaction)
+        try:
+            batch, dead = self._read_input(df, batch_id, batch_time, in_transaction)
+        except Exception as exc:
+            if is_data_error(exc):
+                raise data_error(spec, batch_id, exc) from None
+            raise
         store = self.store
         result = engine.process(batch, lambda w: store.load_pending(spec.pipeline_name, w) if store else [])
         self._write(batch_id, result.released, in_transaction)

@@ -127,10 +127,11 @@ def test_a_failing_sql_expression_dead_letters_its_row_with_the_expression(spark
     assert metric(registry, "rejected_rows_total", pipeline="sql-errors", reason="sql_error") == 2
 
 
-def test_a_data_error_the_guard_cannot_catch_is_terminal_and_names_the_input(spark, tmp_path, batch_files):
+@pytest.mark.parametrize("pipeline", ["windowed", "rows"])
+def test_a_data_error_the_guard_cannot_catch_is_terminal_and_names_the_input(spark, tmp_path, batch_files, pipeline):
     """``-v`` at BIGINT's minimum overflows (ANSI, SQLSTATE 22003) and has no try_ form: the run stops
     with a terminal BatchDataError naming the batch's file, instead of a transient Spark failure
-    retried forever."""
+    retried forever; in a windowed pipeline and in a row pipeline (no ``[transform.window]``)."""
     from ematix_dagster.errors import BatchDataError
 
     files = batch_files("in")
@@ -139,6 +140,8 @@ def test_a_data_error_the_guard_cannot_catch_is_terminal_and_names_the_input(spa
     doc = tomllib.loads(windowed_pipeline_toml("data-error", tmp_path, aggregations=[
         {"agg": "sum", "column": "nv", "as": "s"}], trigger="available_now"))
     doc["transform"]["sql"] = "SELECT k, -v AS nv, _event_ts, _source FROM source"
+    if pipeline == "rows":
+        doc["transform"] = {"sql": "SELECT k, -v AS nv FROM source", "lateness_ms": 0}
     with pytest.raises(BatchDataError) as failed:
         run(load_pipeline_str(tomli_w.dumps(doc)), spark)
     assert failed.value.terminal and path.name in str(failed.value) and "batch 0" in str(failed.value)

@@ -2,9 +2,7 @@
 
 This module owns the query's lifetime: preflight (lease, fingerprint, checkpoint checks), start,
 the ``foreachBatch`` callback's locking, stop and cleanup. What one micro-batch does is
-:class:`~ematix_dagster.spark.batch.BatchStep`.
-
-Blocking py4j calls (waiting for the query) run on a background thread and batch reports travel
+:class:`~ematix_dagster.spark.batch.BatchStep` (a row pipeline's: ``row_batch.RowStep``). Blocking py4j calls (waiting for the query) run on a background thread and batch reports travel
 through a queue, so the caller's thread (the CLI, or a Dagster step that may be interrupted)
 never sits inside py4j (docs/dagster.md).
 """
@@ -357,12 +355,16 @@ class PipelineRunner:
 
     def _finish(self) -> Iterator[BatchReport]:
         """The end of an ``available_now`` run: the end-of-input flush, or what stays open. A row
-        pipeline has nothing to flush: its held rows wait for the watermark (WATERMARK_TS() never
-        moves by a flush)."""
+        pipeline's held rows wait for the watermark (WATERMARK_TS() never moves by a flush)."""
         spec, engine, step = self.spec, self.engine, self.step
-        if spec.run.trigger != "available_now" or self._stopping or not isinstance(engine, Engine):
+        if spec.run.trigger != "available_now" or self._stopping:
             return
-        assert isinstance(step, BatchStep)
+        if isinstance(engine, RowEngine):
+            if engine.pending and self.store is not None:
+                self.progress(f"[{spec.pipeline_name}] input exhausted: {engine.pending} rows held back by WATERMARK_TS() "
+                              f"stay in {self.store.description} until the watermark reaches their release time")
+            return
+        assert isinstance(engine, Engine) and isinstance(step, BatchStep)
         if spec.run.end_of_input == "flush" and self._not_emitted():
             report = step.flush()
             self.progress(report.progress_line(spec.pipeline_name) + " (end-of-input flush)")

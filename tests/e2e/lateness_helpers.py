@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 import pyarrow as pa
@@ -100,9 +100,9 @@ def make_spec(tmp: Path, name: str, sources: list[dict[str, Any]], window: dict[
     return load_pipeline_str(tomli_w.dumps(doc))
 
 
-def run(spec, spark) -> tuple[RunSummary, CollectorRegistry]:
+def run(spec, spark, progress: Callable[[str], None] = lambda _: None) -> tuple[RunSummary, CollectorRegistry]:
     registry = CollectorRegistry()
-    summary = PipelineRunner(spec, spark=spark, metrics=StreamingMetrics(registry), progress=lambda _: None).run()
+    summary = PipelineRunner(spec, spark=spark, metrics=StreamingMetrics(registry), progress=progress).run()
     return summary, registry
 
 

@@ -86,7 +86,8 @@ def test_delayed_rows_leave_in_the_batch_whose_watermark_reaches_them(spark, tmp
     spec = load_pipeline(toml)
     cp, out, p = spec.run.checkpoint_location, spec.target.path, spec.pipeline_name
 
-    summary, registry = run(spec, spark)
+    lines: list[str] = []
+    summary, registry = run(spec, spark, lines.append)
     outs = oracle_run(feed, cp, DELAYED_QUERY)
     check_the_data(outs)
     assert parquet_batches(out) == expected_batches(outs)  # rows, columns, order; nothing after batch 3
@@ -102,6 +103,9 @@ def test_delayed_rows_leave_in_the_batch_whose_watermark_reaches_them(spark, tmp
     assert metric(registry, "watermark_seconds", pipeline=p, source="_output") * 1e6 == \
         min(outs[-1].watermark, *(h.event_ts for h in held)), "the output watermark waits for the oldest pending row"
     assert stat.S_IMODE(os.stat(tmp_path / "state.db").st_mode) == 0o600, "pending payloads are not public"
+
+    # the end of input releases nothing and says what stays held
+    assert any(f"input exhausted: {len(held)} rows held back by WATERMARK_TS() stay in" in line for line in lines), lines
 
     # `state`: the pending rows' count, bytes and next release time, never their values
     capsys.readouterr()

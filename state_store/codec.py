@@ -111,7 +111,7 @@ def encode_state(accs: list) -> bytes:
         raise TypeError(str(exc)) from None
 
 
-def encode_row(values: list) -> bytes:
+def encode_row(values: list | tuple) -> bytes:
     """One held output row's values (any Arrow column's Python values)."""
     try:
         return _ROW_PREFIX + packb(values)

@@ -178,8 +178,8 @@ _RELEASE_UP_TO = "DELETE FROM {pending} WHERE pipeline_name = %s AND release_us 
 
 
 def _rows(fetched: Any) -> list[PendingRow]:
-    return [PendingRow(release_us, arrival_batch, seq, event_ts, bytes(payload))
-            for release_us, arrival_batch, seq, event_ts, payload in fetched]
+    """Both drivers return a bytea / BLOB as ``bytes``: the fetched tuples are the rows."""
+    return list(map(PendingRow._make, fetched))
 
 
 # ---- SQLite --------------------------------------------------------------------------------------

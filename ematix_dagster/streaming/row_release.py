@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import count, repeat
 from typing import Callable, Sequence
 
 import pyarrow as pa
@@ -134,8 +135,7 @@ class RowEngine:
         ordered = _ordered(rows.append_column(ARRIVAL, pa.array([batch_id] * rows.num_rows, pa.int64())), columns)
         values = [_stored(ordered.column(c)).to_pylist() for c in columns]
         releases, events = ordered.column(RELEASE_COLUMN).to_pylist(), ordered.column(EVENT_US).to_pylist()
-        return [PendingRow(release, batch_id, seq, event, encode_row(list(row)))
-                for seq, (release, event, row) in enumerate(zip(releases, events, zip(*values)))]
+        return list(map(PendingRow, releases, repeat(batch_id), count(), events, map(encode_row, zip(*values))))
 
 
 def _ordered(rows: pa.Table, columns: Sequence[str], by_event_time: bool = False) -> pa.Table:

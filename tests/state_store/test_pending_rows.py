@@ -12,7 +12,6 @@ import logging
 import os
 import sqlite3
 import stat
-from dataclasses import replace
 
 import psycopg
 import pytest
@@ -156,7 +155,7 @@ def test_a_key_stored_with_another_row_fails_the_commit_and_writes_nothing(make_
     store.commit(BatchCommit(record(P, 0), pending_inserts=[a, b]))
     with pytest.raises(CorruptState) as info:
         store.commit(BatchCommit(record(P, 1), upserts=[(0, 10, key("k"), blob(1))],
-                                 pending_inserts=[row(50, 1, 0, n=3), replace(b, **change)], pending_released=[a.key]))
+                                 pending_inserts=[row(50, 1, 0, n=3), b._replace(**change)], pending_released=[a.key]))
     text = str(info.value)
     assert f"pipeline {P!r}" in text and store.description in text
     assert "(release_us=200, arrival_batch=0, seq=1)" in text and "reset" in text
@@ -214,7 +213,7 @@ GOOD = row(100, 0, 0)
     (dict(pending_inserts=[PendingRow(100, 0, 0, None, "secret text")]), "payload must be bytes, got a str"),
     (dict(pending_inserts=[GOOD, PendingRow(100, 0, 1, None, bytearray(b"x"))]), "payload must be bytes"),
     (dict(pending_inserts=(GOOD,)), "must be lists"),
-    (dict(pending_inserts=[GOOD, replace(GOOD, payload=b"y")]), r"\(release_us=100, arrival_batch=0, seq=0\) is "
+    (dict(pending_inserts=[GOOD, GOOD._replace(payload=b"y")]), r"\(release_us=100, arrival_batch=0, seq=0\) is "
                                                                  "inserted twice"),
     (dict(pending_released=[(1, 0, 0), (2, 0, 0), (1, 0, 0)]), "released twice"),
     (dict(pending_released=[[1, 0, 0]]), "named by its key"),

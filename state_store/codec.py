@@ -123,12 +123,17 @@ def decode_row(b: bytes) -> list:
     """The values of a held row written by :func:`encode_row`."""
     if b[:1] != _ROW_PREFIX:
         raise CorruptState(f"held row is corrupt: {describe(b)} has no row format byte {ROW_FORMAT}")
+    return _decoded_list(b, unpackb_values, "held row", "values")
+
+
+def _decoded_list(b: bytes, unpack: Callable[[bytes], Any], what: str, items: str) -> list:
+    """The msgpack array after a blob's first byte, as a list; anything else is corrupt."""
     try:
-        values = unpackb_values(bytes(b[1:]))
+        values = unpack(bytes(b[1:]))
     except Exception as exc:  # noqa: BLE001
-        raise CorruptState(f"held row is corrupt: {describe(b)} does not decode ({exc})") from None
+        raise CorruptState(f"{what} is corrupt: {describe(b)} does not decode ({exc})") from None
     if type(values) is not tuple:
-        raise CorruptState(f"held row is corrupt: {describe(b)} is not a list of values")
+        raise CorruptState(f"{what} is corrupt: {describe(b)} is not a list of {items}")
     return list(values)
 
 
@@ -147,13 +152,7 @@ def decode_state(b: bytes) -> list:
     version = state_version(b)
     if version != STATE_VERSION:
         b = migrate(b, version, STATE_VERSION)
-    try:
-        accs = unpackb(bytes(b[1:]))
-    except Exception as exc:  # noqa: BLE001
-        raise CorruptState(f"state blob is corrupt: {describe(b)} does not decode ({exc})") from None
-    if type(accs) is not tuple:
-        raise CorruptState(f"state blob is corrupt: {describe(b)} is not a list of accumulators")
-    return list(accs)
+    return _decoded_list(b, unpackb, "state blob", "accumulators")
 
 
 def state_version(b: bytes) -> int:

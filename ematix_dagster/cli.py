@@ -1,4 +1,4 @@
-"""``ematix-dagster validate | run | check | state | migrate | reset PIPELINE.toml``.
+"""``ematix-dagster validate | run | check | state | migrate | reset | backfill PIPELINE.toml``.
 
 Exit codes: 0 success, 2 a configuration error (nothing ran), 1 a failure while running or a
 problem found by ``check`` (the message says whether retrying can help).
@@ -15,7 +15,7 @@ import traceback
 from pathlib import Path
 from typing import Sequence
 
-from ematix_dagster.errors import ConfigError, UnexpectedError
+from ematix_dagster.errors import BackfillRefused, ConfigError, UnexpectedError
 from ematix_dagster.spark.failures import classify
 from ematix_dagster.spec import PipelineSpec, load_pipeline, spec_warnings
 
@@ -121,6 +121,17 @@ def cmd_reset(spec: PipelineSpec, yes: bool) -> int:
     return 0
 
 
+def cmd_backfill(spec: PipelineSpec, start: str, end: str) -> int:
+    from ematix_dagster.backfill import run_backfill
+    from ematix_dagster.spec.backfill import format_instant
+
+    r = run_backfill(spec, start, end, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(f"[{spec.pipeline_name}] backfilled [{format_instant(r.start_us)}, {format_instant(r.end_us)}): "
+          f"{r.windows} windows, {r.rows_written} rows written, {r.rows_deleted} rows replaced, {r.rows_read} rows "
+          f"read, {r.seconds:.1f} s")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ematix-dagster", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -131,6 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("state", "print open windows, groups, bytes, watermarks and counters from the store"),
         ("migrate", "bring stored state to this version's format (respects the lease)"),
         ("reset", "delete the pipeline's state and checkpoint, never the target (respects the lease)"),
+        ("backfill", "rewrite the windows starting in [--from, --to) from archived input ([backfill])"),
     )
     for name, text in commands:
         p = sub.add_parser(name, help=text)
@@ -139,6 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.add_argument("--dry-run", action="store_true", help="print what would change, change nothing")
         if name == "reset":
             p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+        if name == "backfill":
+            p.add_argument("--from", dest="start", required=True, help="the range's start (ISO date or date-time, UTC)")
+            p.add_argument("--to", dest="end", required=True, help="the range's end, exclusive")
     args = parser.parse_args(argv)
     try:
         spec = load_pipeline(args.pipeline)
@@ -149,7 +164,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_migrate(spec, args.dry_run)
         if args.command == "reset":
             return cmd_reset(spec, args.yes)
+        if args.command == "backfill":
+            return cmd_backfill(spec, args.start, args.end)
         return {"validate": cmd_validate, "run": cmd_run, "check": cmd_check, "state": cmd_state}[args.command](spec)
+    except BackfillRefused as exc:  # nothing ran: the range asked for cannot be rewritten
+        print(f"error: backfill refused: {exc}", file=sys.stderr)
+        return 2
     except ConfigError as exc:  # the pipeline's (PipelineConfigError) or its store's (StoreConfigError)
         print(f"error: invalid pipeline {args.pipeline}: {exc}", file=sys.stderr)
         return 2

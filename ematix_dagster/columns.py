@@ -20,6 +20,8 @@ from __future__ import annotations
 EVENT_TS = "_event_ts"
 #: the name of the source the row came from, added by every reader
 SOURCE = "_source"
+#: the view [transform] sql reads every source from (not a column)
+SOURCE_VIEW = "source"
 #: the raw line of a json/csv row that did not parse (NULL in one that did), Spark's reader adds it
 CORRUPT = "_corrupt_record"
 #: marker: the heartbeat source's ``_source`` value and its place in the checkpoint's offsets

@@ -93,6 +93,18 @@ class UnreadableInputFile(EmatixError):
     """
 
 
+class BackfillRefused(ConfigError):
+    """A backfill that cannot run as asked (a range the streaming state still holds, one before
+    ``[backfill] start`` or not cut at partition boundaries): nothing ran. ``key`` names the
+    option at fault (``--from``, ``--to``); exit code 2, like a configuration error."""
+
+
+class BackfillBusy(EmatixError):
+    """Another backfill of the pipeline holds its backfill lock. Retrying once it ended may help."""
+
+    terminal = False
+
+
 class CorruptCheckpoint(EmatixError):
     """A file in Spark's checkpoint directory is not in Spark's format (offsets, commits, metadata).
 
@@ -100,7 +112,7 @@ class CorruptCheckpoint(EmatixError):
     """
 
 
-__all__ = ["AggregationOverflow", "BatchDataError", "CheckpointDiverged", "ConfigError", "CorruptCheckpoint", "CorruptState",
+__all__ = ["AggregationOverflow", "BackfillBusy", "BackfillRefused", "BatchDataError", "CheckpointDiverged", "ConfigError", "CorruptCheckpoint", "CorruptState",
            "EmatixError", "FingerprintChanged", "InputSchemaMismatch", "LeaseHeld", "PipelineConfigError",
            "SparkQueryFailed", "StateCapExceeded", "StateNotDurableError", "StateVersionError",
            "StoreAccessDenied", "StoreConfigError", "StorePermissionError", "StoreUnavailable", "TargetError",

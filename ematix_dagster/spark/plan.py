@@ -15,7 +15,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ematix_dagster.columns import CORRUPT, EVENT_TS, INPUT_PREFIX, PARTIAL_PREFIX, SOURCE, SQL_ERROR
+from ematix_dagster.columns import CORRUPT, EVENT_TS, INPUT_PREFIX, PARTIAL_PREFIX, SOURCE, SOURCE_VIEW, SQL_ERROR
 from ematix_dagster.errors import PipelineConfigError, first_line
 from ematix_dagster.spark.aggregation_input import INTEGRAL, AggregationInput
 from ematix_dagster.spark.batch_columns import BatchColumns
@@ -27,7 +27,7 @@ from ematix_dagster.streaming.aggregators import Aggregator, make_aggregator, wi
 #: Plan nodes that make a query look at more than one row at a time.
 NOT_ROW_WISE = {"Aggregate", "Window", "WindowGroupLimit", "Sort", "GlobalLimit", "LocalLimit", "Tail", "Offset",
                 "Distinct", "Deduplicate", "Intersect", "Except", "Sample", "Expand"}
-VIEW = "source"
+VIEW = SOURCE_VIEW
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ematix_dagster.columns import HEARTBEAT
+from ematix_dagster.spec.backfill import Backfill
 from ematix_dagster.spec.environment import _resolved
 from ematix_dagster.spec.registries import WINDOW_KINDS
 from ematix_dagster.spec.rows import RowTransform, validate_row_pipeline
@@ -247,6 +248,7 @@ class PipelineSpec:
     dead_letter: DeadLetter | None = None
     state_store: StateStoreConfig = field(default_factory=StateStoreConfig)
     metrics_port: int | None = None
+    backfill: Backfill | None = None  # docs/contract/backfill.md
 
     def __post_init__(self) -> None:
         _listed_as_tuple(self, "sources")
@@ -316,6 +318,8 @@ class PipelineSpec:
             _fail("target.same_transaction", "needs a postgres [state_store] in the same database",
                   'set [state_store] kind = "postgres" or remove same_transaction')
         self.run.validate()
+        if self.backfill is not None:
+            self._validate_backfill(self.backfill)
         if self.metrics_port is not None and not 1 <= self.metrics_port <= 65535:
             _fail("metrics_port", f"{self.metrics_port!r} is not a TCP port", "use 1..65535")
 
@@ -344,6 +348,29 @@ class PipelineSpec:
                   "they wrote, so a correction cannot retract the row it replaces",
                   'remove retractions (readers keep the latest row per key), or use late_data = "drop" or "dlq", '
                   "where each window is written once")
+
+    def _validate_backfill(self, backfill: Backfill) -> None:
+        """What a backfill can rewrite: windows that a range boundary never cuts, from files, in a table."""
+        backfill.validate()
+        if self.window_spec is None:
+            _fail("backfill", "applies to windowed pipelines: a row pipeline has no windows to recompute",
+                  "remove [backfill]")
+        if self.window_spec.kind not in ("tumbling", "hopping"):
+            _fail("backfill", f"does not apply to {self.window_spec.kind} windows: a range boundary would cut their "
+                  "windows (a session or a sliding window that starts in the range takes in rows from before "
+                  "it), so rewriting the range would change windows outside it", "remove [backfill]")
+        for i, source in enumerate(self.sources):
+            if source.kind != "files":
+                _fail(f"sources[{i}].kind", f"a backfill reads archived files; source {source.name!r} is "
+                      f"{source.kind!r}", "remove [backfill], or read the source's archive as a files source")
+        if self.target.kind != "postgres":
+            _fail("backfill", f"rewrites a range of windows in one PostgreSQL transaction; the target is "
+                  f"{self.target.kind!r}, whose rows cannot be replaced that way",
+                  'use a [target] kind = "postgres", or remove [backfill]')
+        for i, archived in enumerate(backfill.sources):
+            if archived.name not in self.source_names:
+                _fail(f"backfill.sources[{i}].name", f"no source is named {archived.name!r}",
+                      f"name one of {', '.join(self.source_names)}")
 
     @property
     def source_names(self) -> tuple[str, ...]:

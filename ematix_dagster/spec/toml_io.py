@@ -12,6 +12,7 @@ from typing import Any, Mapping
 import tomli_w
 
 from ematix_dagster.errors import PipelineConfigError
+from ematix_dagster.spec.backfill import Backfill, BackfillSource
 from ematix_dagster.spec.model import DeadLetter, PipelineSpec, Run, Source, StateStoreConfig, Target
 from ematix_dagster.spec.rows import RowTransform
 from ematix_dagster.spec.rules import _fail
@@ -25,7 +26,8 @@ _SEED_001_SPELLINGS = {
     "width_ms": "duration_ms",
 }
 
-_TOP_KEYS = {"pipeline_name", "metrics_port", "sources", "transform", "target", "dead_letter", "state_store", "run"}
+_TOP_KEYS = {"pipeline_name", "metrics_port", "sources", "transform", "target", "dead_letter", "state_store", "run",
+             "backfill"}
 
 
 def _take(table: Mapping[str, Any], key: str, cls: type, renames: Mapping[str, str] | None = None) -> Any:
@@ -86,6 +88,15 @@ def _rows(transform: Mapping[str, Any]) -> RowTransform:
     return _take({k: v for k, v in transform.items() if k != "sql"}, "transform", RowTransform)
 
 
+def _backfill(bdoc: Any) -> Backfill:
+    """``[backfill]`` with its ``[[backfill.sources]]``."""
+    backfill = _take(bdoc, "backfill", Backfill)
+    if not isinstance(backfill.sources, tuple) or not all(isinstance(s, Mapping) for s in backfill.sources):
+        _fail("backfill.sources", "must be an array of tables", "write [[backfill.sources]] with name and path")
+    return replace(backfill, sources=tuple(_take(s, f"backfill.sources[{i}]", BackfillSource)
+                                           for i, s in enumerate(backfill.sources)))
+
+
 def _windowed_transform_keys(transform: Mapping[str, Any]) -> None:
     """``[transform]`` of a windowed pipeline holds only ``sql`` and ``window``: the watermark keys
     belong in the window, and ``max_buffered_rows`` to row pipelines."""
@@ -138,6 +149,7 @@ def spec_from_dict(doc: Mapping[str, Any]) -> PipelineSpec:
         state_store=(_take(doc["state_store"], "state_store", StateStoreConfig) if "state_store" in doc
                      else StateStoreConfig()),
         run=_take(doc["run"], "run", Run),
+        backfill=_backfill(doc["backfill"]) if "backfill" in doc else None,
     )
     return spec.validate()
 
@@ -203,6 +215,10 @@ def spec_to_dict(spec: PipelineSpec) -> dict[str, Any]:
     if spec.state_store != StateStoreConfig():
         doc["state_store"] = _table(spec.state_store) | {"kind": spec.state_store.kind}
     doc["run"] = _table(spec.run)
+    if spec.backfill is not None:
+        doc["backfill"] = _table(spec.backfill, skip=("sources",))
+        if spec.backfill.sources:
+            doc["backfill"]["sources"] = [_table(s) for s in spec.backfill.sources]
     return doc
 
 

@@ -18,8 +18,9 @@ which ``open()`` checks.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import psycopg
 import pyarrow as pa
@@ -30,6 +31,7 @@ from ematix_dagster.columns import BATCH_ID, DEAD_LETTER_COLUMNS, EMIT_KIND, EMI
 from ematix_dagster.spec import DeadLetter, Target
 from ematix_dagster.targets.pg_table import PostgresTable
 from ematix_dagster.targets.pg_types import (
+    _EPOCH,
     PG_MIN_US,
     _json_value,
     _normalize_column,
@@ -122,6 +124,31 @@ class PostgresWindowWriter:
                     return
         with conn.cursor() as cur:
             upsert(cur, self._pg, rows, self.columns, self.key_columns)
+
+    def replace_windows(self, start_us: int, end_us: int, rows: pa.Table,
+                        before_commit: Callable[[], None] = lambda: None) -> int:
+        """One transaction: delete every row whose window starts in [start_us, end_us), write ``rows``
+        (a backfill's windows of that range), commit; how many rows it deleted. Without rows the
+        writer may know no columns: the table is then only checked to exist, by the delete."""
+        if rows.num_rows and not self._opened:
+            self.open()
+        conn = self._pg.connect()
+        bounds = [_EPOCH + dt.timedelta(microseconds=us) for us in (start_us, end_us)]
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql.SQL("DELETE FROM {t} WHERE {w} >= %s AND {w} < %s").format(
+                    t=self._pg.ident, w=sql.Identifier(self.key_columns[0])), bounds)
+                deleted = cur.rowcount
+            self.write_in_transaction(conn, 0, rows)
+            before_commit()
+            conn.commit()
+        except psycopg.Error as exc:
+            self._pg.drop_broken_connection()
+            raise self._pg.error("replacing a backfill range of", exc) from None
+        except BaseException:
+            self._pg.drop_broken_connection()
+            raise
+        return deleted
 
     def _delete_keys(self, conn: psycopg.Connection, retracts: pa.Table) -> None:
         """Delete the rows whose key a retract row names (NULL group values match NULL: the key is

@@ -93,13 +93,14 @@ def wait_group_gone(pgid: int, timeout: float = 10.0) -> list[int]:
     return alive
 
 
-def start_run(toml: Path, **env: str) -> subprocess.Popen:
-    """``ematix-dagster run TOML`` in a process group of its own (the group id is its pid)."""
+def start_run(toml: Path, *options: str, command: str = "run", **env: str) -> subprocess.Popen:
+    """``ematix-dagster run TOML`` (or ``command``, with ``options``) in a process group of its own
+    (the group id is its pid)."""
     full = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
     for name in ("EMATIX_FAULT_POINTS", "EMATIX_FAULT_PAUSE"):
         if not full.get(name):
             full.pop(name, None)
-    return subprocess.Popen([sys.executable, "-m", "ematix_dagster.cli", "run", str(toml)], cwd=ROOT, env=full,
+    return subprocess.Popen([sys.executable, "-m", "ematix_dagster.cli", command, str(toml), *options], cwd=ROOT, env=full,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 

@@ -1,0 +1,141 @@
+"""A day of windows rewritten from archived input after a fix (docs/contract/backfill.md), against pandas.
+
+One pipeline (hourly tumbling windows per ``k``, count and sum of ``v``, PostgreSQL target, SQLite
+store) streams three files: 2024-01-01, then 2024-01-02 with a row of 01-01 that arrives late and
+is dropped, then 2024-01-03 01:00, which moves the watermark past 01-02. The archive holds every
+row plus a file that never streamed. Then the SQL is "fixed" (``v * 10``, ``k = 'c'`` left out)
+and 2024-01-01 is backfilled from the archive:
+
+* refused first, with nothing written: 2024-01-03 (the streaming state still holds its windows),
+  a range before ``[backfill] start``, and a second backfill while the lock is held;
+* ``SIGKILL`` inside the backfill's transaction (``ematix-dagster backfill`` in its own process
+  group, fault point ``backfill_commit:range``): the table is exactly as before;
+* then the backfill itself: the day's rows equal pandas over the archive's rows of that day
+  under the new SQL (the late row and the unstreamed file included: nothing is late in a
+  backfill), every other row is byte-equal to before.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import signal
+import tomllib
+from pathlib import Path
+
+import pandas as pd
+import psycopg
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import tomli_w
+
+from ematix_dagster.backfill import run_backfill
+from ematix_dagster.backfill.lock import lock_name
+from ematix_dagster.errors import BackfillBusy, BackfillRefused
+from ematix_dagster.spec import load_pipeline_str
+from tests.conftest import BatchFiles
+from tests.e2e.lateness_helpers import SCHEMA, row, run
+from tests.e2e.test_crash_recovery import finish, start_run, wait_group_gone
+from tests.pipeline_toml import postgres_target, windowed_pipeline_toml
+
+UTC = dt.timezone.utc
+STREAMED_SQL = "SELECT k, v, _event_ts, _source FROM source"
+FIXED_SQL = "SELECT k, v * 10 AS v, _event_ts, _source FROM source WHERE k <> 'c'"
+
+
+def at(day: int, hour: int, minute: int = 0) -> dt.datetime:
+    return dt.datetime(2024, 1, day, hour, minute, tzinfo=UTC)
+
+
+def day_rows(day: int, first_id: int) -> list[dict]:
+    """Rows over the day's hours for keys a, b, c (one NULL v), deterministic."""
+    rows = []
+    for i in range(36):
+        hour, minute = (i * 7) % 24, (i * 13) % 60
+        rows.append(row(first_id + i, "abc"[i % 3], None if i == 5 else i, at(day, hour, minute)))
+    return rows
+
+
+def pipeline(root: Path, pg_dsn: str, schema: str, sql: str) -> str:
+    """The pipeline's TOML text with ``sql`` (also written to ``root/backfilled.toml`` for the CLI)."""
+    doc = tomllib.loads(windowed_pipeline_toml(
+        "backfilled", root, duration_ms=3_600_000, lateness_ms=600_000, distinct_mode=None,
+        aggregations=[{"agg": "count", "as": "n"}, {"agg": "sum", "column": "v", "as": "s"}],
+        target=postgres_target(pg_dsn, f"{schema}.hourly"), trigger="available_now",
+        extra={"backfill": {"partition": "daily", "start": "2024-01-01",
+                            "sources": [{"name": "a", "path": str(root / "archive")}]}}))
+    doc["transform"]["sql"] = sql
+    text = tomli_w.dumps(doc)
+    (root / "backfilled.toml").write_text(text)
+    return text
+
+
+def table_text(pg_dsn: str, schema: str) -> list[tuple]:
+    with psycopg.connect(pg_dsn) as conn:
+        return conn.execute(f"SELECT window_start, k, t::text FROM {schema}.hourly AS t "
+                            "ORDER BY window_start, k").fetchall()
+
+
+def expected_day(archive: list[dict], day: int) -> list[tuple]:
+    """pandas: the fixed SQL over the archive's rows of the day, hourly windows per k."""
+    df = pd.DataFrame(archive)
+    df = df[(df.ts >= at(day, 0)) & (df.ts < at(day + 1, 0)) & (df.k != "c")].copy()
+    df["v"] = df.v * 10
+    df["start"] = df.ts.dt.floor("h")
+    out = df.groupby(["start", "k"]).agg(n=("id", "size"), s=("v", lambda s: None if s.isna().all() else int(s.sum())))
+    return [(start.to_pydatetime(), k, int(r.n), r.s) for (start, k), r in out.iterrows()]
+
+
+@pytest.mark.slow
+def test_a_fixed_day_is_rewritten_from_the_archive_and_nothing_else_moves(spark, tmp_path, pg_dsn, pg_schema):
+    day1, day2, day3 = day_rows(1, 0), day_rows(2, 100), [row(200, "a", 1, at(3, 1))]
+    late = row(300, "a", 1000, at(1, 3, 30))  # streams with day 2: the watermark is past its window
+    never_streamed = [row(400, "b", 5, at(1, 4, 10)), row(401, "c", 6, at(1, 4, 20)), row(402, "d", 7, at(1, 23, 59))]
+    stream = BatchFiles(tmp_path / "in")
+    for rows in (day1, [*day2, late], day3):
+        stream.write(rows, schema=SCHEMA)
+    archive = [*day1, *day2, late, *day3, *never_streamed]
+    (tmp_path / "archive").mkdir()
+    pq.write_table(pa.Table.from_pylist(archive[:50], schema=SCHEMA), tmp_path / "archive" / "a.parquet")
+    pq.write_table(pa.Table.from_pylist(archive[50:], schema=SCHEMA), tmp_path / "archive" / "b.parquet")
+
+    streamed = load_pipeline_str(pipeline(tmp_path, pg_dsn, pg_schema, STREAMED_SQL))
+    summary, _ = run(streamed, spark)
+    assert summary.late_rows == 1, "the late row of 01-01 was dropped by the stream"
+    before = table_text(pg_dsn, pg_schema)
+    toml = tmp_path / "backfilled.toml"
+    fixed = load_pipeline_str(pipeline(tmp_path, pg_dsn, pg_schema, FIXED_SQL))
+
+    # refusals, before any work
+    with pytest.raises(BackfillRefused, match="still holds windows of the range .*2024-01-03T00:00:00Z"):
+        run_backfill(fixed, "2024-01-03", "2024-01-04", spark=spark)
+    with pytest.raises(BackfillRefused, match=r"before \[backfill\] start = 2024-01-01T00:00:00Z"):
+        run_backfill(fixed, "2023-12-31", "2024-01-02", spark=spark)
+    with psycopg.connect(pg_dsn, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (lock_name("backfilled"),))
+        with pytest.raises(BackfillBusy, match="another backfill of it is running") as busy:
+            run_backfill(fixed, "2024-01-01", "2024-01-02", spark=spark)
+        assert not busy.value.terminal
+    assert table_text(pg_dsn, pg_schema) == before
+
+    # killed inside its transaction: nothing of it is visible
+    proc = start_run(toml, "--from", "2024-01-01", "--to", "2024-01-02", command="backfill",
+                     EMATIX_FAULT_POINTS="backfill_commit:range", EMATIX_FAULT_DIR=str(tmp_path / "faults"))
+    err = finish(proc)
+    assert proc.returncode == -signal.SIGKILL, err[-2000:]
+    assert wait_group_gone(proc.pid) == []
+    assert table_text(pg_dsn, pg_schema) == before
+
+    result = run_backfill(fixed, "2024-01-01", "2024-01-02", spark=spark)
+    after = table_text(pg_dsn, pg_schema)
+    jan_2 = at(2, 0)
+    assert [r for r in after if r[0] >= jan_2] == [r for r in before if r[0] >= jan_2], "rows outside the day moved"
+    with psycopg.connect(pg_dsn) as conn:
+        got = conn.execute(f"SELECT window_start, k, n, s FROM {pg_schema}.hourly WHERE window_start < %s "
+                           "ORDER BY window_start, k", (jan_2,)).fetchall()
+    expected = expected_day(archive, 1)
+    assert got == expected
+    assert any(k == "a" and start == at(1, 3) and s is not None and s >= 10_000 for start, k, _, s in got), \
+        "the late row counts in the backfill"
+    assert result.rows_written == len(expected) and result.windows == len({start for start, *_ in expected})
+    assert result.rows_deleted == sum(1 for r in before if r[0] < jan_2)

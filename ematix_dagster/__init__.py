@@ -14,6 +14,8 @@ from ematix_dagster.errors import (
 from ematix_dagster.facade import StreamingPipeline, run_streaming_pipeline, streaming_pipeline
 from ematix_dagster.spec import (
     Aggregation,
+    Backfill,
+    BackfillSource,
     DeadLetter,
     EmitTrigger,
     PipelineSpec,
@@ -33,7 +35,7 @@ from ematix_dagster.streaming import aggregators as _aggregators  # noqa: F401
 from ematix_dagster.streaming import windows as _windows  # noqa: F401
 
 __all__ = [
-    "Aggregation", "AggregationOverflow", "DeadLetter", "EmatixError", "EmitTrigger", "PipelineConfigError",
+    "Aggregation", "AggregationOverflow", "Backfill", "BackfillSource", "DeadLetter", "EmatixError", "EmitTrigger", "PipelineConfigError",
     "PipelineSpec", "RowTransform", "Run", "Source", "StateCapExceeded", "StateNotDurableError", "StateStoreConfig",
     "StreamingPipeline", "Target", "TargetError", "Window", "dump_pipeline", "load_pipeline", "load_pipeline_str",
     "run_streaming_pipeline", "streaming_pipeline",

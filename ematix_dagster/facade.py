@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from ematix_dagster.spec import (
+    Backfill,
     DeadLetter,
     PipelineSpec,
     RowTransform,
@@ -75,8 +76,8 @@ class StreamingPipeline:
 def streaming_pipeline(*, name: str, sources: Iterable[Source], target: Target, run: Run,
                        window: Window | None = None, rows: RowTransform | None = None,
                        transform_sql: str | None = None, dead_letter: DeadLetter | None = None,
-                       state_store: StateStoreConfig | None = None,
-                       metrics_port: int | None = None) -> Callable[[Callable[[], None]], StreamingPipeline]:
+                       state_store: StateStoreConfig | None = None, metrics_port: int | None = None,
+                       backfill: Backfill | None = None) -> Callable[[Callable[[], None]], StreamingPipeline]:
     """Decorate a function to declare a pipeline; the spec is validated at decoration time.
 
     Give ``window`` for a windowed pipeline, or leave it out for a row pipeline (``transform_sql``
@@ -85,7 +86,8 @@ def streaming_pipeline(*, name: str, sources: Iterable[Source], target: Target, 
     """
     spec = PipelineSpec(pipeline_name=name, sources=tuple(sources), window_spec=window, rows=rows, target=target,
                         run=run, transform_sql=transform_sql, dead_letter=dead_letter,
-                        state_store=state_store or StateStoreConfig(), metrics_port=metrics_port).validate()
+                        state_store=state_store or StateStoreConfig(), metrics_port=metrics_port,
+                        backfill=backfill).validate()
 
     def wrap(fn: Callable[[], None]) -> StreamingPipeline:
         return StreamingPipeline(spec=spec, description=(fn.__doc__ or "").strip())

@@ -4,9 +4,9 @@
 :mod:`ematix_dagster.dagster.translator`: keyed by the target table, with the spec's hash as code
 version); its compute function is a generator that yields the runner's per-batch reports as
 Dagster events (:mod:`ematix_dagster.dagster.events`). It ends with a ``MaterializeResult`` (the
-run's totals as ``run_*``) when the input is exhausted (``available_now``), when the run is
-terminated, or when the step finds itself orphaned (:mod:`ematix_dagster.dagster.watcher`). A
-``processing_time`` run stays up until then.
+run's totals as ``run_*``) when the input is exhausted (``available_now``) or when the run is
+terminated. A step that finds itself orphaned (:mod:`ematix_dagster.dagster.watcher`) stops the
+query and ends its process without another event. A ``processing_time`` run stays up until then.
 
 All waiting on py4j happens on the runner's background thread; this generator's thread only
 waits on a queue, so the ``DagsterExecutionInterruptedError`` of a terminated run lands there.
@@ -124,10 +124,11 @@ def run_pipeline_events(context: Any, pipeline: EmatixPipeline, config: Pipeline
                         metrics: MetricsResource) -> Iterator[Any]:
     """The body of a pipeline asset: start the runner and yield its events (also usable from an op).
 
-    Ends with a ``MaterializeResult`` when the input is exhausted (``available_now``), when the run
-    is terminated, or when the :class:`~ematix_dagster.dagster.watcher.RunWatcher` finds the run
-    worker or the run gone; in every case the query stops at a batch boundary and the runner
-    releases the lease before that result is yielded.
+    Ends with a ``MaterializeResult`` when the input is exhausted (``available_now``) or when the
+    run is terminated; the query stops at a batch boundary and the runner releases the lease before
+    that result is yielded. When the :class:`~ematix_dagster.dagster.watcher.RunWatcher` finds the
+    run worker or the run gone, the query stops the same way and the step process ends without
+    yielding anything more.
     """
     from ematix_dagster.spark.runner import PipelineRunner
 
@@ -158,12 +159,17 @@ def run_pipeline_events(context: Any, pipeline: EmatixPipeline, config: Pipeline
                              report=lambda text: context.log.warning(f"pipeline {name}: {text}"),
                              interval_seconds=config.watch_seconds).start()
         for event in events:
+            if watcher.reason is not None:
+                # The run is no longer STARTED or its worker is gone: nothing more goes into it. The
+                # reports end (MaterializeResult) once the runner has stopped and released the lease.
+                if isinstance(event, dg.MaterializeResult):
+                    events.close()
+                    watcher.end_process()
+                continue
             if isinstance(event, dg.MaterializeResult):
                 # the reports ended: the runner has stopped the query and released the lease
-                why = watcher.reason or ("input exhausted" if spec.run.trigger == "available_now" else "query ended")
+                why = "input exhausted" if spec.run.trigger == "available_now" else "query ended"
                 context.log.info(f"pipeline {name}: stopped at a batch boundary {_position(events)} ({why}){lease}")
-                if watcher.reason:
-                    event = events.final_result(stopped=watcher.reason)
             yield event
     except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt):
         # Terminate. Caught here, inside the asset's code: an interrupt that leaves the compute
@@ -181,6 +187,10 @@ def run_pipeline_events(context: Any, pipeline: EmatixPipeline, config: Pipeline
     except dg.Failure:
         raise
     except Exception as exc:  # noqa: BLE001 - classified, tagged and re-raised as a Failure
+        if watcher is not None and watcher.reason is not None:  # the stop broke the query: not this run's
+            if events is not None:
+                events.close()
+            watcher.end_process()
         raise _failure(context, pipeline, exc) from exc
     finally:
         if watcher is not None:

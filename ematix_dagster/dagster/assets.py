@@ -36,6 +36,7 @@ from ematix_dagster.dagster.pipeline import (
 )
 from ematix_dagster.dagster.resources import EmatixSparkResource, MetricsResource, StateStoreResource
 from ematix_dagster.dagster.translator import EmatixTranslator
+from ematix_dagster.dagster.versions import batch_provenance
 from ematix_dagster.dagster.watcher import DEFAULT_WATCH_INTERVAL_SECONDS, RunWatcher
 from ematix_dagster.errors import LeaseHeld
 from ematix_dagster.spark.failures import classify
@@ -154,7 +155,8 @@ def run_pipeline_events(context: Any, pipeline: EmatixPipeline, config: Pipeline
                          f"{state_store.description(spec)}")
         events = EmatixEventIterator(runner.events(), pipeline.key, throttle_seconds=config.throttle_seconds,
                                      summary_seconds=config.summary_seconds, log=context.log.info, name=name,
-                                     final_metadata=lambda: {"run_id": run_id})
+                                     final_metadata=lambda: {"run_id": run_id},
+                                     provenance=batch_provenance(context, pipeline.key, pipeline.code_version))
         watcher = RunWatcher(context.instance, run_id, runner.request_stop,
                              report=lambda text: context.log.warning(f"pipeline {name}: {text}"),
                              interval_seconds=config.watch_seconds).start()

@@ -12,6 +12,7 @@ from typing import Any, Callable, Generator, Iterable, Iterator, Mapping, Option
 
 import dagster as dg
 
+from ematix_dagster.dagster.versions import batch_data_version
 from ematix_dagster.streaming.windows import format_us
 
 DEFAULT_THROTTLE_SECONDS = 10.0
@@ -170,6 +171,8 @@ class EmatixEventIterator(Iterator[Any]):
       batches since the previous line, heartbeat-only ones counted, rows, windows, position).
     * Ends with a ``MaterializeResult`` (:meth:`final_result`) when the reports end: the run's totals
       as ``run_*``, the position, and the counts of data batches not yet reported, if any.
+    * ``provenance(report)`` gives a materialization's tags: code, data and input versions
+      (:mod:`ematix_dagster.dagster.versions`); the final result's data version is the last batch's.
     """
 
     def __init__(self, reports: Iterable[Any], asset_key: dg.AssetKey, *,
@@ -177,7 +180,8 @@ class EmatixEventIterator(Iterator[Any]):
                  wall_clock: Callable[[], float] = time.time,
                  final_metadata: Optional[Callable[[], Mapping[str, Any]]] = None,
                  summary_seconds: float = DEFAULT_SUMMARY_SECONDS, log: Optional[Callable[[str], None]] = None,
-                 name: Optional[str] = None) -> None:
+                 name: Optional[str] = None,
+                 provenance: Optional[Callable[[Any], Mapping[str, str]]] = None) -> None:
         self.asset_key = asset_key
         self.name = name or asset_key.to_user_string()
         self.throttle_seconds = max(0.0, float(throttle_seconds))
@@ -186,6 +190,7 @@ class EmatixEventIterator(Iterator[Any]):
         self._wall = wall_clock
         self._final_metadata = final_metadata
         self._log = log
+        self._provenance = provenance
         self.totals = _Window()
         self.events_yielded = 0
         self.summaries_logged = 0
@@ -243,7 +248,8 @@ class EmatixEventIterator(Iterator[Any]):
         since, report = self._since, self._last_data
         meta = batch_metadata(report, since, now - self._since_started, self._wall())
         if _wrote_rows(since):
-            event: Any = dg.AssetMaterialization(asset_key=self.asset_key, metadata=meta,
+            tags = dict(self._provenance(report)) if self._provenance is not None else None
+            event: Any = dg.AssetMaterialization(asset_key=self.asset_key, metadata=meta, tags=tags,
                                                  description=_describe(since, report))
         else:
             event = dg.AssetObservation(asset_key=self.asset_key, metadata=meta,
@@ -276,7 +282,7 @@ class EmatixEventIterator(Iterator[Any]):
             meta["stopped"] = dg.MetadataValue.text(stopped)
         if self._final_metadata is not None:
             meta.update(self._final_metadata())
-        return dg.MaterializeResult(metadata=meta)
+        return dg.MaterializeResult(metadata=meta, data_version=None if r is None else batch_data_version(r))
 
 
 __all__ = ["DEFAULT_SUMMARY_SECONDS", "DEFAULT_THROTTLE_SECONDS", "EmatixEventIterator", "batch_metadata",

@@ -25,6 +25,7 @@ import dagster as dg
 from pydantic import Field
 
 from ematix_dagster.dagster.events import DEFAULT_SUMMARY_SECONDS, DEFAULT_THROTTLE_SECONDS, EmatixEventIterator
+from ematix_dagster.dagster.lineage import output_schema_metadata, source_location, target_location
 from ematix_dagster.dagster.pipeline import (
     CODE_VERSION_TAG,
     ERROR_TAG,
@@ -156,7 +157,8 @@ def run_pipeline_events(context: Any, pipeline: EmatixPipeline, config: Pipeline
         events = EmatixEventIterator(runner.events(), pipeline.key, throttle_seconds=config.throttle_seconds,
                                      summary_seconds=config.summary_seconds, log=context.log.info, name=name,
                                      final_metadata=lambda: {"run_id": run_id},
-                                     provenance=batch_provenance(context, pipeline.key, pipeline.code_version))
+                                     provenance=batch_provenance(context, pipeline.key, pipeline.code_version),
+                                     metadata=lambda: output_schema_metadata(getattr(runner, "step", None)))
         watcher = RunWatcher(context.instance, run_id, runner.request_stop,
                              report=lambda text: context.log.warning(f"pipeline {name}: {text}"),
                              interval_seconds=config.watch_seconds).start()
@@ -220,7 +222,8 @@ def streaming_pipeline_asset(
     needs the resources ``spark`` (:class:`EmatixSparkResource`), ``state_store``
     (:class:`StateStoreResource`) and ``metrics`` (:class:`MetricsResource`); its pool
     (``ematix-<pipeline>``, limit 1 in ``dagster.yaml``) and the store's lease keep one run per
-    pipeline however it is launched.
+    pipeline however it is launched. Without ``deps`` it depends on its sources' upstream assets
+    (``translator.get_source_asset_key``); :func:`streaming_pipeline_assets` also defines them.
 
     >>> # clicks = streaming_pipeline_asset("pipelines/clicks_per_minute.toml")
     """
@@ -231,6 +234,8 @@ def streaming_pipeline_asset(
     spec_def = translator.get_asset_spec(p)
     p = EmatixPipeline(p.spec, p.description, p.source_path, spec_def.key)
     register(p)
+    if deps is None:
+        deps = _unique(translator.get_source_asset_key(p, source) for source in p.spec.sources)
     asset_tags = {**spec_def.tags, **(tags or {})}
     pool_name = pool or f"ematix-{p.name}"
 
@@ -246,7 +251,7 @@ def streaming_pipeline_asset(
         pool=pool_name,
         retry_policy=retry_policy,
         op_tags={PIPELINE_TAG: p.name},
-        deps=list(deps) if deps else None,
+        deps=list(deps) or None,
     )
     def _pipeline_asset(context: dg.AssetExecutionContext, config: PipelineRunConfig, spark: EmatixSparkResource,
                         state_store: StateStoreResource, metrics: MetricsResource):
@@ -255,5 +260,36 @@ def streaming_pipeline_asset(
     return _pipeline_asset
 
 
+def _unique(keys: Iterable[Optional[dg.AssetKey]]) -> list[dg.AssetKey]:
+    return list(dict.fromkeys(key for key in keys if key is not None))
+
+
+def streaming_pipeline_assets(pipelines: Sequence[PipelineLike], *, translator: Optional[EmatixTranslator] = None,
+                              **asset_options: Any) -> list[Union[dg.AssetsDefinition, dg.AssetSpec]]:
+    """The pipelines' assets and their sources' upstream assets, with the lineage between them.
+
+    A source reading what another of these pipelines writes (its Parquet directory) depends on that
+    pipeline's asset; every other source on its upstream asset (an external ``AssetSpec``), one per
+    key, so pipelines reading the same input share it. ``asset_options`` go to
+    :func:`streaming_pipeline_asset` for every pipeline.
+    """
+    translator = translator or EmatixTranslator()
+    loaded = [EmatixPipeline.load(p) for p in pipelines]
+    writers = {location: translator.get_asset_key(p) for p in loaded
+               if (location := target_location(p.spec.target)) is not None}
+    assets: list[Union[dg.AssetsDefinition, dg.AssetSpec]] = []
+    sources: dict[dg.AssetKey, dg.AssetSpec] = {}
+    for p in loaded:
+        deps: list[Optional[dg.AssetKey]] = []
+        for source in p.spec.sources:
+            writer = writers.get(source_location(source) or "")
+            source_spec = None if writer is not None else translator.get_source_asset_spec(p, source)
+            if source_spec is not None:
+                sources.setdefault(source_spec.key, source_spec)
+            deps.append(writer if writer is not None else source_spec.key if source_spec is not None else None)
+        assets.append(streaming_pipeline_asset(p, translator=translator, deps=_unique(deps), **asset_options))
+    return [*assets, *sources.values()]
+
+
 __all__ = ["DEFAULT_RETRY_POLICY", "PipelineRunConfig", "effective_spec", "run_pipeline_events",
-           "streaming_pipeline_asset"]
+           "streaming_pipeline_asset", "streaming_pipeline_assets"]

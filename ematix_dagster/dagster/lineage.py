@@ -18,13 +18,13 @@ import os
 import re
 from pathlib import Path
 from typing import Any, Optional
-from urllib.parse import urlsplit
 
 import dagster as dg
 
 from ematix_dagster.errors import PipelineConfigError
 from ematix_dagster.spec import Source, Target
 from ematix_dagster.spec.environment import resolve_env
+from state_store.pg_url import server_address
 
 
 def files_uri(path: str) -> str:
@@ -56,18 +56,13 @@ def source_uri(source: Source) -> Optional[str]:
 
 
 def postgres_uri(url: Optional[str]) -> Optional[str]:
-    """``postgresql://host:port/database`` from a target URL (resolved from the environment), or None
-    when it is not a URL or names an unset variable. User and password are left out."""
+    """``postgresql://host:port/database`` of a target URL (resolved from the environment), or None
+    when it names an unset variable or does not parse. User and password are left out."""
     try:
         resolved = resolve_env(url)
     except PipelineConfigError:
         return None
-    if not resolved or not resolved.startswith(("postgresql://", "postgres://")):
-        return None
-    parts = urlsplit(resolved)
-    host = parts.hostname or "localhost"
-    port = f":{parts.port}" if parts.port else ""
-    return f"postgresql://{host}{port}{parts.path}"
+    return server_address(resolved) if resolved else None
 
 
 def target_uri(target: Target) -> Optional[str]:

@@ -124,3 +124,13 @@ def test_the_output_columns_and_the_rows_written_go_on_materializations():
     assert "dagster/row_count" not in observation.metadata  # consumed rows only
     assert materialization.metadata["dagster/row_count"].value == 4  # 3 windows + 1 correction written
     assert "dagster/column_schema" in materialization.metadata and "dagster/column_schema" in final.metadata
+
+
+def test_kafka_topics_are_upstream_assets_and_rate_sources_have_none():
+    from ematix_dagster.dagster.lineage import default_source_key, source_uri
+
+    kafka = Source(name="orders", kind="kafka", bootstrap_servers="k1:9092,k2:9092", topic="shop.orders")
+    assert default_source_key(kafka) == dg.AssetKey(["kafka", "shop_orders"])
+    assert source_uri(kafka) == "kafka://k1:9092/shop.orders"
+    rate = Source(name="ticks", kind="rate", rows_per_second=5)
+    assert default_source_key(rate) is None and source_uri(rate) is None

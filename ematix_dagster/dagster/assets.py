@@ -282,11 +282,10 @@ def streaming_pipeline_assets(pipelines: Sequence[PipelineLike], *, translator: 
     for p in loaded:
         deps: list[Optional[dg.AssetKey]] = []
         for source in p.spec.sources:
-            writer = writers.get(source_location(source) or "")
-            source_spec = None if writer is not None else translator.get_source_asset_spec(p, source)
-            if source_spec is not None:
-                sources.setdefault(source_spec.key, source_spec)
-            deps.append(writer if writer is not None else source_spec.key if source_spec is not None else None)
+            key = writers.get(source_location(source) or "")
+            if key is None and (source_spec := translator.get_source_asset_spec(p, source)) is not None:
+                key = sources.setdefault(source_spec.key, source_spec).key
+            deps.append(key)
         assets.append(streaming_pipeline_asset(p, translator=translator, deps=_unique(deps), **asset_options))
     return [*assets, *sources.values()]
 

@@ -1,5 +1,9 @@
 """The example code location: six pipelines as assets, with checks, sensors, jobs and schedules.
 
+Five pipelines are loaded from the TOML files next to this module; ``revenue-per-channel`` comes from
+the Python facade in ``pipelines/examples.py`` (its TOML twin is kept equal by a test, but editing
+the TOML changes nothing here).
+
 ``dagster dev -w workspace.yaml`` (from the repository root) loads this module. Loading it starts
 no Spark session and opens no database connection: Spark starts inside a run, and stores are
 opened by runs, sensors, checks and ops only while they need them.
@@ -46,7 +50,7 @@ from ematix_dagster.dagster import (
     run_failure_sensor,
     state_migration_job,
     state_migration_schedule,
-    streaming_pipeline_asset,
+    streaming_pipeline_assets,
 )
 from pipelines.examples import revenue_per_channel  # also sets the EMATIX_PG_URL default
 
@@ -73,7 +77,8 @@ revenue = EmatixPipeline.load(revenue_per_channel)
 PIPELINES = [clicks_per_minute, clicks_hopping, user_sessions, card_payments, embargoed_clicks, revenue]
 
 # -- assets and their checks ------------------------------------------------------------------------
-assets = [streaming_pipeline_asset(p, owners=["team:data-platform"]) for p in PIPELINES]
+# with their inputs as upstream assets: .ematix/data/clicks is one asset, read by four pipelines
+assets = streaming_pipeline_assets(PIPELINES, owners=["team:data-platform"])
 asset_checks = [check for p in PIPELINES for check in pipeline_asset_checks(p)]
 
 # -- jobs, sensors, schedules -----------------------------------------------------------------------

@@ -8,7 +8,7 @@ A URL may hold a password. It never appears in a description, a log line or an e
 * a log filter on the ``psycopg``, ``psycopg.pool`` and ``state_store.postgres`` loggers redacts
   every record once a password is known;
 * ``describe`` names the server without the password (and without details when the URL does not
-  parse: psycopg's text may echo it).
+  parse: psycopg's text may echo it); ``server_address`` without the user either (Dagster metadata).
 
 ``access_denied`` says whether a driver error means the server refused the login itself (the
 same settings will be refused again: terminal); ``store_error`` turns a driver error into the
@@ -118,16 +118,24 @@ def parse_url(url: str, key: str = "state_store.url") -> dict[str, Any]:
     return params
 
 
-def describe(url: str) -> str:
-    """``postgresql://user@host:port/db`` for ``url`` (no password), or ``<unparseable URL>``."""
+def server_address(url: str) -> str | None:
+    """``postgresql://host:port/db`` for ``url`` (no user, no password), or None when it does not parse."""
     params = _params(url)
     if params is None:
-        return "<unparseable URL>"
+        return None
     host = params.get("host") or params.get("hostaddr") or "localhost"
     port = params.get("port") or "5432"
-    user = params.get("user")
-    dbname = params.get("dbname") or user or "postgres"
-    return f"postgresql://{user + '@' if user else ''}{host}:{port}/{dbname}"
+    dbname = params.get("dbname") or params.get("user") or "postgres"
+    return f"postgresql://{host}:{port}/{dbname}"
+
+
+def describe(url: str) -> str:
+    """``postgresql://user@host:port/db`` for ``url`` (no password), or ``<unparseable URL>``."""
+    address = server_address(url)
+    if address is None:
+        return "<unparseable URL>"
+    user = (_params(url) or {}).get("user")
+    return address.replace("://", f"://{user}@", 1) if user else address
 
 
 # libpq reports a refused login as text only (no SQLSTATE on a failed connection).

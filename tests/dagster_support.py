@@ -278,6 +278,33 @@ def materializations(dagit: Dagit, run_id: str) -> list[dict]:
     return [e for e in run_events(dagit, run_id) if e["__typename"] == "MaterializationEvent"]
 
 
+def materialization_tags(dagit: Dagit, run_id: str) -> list[dict]:
+    """A run's materializations: ``tags`` and ``labels`` (dicts), ``columns`` of a column schema."""
+    data = dagit.query("""query($runId: ID!) { runOrError(runId: $runId) { ... on Run {
+        eventConnection(afterCursor: null) { events { ... on MaterializationEvent { tags { key value }
+            metadataEntries { label ... on TableSchemaMetadataEntry { schema { columns { name } } } } } } } } } }""",
+                       {"runId": run_id})
+    found = []
+    for event in data["runOrError"]["eventConnection"]["events"]:
+        if "tags" not in event:
+            continue
+        entries = event["metadataEntries"]
+        columns = [c["name"] for e in entries if "schema" in e for c in e["schema"]["columns"]]
+        found.append({"tags": {t["key"]: t["value"] for t in event["tags"]}, "labels": {e["label"] for e in entries},
+                      "columns": columns})
+    return found
+
+
+def asset_nodes(dagit: Dagit) -> dict[str, dict]:
+    """Every asset node by key (``a/b``): code version, upstream keys, stale status and causes, text metadata."""
+    data = dagit.query("""{ assetNodes { assetKey { path } opVersion dependencyKeys { path } staleStatus
+        staleCauses { reason } metadataEntries { label ... on TextMetadataEntry { text } } } }""")
+    return {"/".join(n["assetKey"]["path"]): {
+        "code_version": n["opVersion"], "deps": {"/".join(k["path"]) for k in n["dependencyKeys"]},
+        "stale": n["staleStatus"], "causes": [c["reason"] for c in n["staleCauses"]],
+        "metadata": {e["label"]: e.get("text") for e in n["metadataEntries"]}} for n in data["assetNodes"]}
+
+
 def event_pid(dagit: Dagit, run_id: str, message_pattern: str) -> int | None:
     """The pid in the first event message matching ``message_pattern`` (one group: the pid)."""
     for event in run_events(dagit, run_id):

@@ -12,6 +12,7 @@ from ematix_dagster.dagster.assets import (
     PipelineRunConfig,
     run_pipeline_events,
     streaming_pipeline_asset,
+    streaming_pipeline_assets,
 )
 from ematix_dagster.dagster.checks import (
     CHECKPOINT_CHECK,
@@ -66,5 +67,5 @@ __all__ = [
     "checks_job", "checks_schedule", "keep_alive_decision", "keep_alive_sensor", "maintenance_job",
     "make_check_idempotent_target_op", "make_migrate_state_op", "make_validate_checkpoint_op", "pipeline_asset_checks",
     "pipeline_job", "pipeline_schedule", "RunWatcher", "run_failure_sensor", "run_pipeline_events", "state_migration_job",
-    "state_migration_schedule", "streaming_pipeline_asset",
+    "state_migration_schedule", "streaming_pipeline_asset", "streaming_pipeline_assets",
 ]

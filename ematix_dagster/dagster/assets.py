@@ -4,9 +4,9 @@
 :mod:`ematix_dagster.dagster.translator`: keyed by the target table, with the spec's hash as code
 version); its compute function is a generator that yields the runner's per-batch reports as
 Dagster events (:mod:`ematix_dagster.dagster.events`). It ends with a ``MaterializeResult`` (the
-run's totals as ``run_*``) when the input is exhausted (``available_now``), when the run is
-terminated, or when the step finds itself orphaned (:mod:`ematix_dagster.dagster.watcher`). A
-``processing_time`` run stays up until then.
+run's totals as ``run_*``) when the input is exhausted (``available_now``) or when the run is
+terminated. A step that finds itself orphaned (:mod:`ematix_dagster.dagster.watcher`) stops the
+query and ends its process without another event. A ``processing_time`` run stays up until then.
 
 All waiting on py4j happens on the runner's background thread; this generator's thread only
 waits on a queue, so the ``DagsterExecutionInterruptedError`` of a terminated run lands there.
@@ -25,6 +25,7 @@ import dagster as dg
 from pydantic import Field
 
 from ematix_dagster.dagster.events import DEFAULT_SUMMARY_SECONDS, DEFAULT_THROTTLE_SECONDS, EmatixEventIterator
+from ematix_dagster.dagster.lineage import output_schema_metadata, source_location, target_location
 from ematix_dagster.dagster.pipeline import (
     CODE_VERSION_TAG,
     ERROR_TAG,
@@ -36,6 +37,7 @@ from ematix_dagster.dagster.pipeline import (
 )
 from ematix_dagster.dagster.resources import EmatixSparkResource, MetricsResource, StateStoreResource
 from ematix_dagster.dagster.translator import EmatixTranslator
+from ematix_dagster.dagster.versions import batch_provenance
 from ematix_dagster.dagster.watcher import DEFAULT_WATCH_INTERVAL_SECONDS, RunWatcher
 from ematix_dagster.errors import LeaseHeld
 from ematix_dagster.spark.failures import classify
@@ -124,10 +126,11 @@ def run_pipeline_events(context: Any, pipeline: EmatixPipeline, config: Pipeline
                         metrics: MetricsResource) -> Iterator[Any]:
     """The body of a pipeline asset: start the runner and yield its events (also usable from an op).
 
-    Ends with a ``MaterializeResult`` when the input is exhausted (``available_now``), when the run
-    is terminated, or when the :class:`~ematix_dagster.dagster.watcher.RunWatcher` finds the run
-    worker or the run gone; in every case the query stops at a batch boundary and the runner
-    releases the lease before that result is yielded.
+    Ends with a ``MaterializeResult`` when the input is exhausted (``available_now``) or when the
+    run is terminated; the query stops at a batch boundary and the runner releases the lease before
+    that result is yielded. When the :class:`~ematix_dagster.dagster.watcher.RunWatcher` finds the
+    run worker or the run gone, the query stops the same way and the step process ends without
+    yielding anything more.
     """
     from ematix_dagster.spark.runner import PipelineRunner
 
@@ -153,17 +156,24 @@ def run_pipeline_events(context: Any, pipeline: EmatixPipeline, config: Pipeline
                          f"{state_store.description(spec)}")
         events = EmatixEventIterator(runner.events(), pipeline.key, throttle_seconds=config.throttle_seconds,
                                      summary_seconds=config.summary_seconds, log=context.log.info, name=name,
-                                     final_metadata=lambda: {"run_id": run_id})
+                                     final_metadata=lambda: {"run_id": run_id},
+                                     provenance=batch_provenance(context, pipeline.key, pipeline.code_version),
+                                     metadata=lambda: output_schema_metadata(getattr(runner, "step", None)))
         watcher = RunWatcher(context.instance, run_id, runner.request_stop,
                              report=lambda text: context.log.warning(f"pipeline {name}: {text}"),
                              interval_seconds=config.watch_seconds).start()
         for event in events:
+            if watcher.reason is not None:
+                # The run is no longer STARTED or its worker is gone: nothing more goes into it. The
+                # reports end (MaterializeResult) once the runner has stopped and released the lease.
+                if isinstance(event, dg.MaterializeResult):
+                    events.close()
+                    watcher.end_process()
+                continue
             if isinstance(event, dg.MaterializeResult):
                 # the reports ended: the runner has stopped the query and released the lease
-                why = watcher.reason or ("input exhausted" if spec.run.trigger == "available_now" else "query ended")
+                why = "input exhausted" if spec.run.trigger == "available_now" else "query ended"
                 context.log.info(f"pipeline {name}: stopped at a batch boundary {_position(events)} ({why}){lease}")
-                if watcher.reason:
-                    event = events.final_result(stopped=watcher.reason)
             yield event
     except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt):
         # Terminate. Caught here, inside the asset's code: an interrupt that leaves the compute
@@ -181,6 +191,10 @@ def run_pipeline_events(context: Any, pipeline: EmatixPipeline, config: Pipeline
     except dg.Failure:
         raise
     except Exception as exc:  # noqa: BLE001 - classified, tagged and re-raised as a Failure
+        if watcher is not None and watcher.reason is not None:  # the stop broke the query: not this run's
+            if events is not None:
+                events.close()
+            watcher.end_process()
         raise _failure(context, pipeline, exc) from exc
     finally:
         if watcher is not None:
@@ -208,7 +222,8 @@ def streaming_pipeline_asset(
     needs the resources ``spark`` (:class:`EmatixSparkResource`), ``state_store``
     (:class:`StateStoreResource`) and ``metrics`` (:class:`MetricsResource`); its pool
     (``ematix-<pipeline>``, limit 1 in ``dagster.yaml``) and the store's lease keep one run per
-    pipeline however it is launched.
+    pipeline however it is launched. Without ``deps`` it depends on its sources' upstream assets
+    (``translator.get_source_asset_key``); :func:`streaming_pipeline_assets` also defines them.
 
     >>> # clicks = streaming_pipeline_asset("pipelines/clicks_per_minute.toml")
     """
@@ -219,6 +234,8 @@ def streaming_pipeline_asset(
     spec_def = translator.get_asset_spec(p)
     p = EmatixPipeline(p.spec, p.description, p.source_path, spec_def.key)
     register(p)
+    if deps is None:
+        deps = _unique(translator.get_source_asset_key(p, source) for source in p.spec.sources)
     asset_tags = {**spec_def.tags, **(tags or {})}
     pool_name = pool or f"ematix-{p.name}"
 
@@ -234,7 +251,7 @@ def streaming_pipeline_asset(
         pool=pool_name,
         retry_policy=retry_policy,
         op_tags={PIPELINE_TAG: p.name},
-        deps=list(deps) if deps else None,
+        deps=list(deps) or None,
     )
     def _pipeline_asset(context: dg.AssetExecutionContext, config: PipelineRunConfig, spark: EmatixSparkResource,
                         state_store: StateStoreResource, metrics: MetricsResource):
@@ -243,5 +260,35 @@ def streaming_pipeline_asset(
     return _pipeline_asset
 
 
+def _unique(keys: Iterable[Optional[dg.AssetKey]]) -> list[dg.AssetKey]:
+    return list(dict.fromkeys(key for key in keys if key is not None))
+
+
+def streaming_pipeline_assets(pipelines: Sequence[PipelineLike], *, translator: Optional[EmatixTranslator] = None,
+                              **asset_options: Any) -> list[Union[dg.AssetsDefinition, dg.AssetSpec]]:
+    """The pipelines' assets and their sources' upstream assets, with the lineage between them.
+
+    A source reading what another of these pipelines writes (its Parquet directory) depends on that
+    pipeline's asset; every other source on its upstream asset (an external ``AssetSpec``), one per
+    key, so pipelines reading the same input share it. ``asset_options`` go to
+    :func:`streaming_pipeline_asset` for every pipeline.
+    """
+    translator = translator or EmatixTranslator()
+    loaded = [EmatixPipeline.load(p) for p in pipelines]
+    writers = {location: translator.get_asset_key(p) for p in loaded
+               if (location := target_location(p.spec.target)) is not None}
+    assets: list[Union[dg.AssetsDefinition, dg.AssetSpec]] = []
+    sources: dict[dg.AssetKey, dg.AssetSpec] = {}
+    for p in loaded:
+        deps: list[Optional[dg.AssetKey]] = []
+        for source in p.spec.sources:
+            key = writers.get(source_location(source) or "")
+            if key is None and (source_spec := translator.get_source_asset_spec(p, source)) is not None:
+                key = sources.setdefault(source_spec.key, source_spec).key
+            deps.append(key)
+        assets.append(streaming_pipeline_asset(p, translator=translator, deps=_unique(deps), **asset_options))
+    return [*assets, *sources.values()]
+
+
 __all__ = ["DEFAULT_RETRY_POLICY", "PipelineRunConfig", "effective_spec", "run_pipeline_events",
-           "streaming_pipeline_asset"]
+           "streaming_pipeline_asset", "streaming_pipeline_assets"]

@@ -12,6 +12,7 @@ from typing import Any, Callable, Generator, Iterable, Iterator, Mapping, Option
 
 import dagster as dg
 
+from ematix_dagster.dagster.versions import batch_data_version
 from ematix_dagster.streaming.windows import format_us
 
 DEFAULT_THROTTLE_SECONDS = 10.0
@@ -22,11 +23,15 @@ def _seconds(us: Optional[int]) -> Optional[float]:
     return None if us is None else us / 1e6
 
 
+def rows_written(report: Any) -> int:
+    """Rows a batch (or a stretch of them) wrote to the target: finals, corrections, early rows (an
+    emit trigger fired) and retractions, or a row pipeline's released rows."""
+    return (report.windows_emitted + report.corrections + report.early_rows + report.retractions
+            + (report.released_rows or 0))
+
+
 def _wrote_rows(report: Any) -> bool:
-    """Whether a batch (or a stretch of them) wrote rows to the target: finals, corrections, early
-    rows (an emit trigger fired) or retractions."""
-    return bool(report.windows_emitted or report.corrections or report.early_rows or report.retractions
-                or report.released_rows)
+    return rows_written(report) > 0
 
 
 def is_heartbeat_only(report: Any) -> bool:
@@ -106,6 +111,8 @@ def batch_metadata(report: Any, since: _Window, elapsed_s: float, now_s: float) 
     }
     if since.released_rows is not None:
         meta["released_rows"] = since.released_rows
+    if _wrote_rows(since):  # what these batches wrote (cheap; the table's size would need a count)
+        meta["dagster/row_count"] = rows_written(since)
     for name, n in sorted(since.rows_by_source.items()):
         meta[f"rows_in/{name}"] = n
     meta.update(position_metadata(report, now_s))
@@ -170,6 +177,9 @@ class EmatixEventIterator(Iterator[Any]):
       batches since the previous line, heartbeat-only ones counted, rows, windows, position).
     * Ends with a ``MaterializeResult`` (:meth:`final_result`) when the reports end: the run's totals
       as ``run_*``, the position, and the counts of data batches not yet reported, if any.
+    * ``provenance(report)`` gives a materialization's tags: code, data and input versions
+      (:mod:`ematix_dagster.dagster.versions`); the final result's data version is the last batch's.
+      ``metadata()`` is added to every materialization (the output's column schema).
     """
 
     def __init__(self, reports: Iterable[Any], asset_key: dg.AssetKey, *,
@@ -177,7 +187,9 @@ class EmatixEventIterator(Iterator[Any]):
                  wall_clock: Callable[[], float] = time.time,
                  final_metadata: Optional[Callable[[], Mapping[str, Any]]] = None,
                  summary_seconds: float = DEFAULT_SUMMARY_SECONDS, log: Optional[Callable[[str], None]] = None,
-                 name: Optional[str] = None) -> None:
+                 name: Optional[str] = None,
+                 provenance: Optional[Callable[[Any], Mapping[str, str]]] = None,
+                 metadata: Optional[Callable[[], Mapping[str, Any]]] = None) -> None:
         self.asset_key = asset_key
         self.name = name or asset_key.to_user_string()
         self.throttle_seconds = max(0.0, float(throttle_seconds))
@@ -186,6 +198,8 @@ class EmatixEventIterator(Iterator[Any]):
         self._wall = wall_clock
         self._final_metadata = final_metadata
         self._log = log
+        self._provenance = provenance
+        self._metadata = metadata
         self.totals = _Window()
         self.events_yielded = 0
         self.summaries_logged = 0
@@ -243,7 +257,10 @@ class EmatixEventIterator(Iterator[Any]):
         since, report = self._since, self._last_data
         meta = batch_metadata(report, since, now - self._since_started, self._wall())
         if _wrote_rows(since):
-            event: Any = dg.AssetMaterialization(asset_key=self.asset_key, metadata=meta,
+            tags = dict(self._provenance(report)) if self._provenance is not None else None
+            if self._metadata is not None:
+                meta.update(self._metadata())
+            event: Any = dg.AssetMaterialization(asset_key=self.asset_key, metadata=meta, tags=tags,
                                                  description=_describe(since, report))
         else:
             event = dg.AssetObservation(asset_key=self.asset_key, metadata=meta,
@@ -274,10 +291,12 @@ class EmatixEventIterator(Iterator[Any]):
         meta.update(run_metadata(self.totals, now - self._started))
         if stopped:
             meta["stopped"] = dg.MetadataValue.text(stopped)
+        if self._metadata is not None:
+            meta.update(self._metadata())
         if self._final_metadata is not None:
             meta.update(self._final_metadata())
-        return dg.MaterializeResult(metadata=meta)
+        return dg.MaterializeResult(metadata=meta, data_version=None if r is None else batch_data_version(r))
 
 
 __all__ = ["DEFAULT_SUMMARY_SECONDS", "DEFAULT_THROTTLE_SECONDS", "EmatixEventIterator", "batch_metadata",
-           "is_heartbeat_only", "position_metadata", "run_metadata"]
+           "is_heartbeat_only", "position_metadata", "rows_written", "run_metadata"]

@@ -207,6 +207,27 @@ def describe_failure(run: Any, step_failures: Sequence[Any] = ()) -> str:
     return f"pipeline {pipeline}: run {run.run_id} failed ({kind}): {detail} -> {action}"
 
 
+def tag_unclassified_failure(instance: dg.DagsterInstance, run: Any, step_failures: Sequence[Any] = (),
+                             failure_event: Any = None) -> Any:
+    """Give a failed pipeline run that no step classified the ``ematix/failure`` tag; returns the run as tagged.
+
+    A step classifies its own failure. A run that failed outside its step (the run worker was
+    killed, run monitoring gave up on it) carries no class; it counts as transient (the keep-alive
+    sensor restarts it after its backoff) and ``ematix/error`` says what Dagster saw: the step
+    failure's error class, else the run's failure reason (``UNEXPECTED_TERMINATION``, ...).
+    """
+    if run.tags.get(PIPELINE_TAG) is None or run.tags.get(FAILURE_TAG) is not None:
+        return run
+    error = None
+    for event in step_failures:
+        err = getattr(getattr(event, "step_failure_data", None), "error", None)
+        error = error or getattr(err, "cls_name", None)
+    reason = getattr(getattr(failure_event, "event_specific_data", None), "failure_reason", None)
+    error = error or (reason.value if reason is not None else "RunFailure")
+    instance.add_run_tags(run.run_id, {FAILURE_TAG: "transient", ERROR_TAG: error})
+    return instance.get_run_by_id(run.run_id) or run
+
+
 def run_failure_sensor(
     *,
     name: str = "ematix_run_failure_sensor",
@@ -216,6 +237,7 @@ def run_failure_sensor(
 ) -> dg.SensorDefinition:
     """Reports failed runs (pipeline runs with their terminal/transient class) to the sensor log and ``report``.
 
+    A pipeline run that failed outside its step is tagged transient first (:func:`tag_unclassified_failure`).
     It never requests a run: restarting is the keep-alive sensor's job alone.
     """
 
@@ -223,8 +245,9 @@ def run_failure_sensor(
                            default_status=default_status,
                            description="Reports failed ematix pipeline runs; does not restart them.")
     def _report(context: dg.RunFailureSensorContext):
-        run = context.dagster_run
-        text = describe_failure(run, context.get_step_failure_events())
+        step_failures = context.get_step_failure_events()
+        run = tag_unclassified_failure(context.instance, context.dagster_run, step_failures, context.failure_event)
+        text = describe_failure(run, step_failures)
         context.log.error(text)
         if report is not None:
             report(text)
@@ -234,4 +257,4 @@ def run_failure_sensor(
 
 
 __all__ = ["ACTIVE_STATUSES", "active_runs", "checkpoint_check_failed", "describe_failure", "keep_alive_decision",
-           "keep_alive_sensor", "run_failure_sensor"]
+           "keep_alive_sensor", "run_failure_sensor", "tag_unclassified_failure"]

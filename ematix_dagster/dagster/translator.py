@@ -1,10 +1,11 @@
-"""A pipeline's ``AssetSpec``, built by a translator users subclass (dagster-sling's
-``DagsterSlingTranslator`` seam)."""
+"""A pipeline's ``AssetSpec`` and its sources' upstream ``AssetSpec``s, built by a translator users
+subclass (dagster-sling's ``DagsterSlingTranslator`` and dagster-dbt's ``DagsterDbtTranslator`` seam)."""
 
 from typing import Any, Mapping, Optional, Sequence
 
 import dagster as dg
 
+from ematix_dagster.dagster.lineage import default_source_key, source_uri, target_uri
 from ematix_dagster.dagster.pipeline import (
     NAME_METADATA_KEY,
     PIPELINE_TAG,
@@ -12,12 +13,16 @@ from ematix_dagster.dagster.pipeline import (
     EmatixPipeline,
     toml_metadata,
 )
+from ematix_dagster.spec import Source
 
 
 class EmatixTranslator:
     """Maps a pipeline to its ``AssetSpec``; subclass and override a ``get_*`` method to customise.
 
-    Mirrors dagster-sling's ``DagsterSlingTranslator``.
+    Every method receives the pipeline, so keys, groups, owners, kinds and tags can differ per
+    pipeline (``pipeline.name``, ``pipeline.spec``). ``get_source_*`` do the same for the upstream
+    assets of its sources (:mod:`ematix_dagster.dagster.lineage`). Mirrors dagster-sling's
+    ``DagsterSlingTranslator`` and dagster-dbt's ``DagsterDbtTranslator``.
     """
 
     def get_asset_key(self, pipeline: EmatixPipeline) -> dg.AssetKey:
@@ -70,7 +75,26 @@ class EmatixTranslator:
             meta["ematix/toml_path"] = dg.MetadataValue.path(str(pipeline.source_path))
         if spec.target.kind == "postgres" and spec.target.table:
             meta["dagster/table_name"] = spec.target.table
+        uri = target_uri(spec.target)
+        if uri is not None:
+            meta["dagster/uri"] = uri
         return meta
+
+    def get_source_asset_key(self, pipeline: EmatixPipeline, source: Source) -> Optional[dg.AssetKey]:
+        """The upstream asset of one source (None: it has none, like a ``rate`` source). Pipelines
+        whose sources get the same key share that upstream asset."""
+        return default_source_key(source)
+
+    def get_source_asset_spec(self, pipeline: EmatixPipeline, source: Source) -> Optional[dg.AssetSpec]:
+        key = self.get_source_asset_key(pipeline, source)
+        if key is None:
+            return None
+        what = f"{source.format} files under `{source.path}`" if source.kind == "files" else f"Kafka topic `{source.topic}`"
+        uri = source_uri(source)
+        return dg.AssetSpec(key=key, description=f"Input of streaming pipelines: {what}.",
+                            kinds={source.format or "files"} if source.kind == "files" else {"kafka"},
+                            group_name=self.get_group_name(pipeline),
+                            metadata={"dagster/uri": uri} if uri is not None else {})
 
     def get_asset_spec(self, pipeline: EmatixPipeline) -> dg.AssetSpec:
         return dg.AssetSpec(

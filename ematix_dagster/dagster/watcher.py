@@ -16,6 +16,13 @@ stops at a batch boundary and the runner releases the lease. A run in CANCELING 
 ``canceling_grace_seconds`` for Dagster's own interrupt to arrive first, so a terminate keeps
 reading as a terminate.
 
+The run is then no longer the step's: anything the step yields (a materialization, the output,
+``STEP_SUCCESS``) would land in a run that Dagster has already ended, show a green step beside a
+FAILURE badge and become the asset's latest materialization. So once the query has stopped the step
+ends its process (:meth:`RunWatcher.end_process`) instead of returning to Dagster: a ``Failure``
+would still write ``STEP_FAILURE`` into that run. The only word the run gets is the warning that
+says why the step stopped.
+
 Under the default multiprocess executor the step's parent is the run worker. Under the
 ``in_process`` executor the step runs in the run worker itself, whose parent is the code server:
 there a changed parent means that the code server died, the run can no longer be terminated
@@ -25,9 +32,10 @@ one) is the safe reaction too.
 
 import logging
 import os
+import sys
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NoReturn, Optional
 
 import dagster as dg
 
@@ -44,7 +52,8 @@ class RunWatcher:
                  report: Optional[Callable[[str], None]] = None,
                  interval_seconds: float = DEFAULT_WATCH_INTERVAL_SECONDS,
                  canceling_grace_seconds: float = DEFAULT_CANCELING_GRACE_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 exit_process: Callable[[int], Any] = os._exit) -> None:
         self.instance = instance
         self.run_id = run_id
         self.interval_seconds = float(interval_seconds)
@@ -53,6 +62,7 @@ class RunWatcher:
         self._stop = stop
         self._report = report
         self._clock = clock
+        self._exit_process = exit_process
         self._parent_pid = os.getppid()
         self._canceling_since: Optional[float] = None
         self._lookup_error: Optional[str] = None
@@ -106,6 +116,19 @@ class RunWatcher:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=self.interval_seconds + 5)
+
+    def end_process(self) -> NoReturn:
+        """End the step process at once, writing nothing more into the run (see the module docstring).
+
+        Call it only after the query has stopped and the lease is released (its ``finally`` blocks
+        and the resources' teardown do not run); the Spark JVM exits with its Python driver.
+        """
+        self.close()
+        log.warning("run %s: ending this step process without reporting to the run (%s)", self.run_id, self.reason)
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        self._exit_process(0)
+        raise SystemExit(0)  # only reached when exit_process returns (tests)
 
     def __enter__(self) -> "RunWatcher":
         return self.start()

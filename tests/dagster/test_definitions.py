@@ -18,6 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 
 EXPECTED_ASSETS = {"public/user_clicks_1min", "ematix/clicks-hopping-5min", "ematix/user-sessions",
                    "ematix/card-payments", "ematix/revenue-per-channel", "ematix/embargoed-clicks"}
+EXPECTED_SOURCES = {"files/ematix/data/clicks", "files/ematix/data/payments", "files/ematix/data/orders-web",
+                    "files/ematix/data/orders-mobile"}  # the inputs, as upstream assets
 EXPECTED_SENSORS = {"clicks_per_minute_keep_alive", "revenue_per_channel_keep_alive", "ematix_run_failure_sensor"}
 EXPECTED_JOBS = {"clicks_per_minute_job", "clicks_hopping_5min_job", "user_sessions_job", "card_payments_job",
                  "revenue_per_channel_job", "embargoed_clicks_job", "ematix_state_migration_job", "ematix_validate_job",
@@ -61,7 +63,7 @@ def test_loading_the_code_location_starts_no_spark_and_opens_no_connection():
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     assert not found["spark"]
-    assert set(found["assets"]) == EXPECTED_ASSETS
+    assert set(found["assets"]) == EXPECTED_ASSETS | EXPECTED_SOURCES
     assert EXPECTED_SENSORS <= set(found["sensors"])
     assert EXPECTED_JOBS <= set(found["jobs"])
     assert EXPECTED_SCHEDULES <= set(found["schedules"])

@@ -345,3 +345,24 @@ def test_a_terminal_failure_stops_the_keep_alive_sensor_and_is_reported_not_rest
     assert not held.success
     assert loc.instance.get_run_by_id(held.run_id).tags[FAILURE_TAG] == "lease_held"
     assert "failed terminally" in skip_text(loc.sense())  # still the terminal one before it
+
+
+def test_a_run_that_failed_outside_its_step_is_tagged_transient_by_the_failure_sensor(tmp_path):
+    from dagster._core.events import JobFailureData, RunFailureReason
+
+    loc = Location(tmp_path)
+    run = loc.add_run(dg.DagsterRunStatus.STARTED)
+    # what the code server writes when a run worker is killed: no step failure, no ematix class
+    failure = loc.instance.report_run_failed(run, "run worker exited", JobFailureData(
+        error=None, failure_reason=RunFailureReason.UNEXPECTED_TERMINATION))
+    run = loc.instance.get_run_by_id(run.run_id)
+    assert FAILURE_TAG not in run.tags
+    reports: list[str] = []
+    sensor = run_failure_sensor(report=reports.append)
+    context = dg.build_run_status_sensor_context(sensor_name=sensor.name, dagster_event=failure,
+                                                 dagster_instance=loc.instance, dagster_run=run).for_run_failure()
+    assert sensor(context) is None
+    tags = loc.instance.get_run_by_id(run.run_id).tags
+    assert (tags[FAILURE_TAG], tags["ematix/error"]) == ("transient", "UNEXPECTED_TERMINATION")
+    assert "(transient)" in reports[0] and "restarts it after its backoff" in reports[0]
+    assert "backing off after 1 transient failure" in skip_text(loc.sense())

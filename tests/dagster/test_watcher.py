@@ -126,3 +126,12 @@ def test_an_orphaned_process_notices_that_its_parent_is_gone(tmp_path):
     text = out.read_text()
     assert text.startswith("stopping at the next batch boundary: its run worker (pid ")
     assert "is gone: this step process was re-parented to pid" in text
+
+
+def test_an_orphaned_step_ends_its_process_and_returns_nothing_to_dagster(instance):
+    run = started_run(instance)
+    exits: list[int] = []
+    watcher = RunWatcher(instance, run.run_id, stop=lambda: None, exit_process=exits.append)
+    with pytest.raises(SystemExit):  # reached only because this exit_process returned
+        watcher.end_process()
+    assert exits == [0]

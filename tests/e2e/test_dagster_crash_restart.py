@@ -39,6 +39,7 @@ from tests.dagster_support import (
     dagster_dev_env,
     drop_clicks_target,
     event_pid,
+    materializations,
     pipeline_runs,
     run_events,
     run_status,
@@ -69,6 +70,10 @@ def started_run(dagit: Dagit, exclude: set[str]) -> str | None:
         if run["run_id"] not in exclude and run["status"] == "STARTED":
             return run["run_id"]
     return None
+
+
+def run_tags(dagit: Dagit, run_id: str) -> dict[str, str]:
+    return next(r["tags"] for r in pipeline_runs(dagit, CLICKS_PIPELINE) if r["run_id"] == run_id)
 
 
 def step_process(worker: psutil.Process) -> psutil.Process | None:
@@ -118,6 +123,13 @@ def test_a_killed_run_worker_is_replaced_and_its_orphan_stops(tmp_path, pg_dsn):
         assert lease_holder(tmp_path) is None
         messages = [e.get("message") or "" for e in run_events(dagit, first)]
         assert any(f"its run worker (pid {worker_pid}) is gone" in m for m in messages), messages[-10:]
+        # the orphan said why it stopped and wrote nothing else into the FAILED run: no output, no step
+        # end, no closing materialization (which would have become the asset's latest)
+        types = {e["__typename"] for e in run_events(dagit, first)}
+        assert not types & {"ExecutionStepOutputEvent", "HandledOutputEvent", "ExecutionStepSuccessEvent",
+                            "ExecutionStepFailureEvent"}, types
+        assert not any(entry["label"] == "run_batches" for m in materializations(dagit, first)
+                       for entry in m["metadataEntries"])
 
         write_click_file(data, 6)  # closes every window (its own is never expected in the target)
         second = wait_for(lambda: started_run(dagit, {first}), RESTART_BOUND_S, "the sensor's next run to start")
@@ -137,6 +149,11 @@ def test_a_killed_run_worker_is_replaced_and_its_orphan_stops(tmp_path, pg_dsn):
         assert clicks_target(pg_dsn) == expected
         assert lease_holder(tmp_path) is None
         assert claimed_slots(dagit, CLICKS_POOL) == []
+        # no step classified the crash: the failure sensor has tagged it (transient, what Dagster saw) by now
+        wait_for(lambda: run_tags(dagit, first).get("ematix/failure"), 90, "the failure sensor to tag the crashed run")
+        timings["failure tagged (checked)"] = time.monotonic() - killed
+        tags = run_tags(dagit, first)
+        assert tags["ematix/failure"] == "transient" and tags["ematix/error"], tags
     finally:
         dagit.stop()
         print(f"crash restart timings (s after kill -9): {timings}; whole test {time.monotonic() - started:.0f} s")

@@ -1,15 +1,21 @@
 """The example code location under a real ``dagster dev``, driven through Dagster's GraphQL API.
 
 The test starts ``dagster dev`` on 127.0.0.1 (a free port, a temporary DAGSTER_HOME, its own
-process group), finds every example asset, sensor, job and schedule by name, launches the
-``processing_time`` clicks pipeline over bounded input plus a closing event, waits for per-batch
-materializations, terminates the run (it must reach CANCELED within 60 s and read as a cancel: no
-retry request, no step failure), launches it again, terminates it once its pipeline runs (the first run
-may have written every window already) and checks that the Postgres target equals a pandas ground
-truth: nothing lost, nothing counted twice.
+process group) on a copy of ``pipelines/`` (the workspace's working directory comes first on the
+code server's path), finds every example asset, sensor, job and schedule by name and the lineage
+from the inputs to the pipelines, launches the ``processing_time`` clicks pipeline over bounded
+input plus a closing event, waits for per-batch materializations (with their versions and
+metadata), edits the pipeline's TOML and reloads the location (the running asset turns STALE),
+terminates the run (it must reach CANCELED within 60 s and read as a cancel: no retry request, no
+step failure), launches it again (the new spec: FRESH once it ran), terminates it once its pipeline
+runs (the first run may have written every window already) and checks that the Postgres target
+equals a pandas ground truth: nothing lost, nothing counted twice.
 """
 
 from __future__ import annotations
+
+import shutil
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -17,12 +23,15 @@ from tests.dagster_support import (
     CLICKS_JOB,
     CLICKS_OP,
     LOCATION,
+    ROOT,
     Dagit,
     assert_reads_as_a_cancel,
+    asset_nodes,
     clicks_ground_truth,
     clicks_target,
     dagster_dev_env,
     drop_clicks_target,
+    materialization_tags,
     materializations,
     run_events,
     terminate,
@@ -30,12 +39,16 @@ from tests.dagster_support import (
     write_click_inputs,
 )
 
+CLICKS = "public/user_clicks_1min"
+CLICKS_INPUT = "files/ematix/data/clicks"
+
 
 @pytest.mark.slow
 def test_dagster_dev_launch_terminate_relaunch(tmp_path, pg_dsn):
     drop_clicks_target(pg_dsn)
     events = write_click_inputs(tmp_path / ".ematix" / "data" / "clicks")
     expected = clicks_ground_truth(events)
+    shutil.copytree(ROOT / "pipelines", tmp_path / "pipelines", ignore=shutil.ignore_patterns("__pycache__"))
     dagit = Dagit(tmp_path, dagster_dev_env(tmp_path, pg_dsn))
     try:
         dagit.wait_ready()
@@ -52,13 +65,47 @@ def test_dagster_dev_launch_terminate_relaunch(tmp_path, pg_dsn):
         assert {"clicks_hopping_5min_schedule", "ematix_state_migration_job_schedule",
                              "ematix_checks_job_schedule"} <= schedules, schedules
 
+        # lineage: the clicks input is one upstream asset of the four pipelines that read it
+        nodes = asset_nodes(dagit)
+        assert nodes[CLICKS]["deps"] == {CLICKS_INPUT}
+        assert {key for key, node in nodes.items() if CLICKS_INPUT in node["deps"]} == {
+            CLICKS, "ematix/clicks-hopping-5min", "ematix/user-sessions", "ematix/embargoed-clicks"}
+        assert nodes["ematix/revenue-per-channel"]["deps"] == {"files/ematix/data/orders-web",
+                                                              "files/ematix/data/orders-mobile"}
+        # addresses without credentials: host, port and database of the target (pg_dsn names a user)
+        dsn = urlsplit(pg_dsn)
+        assert nodes[CLICKS]["metadata"]["dagster/uri"] == f"postgresql://{dsn.hostname}:{dsn.port}{dsn.path}"
+        assert nodes[CLICKS]["metadata"]["dagster/table_name"] == "public.user_clicks_1min"
+        assert nodes["ematix/user-sessions"]["metadata"]["dagster/uri"] == \
+            (tmp_path / ".ematix" / "output" / "user-sessions").as_uri()
+        assert nodes[CLICKS_INPUT]["metadata"]["dagster/uri"] == (tmp_path / ".ematix" / "data" / "clicks").as_uri()
+        assert not any("@" in (text or "") for node in nodes.values() for text in node["metadata"].values())
+
         run_config = {"ops": {CLICKS_OP: {"config": {"throttle_seconds": 0}}}}
         first = dagit.client.submit_job_execution(CLICKS_JOB, repository_location_name=LOCATION, run_config=run_config)
         wait_for(lambda: len(materializations(dagit, first)) >= 2, 240, "per-batch materializations")
         labels = {e["label"] for e in materializations(dagit, first)[0]["metadataEntries"]}
         assert {"batch_id", "rows_in", "windows_emitted", "watermark_lag_seconds"} <= labels, labels
+        # every per-batch materialization carries the code version, its own data version and the output's columns
+        batches = materialization_tags(dagit, first)
+        code_version = nodes[CLICKS]["code_version"]
+        assert {m["tags"]["dagster/code_version"] for m in batches} == {code_version}
+        assert len({m["tags"]["dagster/data_version"] for m in batches}) == len(batches)
+        assert all({"dagster/row_count", "dagster/column_schema"} <= m["labels"] for m in batches)
+        assert batches[0]["columns"][:2] == ["window_start", "window_end"]
+        assert {"user_id", "clicks", "amount_sum", "unique_pages"} <= set(batches[0]["columns"])
+        assert asset_nodes(dagit)[CLICKS]["stale"] == "FRESH"
+
+        # the spec changes while the run goes on: the asset is STALE (its latest batches ran the old spec)
+        toml = tmp_path / "pipelines" / "clicks_per_minute.toml"
+        toml.write_text(toml.read_text().replace("trigger_interval_ms = 1_000", "trigger_interval_ms = 2_000"))
+        dagit.client.reload_repository_location(LOCATION)
+        changed = wait_for(lambda: (node := asset_nodes(dagit)[CLICKS])["code_version"] != code_version and node,
+                           60, "the reloaded location's new code version")
+        assert (changed["stale"], changed["causes"]) == ("STALE", ["has a new code version"])
         assert terminate(dagit, first) < 60
         assert_reads_as_a_cancel(dagit, first)
+        assert asset_nodes(dagit)[CLICKS]["stale"] == "STALE"  # the run's closing result ran the old spec too
 
         second = dagit.client.submit_job_execution(CLICKS_JOB, repository_location_name=LOCATION, run_config=run_config)
         wait_for(lambda: clicks_target(pg_dsn) == expected or None, 240, "the target to hold every closed window")
@@ -69,6 +116,7 @@ def test_dagster_dev_launch_terminate_relaunch(tmp_path, pg_dsn):
         terminate(dagit, second)
         assert_reads_as_a_cancel(dagit, second)
         assert clicks_target(pg_dsn) == expected
+        assert asset_nodes(dagit)[CLICKS]["stale"] == "FRESH"  # the new spec ran
     finally:
         dagit.stop()
     assert dagit.members() == [], "run workers or JVMs outlived dagster dev"

@@ -1,0 +1,100 @@
+"""Where a pipeline reads and writes, as Dagster sees it: upstream assets and credential-free addresses.
+
+A pipeline's sources become upstream assets: an external ``AssetSpec`` per input (a files path, a
+Kafka topic; a ``rate`` source generates its rows and has none), keyed by where the data is, not by
+the source's name, so pipelines reading the same directory share one upstream asset. A source that
+reads what another pipeline of the same location writes (its Parquet directory) is that pipeline's
+asset instead: the reading pipeline is downstream of it.
+
+Addresses are for the UI (``dagster/uri``): a path, a topic, or a PostgreSQL host, port and
+database. They never hold a user name or password. The output's columns
+(``dagster/column_schema``) are known only once Spark has analysed the pipeline's SQL, so they come
+with the materializations rather than with the definition.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+import dagster as dg
+
+from ematix_dagster.errors import PipelineConfigError
+from ematix_dagster.spec import Source, Target
+from ematix_dagster.spec.environment import resolve_env
+from state_store.pg_url import server_address
+
+
+def files_uri(path: str) -> str:
+    """A local path as a ``file://`` URI (relative paths resolve against the working directory)."""
+    return path if "://" in path else Path(path).resolve().as_uri()
+
+
+def _key_parts(text: str) -> list[str]:
+    return [re.sub(r"[^A-Za-z0-9_-]", "_", part) for part in re.split(r"[/:]+", text) if part.strip(".")]
+
+
+def default_source_key(source: Source) -> Optional[dg.AssetKey]:
+    """``files`` + the path's parts (``.ematix/data/clicks`` -> ``files/ematix/data/clicks``),
+    ``kafka`` + the topic; None for a ``rate`` source."""
+    if source.kind == "files" and source.path:
+        return dg.AssetKey(["files", *_key_parts(source.path.strip().lstrip("."))])
+    if source.kind == "kafka" and source.topic:
+        return dg.AssetKey(["kafka", *_key_parts(source.topic)])
+    return None
+
+
+def source_uri(source: Source) -> Optional[str]:
+    if source.kind == "files" and source.path:
+        return files_uri(source.path)
+    if source.kind == "kafka" and source.topic:
+        servers = (source.bootstrap_servers or "").split(",")[0].strip()
+        return f"kafka://{servers}/{source.topic}"
+    return None
+
+
+def postgres_uri(url: Optional[str]) -> Optional[str]:
+    """``postgresql://host:port/database`` of a target URL (resolved from the environment), or None
+    when it names an unset variable or does not parse. User and password are left out."""
+    try:
+        resolved = resolve_env(url)
+    except PipelineConfigError:
+        return None
+    return server_address(resolved) if resolved else None
+
+
+def target_uri(target: Target) -> Optional[str]:
+    if target.kind == "parquet" and target.path:
+        return files_uri(target.path)
+    if target.kind == "postgres":
+        return postgres_uri(target.url)
+    return None
+
+
+def _where(path: str) -> str:
+    return path if "://" in path else os.path.normpath(os.path.abspath(path))
+
+
+def source_location(source: Source) -> Optional[str]:
+    """What a source reads, comparable with :func:`target_location` (a pipeline reading another's output)."""
+    return _where(source.path) if source.kind == "files" and source.path else None
+
+
+def target_location(target: Target) -> Optional[str]:
+    return _where(target.path) if target.kind == "parquet" and target.path else None
+
+
+def output_schema_metadata(step: Any) -> dict[str, Any]:
+    """``dagster/column_schema``: the rows the runner's step (:attr:`PipelineRunner.step`) sends to
+    the target, once the query has started and Spark has analysed its SQL (empty before)."""
+    schema = getattr(step, "schema", None) or getattr(getattr(step, "plan", None), "schema", None)
+    if schema is None:
+        return {}
+    columns = [dg.TableColumn(name=f.name, type=str(f.type)) for f in schema]
+    return {"dagster/column_schema": dg.TableSchema(columns=columns)}
+
+
+__all__ = ["default_source_key", "files_uri", "output_schema_metadata", "postgres_uri", "source_location", "source_uri", "target_location",
+           "target_uri"]

@@ -40,6 +40,7 @@ from ematix_dagster.dagster import (
     EmatixSparkResource,
     MetricsResource,
     StateStoreResource,
+    backfill_asset,
     checks_job,
     checks_schedule,
     keep_alive_sensor,
@@ -79,6 +80,8 @@ PIPELINES = [clicks_per_minute, clicks_hopping, user_sessions, card_payments, em
 # -- assets and their checks ------------------------------------------------------------------------
 # with their inputs as upstream assets: .ematix/data/clicks is one asset, read by four pipelines
 assets = streaming_pipeline_assets(PIPELINES, owners=["team:data-platform"])
+# partitioned backfills of the pipelines with [backfill]: rewrite past days from archived input
+backfill_assets = [backfill_asset(p) for p in PIPELINES if p.spec.backfill is not None]
 asset_checks = [check for p in PIPELINES for check in pipeline_asset_checks(p)]
 
 # -- jobs, sensors, schedules -----------------------------------------------------------------------
@@ -123,7 +126,7 @@ resources = {
 }
 
 defs = dg.Definitions(
-    assets=assets,
+    assets=[*assets, *backfill_assets],
     asset_checks=asset_checks,
     jobs=[*pipeline_jobs.values(), migration_job, validate_job, all_checks_job],
     sensors=[*keep_alive_sensors, failure_sensor],

@@ -48,7 +48,7 @@ LOCAL_STATE = StateStoreConfig(kind="sqlite", path=".ematix/state.db")
     state_store=LOCAL_STATE,
     run=Run(trigger="processing_time", trigger_interval_ms=1_000,
             checkpoint_location=".ematix/checkpoints/clicks-per-minute"),
-    backfill=Backfill(partition="daily", start="2026-01-01"),
+    backfill=Backfill(partition="daily", start="2025-01-01"),
 )
 def clicks_per_minute():
     """Clicks per user per minute, upserted into PostgreSQL (tumbling 1-minute windows).

@@ -14,6 +14,7 @@ from ematix_dagster.dagster.assets import (
     streaming_pipeline_asset,
     streaming_pipeline_assets,
 )
+from ematix_dagster.dagster.backfill import backfill_asset, backfill_partitions
 from ematix_dagster.dagster.checks import (
     CHECKPOINT_CHECK,
     IDEMPOTENT_TARGET_CHECK,
@@ -64,7 +65,7 @@ __all__ = [
     "EmatixTranslator", "FAILURE_TAG", "IDEMPOTENT_TARGET_CHECK", "LATE_ROW_RATIO_CHECK", "METRICS_KEY",
     "MetricsResource", "MigrateStateConfig", "PIPELINE_TAG", "PipelineRunConfig", "SPARK_KEY", "STATE_STORE_KEY",
     "StateStoreResource", "TERMINATED_BY_TAG", "ValidateCheckpointConfig", "WATERMARK_LAG_CHECK", "asset_run_config",
-    "checks_job", "checks_schedule", "keep_alive_decision", "keep_alive_sensor", "maintenance_job",
+    "backfill_asset", "backfill_partitions", "checks_job", "checks_schedule", "keep_alive_decision", "keep_alive_sensor", "maintenance_job",
     "make_check_idempotent_target_op", "make_migrate_state_op", "make_validate_checkpoint_op", "pipeline_asset_checks",
     "pipeline_job", "pipeline_schedule", "RunWatcher", "run_failure_sensor", "run_pipeline_events", "state_migration_job",
     "state_migration_schedule", "streaming_pipeline_asset", "streaming_pipeline_assets",

@@ -9,7 +9,9 @@ metadata), edits the pipeline's TOML and reloads the location (the running asset
 terminates the run (it must reach CANCELED within 60 s and read as a cancel: no retry request, no
 step failure), launches it again (the new spec: FRESH once it ran), terminates it once its pipeline
 runs (the first run may have written every window already) and checks that the Postgres target
-equals a pandas ground truth: nothing lost, nothing counted twice.
+equals a pandas ground truth: nothing lost, nothing counted twice. Last, Dagster's backfill launcher
+backfills two days of the partitioned backfill asset the stream has passed: one run, both
+partitions materialized with what the backfill did, the target untouched.
 """
 
 from __future__ import annotations
@@ -27,12 +29,15 @@ from tests.dagster_support import (
     Dagit,
     assert_reads_as_a_cancel,
     asset_nodes,
+    backfill_state,
     clicks_ground_truth,
     clicks_target,
     dagster_dev_env,
     drop_clicks_target,
+    launch_partition_backfill,
     materialization_tags,
     materializations,
+    partition_materializations,
     run_events,
     terminate,
     wait_for,
@@ -41,6 +46,7 @@ from tests.dagster_support import (
 
 CLICKS = "public/user_clicks_1min"
 CLICKS_INPUT = "files/ematix/data/clicks"
+BACKFILL = "public/user_clicks_1min-backfill"
 
 
 @pytest.mark.slow
@@ -69,7 +75,7 @@ def test_dagster_dev_launch_terminate_relaunch(tmp_path, pg_dsn):
         nodes = asset_nodes(dagit)
         assert nodes[CLICKS]["deps"] == {CLICKS_INPUT}
         assert {key for key, node in nodes.items() if CLICKS_INPUT in node["deps"]} == {
-            CLICKS, "ematix/clicks-hopping-5min", "ematix/user-sessions", "ematix/embargoed-clicks"}
+            CLICKS, "ematix/clicks-hopping-5min", "ematix/user-sessions", "ematix/embargoed-clicks", BACKFILL}
         assert nodes["ematix/revenue-per-channel"]["deps"] == {"files/ematix/data/orders-web",
                                                               "files/ematix/data/orders-mobile"}
         # addresses without credentials: host, port and database of the target (pg_dsn names a user)
@@ -117,6 +123,19 @@ def test_dagster_dev_launch_terminate_relaunch(tmp_path, pg_dsn):
         assert_reads_as_a_cancel(dagit, second)
         assert clicks_target(pg_dsn) == expected
         assert asset_nodes(dagit)[CLICKS]["stale"] == "FRESH"  # the new spec ran
+
+        # a partition backfill from Dagster's launcher: two days the stream has passed, in one run
+        # (BackfillPolicy.single_run), each partition materialized with what the backfill did
+        assert nodes[BACKFILL]["deps"] == {CLICKS_INPUT}
+        backfill_id = launch_partition_backfill(dagit, BACKFILL.split("/"), ["2025-02-27", "2025-02-28"])
+        status, runs = wait_for(lambda: (state := backfill_state(dagit, backfill_id))[0] not in (
+            "REQUESTED", "CANCELING", "FAILING") and state, 300, "the partition backfill to end")
+        assert status == "COMPLETED_SUCCESS" and len(runs) == 1, (status, runs)
+        done = partition_materializations(dagit, BACKFILL.split("/"))
+        assert sorted(done) == ["2025-02-27", "2025-02-28"] and {m["run_id"] for m in done.values()} == set(runs)
+        assert all(m["range"] == "[2025-02-27T00:00:00Z, 2025-03-01T00:00:00Z)" and m["windows_rewritten"] == 0
+                   for m in done.values()), done
+        assert clicks_target(pg_dsn) == expected, "the backfilled days held no windows; nothing else moved"
     finally:
         dagit.stop()
     assert dagit.members() == [], "run workers or JVMs outlived dagster dev"

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ematix_dagster.columns import HEARTBEAT
 from ematix_dagster.spec.backfill import Backfill
-from ematix_dagster.spec.environment import _resolved
+from ematix_dagster.spec.environment import resolved_spec
 from ematix_dagster.spec.registries import WINDOW_KINDS
 from ematix_dagster.spec.rows import RowTransform, validate_row_pipeline
 from ematix_dagster.spec.rules import (
@@ -290,7 +290,7 @@ class PipelineSpec:
     def resolved(self) -> "PipelineSpec":
         """This spec with ``${NAME}`` expanded in every string: what sources, stores, targets and
         checkpoints are opened with. Never dump it or fingerprint it (it may hold passwords)."""
-        return _resolved(self, "")
+        return resolved_spec(self)
 
     def _validate_values(self) -> None:
         if not _NAME_RE.match(self.pipeline_name):

@@ -80,8 +80,7 @@ def cmd_check(spec: PipelineSpec) -> int:
     from ematix_dagster.operations import check
 
     report = check(spec)
-    where = f"batch {report.record.last_batch_id}" if report.record else "no state yet"
-    print(f"pipeline {spec.pipeline_name}: {report.store}, {where}, lease "
+    print(f"pipeline {spec.pipeline_name}: {report.store}, {report.position}, lease "
           f"{'held by ' + report.lease_holder if report.lease_holder else 'free'}")
     for problem in report.problems:
         print(f"problem {problem.code}: {problem.message}\n  way out: {problem.fix}")

@@ -22,6 +22,7 @@ from ematix_dagster.spec.rules import (
     FILE_FORMATS,
     ON_UNREADABLE_FILE,
     SOURCE_KINDS,
+    SOURCE_ROW_CHOICES,
     STATE_STORE_KINDS,
     TARGET_KINDS,
     TIME_UNITS,
@@ -159,11 +160,18 @@ class DeadLetter:
     url: str | None = field(default=None, repr=False)  # resolved, it may hold a password
     table: str | None = None
     create_table: bool = False
+    #: which post-SQL dead letters carry ``_source_row``, the row before the SQL: ``sql_error`` rows
+    #: (the failing value is only there), ``all`` (late and rejected rows too) or ``none`` (the SQL
+    #: may drop columns that must not reach the dead letters)
+    include_source_row: str = "sql_error"
 
     def validate(self, key: str = "dead_letter") -> None:
         if self.kind not in DEAD_LETTER_KINDS:
             _fail(f"{key}.kind", f"unknown dead-letter kind {self.kind!r}", 'use "parquet" or "postgres"')
         _validate_sink_fields(key, self.kind, self.url, self.table, self.path)
+        if self.include_source_row not in SOURCE_ROW_CHOICES:
+            _fail(f"{key}.include_source_row", f"{self.include_source_row!r} is not a choice",
+                  f"use one of {', '.join(repr(c) for c in SOURCE_ROW_CHOICES)}")
 
 
 @dataclass(frozen=True)

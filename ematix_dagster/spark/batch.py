@@ -220,7 +220,7 @@ class BatchStep:
                           partials=values, lasts=lasts, late_rows=late["late_rows"],
                           late_assignments=late["late_assignments"], reopened_rows=late["reopened_rows"],
                           rejected=late["rejected"], dead_letters=dead,
-                          filtered=filtered_rows(stats, late["out_rows"]) if spec.transform_sql else 0)
+                          filtered=filtered_rows(stats, late["rows"]) if spec.transform_sql else 0)
 
     def flush(self) -> BatchReport:
         """``end_of_input = "flush"``: emit every open window, written beside the last real batch.

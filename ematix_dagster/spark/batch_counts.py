@@ -40,7 +40,7 @@ def batch_counts(spec: PipelineSpec, table: pa.Table, source_stats: Observed | N
     late: dict[str, Any] = {"late_rows": total(ROWS, pc.equal(classes, "late")),
             "late_assignments": total(LATE_ASSIGNMENTS, windowed), "reopened_rows": total(REOPENED, windowed),
             "rejected": {r: n for r in REJECT_REASONS if (n := total(ROWS, pc.equal(classes, r)))},
-            "out_rows": total(ROWS)}  # with a SQL: its output rows, each once (windowed, late or rejected)
+            "rows": total(ROWS)}  # every row of the job, each once (with a SQL: the SQL's output rows)
     if source_stats is not None:
         return source_stats.values(), late
     stats: dict[str, Any] = {}

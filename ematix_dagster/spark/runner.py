@@ -303,10 +303,8 @@ class PipelineRunner:
         self._events.put(None)
 
     def events(self) -> Iterator[BatchReport]:
-        """Start the query and yield a report per micro-batch until it ends or is stopped.
-
-        Whatever fails leaves as an :class:`EmatixError` with the right ``terminal`` flag.
-        """
+        """Start the query and yield a report per micro-batch until it ends or is stopped; whatever
+        fails leaves as an :class:`EmatixError` with the right ``terminal`` flag."""
         try:
             yield from self._run_events()
         except Exception as exc:

@@ -52,10 +52,10 @@ def cmd_validate(spec: PipelineSpec) -> int:
     return 0
 
 
-def cmd_run(spec: PipelineSpec) -> int:
+def cmd_run(spec: PipelineSpec, verbose: bool = False) -> int:
     from ematix_dagster.spark.runner import PipelineRunner
 
-    runner = PipelineRunner(spec)
+    runner = PipelineRunner(spec, quiet_failures=not verbose)
 
     def stop(signum: int, _frame: object) -> None:
         print(f"[{spec.pipeline_name}] {signal.Signals(signum).name}: stopping at the next batch boundary",
@@ -80,8 +80,7 @@ def cmd_check(spec: PipelineSpec) -> int:
     from ematix_dagster.operations import check
 
     report = check(spec)
-    where = f"batch {report.record.last_batch_id}" if report.record else "no state yet"
-    print(f"pipeline {spec.pipeline_name}: {report.store}, {where}, lease "
+    print(f"pipeline {spec.pipeline_name}: {report.store}, {report.position}, lease "
           f"{'held by ' + report.lease_holder if report.lease_holder else 'free'}")
     for problem in report.problems:
         print(f"problem {problem.code}: {problem.message}\n  way out: {problem.fix}")
@@ -154,6 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name == "backfill":
             p.add_argument("--from", dest="start", required=True, help="the range's start (ISO date or date-time, UTC)")
             p.add_argument("--to", dest="end", required=True, help="the range's end, exclusive")
+        p.add_argument("--verbose", action="store_true",
+                       help="on a failure, print Spark's log and the tracebacks (else written to a file it names)")
     args = parser.parse_args(argv)
     try:
         spec = load_pipeline(args.pipeline)
@@ -166,7 +167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_reset(spec, args.yes)
         if args.command == "backfill":
             return cmd_backfill(spec, args.start, args.end)
-        return {"validate": cmd_validate, "run": cmd_run, "check": cmd_check, "state": cmd_state}[args.command](spec)
+        if args.command == "run":
+            return cmd_run(spec, args.verbose)
+        return {"validate": cmd_validate, "check": cmd_check, "state": cmd_state}[args.command](spec)
     except BackfillRefused as exc:  # nothing ran: the range asked for cannot be rewritten
         print(f"error: backfill refused: {exc}", file=sys.stderr)
         return 2
@@ -175,10 +178,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except Exception as exc:  # noqa: BLE001 - every failure leaves as a classified EmatixError
         err = classify(exc, Path(args.pipeline).stem)
-        if isinstance(err, UnexpectedError):
+        if isinstance(err, UnexpectedError) or args.verbose:
             traceback.print_exception(exc, file=sys.stderr)
         kind = "terminal" if err.terminal else "transient (retrying may help)"
-        print(f"error ({kind}): {err}", file=sys.stderr)
+        report = f" (Spark's report of it, with the JVM stack: {err.stack_file}; --verbose prints it)" \
+            if err.stack_file else ""
+        print(f"error ({kind}): {err}{report}", file=sys.stderr)
         return 1
 
 

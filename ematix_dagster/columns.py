@@ -46,6 +46,9 @@ FILE_ROWS = "_file_rows"
 
 #: the first failing expression of a guarded SQL's row (NULL when none failed), added by guard_sql
 SQL_ERROR = "_sql_error"
+#: the row as read, before the SQL (JSON; NULL where ``[dead_letter] include_source_row`` leaves it
+#: out), added by guard_sql: what a ``sql_error`` dead letter's failing value was
+SOURCE_ROW = "_source_row"
 #: a row's release time under ``WATERMARK_TS()`` (µs; NULL: never released), added by sql/release.py
 RELEASE_COLUMN = "_release_us"
 #: a row pipeline's hidden column (issue 26): the row's ``_event_ts`` in µs, appended beside

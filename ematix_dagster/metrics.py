@@ -59,8 +59,8 @@ class StreamingMetrics:
                                         registry=registry)
         self.rows_emitted = Counter(f"{PREFIX}_rows_emitted", "Rows written to the target, by _emit_kind (retracts "
                                     "included).", ["pipeline", "emit_kind"], registry=registry)
-        self.rows_filtered = Counter(f"{PREFIX}_rows_filtered", "Rows a row pipeline's SQL did not write: "
-                                     "reason=where (its WHERE), not_released (no WATERMARK_TS() branch releases them).",
+        self.rows_filtered = Counter(f"{PREFIX}_rows_filtered", "Rows the SQL left out: reason=where (its WHERE), "
+                                     "not_released (a row pipeline's rows no WATERMARK_TS() branch releases).",
                                      ["pipeline", "reason"], registry=registry)
         self.released_rows = Counter(f"{PREFIX}_released_rows", "Rows a row pipeline wrote.", ["pipeline"],
                                      registry=registry)
@@ -83,6 +83,7 @@ class StreamingMetrics:
         self.late_rows_reopened.labels(pipeline).inc(batch.reopened_rows)
         for reason, n in batch.rejected.items():
             self.rejected_rows.labels(pipeline, reason).inc(n)
+        self.rows_filtered.labels(pipeline, "where").inc(batch.filtered)
         for reason, n in batch.dead_letters.items():
             self.dead_letter_rows.labels(pipeline, reason).inc(n)
         self.batch_duration.labels(pipeline).observe(seconds)

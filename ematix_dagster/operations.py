@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from ematix_dagster.errors import StateVersionError
+from ematix_dagster.errors import CorruptCheckpoint, CorruptState, StateVersionError
 from ematix_dagster.fingerprint import describe_changes, fingerprint, fingerprint_doc
 from ematix_dagster.spark import checkpoint
 from ematix_dagster.spark.recovery import Problem, validate_checkpoint
@@ -58,6 +58,20 @@ class CheckReport:
     def healthy(self) -> bool:
         return not self.problems
 
+    @property
+    def position(self) -> str:
+        """Where the stored state stands, for ``check``'s first line: state that is there but cannot be
+        read is never "no state yet"."""
+        if self.record is not None:
+            return f"batch {self.record.last_batch_id}"
+        if any(p.code in _UNREADABLE for p in self.problems):
+            return "stored state unreadable"
+        return "no state yet"
+
+
+#: problems found while loading, before the stored record could be read
+_UNREADABLE = ("state_too_new", "corrupt_state")
+
 
 def check(spec: PipelineSpec) -> CheckReport:
     """Checkpoint against store, spec fingerprint, state version, every state blob; never changes anything.
@@ -66,7 +80,6 @@ def check(spec: PipelineSpec) -> CheckReport:
     would, and closer: every HLL sketch is opened), so corrupt state is reported here
     (``corrupt_state``) rather than found by the next run.
     """
-    from ematix_dagster.errors import CorruptCheckpoint, CorruptState
     from ematix_dagster.spark.recovery import RESET
     from ematix_dagster.streaming.durable import check_window_ends, decoded_groups
     from ematix_dagster.streaming.micro_batch import check_groups
@@ -79,11 +92,11 @@ def check(spec: PipelineSpec) -> CheckReport:
         holder = store.lease_holder(spec.pipeline_name)
         try:
             recovered = store.load(spec.pipeline_name)
-        except StateVersionError as exc:
-            return CheckReport(spec.pipeline_name, store.description, None, holder, [Problem(
-                "state_too_new", f"{exc}.", "run the newer ematix-dagster that wrote it")])
-        except CorruptState as exc:  # a pipelines row, a version byte or the whole database
-            return CheckReport(spec.pipeline_name, store.description, None, holder, [corrupt_state(exc)])
+        except (StateVersionError, CorruptState) as exc:  # a pipelines row, a blob's version byte, the database
+            problem = (Problem("state_too_new", f"{exc}.", "run the newer ematix-dagster that wrote it")
+                       if isinstance(exc, StateVersionError) else corrupt_state(exc))
+            return CheckReport(spec.pipeline_name, store.description, _record(store, spec.pipeline_name), holder,
+                               [problem])
         record = recovered.record
         report = CheckReport(spec.pipeline_name, store.description, record, holder)
     try:
@@ -108,6 +121,14 @@ def check(spec: PipelineSpec) -> CheckReport:
         except CorruptState as exc:
             report.problems.append(corrupt_state(exc))
     return report
+
+
+def _record(store: StateStore, pipeline: str) -> PipelineRecord | None:
+    """The pipeline's record alone, when its groups would not load (a blob of another version, or garbage)."""
+    try:
+        return store.load(pipeline, groups=False).record
+    except (StateVersionError, CorruptState):
+        return None
 
 
 def summary(spec: PipelineSpec, windows: bool = True) -> dict[str, Any]:

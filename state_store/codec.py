@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterable
 
 from state_store.codec_v1 import v1_values
 from state_store.errors import CorruptState, StateVersionError
-from state_store.msgpack_values import packb, unpackb, unpackb_values
+from state_store.msgpack_values import failure_reason, packb, unpackb, unpackb_values
 
 KEY_FORMAT = 1
 STATE_VERSION = 2
@@ -86,7 +86,7 @@ def decode_key(b: bytes) -> tuple:
     try:
         key = unpackb(b[1:])
     except Exception as exc:  # noqa: BLE001 - every decoding failure is corruption
-        raise CorruptState(f"group key is corrupt: {describe(b)} does not decode ({exc})") from None
+        raise CorruptState(f"group key is corrupt: {describe(b)} does not decode ({failure_reason(exc)})") from None
     if type(key) is not tuple or any(not isinstance(v, _KEY_TYPES) for v in key):
         raise CorruptState(f"group key is corrupt: {describe(b)} is not a tuple of scalar values")
     return key
@@ -131,7 +131,7 @@ def _decoded_list(b: bytes, unpack: Callable[[bytes], Any], what: str, items: st
     try:
         values = unpack(bytes(b[1:]))
     except Exception as exc:  # noqa: BLE001
-        raise CorruptState(f"{what} is corrupt: {describe(b)} does not decode ({exc})") from None
+        raise CorruptState(f"{what} is corrupt: {describe(b)} does not decode ({failure_reason(exc)})") from None
     if type(values) is not tuple:
         raise CorruptState(f"{what} is corrupt: {describe(b)} is not a list of {items}")
     return list(values)
@@ -212,7 +212,7 @@ def migrate(blob: bytes, from_version: int, to_version: int = STATE_VERSION) -> 
             raise
         except Exception as exc:  # noqa: BLE001
             raise CorruptState(
-                f"state blob is corrupt: {describe(blob)} does not decode as version {version} ({exc})") from None
+                f"state blob is corrupt: {describe(blob)} does not decode as version {version} ({failure_reason(exc)})") from None
     return blob
 
 

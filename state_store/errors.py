@@ -25,6 +25,8 @@ class EmatixError(Exception):
     """
 
     terminal: bool = True
+    #: a file holding the failure's full report (Spark's stack), written there instead of printed
+    stack_file: str | None = None
 
     def __init__(self, *args: object, way_out: str | None = None) -> None:
         self.cause = str(args[0]) if args else ""

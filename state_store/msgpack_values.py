@@ -116,4 +116,14 @@ def unpackb_values(data: bytes | memoryview) -> Any:
     return msgpack.unpackb(data, ext_hook=ext_hook, use_list=False, raw=False, strict_map_key=False)
 
 
-__all__ = ["packb", "unpackb", "unpackb_values", "ext_hook"]
+def failure_reason(exc: Exception) -> str:
+    """Why bytes did not decode, for a corrupt-state message: some of msgpack's errors carry no text
+    (a ``FormatError`` from a byte that starts no value), which would leave the reason empty."""
+    if isinstance(exc, msgpack.FormatError):
+        return "a byte that starts no msgpack value"
+    if isinstance(exc, msgpack.ExtraData):
+        return f"{len(exc.extra)} bytes follow the value"
+    return str(exc) or type(exc).__name__
+
+
+__all__ = ["packb", "unpackb", "unpackb_values", "ext_hook", "failure_reason"]

@@ -15,7 +15,7 @@ import msgpack
 
 from state_store.codec import PLAIN_STATE_TYPES, STATE_PREFIX, check_accumulators, describe, state_version
 from state_store.errors import CorruptState
-from state_store.msgpack_values import packb
+from state_store.msgpack_values import failure_reason, packb
 
 #: the group key of a whole-window row (an encoded key is never empty: it starts with ``KEY_FORMAT``)
 WINDOW_KEY = b""
@@ -61,7 +61,7 @@ def window_groups(blob: bytes) -> list[tuple[bytes, bytes]]:
         if bounds[-1] != len(body):
             raise ValueError("bytes follow its last state")
     except Exception as exc:  # noqa: BLE001 - every decoding failure is corruption
-        raise CorruptState(f"whole-window blob is corrupt: {describe(blob)} does not decode ({exc})") from None
+        raise CorruptState(f"whole-window blob is corrupt: {describe(blob)} does not decode ({failure_reason(exc)})") from None
     if WINDOW_KEY in keys:
         raise CorruptState(f"whole-window blob is corrupt: {describe(blob)} holds an empty group key")
     return [(key, prefix + body[a:b]) for key, a, b in zip(keys, bounds, bounds[1:])]

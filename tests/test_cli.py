@@ -253,3 +253,65 @@ path = "{tmp_path / 'state.db'}"
 
     table = pq.read_table(tmp_path / "out")
     assert table.num_rows >= 1 and min(table.column("n").to_pylist()) >= 1
+
+
+# -- a failure: the classified message once, Spark's report in a file (issue 29) ------------------
+
+
+@pytest.mark.slow
+def test_a_terminal_error_prints_its_message_once_and_no_traceback(tmp_path):
+    """A cap hit in a real run: stderr holds the one classified line, which names a file holding Spark's
+    report (the JVM stack and the Python traceback); no traceback and no Java on the terminal."""
+    from tests.conftest import BatchFiles
+    from tests.e2e.lateness_helpers import at, row
+    from tests.pipeline_toml import windowed_pipeline_toml
+
+    BatchFiles(tmp_path / "in").write([row(i, f"k{i}", i, at(0, i)) for i in range(3)])
+    path = tmp_path / "capped.toml"
+    path.write_text(windowed_pipeline_toml("capped", tmp_path, max_groups_per_window=1))
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # where the report file goes
+    proc = subprocess.run([sys.executable, "-m", "ematix_dagster.cli", "run", str(path)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "\tat " not in proc.stderr and " ERROR " not in proc.stderr, proc.stderr
+    assert proc.stderr.count("max_groups_per_window=1") == 1, proc.stderr
+    (line,) = [ln for ln in proc.stderr.splitlines() if "error (terminal): window state cap hit" in ln]
+    report = Path(line.split("the JVM stack: ", 1)[1].split(";", 1)[0])
+    assert report.parent == tmp_path
+    text = report.read_text()
+    assert "Traceback" in text and "StateCapExceeded: window state cap hit" in text
+    assert "\tat org.apache.spark.sql.execution.streaming" in text
+
+
+class _FailingRunner:
+    """Stands in for ``PipelineRunner``: fails as a run would, recording how it was asked to report."""
+
+    quiet: list[bool] = []
+    failure: BaseException = RuntimeError("boom")
+
+    def __init__(self, spec, quiet_failures: bool = True) -> None:
+        _FailingRunner.quiet.append(quiet_failures)
+
+    def run(self):
+        raise _FailingRunner.failure
+
+
+@pytest.mark.parametrize(("failure", "verbose", "traceback_shown"), [
+    ("cap", False, False), ("cap", True, True), ("unclassified", False, True)])
+def test_run_prints_the_traceback_only_when_verbose_or_unclassified(tmp_path, capsys, monkeypatch, failure, verbose,
+                                                                    traceback_shown):
+    from ematix_dagster.errors import StateCapExceeded
+
+    cap = StateCapExceeded("window state cap hit: max_groups_per_window=1")
+    cap.stack_file = str(tmp_path / "report.log")
+    _FailingRunner.quiet, _FailingRunner.failure = [], cap if failure == "cap" else KeyError("k")
+    monkeypatch.setattr("ematix_dagster.spark.runner.PipelineRunner", _FailingRunner)
+    assert main(["run", str(_demo_copy(tmp_path)), *(["--verbose"] if verbose else [])]) == 1
+    err = capsys.readouterr().err
+    assert _FailingRunner.quiet == [not verbose], "--verbose leaves Spark's own log on"
+    assert ("Traceback" in err) is traceback_shown, err
+    if failure == "cap":
+        assert err.count("error (terminal): window state cap hit") == 1
+        assert f"the JVM stack: {tmp_path / 'report.log'}" in err
+    else:
+        assert "error (terminal): pipeline pipeline: unexpected KeyError" in err

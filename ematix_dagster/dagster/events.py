@@ -52,6 +52,7 @@ class _Window:
     retractions: int = 0
     late_rows: int = 0
     dead_letter_rows: int = 0
+    filtered_rows: int = 0
     #: a row pipeline's rows written (None: a windowed pipeline's batches)
     released_rows: Optional[int] = None
     rows_by_source: dict[str, int] = field(default_factory=dict)
@@ -69,6 +70,7 @@ class _Window:
         self.retractions += report.retractions
         self.late_rows += report.late_rows
         self.dead_letter_rows += report.dead_letter_rows
+        self.filtered_rows += report.filtered_rows
         if report.released_rows is not None:
             self.released_rows = (self.released_rows or 0) + report.released_rows
         for name, n in report.rows_by_source.items():
@@ -108,6 +110,7 @@ def batch_metadata(report: Any, since: _Window, elapsed_s: float, now_s: float) 
         "retractions": since.retractions,
         "late_rows": since.late_rows,
         "dead_letter_rows": since.dead_letter_rows,
+        "filtered_rows": since.filtered_rows,
     }
     if since.released_rows is not None:
         meta["released_rows"] = since.released_rows
@@ -131,6 +134,7 @@ def run_metadata(totals: _Window, elapsed_s: float) -> dict[str, Any]:
         "run_retractions": totals.retractions,
         "run_late_rows": totals.late_rows,
         "run_dead_letter_rows": totals.dead_letter_rows,
+        "run_filtered_rows": totals.filtered_rows,
         "run_rows_per_second": float(totals.rows_in / elapsed_s) if elapsed_s > 0 else 0.0,
         "run_seconds": float(elapsed_s),
     }

@@ -20,7 +20,7 @@ from ematix_dagster.columns import CLASS, HEARTBEAT, REASON
 from ematix_dagster.errors import StateNotDurableError
 from ematix_dagster.metrics import StreamingMetrics
 from ematix_dagster.spark import checkpoint
-from ematix_dagster.spark.batch_counts import batch_counts, may_hold_future_rows, sources_of
+from ematix_dagster.spark.batch_counts import batch_counts, filtered_rows, may_hold_future_rows, sources_of
 from ematix_dagster.spark.batch_job import BatchFrames, build_batch
 from ematix_dagster.spark.convert import partial_lists, rows_to_arrow
 from ematix_dagster.spark.data_errors import data_error, is_data_error
@@ -70,19 +70,27 @@ class BatchReport:
     #: a windowed pipeline's report)
     released_rows: int | None = None
     held_rows: int | None = None
+    #: rows the SQL left out (its WHERE; a row pipeline's never-released rows too)
+    filtered_rows: int = 0
 
     def progress_line(self, pipeline: str) -> str:
         """One line per batch; early rows and retractions only when there are some (a pipeline
         whose trigger is the watermark and that never retracts prints the line it always did)."""
         if self.released_rows is not None:
             return (f"[{pipeline}] batch {self.batch_id}: rows in {self.rows_in}, rows out {self.released_rows}, "
-                    f"held back {self.held_rows}, watermark {format_us(self.watermark)}, dead letters "
-                    f"{self.dead_letter_rows}, {self.seconds:.2f}s")
+                    f"held back {self.held_rows}{self._filtered}, watermark {format_us(self.watermark)}, dead "
+                    f"letters {self.dead_letter_rows}, {self.seconds:.2f}s")
         extra = "".join(f", {label} {n}" for label, n in (("early rows", self.early_rows),
                                                           ("retractions", self.retractions)) if n)
-        return (f"[{pipeline}] batch {self.batch_id}: rows in {self.rows_in}, windows emitted {self.windows_emitted}"
-                f" (+{self.corrections} corrections){extra}, watermark {format_us(self.watermark)}, late rows"
-                f" {self.late_rows}, state groups {self.state_groups}, {self.seconds:.2f}s")
+        return (f"[{pipeline}] batch {self.batch_id}: rows in {self.rows_in}{self._filtered}, windows emitted "
+                f"{self.windows_emitted} (+{self.corrections} corrections){extra}, watermark "
+                f"{format_us(self.watermark)}, late rows {self.late_rows}, state groups {self.state_groups}, "
+                f"{self.seconds:.2f}s")
+
+    @property
+    def _filtered(self) -> str:
+        """Rows the SQL left out, when there are some (a pipeline without a WHERE prints the line it always did)."""
+        return f", filtered {self.filtered_rows}" if self.filtered_rows else ""
 
 
 def already_committed(spec: PipelineSpec, last_batch_id: int | None, store: StateStore | None,
@@ -211,7 +219,8 @@ class BatchStep:
         return BatchInput(batch_id=batch_id, batch_time=batch_time, sources=stats, starts=starts, keys=keys,
                           partials=values, lasts=lasts, late_rows=late["late_rows"],
                           late_assignments=late["late_assignments"], reopened_rows=late["reopened_rows"],
-                          rejected=late["rejected"], dead_letters=dead)
+                          rejected=late["rejected"], dead_letters=dead,
+                          filtered=filtered_rows(stats, late["rows"]) if spec.transform_sql else 0)
 
     def flush(self) -> BatchReport:
         """``end_of_input = "flush"``: emit every open window, written beside the last real batch.
@@ -304,6 +313,7 @@ class BatchStep:
             dead_letter_rows=sum(batch.dead_letters.values()), watermark=result.watermark,
             source_watermarks=result.source_watermarks, idle_sources=result.idle_sources,
             state_groups=result.groups, windows_open=result.windows_open, seconds=seconds,
+            filtered_rows=batch.filtered,
         )
 
     # -- input files the engine reads itself (issue 13) ------------------------------------------

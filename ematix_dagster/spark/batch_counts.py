@@ -39,7 +39,8 @@ def batch_counts(spec: PipelineSpec, table: pa.Table, source_stats: Observed | N
 
     late: dict[str, Any] = {"late_rows": total(ROWS, pc.equal(classes, "late")),
             "late_assignments": total(LATE_ASSIGNMENTS, windowed), "reopened_rows": total(REOPENED, windowed),
-            "rejected": {r: n for r in REJECT_REASONS if (n := total(ROWS, pc.equal(classes, r)))}}
+            "rejected": {r: n for r in REJECT_REASONS if (n := total(ROWS, pc.equal(classes, r)))},
+            "rows": total(ROWS)}  # every row of the job, each once (with a SQL: the SQL's output rows)
     if source_stats is not None:
         return source_stats.values(), late
     stats: dict[str, Any] = {}
@@ -60,6 +61,13 @@ def sources_of(spec: PipelineSpec, values: dict[str, Any]) -> dict[str, SourceSt
                                 invalid=values[f"invalid_{i}"] or 0, future=values[f"future_{i}"] or 0,
                                 malformed=values[f"malformed_{i}"] or 0)
             for i, s in enumerate(spec.sources)}
+
+
+def filtered_rows(sources: dict[str, SourceStats], out_rows: int) -> int:
+    """Rows the SQL's WHERE left out: its input (the rows with a valid event time that parsed) less its
+    ``out_rows``, each row counted once; a lookup join may also add rows, so never below 0."""
+    valid = sum(s.rows - s.invalid - s.future - s.malformed for s in sources.values())
+    return max(valid - out_rows, 0)
 
 
 def may_hold_future_rows(spec: PipelineSpec, table: pa.Table, batch_time_us: int) -> bool:

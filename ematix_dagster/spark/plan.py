@@ -15,11 +15,20 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ematix_dagster.columns import CORRUPT, EVENT_TS, INPUT_PREFIX, PARTIAL_PREFIX, SOURCE, SOURCE_VIEW, SQL_ERROR
+from ematix_dagster.columns import (
+    CORRUPT,
+    EVENT_TS,
+    INPUT_PREFIX,
+    PARTIAL_PREFIX,
+    SOURCE,
+    SOURCE_ROW,
+    SOURCE_VIEW,
+    SQL_ERROR,
+)
 from ematix_dagster.errors import PipelineConfigError, first_line
 from ematix_dagster.spark.aggregation_input import INTEGRAL, AggregationInput
 from ematix_dagster.spark.batch_columns import BatchColumns
-from ematix_dagster.spark.safe_sql import guard_sql
+from ematix_dagster.spark.safe_sql import SourceRow, guard_sql
 from ematix_dagster.spark.windows.base import Aggregates
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.streaming.aggregators import Aggregator, make_aggregator, window_aggregators
@@ -139,25 +148,35 @@ def check_row_wise(source: DataFrame, out: DataFrame) -> None:
         raise PipelineConfigError("transform.sql", f"is not row-wise (its plan has {', '.join(bad)})",
                                   "keep [transform] sql to filters, projections, casts and lookups; "
                                   "aggregate with [transform.window]")
-    if SQL_ERROR in source.columns or SQL_ERROR in out.columns:
-        raise PipelineConfigError("transform.sql", f"a column is named {SQL_ERROR}, the column the engine "
-                                  "adds for rows whose SQL failed", f"rename or drop {SQL_ERROR}")
+    for added in (SQL_ERROR, SOURCE_ROW):
+        if added in source.columns or added in out.columns:
+            raise PipelineConfigError("transform.sql", f"a column is named {added}, a column the engine "
+                                      "adds for rows whose SQL failed", f"rename or drop {added}")
 
 
 #: the guarded form of a pipeline's SQL, parsed once per text (a batch asks again every time)
 guarded_sql = lru_cache(maxsize=16)(guard_sql)
 
 
+def source_row(spec: PipelineSpec) -> SourceRow | None:
+    """Which of a windowed pipeline's post-SQL rows carry ``_source_row`` (``[dead_letter]
+    include_source_row``); None: the column is not added (no dead letters, or ``none``)."""
+    mode = spec.dead_letter.include_source_row if spec.dead_letter is not None else "none"
+    return None if mode == "none" else SourceRow(VIEW, every_row=mode == "all")
+
+
 def apply_sql(spark: SparkSession, spec: PipelineSpec, df: DataFrame, columns: Sequence[str] | None = None) -> DataFrame:
     """The SQL over ``df`` as written, or (``columns``: the written form's output names) guarded,
-    with ``_sql_error`` last."""
+    with ``_sql_error`` (and ``_source_row``, see :func:`source_row`) last."""
     if not spec.transform_sql:
         return df
     df.createOrReplaceTempView(VIEW)
     try:
         if columns is None:
             return spark.sql(spec.transform_sql)
-        return spark.sql(guarded_sql(spec.transform_sql).sql).toDF(*columns, SQL_ERROR)
+        added = source_row(spec)
+        return spark.sql(guarded_sql(spec.transform_sql, added).sql).toDF(
+            *columns, SQL_ERROR, *([SOURCE_ROW] if added is not None else []))
     except PipelineConfigError:
         raise
     except Exception as exc:

@@ -12,6 +12,7 @@ the released ones deleted), so a crash anywhere leaves either the batch before o
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import Callable, cast
@@ -32,6 +33,7 @@ from ematix_dagster.columns import (
     REASON,
     RELEASE_COLUMN,
     SOURCE,
+    SOURCE_ROW,
     SQL_ERROR,
     TS,
 )
@@ -39,7 +41,7 @@ from ematix_dagster.metrics import StreamingMetrics
 from ematix_dagster.spark import checkpoint
 from ematix_dagster.spark.batch import BatchReport, InTransaction, already_committed, with_query_id
 from ematix_dagster.spark.batch_columns import pre_sql_reason, source_stats
-from ematix_dagster.spark.batch_counts import sources_of
+from ematix_dagster.spark.batch_counts import filtered_rows, sources_of
 from ematix_dagster.spark.batch_values import with_batch_values
 from ematix_dagster.spark.convert import UTC_MICROS, arrow_type
 from ematix_dagster.spark.data_errors import data_error, is_data_error
@@ -50,7 +52,7 @@ from ematix_dagster.spark.plan import VIEW
 from ematix_dagster.spark.readers import has_heartbeat
 from ematix_dagster.spark.recovery import named_offsets
 from ematix_dagster.spark.row_plan import analyse_rows
-from ematix_dagster.spark.safe_sql import guard_sql
+from ematix_dagster.spark.safe_sql import SourceRow, guard_sql
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.sql.row_query import row_query
 from ematix_dagster.streaming.durable import Provenance
@@ -76,7 +78,8 @@ class RowPlan:
         sql, release = row_query(spec.transform_sql)
         hidden = ((RELEASE_COLUMN,) if release is not None else ()) + (EVENT_US,)
         schema = pa.schema([pa.field(f.name, arrow_type(f.dataType)) for f in output.fields])
-        return cls(guard_sql(sql).sql, (*output.names, *hidden), schema, release is not None)
+        # ``_source_row`` always: a failed row's ``_source`` comes from it when the SELECT leaves it out
+        return cls(guard_sql(sql, SourceRow(VIEW)).sql, (*output.names, *hidden), schema, release is not None)
 
 
 @dataclass
@@ -127,7 +130,7 @@ class RowStep:
             source_watermarks=engine.watermarks.source_watermarks(),
             idle_sources=[s for s in engine.watermarks.sources if engine.watermarks.is_idle(s, batch_time)],
             state_groups=0, windows_open=0, seconds=seconds, released_rows=result.released.num_rows,
-            held_rows=result.pending)
+            held_rows=result.pending, filtered_rows=result.filtered + result.not_released)
 
     def _read_input(self, df: DataFrame, batch_id: int, batch_time: int,
                     in_transaction: InTransaction) -> tuple[RowBatch, dict[str, int]]:
@@ -165,10 +168,10 @@ class RowStep:
         observed = Observed(Observation(f"sources_{batch_id}"), rows, stats)
         valid = rows.observe(observed.observation, *stats).filter(F.col(REASON).isNull())
         valid.drop(TS, REASON, CORRUPT, *BATCH_VALUES).createOrReplaceTempView(VIEW)
-        table = df.sparkSession.sql(plan.sql).toDF(*plan.columns, SQL_ERROR).toArrow()
+        table = df.sparkSession.sql(plan.sql).toDF(*plan.columns, SQL_ERROR, SOURCE_ROW).toArrow()
         sources = sources_of(spec, observed.values())
         failed = pc.is_valid(table.column(SQL_ERROR))
-        errors, table = table.filter(failed), table.filter(pc.invert(failed)).drop_columns([SQL_ERROR])
+        errors, table = table.filter(failed), table.filter(pc.invert(failed)).drop_columns([SQL_ERROR, SOURCE_ROW])
         dead: dict[str, int] = {}
         bad = sum(s.invalid + s.future + s.malformed for s in sources.values())
         if dead_letter is not None and (bad or errors.num_rows):
@@ -183,23 +186,28 @@ class RowStep:
             self._write_dead_letters(dead_letter, batch_id, letters, in_transaction)
             reasons = letters.column(REASON).to_pylist()
             dead = {r: reasons.count(r) for r in sorted(set(reasons))}
-        # Under WATERMARK_TS() the WHERE filters nothing in Spark (its rows are the never-released
-        # ones); otherwise what the SQL left out (a lookup join may also add rows: never below 0)
-        valid_rows = sum(s.rows for s in sources.values()) - bad
-        filtered = 0 if plan.delayed else max(valid_rows - table.num_rows - errors.num_rows, 0)
+        # Under WATERMARK_TS() the WHERE filters nothing in Spark (its rows are the never-released ones)
+        filtered = 0 if plan.delayed else filtered_rows(sources, table.num_rows + errors.num_rows)
         self.engine.counters["rejected_rows:sql_error"] += errors.num_rows
         return RowBatch(batch_id, batch_time, sources, table, filtered), dead
 
     def _sql_errors(self, errors: pa.Table, batch_id: int) -> pa.Table:
         """Rows whose SQL failed as dead letters: the SELECT's columns plus ``_event_ts`` (from the hidden
-        event time when the SELECT left it out), ``_source`` (when the SELECT left it out and the pipeline has
-        one source; with several it stays NULL), ``_batch_id`` and ``_reason``."""
+        event time when the SELECT left it out), ``_source`` (when the SELECT left it out: the row's own,
+        read from the row before the SQL), ``_source_row`` (unless ``include_source_row = "none"``),
+        ``_batch_id`` and ``_reason``."""
         n = errors.num_rows
-        letters = errors.drop_columns([c for c in (RELEASE_COLUMN, EVENT_US) if c in errors.column_names])
+        letters = errors.drop_columns([c for c in (RELEASE_COLUMN, EVENT_US, SOURCE_ROW) if c in errors.column_names])
         if EVENT_TS not in letters.column_names:
             letters = letters.append_column(EVENT_TS, errors.column(EVENT_US).cast(UTC_MICROS))
-        if SOURCE not in letters.column_names and len(self.spec.sources) == 1:
-            letters = letters.append_column(SOURCE, pa.array([self.spec.sources[0].name] * n, pa.string()))
+        before = errors.column(SOURCE_ROW).to_pylist()
+        if SOURCE not in letters.column_names:
+            only = self.spec.sources[0].name if len(self.spec.sources) == 1 else None
+            letters = letters.append_column(
+                SOURCE, pa.array([json.loads(row)[SOURCE] if row else only for row in before], pa.string()))
+        assert self.spec.dead_letter is not None  # dead letters are written
+        if self.spec.dead_letter.include_source_row != "none":
+            letters = letters.append_column(SOURCE_ROW, pa.array(before, pa.string()))
         return (letters.append_column(BATCH_ID, pa.array([batch_id] * n, pa.int64()))
                 .append_column(REASON, pa.array(["sql_error"] * n, pa.string())))
 

@@ -32,6 +32,7 @@ from ematix_dagster.spark.batch import BatchReport, BatchStep
 from ematix_dagster.spark.convert import output_schema
 from ematix_dagster.spark.failures import classify
 from ematix_dagster.spark.plan import analyse
+from ematix_dagster.spark.quiet import QuietFailures
 from ematix_dagster.spark.readers import union_sources
 from ematix_dagster.spark.recovery import validate_checkpoint
 from ematix_dagster.spark.row_batch import RowPlan, RowStep, restore_rows, rows_changed
@@ -81,7 +82,7 @@ class PipelineRunner:
     def __init__(self, spec: PipelineSpec, spark: SparkSession | Callable[[], SparkSession] | None = None,
                  metrics: StreamingMetrics | None = None, progress: Callable[[str], None] | None = None,
                  store: StateStore | None = None, run_label: str | None = None,
-                 batch_progress: Callable[[BatchReport], None] | None = None) -> None:
+                 batch_progress: Callable[[BatchReport], None] | None = None, quiet_failures: bool = True) -> None:
         # Sources, stores, targets and the checkpoint are opened with ``${NAME}`` expanded; the
         # fingerprint that the state records keeps the placeholders (never a value).
         self.spec = spec.resolved()
@@ -90,14 +91,14 @@ class PipelineRunner:
         self._spark = spark if spark is not None else (lambda: get_spark(f"ematix-{spec.pipeline_name}"))
         self.metrics = metrics or default_metrics()
         self.progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))
-        # Hook: a caller that reports batches itself (the Dagster step logs no line for heartbeat-only
-        # batches) receives each report here instead of ``progress`` getting its progress line.
+        # Hook: a caller reporting batches itself (Dagster: no line for heartbeat-only batches) gets each report here.
         self.batch_progress = batch_progress
         self.query: StreamingQuery | None = None
         self._events: queue.Queue[object] = queue.Queue()
         self._lock = threading.Lock()
         self._stopping = False
         self._error: BaseException | None = None
+        self.quiet = QuietFailures(spec.pipeline_name, quiet_failures)  # Spark's log of an explained failure
         self.store: StateStore | None = store if store is not None else (
             make_store(self.spec.state_store) if spec.state_store.durable else None)
         self.run_label = run_label
@@ -275,6 +276,7 @@ class PipelineRunner:
                 report = self.step.run(df, batch_id)
             except BaseException as exc:
                 self._error = exc
+                self.quiet.batch_failed(self.spark, exc)
                 raise
         if report is not None:
             self._events.put(report)
@@ -301,10 +303,8 @@ class PipelineRunner:
         self._events.put(None)
 
     def events(self) -> Iterator[BatchReport]:
-        """Start the query and yield a report per micro-batch until it ends or is stopped.
-
-        Whatever fails leaves as an :class:`EmatixError` with the right ``terminal`` flag.
-        """
+        """Start the query and yield a report per micro-batch until it ends or is stopped; whatever
+        fails leaves as an :class:`EmatixError` with the right ``terminal`` flag."""
         try:
             yield from self._run_events()
         except Exception as exc:
@@ -336,8 +336,7 @@ class PipelineRunner:
                 else:
                     self.progress(item.progress_line(self.spec.pipeline_name))
                 yield item
-            for report in self._finish():
-                yield report
+            yield from self._finish()
         except BaseException as exc:
             failure = exc
             raise
@@ -345,11 +344,12 @@ class PipelineRunner:
             if self.query is not None and self.query.isActive:
                 self.request_stop()
             waiter.join(timeout=30)
+            self.quiet.restore()
             self._close_resources(failure)
 
     def _raise(self, exc: BaseException) -> None:
         if self._error is not None and not isinstance(self._error, _BatchAbandoned):
-            raise self._error
+            raise self.quiet.named(self._error, exc)
         raise SparkQueryFailed(f"pipeline {self.spec.pipeline_name}: the streaming query failed: "
                                f"{first_line(exc)}") from exc
 

@@ -47,6 +47,12 @@ write the CAST); overflow of ``-x``, ``abs(x)`` and ``x DIV -1`` at the type's m
 ``make_date``, ``to_timestamp_ntz``/``_ltz``, ``unix_timestamp``, ``to_time`` (Spark 4.3's TIME type
 is off), ``reflect``; ``try_*`` calls the user wrote (NULL is then their choice).
 
+With ``source_row`` the guard also appends ``_source_row``: the JSON of the row as the SQL read
+it (every column of the view, NULLs included), on the rows whose expression failed (or, with
+``every_row``, on all), so that a ``sql_error`` dead letter shows the value that failed (``'abc'``,
+which the post-SQL row holds as NULL). A SELECT that does not read the view directly (only through
+a subquery) gives NULL there.
+
 Spark names an unaliased SELECT item after its text, so a guarded one is named after its try form
 (``TRY_CAST(x AS INT)``, not ``CAST(x AS INT)``): alias it, or rename the output by position.
 """
@@ -57,7 +63,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from ematix_dagster.columns import SQL_ERROR
+from ematix_dagster.columns import SOURCE_ROW, SQL_ERROR
 from ematix_dagster.errors import PipelineConfigError
 from ematix_dagster.sql.parsing import AnsiSpark, misplaced, parse_statement, top_selects
 from ematix_dagster.sql.parsing import text as _text
@@ -71,6 +77,15 @@ class GuardedSql:
 
     sql: str
     expressions: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SourceRow:
+    """Whether and where ``guard_sql`` takes ``_source_row`` from: the view the SQL reads, and whether
+    every row carries it (the dead letters of every post-SQL reason) or only a row whose expression failed."""
+
+    view: str
+    every_row: bool = False
 
 
 #: Operators and functions whose ``try_`` twin takes the same arguments and is NULL exactly on failure.
@@ -87,19 +102,20 @@ _CAST_FUNCTIONS = {"TINYINT", "SMALLINT", "INT", "BIGINT", "FLOAT", "DOUBLE", "D
 _COALESCING = {"COALESCE", "NVL", "IFNULL"}
 
 
-def guard_sql(sql: str) -> GuardedSql:
+def guard_sql(sql: str, source_row: SourceRow | None = None) -> GuardedSql:
     """Rewrite a row-wise ``[transform] sql`` so that no row can make it throw; see the module doc.
 
     Raises ``PipelineConfigError`` for a SQL that does not parse, holds more than one statement,
-    is not a query, already names ``_sql_error``, or has a failure-prone expression where a failing
+    is not a query, already names ``_sql_error`` (or ``_source_row``), or has a failure-prone expression where a failing
     row cannot be flagged (a subquery, a WITH clause, a JOIN condition, a lambda, GROUP BY, ...).
     """
     tree = parse_statement(sql, _KEY)
     tops = list(top_selects(tree, _KEY))
     for node in tree.walk():
-        if isinstance(node, exp.Identifier) and node.name.lower() == SQL_ERROR:
-            raise PipelineConfigError(_KEY, f"names {SQL_ERROR}, the column that flags the rows an expression "
-                                      "failed on", f"rename it: {SQL_ERROR} is added to the SELECT list")
+        if isinstance(node, exp.Identifier) and node.name.lower() in (SQL_ERROR, SOURCE_ROW):
+            name = node.name.lower()
+            raise PipelineConfigError(_KEY, f"names {name}, a column the engine adds for the rows an "
+                                      "expression failed on", f"rename it: {name} is added to the SELECT list")
         if _guarded(node) and (place := misplaced(node, tops, ("expressions", "where"))):
             raise PipelineConfigError(_KEY, f"has {_text(node)} {place}, where a row it fails on cannot be flagged "
                                       "(under ANSI mode one bad value would fail every retry of the batch)",
@@ -107,11 +123,11 @@ def guard_sql(sql: str) -> GuardedSql:
                                       "try_ form yourself (try_cast, try_add, ...) to take NULL for a bad value")
     texts: list[str] = []
     for select in tops:
-        texts += _guard_select(select)
+        texts += _guard_select(select, source_row)
     return GuardedSql(tree.sql(dialect=AnsiSpark), tuple(texts))
 
 
-def _guard_select(select: exp.Select) -> list[str]:
+def _guard_select(select: exp.Select, source_row: SourceRow | None) -> list[str]:
     guards = _Guards()
     where = select.args.get("where")
     if where is not None:
@@ -122,8 +138,27 @@ def _guard_select(select: exp.Select) -> list[str]:
     select.set("expressions", [guards.walk(e, None) for e in select.expressions])
     flag: exp.Expr = exp.Case(ifs=[exp.If(this=f, true=exp.Literal.string(text)) for text, f in guards.failures]) \
         if guards.failures else exp.cast(exp.null(), exp.DataType.build("STRING"))
-    select.set("expressions", [*select.expressions, exp.alias_(flag, SQL_ERROR)])
+    added = [exp.alias_(flag, SQL_ERROR)]
+    if source_row is not None:
+        added.append(exp.alias_(_source_row(select, source_row, flag if guards.failures else None), SOURCE_ROW))
+    select.set("expressions", [*select.expressions, *added])
     return [text for text, _ in guards.failures]
+
+
+def _source_row(select: exp.Select, source_row: SourceRow, flag: exp.Expr | None) -> exp.Expr:
+    """The JSON of the row ``select`` read from the view, where ``flag`` (the failed expression's text)
+    is set or on every row; NULL when ``select`` does not read the view itself."""
+    nothing = exp.cast(exp.null(), exp.DataType.build("STRING"))
+    tables = [t for t in select.find_all(exp.Table)
+              if t.name.lower() == source_row.view and t.find_ancestor(exp.Select) is select]
+    if not tables or (flag is None and not source_row.every_row):
+        return nothing
+    every_column = exp.Column(this=exp.Star(), table=exp.to_identifier(tables[0].alias_or_name))
+    row = _call("TO_JSON", _call("STRUCT", every_column),
+                _call("MAP", exp.Literal.string("ignoreNullFields"), exp.Literal.string("false")))
+    if source_row.every_row or flag is None:
+        return row
+    return exp.Case(ifs=[exp.If(this=exp.not_(_is_null(flag)), true=row)])
 
 
 class _Guards:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import fields, is_dataclass, replace
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Iterator, TypeVar
 
 from ematix_dagster.errors import PipelineConfigError
 from ematix_dagster.spec.rules import _child, _fail
@@ -31,13 +31,38 @@ def resolve_env(value: str | None) -> str | None:
     return _ENV_RE.sub(sub, value)
 
 
-def _resolved(obj: _T, key: str) -> _T:
-    # Unset variables are reported with the TOML key that uses them, not just the variable's name.
+def resolved_spec(spec: _T) -> _T:
+    """``spec`` with every ``${NAME}`` expanded. All unset variables are named in one error, each
+    with the TOML key that uses it, so the user fixes them in one go rather than one per run."""
+    by_key: dict[str, list[str]] = {}
+    for key, name in _unset(spec, ""):
+        by_key.setdefault(key or "spec", []).append(f"${{{name}}}")
+    if by_key:
+        names = list(dict.fromkeys(use[2:-1] for uses in by_key.values() for use in uses))
+        uses = "; ".join(f"{'' if i == 0 else key + ' '}uses {' and '.join(dict.fromkeys(found))}"
+                         for i, (key, found) in enumerate(by_key.items()))
+        plural = len(names) > 1
+        _fail(next(iter(by_key)),
+              f"{uses}, but the environment variable{'s' if plural else ''} {', '.join(names)} "
+              f"{'are' if plural else 'is'} not set",
+              " and ".join(f"export {name}=..." for name in names) + " where the pipeline is loaded and run")
+    return _resolved(spec, "")
+
+
+def _unset(obj: object, key: str) -> Iterator[tuple[str, str]]:
+    """(TOML key, variable) for each unset ``${NAME}`` in ``obj``, in the spec's order."""
     if isinstance(obj, str):
-        for name in _ENV_RE.findall(obj):
-            if name not in os.environ:
-                _fail(key or "spec", f"uses ${{{name}}} but the environment variable {name} is not set",
-                      f"export {name}=... where the pipeline is loaded and run")
+        yield from ((key, name) for name in _ENV_RE.findall(obj) if name not in os.environ)
+    elif isinstance(obj, tuple):
+        for i, item in enumerate(obj):
+            yield from _unset(item, f"{key}[{i}]")
+    elif is_dataclass(obj) and not isinstance(obj, type):
+        for f in fields(obj):
+            yield from _unset(getattr(obj, f.name), _child(key, f.name))
+
+
+def _resolved(obj: _T, key: str) -> _T:
+    if isinstance(obj, str):
         return resolve_env(obj)  # type: ignore[return-value]
     if isinstance(obj, tuple):
         return tuple(_resolved(item, f"{key}[{i}]") for i, item in enumerate(obj))  # type: ignore[return-value]

@@ -11,13 +11,12 @@ from dataclasses import dataclass, field
 
 from ematix_dagster.columns import HEARTBEAT
 from ematix_dagster.spec.backfill import Backfill
-from ematix_dagster.spec.environment import _resolved
+from ematix_dagster.spec.environment import resolved_spec
 from ematix_dagster.spec.registries import WINDOW_KINDS
 from ematix_dagster.spec.rows import RowTransform, validate_row_pipeline
 from ematix_dagster.spec.rules import (
     _IDENT_RE,
     _NAME_RE,
-    DEAD_LETTER_KINDS,
     END_OF_INPUT,
     FILE_FORMATS,
     ON_UNREADABLE_FILE,
@@ -32,6 +31,7 @@ from ematix_dagster.spec.rules import (
     _non_negative,
     _positive,
 )
+from ematix_dagster.spec.sinks import DeadLetter, validate_sink_fields
 from ematix_dagster.spec.type_checks import _check_types
 from ematix_dagster.spec.window import Window
 from ematix_dagster.sql.release import WATERMARK_TS, uses_watermark_ts
@@ -141,29 +141,13 @@ class Target:
     def validate(self, key: str = "target") -> None:
         if self.kind not in TARGET_KINDS:
             _fail(f"{key}.kind", f"unknown target kind {self.kind!r}", 'use "postgres", "parquet" or "console"')
-        _validate_sink_fields(key, self.kind, self.url, self.table, self.path)
+        validate_sink_fields(key, self.kind, self.url, self.table, self.path)
         if self.same_transaction and self.kind != "postgres":
             _fail(f"{key}.same_transaction", "only a postgres target can share the store's transaction", "remove it")
         if self.retractions and self.kind == "postgres":
             _fail(f"{key}.retractions", "a postgres target keeps one row per key and deletes the keys that "
                   "disappear, so a retract row has nothing to mean there",
                   "remove it: retractions = true applies to parquet and console targets")
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    """Where late, invalid, future and malformed rows go (``[dead_letter]``)."""
-
-    kind: str
-    path: str | None = None
-    url: str | None = field(default=None, repr=False)  # resolved, it may hold a password
-    table: str | None = None
-    create_table: bool = False
-
-    def validate(self, key: str = "dead_letter") -> None:
-        if self.kind not in DEAD_LETTER_KINDS:
-            _fail(f"{key}.kind", f"unknown dead-letter kind {self.kind!r}", 'use "parquet" or "postgres"')
-        _validate_sink_fields(key, self.kind, self.url, self.table, self.path)
 
 
 @dataclass(frozen=True)
@@ -290,7 +274,7 @@ class PipelineSpec:
     def resolved(self) -> "PipelineSpec":
         """This spec with ``${NAME}`` expanded in every string: what sources, stores, targets and
         checkpoints are opened with. Never dump it or fingerprint it (it may hold passwords)."""
-        return _resolved(self, "")
+        return resolved_spec(self)
 
     def _validate_values(self) -> None:
         if not _NAME_RE.match(self.pipeline_name):
@@ -375,26 +359,3 @@ class PipelineSpec:
     @property
     def source_names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.sources)
-
-
-def _validate_sink_fields(key: str, kind: str, url: str | None, table: str | None, path: str | None) -> None:
-    if kind == "postgres":
-        if not url:
-            _fail(f"{key}.url", "is required for postgres", 'use url = "${EMATIX_TARGET_URL}"')
-        if not table:
-            _fail(f"{key}.table", "is required for postgres", 'e.g. table = "public.user_clicks_1min"')
-        parts = table.split(".")
-        if len(parts) > 2 or not all(_IDENT_RE.match(p) for p in parts):
-            _fail(f"{key}.table", f"{table!r} is not schema.table", 'e.g. "public.user_clicks_1min"')
-        if path is not None:
-            _fail(f"{key}.path", "does not apply to postgres", "remove it")
-    elif kind == "parquet":
-        if not path:
-            _fail(f"{key}.path", "is required for parquet", "name an output directory")
-        if url is not None:
-            _fail(f"{key}.url", "does not apply to parquet", "remove it")  # never shown: it may hold a password
-        if table is not None:
-            _fail(f"{key}.table", f"table = {table!r} does not apply to parquet", "remove it")
-    else:
-        if url is not None or table is not None or path is not None:
-            _fail(f"{key}.kind", "console takes no url, table or path", "remove them")

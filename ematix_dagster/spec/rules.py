@@ -22,6 +22,8 @@ FILE_FORMATS = ("parquet", "json", "csv")
 ON_UNREADABLE_FILE = ("fail", "skip")
 TARGET_KINDS = ("postgres", "parquet", "console")
 DEAD_LETTER_KINDS = ("parquet", "postgres")
+#: which dead letters carry ``_source_row`` (the row before the SQL): it may hold columns the SQL drops
+SOURCE_ROW_CHOICES = ("sql_error", "all", "none")
 STATE_STORE_KINDS = ("in_memory", "sqlite", "postgres")
 TRIGGERS = ("available_now", "processing_time")
 END_OF_INPUT = ("keep", "flush")

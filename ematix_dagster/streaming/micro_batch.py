@@ -65,6 +65,7 @@ class BatchInput:
     late_assignments: int = 0  # closed assignments of rows that had open ones
     reopened_rows: int = 0  # rows that reached an already-emitted, retained window
     rejected: dict[str, int] = field(default_factory=dict)  # rows no target or store can hold, by reason
+    filtered: int = 0  # rows the SQL's WHERE left out
     dead_letters: dict[str, int] = field(default_factory=dict)
 
 
@@ -249,6 +250,7 @@ class Engine:
         self.counters["late_rows_dropped"] += batch.late_rows
         self.counters["late_assignments_dropped"] += batch.late_assignments
         self.counters["late_rows_reopened"] += batch.reopened_rows
+        self.counters["filtered_rows:where"] += batch.filtered
         for reason, n in batch.rejected.items():
             self.counters[f"rejected_rows:{reason}"] += n
         for reason, n in batch.dead_letters.items():

@@ -170,3 +170,11 @@ def test_no_summary_line_without_a_logger_or_with_summary_off():
     list(EmatixEventIterator(iter([report(i, 0) for i in range(50)]), KEY, clock=iter(range(0, 10_000, 60)).__next__,
                              summary_seconds=0, log=lines.append))
     assert lines == []
+
+
+def test_rows_the_sql_filtered_are_counted_per_event_and_for_the_run():
+    """``filtered_rows``: the rows the SQL left out in the batches since the previous event, and the run's total."""
+    reports = [dataclasses.replace(report(i, 10, emitted=1, watermark_s=T0 + 60 * i), filtered_rows=i) for i in range(4)]
+    events = run(reports, Clock(), throttle=0, step=1.0)
+    assert [e.metadata["filtered_rows"].value for e in events[:4]] == [0, 1, 2, 3]
+    assert events[-1].metadata["run_filtered_rows"] == 6

@@ -142,9 +142,12 @@ class Setup:
         self.set_blob(encode_state(accs), target)
 
     def set_key(self, key: tuple, target: tuple[int, tuple] = TARGET) -> None:
+        self.set_key_bytes(encode_key(key), target)
+
+    def set_key_bytes(self, key: bytes, target: tuple[int, tuple] = TARGET) -> None:
         start, old = target
         self.execute("UPDATE {state} SET group_key = ? WHERE pipeline_name = ? AND window_start = ? "
-                     "AND group_key = ?", (encode_key(key), PIPELINE, start, encode_key(old)))
+                     "AND group_key = ?", (key, PIPELINE, start, encode_key(old)))
 
     def set_column(self, column: str, text: str) -> None:
         cast = "::jsonb" if self.kind == "postgres" else ""

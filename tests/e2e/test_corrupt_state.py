@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import pytest
 
+from ematix_dagster.cli import main
 from ematix_dagster.errors import CorruptState
 from ematix_dagster.operations import check
 from ematix_dagster.spec import PipelineSpec, load_pipeline_str
 from ematix_dagster.streaming.micro_batch import BatchInput, SourceStats
-from state_store.codec import STATE_VERSION
+from state_store.codec import STATE_VERSION, encode_state
 from tests.e2e.corrupt_state_setup import (  # noqa: F401 - setup_fixture is the setup fixture
     KINDS,
     PIPELINE,
@@ -131,6 +132,10 @@ CHECKED = [  # (case id, how TARGET's row is damaged, fragments of the problem's
      ["window 60000000", "('b',)", "does not decode"]),
     ("blob-version-byte", lambda s: s.set_blob(b"\x00garbage"), ["window 60000000", "no valid version byte"]),
     ("counters-not-json", lambda s: s.set_column("counters", '["rows", 3]'), ["'counters'"]),
+    ("key-does-not-decode", lambda s: s.set_key_bytes(b"\x01\xc1"),
+     ["window 60000000", "group key is corrupt", "(01c1) does not decode (a byte that starts no msgpack value)"]),
+    ("blob-extra-bytes", lambda s: s.set_blob(encode_state(_valid_accs()) + b"\x01\x02"),
+     ["('b',)", "does not decode (2 bytes follow the value)"]),
 ]
 
 
@@ -144,6 +149,22 @@ def test_check_reports_corrupt_state(setup, damage, fragments):
     assert PIPELINE in problem.message
     for fragment in fragments:
         assert fragment in problem.message, problem.message
+
+
+@pytest.mark.parametrize("case,damage", [pytest.param(i, d, id=i) for i, d, _ in CHECKED])
+def test_the_check_command_states_the_batch_and_every_reason(setup, case, damage, capsys):
+    """The first line says where the state stands (batch 0 was written; its record unreadable when the
+    pipelines row itself is damaged), never "no state yet" for state that is there but corrupt; each
+    problem gives its reason (no empty parentheses)."""
+    setup.write()
+    damage(setup)
+    toml = setup.tmp / "pipeline.toml"
+    toml.write_text(_toml(setup.tmp, setup.state_store))
+    assert main(["check", str(toml)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    where = "stored state unreadable" if case == "counters-not-json" else "batch 0"
+    assert lines[0].startswith(f"pipeline {PIPELINE}: ") and f", {where}, lease free" in lines[0], lines[0]
+    assert lines[1].startswith("problem corrupt_state: ") and "()" not in lines[1], lines[1]
 
 
 def test_check_does_not_call_state_of_another_window_shape_corrupt(setup):

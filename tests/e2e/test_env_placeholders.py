@@ -205,6 +205,23 @@ def test_an_unset_variable_is_an_error_naming_the_key(monkeypatch: pytest.Monkey
     assert f"${{{variable}}}" in str(info.value) and f"export {variable}=" in str(info.value)
 
 
+def test_every_unset_variable_is_named_in_one_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fixing one variable and rerunning must not meet the next: the error names them all, with their keys."""
+    for name in [*PLACES, "EMX_T_WANTED_PAGE"]:
+        monkeypatch.setenv(name, "/x")
+    monkeypatch.delenv("EMX_T_DLQ_DIR")
+    monkeypatch.delenv("EMX_T_CHECKPOINT")
+    with pytest.raises(PipelineConfigError) as info:
+        load_pipeline_str(tomli_w.dumps(pipeline_doc()))
+    text = str(info.value)
+    uses = {"dead_letter.path": "${EMX_T_DLQ_DIR}", "run.checkpoint_location": "${EMX_T_CHECKPOINT}"}
+    assert info.value.key in uses and text.startswith(f"{info.value.key}: uses {uses.pop(info.value.key)}")
+    ((other, variable),) = uses.items()
+    assert f"{other} uses {variable}" in text
+    assert "export EMX_T_DLQ_DIR=" in text and "export EMX_T_CHECKPOINT=" in text
+    assert "EMX_T_SOURCE_DIR" not in text and "EMX_T_WANTED_PAGE" not in text
+
+
 def test_a_variable_unset_after_loading_fails_resolution_naming_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in [*PLACES, "EMX_T_WANTED_PAGE"]:
         monkeypatch.setenv(name, "/x")

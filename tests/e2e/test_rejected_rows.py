@@ -11,6 +11,7 @@ The run must finish, and rows in = rows aggregated + rows dead-lettered, each wi
 from __future__ import annotations
 
 import datetime as dt
+import json
 import tomllib
 from pathlib import Path
 
@@ -123,6 +124,10 @@ def test_a_failing_sql_expression_dead_letters_its_row_with_the_expression(spark
     assert sorted((reason, payload["_sql_error"]) for reason, payload in letters) == [
         ("sql_error", "100 DIV v"), ("sql_error", "CAST(page AS BIGINT)")]
     assert all("(v + 1)" in payload for _, payload in letters), "columns keep the names the SQL as written gives"
+    as_read = {payload["_sql_error"]: json.loads(payload["_source_row"]) for _, payload in letters}
+    assert (as_read["CAST(page AS BIGINT)"]["page"], as_read["CAST(page AS BIGINT)"]["id"]) == ("abc", 2), \
+        "the value that failed, which the post-SQL row holds as NULL"
+    assert (as_read["100 DIV v"]["v"], as_read["100 DIV v"]["_source"]) == (0, "a")
     assert summary.rows_in == len(rows) == sum(n for _, n, _, _ in got) + len(letters)
     assert metric(registry, "rejected_rows_total", pipeline="sql-errors", reason="sql_error") == 2
 

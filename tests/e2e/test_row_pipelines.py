@@ -16,15 +16,17 @@ import datetime as dt
 import json
 import os
 import stat
+import tomllib
 from collections import Counter
 
 import pytest
+import tomli_w
 
 from ematix_dagster.cli import main as cli
 from ematix_dagster.errors import FingerprintChanged
 from ematix_dagster.spec import load_pipeline
 from tests.e2e import row_oracle as ro
-from tests.e2e.lateness_helpers import Feed, at, files_source, metric, read_batch_dirs, run, us
+from tests.e2e.lateness_helpers import SCHEMA, Feed, at, files_source, metric, read_batch_dirs, row, run, us
 from tests.e2e.row_helpers import (
     DELAYED_QUERY,
     DELAYED_RUN_1,
@@ -227,6 +229,31 @@ def test_a_plain_filter_writes_every_row_once_and_dead_letters_bad_ones(target, 
         assert want[("a",)]["id"] == 3, "a tie on event time: the larger values win"
         assert sorted(postgres_rows(pg_dsn, table, columns), key=repr) == \
             sorted((tuple(r.values()) for r in want.values()), key=repr)
+
+
+@pytest.mark.slow
+def test_a_failed_row_of_several_sources_carries_its_own_source(spark, tmp_path, batch_files):
+    """A SELECT without ``_source`` over two sources: each ``sql_error`` dead letter names the source its row
+    came from (read from the row before the SQL), also with ``include_source_row = "none"``, which
+    leaves ``_source_row`` out."""
+    ins = {"a": batch_files("in"), "b": batch_files("in_b")}
+    bad = {"a": 1, "b": 2}  # source -> id of its row whose page does not cast
+    for name, files in ins.items():
+        files.write([row(bad[name], "k", 1, at(1), page="abc"), row(10 + bad[name], "k", 1, at(1), page="7")],
+                    schema=SCHEMA)
+    toml = row_toml("sources", tmp_path, "SELECT id, CAST(page AS BIGINT) AS page_no FROM source",
+                    max_buffered_rows=None,
+                    dead_letter={"kind": "parquet", "path": str(tmp_path / "dlq"), "include_source_row": "none"})
+    doc = tomllib.loads(toml.read_text())
+    doc["sources"].append(files_source("b", ins["b"].directory))
+    toml.write_text(tomli_w.dumps(doc))
+    run(load_pipeline(toml), spark)
+    letters = [r for rows in read_batch_dirs(str(tmp_path / "dlq")).values() for r in rows]
+    assert sorted((r["_reason"], r["id"], r["_source"]) for r in letters) == [
+        ("sql_error", 1, "a"), ("sql_error", 2, "b")]
+    assert all("_source_row" not in r for r in letters)
+    written = [r for rows in read_batch_dirs(str(tmp_path / "out")).values() for r in rows]
+    assert sorted((r["id"], r["page_no"]) for r in written) == [(11, 7), (12, 7)]
 
 
 def test_the_oracle_reads_sql_three_valued():

@@ -27,3 +27,10 @@ def test_early_rows_and_retractions_are_shown_when_there_are_some():
         "watermark 2026-01-01T00:01:30Z, late rows 2, state groups 7, 0.25s")
     only_early = dataclasses.replace(report(), early_rows=8).progress_line("p")
     assert "early rows 8, watermark" in only_early and "retractions" not in only_early
+
+
+def test_rows_the_sql_filtered_are_shown_when_there_are_some():
+    line = dataclasses.replace(report(), filtered_rows=4).progress_line("p")
+    assert line.startswith("[p] batch 4: rows in 12, filtered 4, windows emitted 3")
+    rows = dataclasses.replace(report(), released_rows=5, held_rows=1, filtered_rows=6).progress_line("p")
+    assert "rows out 5, held back 1, filtered 6, watermark" in rows

@@ -5,6 +5,7 @@ does not flag a NULL input or a branch Spark would not evaluate."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Sequence
@@ -12,9 +13,9 @@ from typing import Any, Sequence
 import pytest
 from pyspark.sql import types as T
 
-from ematix_dagster.columns import SQL_ERROR
+from ematix_dagster.columns import SOURCE_ROW, SQL_ERROR
 from ematix_dagster.errors import PipelineConfigError
-from ematix_dagster.spark.safe_sql import GuardedSql, guard_sql
+from ematix_dagster.spark.safe_sql import GuardedSql, SourceRow, guard_sql
 
 SCHEMA = ("id INT, s STRING, t STRING, a BIGINT, b BIGINT, i INT, x DOUBLE, dec DECIMAL(38,0), d DATE, ts TIMESTAMP, "
           "arr ARRAY<INT>, m MAP<STRING,INT>, bin BINARY")
@@ -240,6 +241,25 @@ def test_nothing_to_guard_still_adds_the_column(spark):
                                                             SQL_ERROR: None}
 
 
+def test_a_failed_row_carries_the_row_as_read(spark):
+    """With ``source_row`` the value that failed ('abc', NULL after TRY_CAST) is in ``_source_row``, with
+    every column of the view (NULLs too) under any alias; a clean row carries nothing (or, with
+    ``every_row``, itself); a SELECT that reads the view only through a subquery carries NULL."""
+    _rows(spark, [{"id": 1, "s": "abc", "a": 7}, {"id": 2, "s": "12"}])
+    sql = "SELECT q.id, CAST(q.s AS BIGINT) AS v FROM source AS q"
+    got = {r["id"]: r for r in spark.sql(guard_sql(sql, SourceRow("source")).sql).collect()}
+    assert got[1]["v"] is None and got[1][SQL_ERROR] == "CAST(q.s AS BIGINT)"
+    row = json.loads(got[1][SOURCE_ROW])
+    assert list(row) == COLUMNS and (row["id"], row["s"], row["a"], row["t"]) == (1, "abc", 7, None)
+    assert got[2][SOURCE_ROW] is None
+    every = {r["id"]: r[SOURCE_ROW] for r in spark.sql(guard_sql(sql, SourceRow("source", every_row=True)).sql).collect()}
+    assert json.loads(every[2])["s"] == "12"
+    nested = "SELECT CAST(s AS BIGINT) AS v FROM (SELECT s FROM source) WHERE TRUE"
+    with pytest.raises(PipelineConfigError):  # a failing expression must read the view directly
+        guard_sql("SELECT v FROM (SELECT CAST(s AS BIGINT) AS v FROM source)", SourceRow("source"))
+    assert [r[SOURCE_ROW] for r in spark.sql(guard_sql(nested, SourceRow("source")).sql).collect()] == [None, None]
+
+
 REFUSED = [
     ("SELECT FROM WHERE (", "does not parse"),
     ("SELECT 'abc FROM source", "does not parse"),
@@ -247,6 +267,7 @@ REFUSED = [
     ("INSERT INTO t SELECT * FROM source", "is not a query"),
     ("SELECT id, 1 AS _sql_error FROM source", "names _sql_error"),
     ("SELECT * FROM source WHERE _SQL_ERROR IS NULL", "names _sql_error"),
+    ("SELECT id, 1 AS _source_row FROM source", "names _source_row"),
     ("SELECT * FROM (SELECT CAST(s AS INT) AS v FROM source)", "CAST(s AS INT) in a subquery"),
     ("SELECT * FROM source WHERE id IN (SELECT CAST(s AS INT) FROM source)", "in a subquery"),
     ("WITH t AS (SELECT a + b AS v FROM source) SELECT * FROM t", "a + b in a WITH clause"),

@@ -181,7 +181,7 @@ def test_bad_rows_are_class_rows_and_feed_the_batch_counters(spark: SparkSession
     assert classes == expected_classes(rows, closed) == {"invalid_event_time": 2, "future": 1, "late": 1}
     frames = planned(spark, rows, closed, aggs=with_counts)
     stats, late = batch_counts(SPEC, frames.partials.toArrow(), None)  # type: ignore[arg-type]
-    assert late == {"late_rows": 1, "late_assignments": 0, "reopened_rows": 0, "rejected": {}}
+    assert late == {"late_rows": 1, "late_assignments": 0, "reopened_rows": 0, "rejected": {}, "rows": len(rows)}
     assert stats == {"rows_0": 3, "max_0": BASE + 7 * GAP, "invalid_0": 1, "future_0": 0, "malformed_0": 0,
                      "rows_1": 4, "max_1": BASE + 6 * GAP, "invalid_1": 1, "future_1": 1, "malformed_1": 0}
 

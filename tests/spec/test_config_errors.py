@@ -242,6 +242,8 @@ ERROR_CASES: list[tuple[str, dict[str, Any], str, tuple[str, ...]]] = [
                                        "target.retractions": True}, "target.retractions",
      ("sliding windows", "cannot retract", '"drop"')),
     ("unknown-dead-letter-kind", {"dead_letter.kind": "kafka"}, "dead_letter.kind", ("'kafka'", '"postgres"')),
+    ("unknown-source-row-choice", {"dead_letter.include_source_row": "yes"}, "dead_letter.include_source_row",
+     ("'yes'", "'sql_error'", "'all'", "'none'")),
 ]
 
 

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 import tomli_w
 
 from ematix_dagster.errors import PipelineConfigError
+from ematix_dagster.spec.emit import EmitRelease
 from ematix_dagster.spec.model import DeadLetter, PipelineSpec, Run, Source, StateStoreConfig, Target
 from ematix_dagster.spec.rows import RowTransform
 from ematix_dagster.spec.rules import _fail
@@ -25,7 +26,8 @@ _SEED_001_SPELLINGS = {
     "width_ms": "duration_ms",
 }
 
-_TOP_KEYS = {"pipeline_name", "metrics_port", "sources", "transform", "target", "dead_letter", "state_store", "run"}
+_TOP_KEYS = {"pipeline_name", "metrics_port", "sources", "transform", "target", "dead_letter", "state_store", "run",
+             "emit"}
 
 
 def _take(table: Mapping[str, Any], key: str, cls: type, renames: Mapping[str, str] | None = None) -> Any:
@@ -138,6 +140,7 @@ def spec_from_dict(doc: Mapping[str, Any]) -> PipelineSpec:
         state_store=(_take(doc["state_store"], "state_store", StateStoreConfig) if "state_store" in doc
                      else StateStoreConfig()),
         run=_take(doc["run"], "run", Run),
+        emit=_take(doc["emit"], "emit", EmitRelease) if "emit" in doc else None,
     )
     return spec.validate()
 
@@ -203,6 +206,8 @@ def spec_to_dict(spec: PipelineSpec) -> dict[str, Any]:
     if spec.state_store != StateStoreConfig():
         doc["state_store"] = _table(spec.state_store) | {"kind": spec.state_store.kind}
     doc["run"] = _table(spec.run)
+    if spec.emit is not None:
+        doc["emit"] = _table(spec.emit)
     return doc
 
 

@@ -38,7 +38,8 @@ def _validate(spec: PipelineSpec) -> None:
 def _shape(spec: PipelineSpec) -> str:
     """What the pipeline writes, for the ``validate`` line."""
     if spec.rows is None:
-        return f"{spec.window.shape}, {len(spec.window.aggregations)} aggregation(s)"
+        delayed = ", published when WATERMARK_TS() reaches them ([emit] sql)" if spec.emit else ""
+        return f"{spec.window.shape}, {len(spec.window.aggregations)} aggregation(s){delayed}"
     if spec.rows.max_buffered_rows is None:  # mandatory with WATERMARK_TS(), refused without it
         return "rows of [transform] sql as they arrive"
     return (f"rows of [transform] sql held back until WATERMARK_TS() reaches them "

@@ -9,11 +9,13 @@ the rows that wait, at most one per key, and applies §11's ``[emit]`` rules in 
 - a row whose key has a pending row replaces it and takes its own release time; it keeps its kind,
   except that a ``correction`` replacing a ``final`` (never released, since it is pending) leaves
   as ``final``: the reader has seen no final of that window;
-- a ``retract`` of a pending row cancels it and is not written; a ``retract`` of a released row
-  leaves at once (its release time is :data:`RELEASE_NOW`, so it comes before every other row of
-  the batch, its replacement included: the emission order's "retracts first");
+- a ``retract`` of a pending row cancels it and is not written (with ``[target] retractions`` the
+  correction after it still replaces that final, so it leaves as ``final``); a ``retract`` of a
+  released row leaves at once (its release time is :data:`RELEASE_NOW`, so it comes before every
+  other row of the batch, its replacement included: the emission order's "retracts first");
 - a row whose release time is NULL (no branch releases it) is counted and dropped, with the
-  pending row it replaces;
+  pending row it replaces; so is a retract whose own is NULL (its bounds and group are those of
+  the row it retracts, which was never released either);
 - rows produced by the end-of-input flush (``flush=True``) all wait, whatever their release time,
   and nothing leaves in the flush.
 
@@ -109,18 +111,24 @@ class EmitBuffer:
     def process(self, batch_id: int, emitted: Emitted, release: Sequence[int | None], watermark: int | None,
                 first_seq: int = 0, flush: bool = False) -> Released:
         """``emitted``: the engine's rows in emission order; ``release``: each one's release time (µs,
-        :data:`RELEASE_NOW`, or None: never; a retract's is not read); ``watermark``: WATERMARK_TS() of the
+        :data:`RELEASE_NOW`, or None: never); ``watermark``: WATERMARK_TS() of the
         batch; ``first_seq``: the position of the first row in its batch's emission (a flush continues the
         last batch's numbers, so the two never share a pending key)."""
         changes = _Changes()
         now: list[Waiting] = []
         not_released = cancelled = 0
+        finals_cancelled: set[RowKey] = set()  # a correction after its retract still replaces that final
         for i, (row, release_us) in enumerate(zip(emitted.rows, release)):
             key, seq = (row.start, row.key), first_seq + i
             if row.kind == RETRACT:
                 if key in self.rows:
-                    changes.drop(self.rows.pop(key))
+                    target = self.rows.pop(key)
+                    changes.drop(target)
                     cancelled += 1
+                    if target.row.kind == FINAL:
+                        finals_cancelled.add(key)
+                elif release_us is None:  # it retracts a row that was never released either
+                    not_released += 1
                 elif flush:
                     self.retracts[key] = changes.hold(Waiting(RELEASE_NOW, batch_id, seq, row))
                 else:
@@ -129,8 +137,8 @@ class EmitBuffer:
             old = self.rows.pop(key, None)
             if old is not None:
                 changes.drop(old)
-                if row.kind == CORRECTION and old.row.kind == FINAL:
-                    row = row._replace(kind=FINAL)
+            if row.kind == CORRECTION and ((old is not None and old.row.kind == FINAL) or key in finals_cancelled):
+                row = row._replace(kind=FINAL)
             if release_us is None:
                 not_released += 1
             elif not flush and (release_us == RELEASE_NOW or (watermark is not None and release_us <= watermark)):

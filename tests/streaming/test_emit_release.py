@@ -54,7 +54,7 @@ def test_a_retract_cancels_a_pending_row_and_one_of_a_released_row_leaves_at_onc
     buf = EmitBuffer("p", 10)
     buf.process(0, _rows((0, 60, "a", 1, "early"), (0, 60, "b", 1, "early")), [RELEASE_NOW, 500], watermark=10)
     out = buf.process(1, _rows((0, 60, "a", 1, "retract"), (0, 60, "b", 1, "retract"),
-                               (0, 60, "a", 2, "early"), (0, 60, "b", 2, "early")), [None, None, 500, 500],
+                               (0, 60, "a", 2, "early"), (0, 60, "b", 2, "early")), [RELEASE_NOW, 500, 500, 500],
                       watermark=20)
     assert _out(out.released) == [(0, "a", 1, "retract")]  # b's pending early is cancelled, never written
     assert out.cancelled == 1 and out.deletes == [(500, 0, 1)]
@@ -62,7 +62,7 @@ def test_a_retract_cancels_a_pending_row_and_one_of_a_released_row_leaves_at_onc
     # a row due now and the batch's own immediate rows: retracts first, then by (release, arrival, position)
     buf2 = EmitBuffer("p", 10)
     buf2.process(0, _rows((60, 120, "c", 1, "final")), [150], watermark=120)
-    out = buf2.process(1, _rows((0, 60, "d", 7, "retract"), (0, 60, "d", 8, "correction")), [None, 100],
+    out = buf2.process(1, _rows((0, 60, "d", 7, "retract"), (0, 60, "d", 8, "correction")), [100, 100],
                        watermark=160)
     assert _out(out.released) == [(0, "d", 7, "retract"), (0, "d", 8, "correction"), (60, "c", 1, "final")]
 
@@ -72,13 +72,22 @@ def test_a_row_no_branch_releases_is_counted_and_drops_the_row_it_replaces() -> 
     buf.process(0, _rows((0, 60, "a", 1, "early")), [500], watermark=10)
     out = buf.process(1, _rows((0, 90, "a", 2, "final")), [None], watermark=100)
     assert out.not_released == 1 and out.deletes == [(500, 0, 0)] and out.pending == 0 and _out(out.released) == []
+    out = buf.process(2, _rows((0, 90, "a", 2, "retract")), [None], watermark=100)  # of that never-released row
+    assert out.not_released == 1 and _out(out.released) == []
+
+
+def test_with_retractions_a_correction_after_the_retract_of_a_pending_final_leaves_as_final() -> None:
+    buf = EmitBuffer("p", 10)
+    buf.process(0, _rows((0, 60, "a", 1, "final")), [100], watermark=60)
+    out = buf.process(1, _rows((0, 60, "a", 1, "retract"), (0, 60, "a", 2, "correction")), [100, 100], watermark=100)
+    assert _out(out.released) == [(0, "a", 2, "final")] and out.cancelled == 1
 
 
 def test_the_flush_releases_nothing_and_its_rows_wait_for_a_later_batch() -> None:
     buf = EmitBuffer("p", 10)
     buf.process(3, _rows((0, 60, "a", 1, "early"), (0, 60, "b", 1, "early")), [RELEASE_NOW, 40], watermark=30)
     out = buf.process(3, _rows((0, 60, "a", 1, "retract"), (0, 60, "a", 2, "final"), (0, 60, "b", 2, "final"),
-                               (60, 120, "c", 1, "final")), [None, 10, 10, 20], watermark=30, first_seq=2, flush=True)
+                               (60, 120, "c", 1, "final")), [10, 10, 10, 20], watermark=30, first_seq=2, flush=True)
     assert _out(out.released) == [] and out.pending == 4  # a's retract and final, b's final (its early replaced), c's
     assert out.deletes == [(40, 3, 1)]
     assert sorted(p.key for p in out.inserts) == [(RELEASE_NOW, 3, 2), (10, 3, 3), (10, 3, 4), (20, 3, 5)]

@@ -15,6 +15,7 @@ from ematix_dagster.facade import StreamingPipeline, run_streaming_pipeline, str
 from ematix_dagster.spec import (
     Aggregation,
     DeadLetter,
+    EmitRelease,
     EmitTrigger,
     PipelineSpec,
     RowTransform,
@@ -33,7 +34,7 @@ from ematix_dagster.streaming import aggregators as _aggregators  # noqa: F401
 from ematix_dagster.streaming import windows as _windows  # noqa: F401
 
 __all__ = [
-    "Aggregation", "AggregationOverflow", "DeadLetter", "EmatixError", "EmitTrigger", "PipelineConfigError",
+    "Aggregation", "AggregationOverflow", "DeadLetter", "EmatixError", "EmitRelease", "EmitTrigger", "PipelineConfigError",
     "PipelineSpec", "RowTransform", "Run", "Source", "StateCapExceeded", "StateNotDurableError", "StateStoreConfig",
     "StreamingPipeline", "Target", "TargetError", "Window", "dump_pipeline", "load_pipeline", "load_pipeline_str",
     "run_streaming_pipeline", "streaming_pipeline",

@@ -3,7 +3,9 @@
 Between the engine's emission and the target write, each emitted row gets its release time from the
 ``[emit]`` predicate, evaluated by Spark over the rows' window bounds, ``session_id`` and group
 columns (the query ``sql.release`` made of it, over the view ``windows``: Spark SQL's own interval
-and timestamp rules, as a row pipeline's WHERE has), and the buffer (``streaming.emit_release``)
+and timestamp rules, as a row pipeline's WHERE has; guarded by ``safe_sql``: an expression that
+fails on a row is a terminal ``BatchDataError`` naming the row, since a window's row is never
+dead-lettered), and the buffer (``streaming.emit_release``)
 says which rows leave now. The batch then writes those instead of what the engine emitted, and its
 store commit carries the pending-row changes.
 
@@ -22,8 +24,10 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from sqlglot import exp
 
-from ematix_dagster.columns import RELEASE_COLUMN
+from ematix_dagster.columns import RELEASE_COLUMN, SQL_ERROR
+from ematix_dagster.errors import BatchDataError
 from ematix_dagster.metrics import StreamingMetrics
+from ematix_dagster.spark.safe_sql import guard_sql
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.spec.emit import predicate_columns
 from ematix_dagster.sql.emit_query import KEY, emit_plan
@@ -64,7 +68,7 @@ class EmitStage:
         view = f"_emit_windows_{spec.pipeline_name.replace('-', '_')}"  # the pipeline's own, in a shared session
         for table in tree.find_all(exp.Table):
             table.set("this", exp.to_identifier(view))
-        return cls(spark, spec.pipeline_name, view, text(tree), columns, buffer)
+        return cls(spark, spec.pipeline_name, view, guard_sql(text(tree)).sql, columns, buffer)
 
     def release(self, engine: Engine, result: BatchResult, batch_time: int, table: Callable[[Emitted], pa.Table],
                 first_seq: int = 0, flush: bool = False) -> BatchResult:
@@ -88,8 +92,14 @@ class EmitStage:
             return out
         view = rows.select(list(self.columns)).append_column(_ROW, pa.array(range(rows.num_rows), pa.int64()))
         self.spark.createDataFrame(view).createOrReplaceTempView(self.view)
-        computed = self.spark.sql(self.sql).select(_ROW, RELEASE_COLUMN).toArrow()
-        for i, release in zip(computed.column(_ROW).to_pylist(), computed.column(RELEASE_COLUMN).to_pylist()):
+        computed = self.spark.sql(self.sql).select(_ROW, RELEASE_COLUMN, SQL_ERROR).toArrow()
+        for i, release, error in zip(*(computed.column(c).to_pylist() for c in (_ROW, RELEASE_COLUMN, SQL_ERROR))):
+            if error is not None:
+                raise BatchDataError(
+                    f"pipeline {self.pipeline}: [emit] sql failed on an emitted row ({error}), so its release time "
+                    f"is unknown: {rows.select(list(self.columns)).slice(i, 1).to_pylist()[0]}",
+                    way_out="write the predicate so that it cannot fail on a window bound or group value (a window "
+                            "row is never dead-lettered), then reset the pipeline or fix the predicate's input")
             out[i] = release
         return out
 

@@ -8,7 +8,7 @@ transaction, fault points) cannot be disturbed by lifecycle code.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, cast
 
 import pyarrow as pa
@@ -128,7 +128,11 @@ class BatchStep:
     provenance: Provenance
     record: PipelineRecord | None = None
     last_batch_time: int = 0
-    emit: EmitStage | None = None  # ``[emit] sql``: which emitted rows leave now (the rest wait in the store)
+    #: ``[emit] sql``: which emitted rows leave now (the rest wait in the store, loaded from it here)
+    emit: EmitStage | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.emit = EmitStage.open(self.spec, self.store)
 
     def run(self, df: DataFrame, batch_id: int) -> BatchReport | None:
         """Process Spark's batch ``batch_id``; None when the store already holds it (a replay).

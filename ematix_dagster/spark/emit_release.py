@@ -47,7 +47,6 @@ _LAST_US = 2**63 - 1
 class EmitStage:
     """A windowed pipeline's ``[emit]``: its release query, its buffer, and the last batch's outcome."""
 
-    spark: SparkSession
     pipeline: str
     view: str  # the view the release query reads the emitted rows from (``windows`` renamed)
     sql: str  # SELECT *, <release time> AS _release_us FROM <view>
@@ -56,7 +55,7 @@ class EmitStage:
     last: Released | None = None
 
     @classmethod
-    def open(cls, spark: SparkSession, spec: PipelineSpec, store: StateStore | None) -> EmitStage | None:
+    def open(cls, spec: PipelineSpec, store: StateStore | None) -> EmitStage | None:
         """The stage of ``spec`` (None without ``[emit]``), its pending rows loaded from ``store``."""
         if spec.emit is None:
             return None
@@ -68,7 +67,7 @@ class EmitStage:
         view = f"_emit_windows_{spec.pipeline_name.replace('-', '_')}"  # the pipeline's own, in a shared session
         for table in tree.find_all(exp.Table):
             table.set("this", exp.to_identifier(view))
-        return cls(spark, spec.pipeline_name, view, guard_sql(text(tree)).sql, columns, buffer)
+        return cls(spec.pipeline_name, view, guard_sql(text(tree)).sql, columns, buffer)
 
     def release(self, engine: Engine, result: BatchResult, batch_time: int, table: Callable[[Emitted], pa.Table],
                 first_seq: int = 0, flush: bool = False) -> BatchResult:
@@ -86,13 +85,15 @@ class EmitStage:
         return replace(result, emitted=last.released)
 
     def _release_times(self, rows: pa.Table) -> list[int | None]:
-        """Each row's release time, evaluated by Spark (and put back in row order)."""
+        """Each row's release time, evaluated by Spark (and put back in row order). The session is the
+        process's active one: the flush runs after the query, with no batch's session at hand."""
         out: list[int | None] = [None] * rows.num_rows
         if not rows.num_rows:
             return out
         view = rows.select(list(self.columns)).append_column(_ROW, pa.array(range(rows.num_rows), pa.int64()))
-        self.spark.createDataFrame(view).createOrReplaceTempView(self.view)
-        computed = self.spark.sql(self.sql).select(_ROW, RELEASE_COLUMN, SQL_ERROR).toArrow()
+        spark = SparkSession.active()
+        spark.createDataFrame(view).createOrReplaceTempView(self.view)
+        computed = spark.sql(self.sql).select(_ROW, RELEASE_COLUMN, SQL_ERROR).toArrow()
         for i, release, error in zip(*(computed.column(c).to_pylist() for c in (_ROW, RELEASE_COLUMN, SQL_ERROR))):
             if error is not None:
                 raise BatchDataError(

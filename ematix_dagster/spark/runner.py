@@ -30,7 +30,6 @@ from ematix_dagster.metrics import StreamingMetrics, default_metrics, serve
 from ematix_dagster.spark import checkpoint
 from ematix_dagster.spark.batch import BatchReport, BatchStep
 from ematix_dagster.spark.convert import output_schema
-from ematix_dagster.spark.emit_release import EmitStage
 from ematix_dagster.spark.failures import classify
 from ematix_dagster.spark.plan import analyse
 from ematix_dagster.spark.readers import union_sources
@@ -263,8 +262,8 @@ class PipelineRunner:
         target.open()
         self._open_dead_letters()
         provenance = Provenance(record.query_id if record else None, self.fingerprint, self.fingerprint_doc)
-        return BatchStep(spec, plan, engine, schema, target, self.dead_letter, self.store, self.metrics, self.progress,
-                         provenance, record, emit=EmitStage.open(self.spark, spec, self.store))
+        return BatchStep(spec, plan, engine, schema, target, self.dead_letter, self.store,
+                         self.metrics, self.progress, provenance, record)
 
     # -- one micro-batch -----------------------------------------------------------------------
 

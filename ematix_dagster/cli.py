@@ -21,6 +21,8 @@ from ematix_dagster.spec import PipelineSpec, load_pipeline, spec_warnings
 
 
 def _validate(spec: PipelineSpec) -> None:
+    from ematix_dagster.spark.convert import output_schema
+    from ematix_dagster.spark.emit_release import EmitStage
     from ematix_dagster.spark.plan import analyse
     from ematix_dagster.spark.readers import union_sources
     from ematix_dagster.spark.row_plan import analyse_rows
@@ -32,7 +34,9 @@ def _validate(spec: PipelineSpec) -> None:
     if spec.is_row_pipeline:
         analyse_rows(spark, resolved, stream)
     else:
-        analyse(spark, resolved, stream)
+        plan = analyse(spark, resolved, stream)
+        if resolved.emit is not None:
+            EmitStage.analysed(resolved, output_schema(plan))
 
 
 def _shape(spec: PipelineSpec) -> str:

@@ -253,3 +253,15 @@ path = "{tmp_path / 'state.db'}"
 
     table = pq.read_table(tmp_path / "out")
     assert table.num_rows >= 1 and min(table.column("n").to_pylist()) >= 1
+
+
+@pytest.mark.parametrize(("predicate", "words"), [
+    ("window_end + INTERVAL 1 HOUR <= WATERMARK_TS()", None),
+    ("user_id + INTERVAL 1 HOUR <= WATERMARK_TS()", "emit.sql: does not run over the emitted rows"),
+])
+def test_validate_analyses_the_emit_predicate(spark, tmp_path, capsys, predicate, words):
+    emit = f'\n[emit]\nsql = "SELECT * FROM windows WHERE {predicate}"\nmax_buffered_rows = 1000\n'
+    text = (ROOT / "pipelines" / "demo_clicks.toml").read_text() + emit
+    assert main(["validate", str(_demo_copy(tmp_path, text))]) == (0 if words is None else 2)
+    out = capsys.readouterr()
+    assert (words is None and "([emit] sql)" in out.out) or (words in out.err and "Traceback" not in out.err), out

@@ -132,7 +132,7 @@ class BatchStep:
     emit: EmitStage | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
-        self.emit = EmitStage.open(self.spec, self.store)
+        self.emit = EmitStage.open(self.spec, self.store, self.schema)
 
     def run(self, df: DataFrame, batch_id: int) -> BatchReport | None:
         """Process Spark's batch ``batch_id``; None when the store already holds it (a replay).

@@ -21,11 +21,11 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 import pyarrow as pa
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from sqlglot import exp
 
 from ematix_dagster.columns import RELEASE_COLUMN, SQL_ERROR
-from ematix_dagster.errors import BatchDataError
+from ematix_dagster.errors import BatchDataError, PipelineConfigError, first_line
 from ematix_dagster.metrics import StreamingMetrics
 from ematix_dagster.spark.safe_sql import guard_sql
 from ematix_dagster.spec import PipelineSpec
@@ -55,19 +55,37 @@ class EmitStage:
     last: Released | None = None
 
     @classmethod
-    def open(cls, spec: PipelineSpec, store: StateStore | None) -> EmitStage | None:
-        """The stage of ``spec`` (None without ``[emit]``), its pending rows loaded from ``store``."""
+    def open(cls, spec: PipelineSpec, store: StateStore | None, schema: pa.Schema) -> EmitStage | None:
+        """The stage of ``spec`` (None without ``[emit]``), its query analysed over the output ``schema`` and
+        its pending rows loaded from ``store``."""
         if spec.emit is None:
             return None
-        assert spec.emit.max_buffered_rows is not None and store is not None  # the spec requires both
+        assert store is not None  # the spec requires a durable one
+        stage = cls.analysed(spec, schema)
+        stage.buffer.restore(store.load_pending(spec.pipeline_name, _LAST_US))
+        return stage
+
+    @classmethod
+    def analysed(cls, spec: PipelineSpec, schema: pa.Schema) -> EmitStage:
+        """The stage, its buffer empty, its query analysed by Spark over no rows of the output ``schema``
+        (``validate`` calls it too): a predicate Spark refuses (a type mismatch, an unknown function) is a
+        ``PipelineConfigError`` on ``emit.sql`` before any batch, not a failed batch."""
+        assert spec.emit is not None and spec.emit.max_buffered_rows is not None  # the spec requires both
         columns = predicate_columns(spec)
-        buffer = EmitBuffer(spec.pipeline_name, spec.emit.max_buffered_rows)
-        buffer.restore(store.load_pending(spec.pipeline_name, _LAST_US))
         tree = parse_statement(emit_plan(spec.emit.sql, columns).sql, KEY)
         view = f"_emit_windows_{spec.pipeline_name.replace('-', '_')}"  # the pipeline's own, in a shared session
         for table in tree.find_all(exp.Table):
             table.set("this", exp.to_identifier(view))
-        return cls(spec.pipeline_name, view, guard_sql(text(tree)).sql, columns, buffer)
+        stage = cls(spec.pipeline_name, view, guard_sql(text(tree)).sql, columns,
+                    EmitBuffer(spec.pipeline_name, spec.emit.max_buffered_rows))
+        try:
+            stage._query(schema.empty_table())
+        except Exception as exc:  # noqa: BLE001 - Spark's analysis errors have no common public type
+            raise PipelineConfigError(KEY, f"does not run over the emitted rows: {first_line(exc)}",
+                                      f"compare window bounds ({', '.join(columns[:2])}: TIMESTAMP) or group "
+                                      "columns with WATERMARK_TS(), e.g. window_end + INTERVAL 1 HOUR <= "
+                                      "WATERMARK_TS()") from None
+        return stage
 
     def release(self, engine: Engine, result: BatchResult, batch_time: int, table: Callable[[Emitted], pa.Table],
                 first_seq: int = 0, flush: bool = False) -> BatchResult:
@@ -84,16 +102,20 @@ class EmitStage:
         counters["filtered_rows:not_released"] += last.not_released
         return replace(result, emitted=last.released)
 
-    def _release_times(self, rows: pa.Table) -> list[int | None]:
-        """Each row's release time, evaluated by Spark (and put back in row order). The session is the
-        process's active one: the flush runs after the query, with no batch's session at hand."""
-        out: list[int | None] = [None] * rows.num_rows
-        if not rows.num_rows:
-            return out
+    def _query(self, rows: pa.Table) -> DataFrame:
+        """The release query over ``rows`` (numbered, to put the results back in order). The session is the
+        process's active one: the flush runs after the streaming query, with no batch's session at hand."""
         view = rows.select(list(self.columns)).append_column(_ROW, pa.array(range(rows.num_rows), pa.int64()))
         spark = SparkSession.active()
         spark.createDataFrame(view).createOrReplaceTempView(self.view)
-        computed = spark.sql(self.sql).select(_ROW, RELEASE_COLUMN, SQL_ERROR).toArrow()
+        return spark.sql(self.sql).select(_ROW, RELEASE_COLUMN, SQL_ERROR)
+
+    def _release_times(self, rows: pa.Table) -> list[int | None]:
+        """Each row's release time, in row order."""
+        out: list[int | None] = [None] * rows.num_rows
+        if not rows.num_rows:
+            return out
+        computed = self._query(rows).toArrow()
         for i, release, error in zip(*(computed.column(c).to_pylist() for c in (_ROW, RELEASE_COLUMN, SQL_ERROR))):
             if error is not None:
                 raise BatchDataError(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from ematix_dagster.errors import BatchDataError
+from ematix_dagster.errors import BatchDataError, PipelineConfigError
 from ematix_dagster.spark.emit_release import EmitStage
 from ematix_dagster.spec import load_pipeline_str
 from state_store.sqlite import SqliteStateStore
@@ -24,7 +24,7 @@ def _stage(spark, tmp_path, predicate: str) -> EmitStage:
     store = SqliteStateStore(tmp_path / "state.db")
     store.open()
     try:
-        stage = EmitStage.open(spec, store)
+        stage = EmitStage.open(spec, store, _rows([]).schema)
     finally:
         store.close()
     assert stage is not None
@@ -45,6 +45,11 @@ def test_release_times_follow_the_branches_in_row_order(spark, tmp_path) -> None
     got = stage._release_times(_rows([1, None, 2, 1, 3]))
     assert got == [2 * HOUR, None, 2 * HOUR + 1, 5 * HOUR, 4 * HOUR + 1]
     assert stage._release_times(_rows([])) == []
+
+
+def test_a_predicate_spark_refuses_is_a_config_error_before_any_batch(spark, tmp_path) -> None:
+    with pytest.raises(PipelineConfigError, match=r"^emit.sql: does not run over the emitted rows: .*DATATYPE"):
+        _stage(spark, tmp_path, "user_id + INTERVAL 1 HOUR <= WATERMARK_TS()")
 
 
 def test_a_predicate_that_fails_on_a_row_is_a_terminal_error_naming_it(spark, tmp_path) -> None:

@@ -17,6 +17,7 @@ from ematix_dagster.spec import (
     Backfill,
     BackfillSource,
     DeadLetter,
+    EmitRelease,
     EmitTrigger,
     PipelineSpec,
     RowTransform,
@@ -35,7 +36,8 @@ from ematix_dagster.streaming import aggregators as _aggregators  # noqa: F401
 from ematix_dagster.streaming import windows as _windows  # noqa: F401
 
 __all__ = [
-    "Aggregation", "AggregationOverflow", "Backfill", "BackfillSource", "DeadLetter", "EmatixError", "EmitTrigger", "PipelineConfigError",
+    "Aggregation", "AggregationOverflow", "Backfill", "BackfillSource", "DeadLetter", "EmatixError", "EmitRelease",
+    "EmitTrigger", "PipelineConfigError",
     "PipelineSpec", "RowTransform", "Run", "Source", "StateCapExceeded", "StateNotDurableError", "StateStoreConfig",
     "StreamingPipeline", "Target", "TargetError", "Window", "dump_pipeline", "load_pipeline", "load_pipeline_str",
     "run_streaming_pipeline", "streaming_pipeline",

@@ -21,6 +21,8 @@ from ematix_dagster.spec import PipelineSpec, load_pipeline, spec_warnings
 
 
 def _validate(spec: PipelineSpec) -> None:
+    from ematix_dagster.spark.convert import output_schema
+    from ematix_dagster.spark.emit_release import EmitStage
     from ematix_dagster.spark.plan import analyse
     from ematix_dagster.spark.readers import union_sources
     from ematix_dagster.spark.row_plan import analyse_rows
@@ -32,13 +34,16 @@ def _validate(spec: PipelineSpec) -> None:
     if spec.is_row_pipeline:
         analyse_rows(spark, resolved, stream)
     else:
-        analyse(spark, resolved, stream)
+        plan = analyse(spark, resolved, stream)
+        if resolved.emit is not None:
+            EmitStage.analysed(resolved, output_schema(plan))
 
 
 def _shape(spec: PipelineSpec) -> str:
     """What the pipeline writes, for the ``validate`` line."""
     if spec.rows is None:
-        return f"{spec.window.shape}, {len(spec.window.aggregations)} aggregation(s)"
+        delayed = ", published when WATERMARK_TS() reaches them ([emit] sql)" if spec.emit else ""
+        return f"{spec.window.shape}, {len(spec.window.aggregations)} aggregation(s){delayed}"
     if spec.rows.max_buffered_rows is None:  # mandatory with WATERMARK_TS(), refused without it
         return "rows of [transform] sql as they arrive"
     return (f"rows of [transform] sql held back until WATERMARK_TS() reaches them "

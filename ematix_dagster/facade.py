@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 from ematix_dagster.spec import (
     Backfill,
     DeadLetter,
+    EmitRelease,
     PipelineSpec,
     RowTransform,
     Run,
@@ -77,17 +78,19 @@ def streaming_pipeline(*, name: str, sources: Iterable[Source], target: Target, 
                        window: Window | None = None, rows: RowTransform | None = None,
                        transform_sql: str | None = None, dead_letter: DeadLetter | None = None,
                        state_store: StateStoreConfig | None = None, metrics_port: int | None = None,
+                       emit: EmitRelease | None = None,
                        backfill: Backfill | None = None) -> Callable[[Callable[[], None]], StreamingPipeline]:
     """Decorate a function to declare a pipeline; the spec is validated at decoration time.
 
     Give ``window`` for a windowed pipeline, or leave it out for a row pipeline (``transform_sql``
     required), whose watermark keys and ``max_buffered_rows`` are ``rows`` (default
-    ``RowTransform()``); giving both is refused, as TOML refuses both tables' keys.
+    ``RowTransform()``); giving both is refused, as TOML refuses both tables' keys. ``emit`` (the
+    ``[emit]`` table) publishes a windowed pipeline's rows late.
     """
     spec = PipelineSpec(pipeline_name=name, sources=tuple(sources), window_spec=window, rows=rows, target=target,
                         run=run, transform_sql=transform_sql, dead_letter=dead_letter,
                         state_store=state_store or StateStoreConfig(), metrics_port=metrics_port,
-                        backfill=backfill).validate()
+                        emit=emit, backfill=backfill).validate()
 
     def wrap(fn: Callable[[], None]) -> StreamingPipeline:
         return StreamingPipeline(spec=spec, description=(fn.__doc__ or "").strip())

@@ -16,6 +16,9 @@ sources and their order, the SQL text, ``time_mode`` and ``event_time_column``, 
 refuses to start over pending rows written by the old one (SPEC §11: a change of the output
 schema with rows pending refuses to start). The text is the conservative stand-in for the output
 schema; lateness, idleness and ``max_buffered_rows`` may change freely.
+
+A windowed pipeline's ``[emit] sql`` enters as ``emit.sql`` (only when present): its pending rows
+carry release times the old predicate computed.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from ematix_dagster.streaming.aggregators import make_aggregator
 from ematix_dagster.streaming.windows import KINDS
 
 #: items that are left out at their default, and that default (what an absent item means)
-_DEFAULTS: dict[str, Any] = {"window.emit_trigger": "watermark", "target.retractions": False}
+_DEFAULTS: dict[str, Any] = {"window.emit_trigger": "watermark", "target.retractions": False, "emit.sql": None}
 
 
 def fingerprint_doc(spec: PipelineSpec) -> dict[str, Any]:
@@ -52,6 +55,7 @@ def fingerprint_doc(spec: PipelineSpec) -> dict[str, Any]:
         "window.event_time_column": w.event_time_column,
         "window.emit_trigger": w.emit_trigger.to_toml(),
         "target.retractions": spec.target.retractions,
+        "emit.sql": spec.emit.sql if spec.emit else None,
     }
     return {key: value for key, value in doc.items() if key not in _DEFAULTS or value != _DEFAULTS[key]}
 

@@ -62,9 +62,9 @@ class StreamingMetrics:
         self.rows_filtered = Counter(f"{PREFIX}_rows_filtered", "Rows the SQL left out: reason=where (its WHERE), "
                                      "not_released (a row pipeline's rows no WATERMARK_TS() branch releases).",
                                      ["pipeline", "reason"], registry=registry)
-        self.released_rows = Counter(f"{PREFIX}_released_rows", "Rows a row pipeline wrote.", ["pipeline"],
+        self.released_rows = Counter(f"{PREFIX}_released_rows", "Rows a row pipeline wrote, or a windowed one released under [emit] sql.", ["pipeline"],
                                      registry=registry)
-        self.buffered_rows = Gauge(f"{PREFIX}_buffered_rows", "Rows held back by WATERMARK_TS() in the state store.",
+        self.buffered_rows = Gauge(f"{PREFIX}_buffered_rows", "Rows held back by WATERMARK_TS() in the state store (row pipelines, [emit] sql).",
                                    ["pipeline"], registry=registry)
         self.rejected_rows = Counter(f"{PREFIX}_rejected_rows",
                                      "Rows no target or state store can hold, or whose SQL failed (kept in the dead "
@@ -98,15 +98,21 @@ class StreamingMetrics:
             self.malformed_rows.labels(pipeline, source).inc(stats.malformed)
         for reason, n in dead_letters.items():
             self.dead_letter_rows.labels(pipeline, reason).inc(n)
-        self.rows_filtered.labels(pipeline, "not_released").inc(result.not_released)
         self.rows_filtered.labels(pipeline, "where").inc(result.filtered)
-        self.released_rows.labels(pipeline).inc(result.released.num_rows)
-        self.buffered_rows.labels(pipeline).set(result.pending)
+        self.record_release(pipeline, result.released.num_rows, result.not_released, result.pending,
+                            result.output_watermark)
         if result.watermark is not None:
             self.watermark.labels(pipeline, "_global").set(result.watermark / 1e6)
-        if result.output_watermark is not None:
-            self.watermark.labels(pipeline, "_output").set(result.output_watermark / 1e6)
         self.batch_duration.labels(pipeline).observe(seconds)
+
+    def record_release(self, pipeline: str, released: int, not_released: int, pending: int,
+                       output_watermark: int | None) -> None:
+        """Rows held back by WATERMARK_TS() (a row pipeline's, or a windowed one's under ``[emit]``)."""
+        self.rows_filtered.labels(pipeline, "not_released").inc(not_released)
+        self.released_rows.labels(pipeline).inc(released)
+        self.buffered_rows.labels(pipeline).set(pending)
+        if output_watermark is not None:
+            self.watermark.labels(pipeline, "_output").set(output_watermark / 1e6)
 
     def record_emit(self, pipeline: str, window_kind: str, result: BatchResult) -> None:
         """What a batch (or the end-of-input flush) wrote and where the stream stands after it."""

@@ -133,11 +133,11 @@ def _record(store: StateStore, pipeline: str) -> PipelineRecord | None:
 
 def summary(spec: PipelineSpec, windows: bool = True) -> dict[str, Any]:
     """Watermarks and counters as stored, and (``windows``) open windows, groups and bytes; for a row pipeline
-    its pending rows (count, bytes, next release time, never values)."""
+    or one with ``[emit]`` its pending rows (count, bytes, next release time, never values)."""
     with opened(spec) as store:
         recovered = store.load(spec.pipeline_name, groups=windows)
         holder = store.lease_holder(spec.pipeline_name)
-        held = store.pending_summary(spec.pipeline_name) if spec.is_row_pipeline else None
+        held = store.pending_summary(spec.pipeline_name) if spec.is_row_pipeline or spec.emit else None
     record = recovered.record
     per_window: dict[int, int] = {}
     size = 0
@@ -165,8 +165,8 @@ def summary(spec: PipelineSpec, windows: bool = True) -> dict[str, Any]:
 
 
 def _pending(held: PendingSummary) -> dict[str, Any]:
-    """A row pipeline's rows held back by WATERMARK_TS(): how many, their bytes, when the next one and the
-    oldest event time among them; never their values (they are not public yet)."""
+    """Rows held back by WATERMARK_TS(): how many, their bytes, when the next one and the oldest event time
+    among them (an ``[emit]`` row's: its window end); never their values (they are not public yet)."""
     return {"rows": held.rows, "payload_bytes": held.payload_bytes,
             "next_release_us": held.next_release_us, "next_release": _iso(held.next_release_us),
             "oldest_event_ts_us": held.min_event_ts, "oldest_event_ts": _iso(held.min_event_ts)}

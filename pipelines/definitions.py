@@ -74,11 +74,13 @@ clicks_hopping = EmatixPipeline.load(HERE / "clicks_hopping_5min.toml")
 user_sessions = EmatixPipeline.load(HERE / "user_sessions.toml")
 card_payments = EmatixPipeline.load(HERE / "card_payments.toml")
 embargoed_clicks = EmatixPipeline.load(HERE / "embargoed_clicks.toml")  # a row pipeline: WATERMARK_TS()
+hourly_delayed = EmatixPipeline.load(HERE / "clicks_hourly_delayed.toml")  # windows published late: [emit] sql
 revenue = EmatixPipeline.load(revenue_per_channel)
-PIPELINES = [clicks_per_minute, clicks_hopping, user_sessions, card_payments, embargoed_clicks, revenue]
+PIPELINES = [clicks_per_minute, clicks_hopping, user_sessions, card_payments, embargoed_clicks, hourly_delayed,
+             revenue]
 
 # -- assets and their checks ------------------------------------------------------------------------
-# with their inputs as upstream assets: .ematix/data/clicks is one asset, read by four pipelines
+# with their inputs as upstream assets: .ematix/data/clicks is one asset, read by five pipelines
 assets = streaming_pipeline_assets(PIPELINES, owners=["team:data-platform"])
 # partitioned backfills of the pipelines with [backfill]: rewrite past days from archived input
 backfill_assets = [backfill_asset(p) for p in PIPELINES if p.spec.backfill is not None]

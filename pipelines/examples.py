@@ -13,6 +13,7 @@ from ematix_dagster import (
     Aggregation,
     Backfill,
     DeadLetter,
+    EmitRelease,
     RowTransform,
     Run,
     Source,
@@ -156,5 +157,27 @@ def embargoed_clicks():
     directories."""
 
 
+@streaming_pipeline(
+    name="clicks-hourly-delayed",
+    sources=[Source(name="clicks", kind="files", format="parquet", path=".ematix/data/clicks",
+                    schema=TIERED_CLICKS_SCHEMA, event_time_column="ts", max_files_per_trigger=1)],
+    window=Window(kind="tumbling", duration_ms=3_600_000, lateness_ms=60_000, late_data="reopen",
+                  allowed_lateness_ms=3_600_000, group_by=("user_id",), max_groups_per_window=100_000,
+                  aggregations=(Aggregation(agg="count", as_="clicks"),
+                                Aggregation(agg="sum", column="amount", as_="spend"))),
+    target=Target(kind="parquet", path=".ematix/output/clicks-hourly-delayed"),
+    state_store=LOCAL_STATE,
+    run=Run(trigger="available_now", checkpoint_location=".ematix/checkpoints/clicks-hourly-delayed",
+            end_of_input="keep"),
+    emit=EmitRelease(sql="SELECT * FROM windows WHERE window_end + INTERVAL 1 HOUR <= WATERMARK_TS()",
+                     max_buffered_rows=1_000_000),
+)
+def clicks_hourly_delayed():
+    """The delayed tier: clicks and spend per user and hour, each hourly window published one hour (of event
+    time) after it closes. Its rows wait in the state store until the watermark reaches window_end + 1 hour
+    (docs/contract/delayed-windows.md). Batch-style (available_now), written to Parquet batch directories."""
+
+
 PIPELINES = {p.spec.pipeline_name: p for p in (clicks_per_minute, clicks_hopping_5min, user_sessions,
-                                                card_payments, revenue_per_channel, embargoed_clicks)}
+                                                card_payments, revenue_per_channel, embargoed_clicks,
+                                                clicks_hourly_delayed)}

@@ -315,3 +315,15 @@ def test_run_prints_the_traceback_only_when_verbose_or_unclassified(tmp_path, ca
         assert f"the JVM stack: {tmp_path / 'report.log'}" in err
     else:
         assert "error (terminal): pipeline pipeline: unexpected KeyError" in err
+
+
+@pytest.mark.parametrize(("predicate", "words"), [
+    ("window_end + INTERVAL 1 HOUR <= WATERMARK_TS()", None),
+    ("user_id + INTERVAL 1 HOUR <= WATERMARK_TS()", "emit.sql: does not run over the emitted rows"),
+])
+def test_validate_analyses_the_emit_predicate(spark, tmp_path, capsys, predicate, words):
+    emit = f'\n[emit]\nsql = "SELECT * FROM windows WHERE {predicate}"\nmax_buffered_rows = 1000\n'
+    text = (ROOT / "pipelines" / "demo_clicks.toml").read_text() + emit
+    assert main(["validate", str(_demo_copy(tmp_path, text))]) == (0 if words is None else 2)
+    out = capsys.readouterr()
+    assert (words is None and "([emit] sql)" in out.out) or (words in out.err and "Traceback" not in out.err), out

@@ -8,7 +8,7 @@ transaction, fault points) cannot be disturbed by lifecycle code.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, cast
 
 import pyarrow as pa
@@ -24,6 +24,7 @@ from ematix_dagster.spark.batch_counts import batch_counts, filtered_rows, may_h
 from ematix_dagster.spark.batch_job import BatchFrames, build_batch
 from ematix_dagster.spark.convert import partial_lists, rows_to_arrow
 from ematix_dagster.spark.data_errors import data_error, is_data_error
+from ematix_dagster.spark.emit_release import EmitStage
 from ematix_dagster.spark.file_dead_letters import DeadLetters
 from ematix_dagster.spark.input_files import UNREADABLE_FILE, InputFiles
 from ematix_dagster.spark.plan import BatchPlan
@@ -31,6 +32,7 @@ from ematix_dagster.spark.recovery import named_offsets, offset_names
 from ematix_dagster.spark.windows.fixed import late_windows
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.streaming.durable import Provenance, batch_commit, encoded_key
+from ematix_dagster.streaming.emitted import Emitted
 from ematix_dagster.streaming.micro_batch import BatchInput, BatchResult, Engine, SourceStats
 from ematix_dagster.streaming.windows import format_us
 from ematix_dagster.targets import DeadLetterWriter, WindowWriter
@@ -134,6 +136,11 @@ class BatchStep:
     provenance: Provenance
     record: PipelineRecord | None = None
     last_batch_time: int = 0
+    #: ``[emit] sql``: which emitted rows leave now (the rest wait in the store, loaded from it here)
+    emit: EmitStage | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.emit = EmitStage.open(self.spec, self.store, self.schema)
 
     def run(self, df: DataFrame, batch_id: int) -> BatchReport | None:
         """Process Spark's batch ``batch_id``; None when the store already holds it (a replay).
@@ -167,12 +174,16 @@ class BatchStep:
             batch = BatchInput(batch_id, batch_time, {s.name: SourceStats() for s in spec.sources})
         result = engine.process(batch)
         engine.counters[LAST_BATCH_ROWS] = len(result.emitted)
+        if self.emit is not None:
+            result = self.emit.release(engine, result, batch_time, self._table)
         self._write(batch_id, result, in_transaction)
         faults.point("target_write", batch_id)
         self._commit(batch_id, batch_id, named_offsets(spec, offsets.offsets), in_transaction)
         faults.point("after_store_commit", batch_id)
         seconds = time.perf_counter() - started
         self.metrics.record(spec.pipeline_name, spec.window.kind, spec.window.late_data, batch, result, seconds)
+        if self.emit is not None:
+            self.emit.record(self.metrics)
         return self._report(batch, result, seconds)
 
     def _reads_input(self, offsets: checkpoint.BatchOffsets) -> bool:
@@ -233,6 +244,9 @@ class BatchStep:
         spec, engine = self.spec, self.engine
         batch_id = engine.last_batch_id if engine.last_batch_id is not None else 0
         result = engine.flush(batch_id, self.last_batch_time)
+        if self.emit is not None:  # its rows all wait for a later batch (SPEC §11)
+            result = self.emit.release(engine, result, self.last_batch_time, self._table,
+                                       engine.counters[LAST_BATCH_ROWS], flush=True)
         in_transaction: InTransaction = []
         self._write(batch_id, result, in_transaction, part="flush", first_seq=engine.counters[LAST_BATCH_ROWS])
         faults.point("target_write", "flush")
@@ -240,6 +254,8 @@ class BatchStep:
         self._commit(batch_id, "flush", self.record.offsets if self.record else {}, in_transaction)
         faults.point("after_store_commit", "flush")
         self.metrics.record_emit(spec.pipeline_name, spec.window.kind, result)
+        if self.emit is not None:
+            self.emit.record(self.metrics)
         return self._report(BatchInput(batch_id, self.last_batch_time, {}), result, 0.0)
 
     def _write_dead_letters(self, dead_letter: DeadLetterWriter | None, batch_id: int, frames: BatchFrames,
@@ -271,17 +287,20 @@ class BatchStep:
 
     def _write(self, batch_id: int, result: BatchResult, in_transaction: InTransaction, part: str = "part-0",
                first_seq: int = 0) -> None:
-        ids = None
-        emitted = result.emitted
-        kind = self.engine.state.kind
-        if kind.id_column is not None:
-            ids = kind.row_ids(self.spec.pipeline_name, list(map(encoded_key, emitted.keys)), emitted.starts)
-        table = rows_to_arrow(self.schema, emitted, len(self.spec.window.group_by), ids, first_seq)
+        table = self._table(result.emitted, first_seq)
         if self.spec.target.same_transaction:
             target = cast(WritesInTransaction, self.target)  # a postgres one: same_transaction
             in_transaction.append(lambda conn: target.write_in_transaction(conn, batch_id, table))
         else:
             self.target.write(batch_id, table, part)
+
+    def _table(self, emitted: Emitted, first_seq: int = 0) -> pa.Table:
+        """``emitted`` as the target's table, ``_emit_seq`` from ``first_seq``."""
+        ids = None
+        kind = self.engine.state.kind
+        if kind.id_column is not None:
+            ids = kind.row_ids(self.spec.pipeline_name, list(map(encoded_key, emitted.keys)), emitted.starts)
+        return rows_to_arrow(self.schema, emitted, len(self.spec.window.group_by), ids, first_seq)
 
     @property
     def _dead_letters_in_store(self) -> bool:
@@ -300,6 +319,8 @@ class BatchStep:
             return
         commit = batch_commit(self.engine, self.spec.pipeline_name, self.provenance, offsets,
                               [*in_transaction, lambda _conn: faults.point("store_commit", label)])
+        if self.emit is not None:
+            self.emit.add_to(commit)
         store.commit(commit)
         self.record = commit.record
 

@@ -17,6 +17,7 @@ package.
 """
 
 from ematix_dagster.spec.backfill import Backfill, BackfillSource
+from ematix_dagster.spec.emit import EmitRelease
 from ematix_dagster.spec.environment import resolve_env, spec_warnings
 from ematix_dagster.spec.model import DeadLetter, PipelineSpec, Run, Source, StateStoreConfig, Target
 from ematix_dagster.spec.rows import RowTransform
@@ -33,7 +34,8 @@ from ematix_dagster.spec.trigger import EmitTrigger
 from ematix_dagster.spec.window import Aggregation, Window
 
 __all__ = [
-    "Aggregation", "Backfill", "BackfillSource", "DeadLetter", "EmitTrigger", "JAVA_INT_MAX", "MAX_DURATION_MS", "PipelineSpec", "RowTransform",
+    "Aggregation", "Backfill", "BackfillSource", "DeadLetter", "EmitRelease", "EmitTrigger", "JAVA_INT_MAX",
+    "MAX_DURATION_MS", "PipelineSpec", "RowTransform",
     "Run", "STATE_STORE_KINDS", "Source", "StateStoreConfig", "Target", "Window", "dump_pipeline", "load_pipeline",
     "load_pipeline_str", "resolve_env", "spec_from_dict", "spec_to_dict", "spec_warnings", "with_overrides",
 ]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from ematix_dagster.columns import HEARTBEAT
 from ematix_dagster.spec.backfill import Backfill
+from ematix_dagster.spec.emit import EmitRelease, validate_emit
 from ematix_dagster.spec.environment import resolved_spec
 from ematix_dagster.spec.registries import WINDOW_KINDS
 from ematix_dagster.spec.rows import RowTransform, validate_row_pipeline
@@ -233,6 +234,7 @@ class PipelineSpec:
     state_store: StateStoreConfig = field(default_factory=StateStoreConfig)
     metrics_port: int | None = None
     backfill: Backfill | None = None  # docs/contract/backfill.md
+    emit: EmitRelease | None = None  # ``[emit]``: a windowed pipeline's rows published late
 
     def __post_init__(self) -> None:
         _listed_as_tuple(self, "sources")
@@ -298,6 +300,8 @@ class PipelineSpec:
             validate_row_pipeline(self, self.rows)
         else:
             self._validate_windowed(self.window_spec)
+        if self.emit is not None:
+            validate_emit(self, self.emit)
         if self.target.same_transaction and self.state_store.kind != "postgres":
             _fail("target.same_transaction", "needs a postgres [state_store] in the same database",
                   'set [state_store] kind = "postgres" or remove same_transaction')

@@ -22,6 +22,7 @@ class SpecKind(Protocol):
     own_keys: tuple[str, ...]
     early_triggers: bool
     retracts_corrections: bool
+    id_column: str | None  # a column of its rows besides the bounds (sessions: session_id)
 
     @classmethod
     def validate(cls, window: Window, key: str) -> None: ...

@@ -13,6 +13,7 @@ import tomli_w
 
 from ematix_dagster.errors import PipelineConfigError
 from ematix_dagster.spec.backfill import Backfill, BackfillSource
+from ematix_dagster.spec.emit import EmitRelease
 from ematix_dagster.spec.model import DeadLetter, PipelineSpec, Run, Source, StateStoreConfig, Target
 from ematix_dagster.spec.rows import RowTransform
 from ematix_dagster.spec.rules import _fail
@@ -27,7 +28,7 @@ _SEED_001_SPELLINGS = {
 }
 
 _TOP_KEYS = {"pipeline_name", "metrics_port", "sources", "transform", "target", "dead_letter", "state_store", "run",
-             "backfill"}
+             "emit", "backfill"}
 
 
 def _take(table: Mapping[str, Any], key: str, cls: type, renames: Mapping[str, str] | None = None) -> Any:
@@ -150,6 +151,7 @@ def spec_from_dict(doc: Mapping[str, Any]) -> PipelineSpec:
                      else StateStoreConfig()),
         run=_take(doc["run"], "run", Run),
         backfill=_backfill(doc["backfill"]) if "backfill" in doc else None,
+        emit=_take(doc["emit"], "emit", EmitRelease) if "emit" in doc else None,
     )
     return spec.validate()
 
@@ -219,6 +221,8 @@ def spec_to_dict(spec: PipelineSpec) -> dict[str, Any]:
         doc["backfill"] = _table(spec.backfill, skip=("sources",))
         if spec.backfill.sources:
             doc["backfill"]["sources"] = [_table(s) for s in spec.backfill.sources]
+    if spec.emit is not None:
+        doc["emit"] = _table(spec.emit)
     return doc
 
 

@@ -62,15 +62,19 @@ class Watermarks:
 
     def advance(self, batch_time: int) -> int | None:
         """Move ``W`` forward (never back) and return it."""
-        if self.processing_time:
-            candidate: int | None = batch_time - self.lateness
-        else:
-            active = [self.clocks[s].watermark(self.lateness) for s in self.sources if not self.is_idle(s, batch_time)]
-            # A non-idle source that has never produced a valid row holds W back (it is -inf).
-            candidate = None if not active or any(w is None for w in active) else min(active)  # type: ignore[type-var]
+        candidate = self.candidate(batch_time)
         if candidate is not None and (self.global_wm is None or candidate > self.global_wm):
             self.global_wm = candidate
         return self.global_wm
+
+    def candidate(self, batch_time: int) -> int | None:
+        """What the sources' progress alone puts ``W`` at now (None: held back), before ``W``'s own floor:
+        ``[emit] sql`` releases by it, since a flush's :meth:`raise_to` must not move WATERMARK_TS()."""
+        if self.processing_time:
+            return batch_time - self.lateness
+        active = [self.clocks[s].watermark(self.lateness) for s in self.sources if not self.is_idle(s, batch_time)]
+        # A non-idle source that has never produced a valid row holds W back (it is -inf).
+        return None if not active or any(w is None for w in active) else min(active)  # type: ignore[type-var]
 
     def raise_to(self, value: int) -> None:
         """Close everything up to ``value`` (``end_of_input = "flush"``)."""

@@ -71,11 +71,12 @@ def test_dagster_dev_launch_terminate_relaunch(tmp_path, pg_dsn):
         assert {"clicks_hopping_5min_schedule", "ematix_state_migration_job_schedule",
                              "ematix_checks_job_schedule"} <= schedules, schedules
 
-        # lineage: the clicks input is one upstream asset of the four pipelines that read it
+        # lineage: the clicks input is one upstream asset of the pipelines that read it (and of a backfill)
         nodes = asset_nodes(dagit)
         assert nodes[CLICKS]["deps"] == {CLICKS_INPUT}
         assert {key for key, node in nodes.items() if CLICKS_INPUT in node["deps"]} == {
-            CLICKS, "ematix/clicks-hopping-5min", "ematix/user-sessions", "ematix/embargoed-clicks", BACKFILL}
+            CLICKS, "ematix/clicks-hopping-5min", "ematix/user-sessions", "ematix/embargoed-clicks",
+            "ematix/clicks-hourly-delayed", BACKFILL}
         assert nodes["ematix/revenue-per-channel"]["deps"] == {"files/ematix/data/orders-web",
                                                               "files/ematix/data/orders-mobile"}
         # addresses without credentials: host, port and database of the target (pg_dsn names a user)

@@ -1,0 +1,145 @@
+"""``[emit] sql`` in a windowed pipeline's batch (SPEC §11, docs/contract/delayed-windows.md).
+
+Between the engine's emission and the target write, each emitted row gets its release time from the
+``[emit]`` predicate, evaluated by Spark over the rows' window bounds, ``session_id`` and group
+columns (the query ``sql.release`` made of it, over the view ``windows``: Spark SQL's own interval
+and timestamp rules, as a row pipeline's WHERE has; guarded by ``safe_sql``: an expression that
+fails on a row is a terminal ``BatchDataError`` naming the row, since a window's row is never
+dead-lettered), and the buffer (``streaming.emit_release``)
+says which rows leave now. The batch then writes those instead of what the engine emitted, and its
+store commit carries the pending-row changes.
+
+WATERMARK_TS() is the watermark the batch's sources put W at, never below the last batch's
+(:meth:`~ematix_dagster.streaming.watermark.Watermarks.candidate`): a flush raises the engine's W
+to close every window, and that raise must not release anything (§11). It is committed with the
+batch as the counter :data:`RELEASE_WATERMARK`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from sqlglot import exp
+
+from ematix_dagster.columns import RELEASE_COLUMN, SQL_ERROR
+from ematix_dagster.errors import BatchDataError, PipelineConfigError, first_line
+from ematix_dagster.metrics import StreamingMetrics
+from ematix_dagster.spark.safe_sql import guard_sql
+from ematix_dagster.spec import PipelineSpec
+from ematix_dagster.spec.emit import predicate_columns
+from ematix_dagster.sql.emit_query import KEY, emit_plan
+from ematix_dagster.sql.parsing import parse_statement, text
+from ematix_dagster.streaming.emit_release import EmitBuffer, Released
+from ematix_dagster.streaming.emitted import Emitted
+from ematix_dagster.streaming.micro_batch import BatchResult, Engine
+from state_store.base import BatchCommit, StateStore
+
+#: the engine counter holding WATERMARK_TS() of the last batch (µs), committed with it
+RELEASE_WATERMARK = "emit_release_watermark"
+_ROW = "_emit_row"
+_LAST_US = 2**63 - 1
+
+
+@dataclass
+class EmitStage:
+    """A windowed pipeline's ``[emit]``: its release query, its buffer, and the last batch's outcome."""
+
+    pipeline: str
+    view: str  # the view the release query reads the emitted rows from (``windows`` renamed)
+    sql: str  # SELECT *, <release time> AS _release_us FROM <view>
+    columns: tuple[str, ...]  # the columns the view holds: those the predicate may name
+    buffer: EmitBuffer
+    last: Released | None = None
+
+    @classmethod
+    def open(cls, spec: PipelineSpec, store: StateStore | None, schema: pa.Schema) -> EmitStage | None:
+        """The stage of ``spec`` (None without ``[emit]``), its query analysed over the output ``schema`` and
+        its pending rows loaded from ``store``."""
+        if spec.emit is None:
+            return None
+        assert store is not None  # the spec requires a durable one
+        stage = cls.analysed(spec, schema)
+        stage.buffer.restore(store.load_pending(spec.pipeline_name, _LAST_US))
+        return stage
+
+    @classmethod
+    def analysed(cls, spec: PipelineSpec, schema: pa.Schema) -> EmitStage:
+        """The stage, its buffer empty, its query analysed by Spark over no rows of the output ``schema``
+        (``validate`` calls it too): a predicate Spark refuses (a type mismatch, an unknown function) is a
+        ``PipelineConfigError`` on ``emit.sql`` before any batch, not a failed batch."""
+        assert spec.emit is not None and spec.emit.max_buffered_rows is not None  # the spec requires both
+        columns = predicate_columns(spec)
+        tree = parse_statement(emit_plan(spec.emit.sql, columns).sql, KEY)
+        view = f"_emit_windows_{spec.pipeline_name.replace('-', '_')}"  # the pipeline's own, in a shared session
+        for table in tree.find_all(exp.Table):
+            table.set("this", exp.to_identifier(view))
+        stage = cls(spec.pipeline_name, view, guard_sql(text(tree)).sql, columns,
+                    EmitBuffer(spec.pipeline_name, spec.emit.max_buffered_rows))
+        try:
+            stage._query(schema.empty_table())
+        except Exception as exc:  # noqa: BLE001 - Spark's analysis errors have no common public type
+            raise PipelineConfigError(KEY, f"does not run over the emitted rows: {first_line(exc)}",
+                                      f"compare window bounds ({', '.join(columns[:2])}: TIMESTAMP) or group "
+                                      "columns with WATERMARK_TS(), e.g. window_end + INTERVAL 1 HOUR <= "
+                                      "WATERMARK_TS()") from None
+        return stage
+
+    def release(self, engine: Engine, result: BatchResult, batch_time: int, table: Callable[[Emitted], pa.Table],
+                first_seq: int = 0, flush: bool = False) -> BatchResult:
+        """``result`` with the rows that leave now as its emitted rows; ``table`` makes the target's table."""
+        counters = engine.counters
+        before = counters[RELEASE_WATERMARK] if RELEASE_WATERMARK in counters else None
+        watermark = before if flush else _at_least(engine.watermarks.candidate(batch_time), before)
+        if watermark is not None:
+            counters[RELEASE_WATERMARK] = watermark
+        emitted = result.emitted
+        self.last = last = self.buffer.process(result.batch_id, emitted, self._release_times(table(emitted)),
+                                               watermark, first_seq, flush)
+        counters["released_rows"] += len(last.released)
+        counters["filtered_rows:not_released"] += last.not_released
+        return replace(result, emitted=last.released)
+
+    def _query(self, rows: pa.Table) -> DataFrame:
+        """The release query over ``rows`` (numbered, to put the results back in order). The session is the
+        process's active one: the flush runs after the streaming query, with no batch's session at hand."""
+        view = rows.select(list(self.columns)).append_column(_ROW, pa.array(range(rows.num_rows), pa.int64()))
+        spark = SparkSession.active()
+        spark.createDataFrame(view).createOrReplaceTempView(self.view)
+        return spark.sql(self.sql).select(_ROW, RELEASE_COLUMN, SQL_ERROR)
+
+    def _release_times(self, rows: pa.Table) -> list[int | None]:
+        """Each row's release time, in row order."""
+        out: list[int | None] = [None] * rows.num_rows
+        if not rows.num_rows:
+            return out
+        computed = self._query(rows).toArrow()
+        for i, release, error in zip(*(computed.column(c).to_pylist() for c in (_ROW, RELEASE_COLUMN, SQL_ERROR))):
+            if error is not None:
+                raise BatchDataError(
+                    f"pipeline {self.pipeline}: [emit] sql failed on an emitted row ({error}), so its release time "
+                    f"is unknown: {rows.select(list(self.columns)).slice(i, 1).to_pylist()[0]}",
+                    way_out="write the predicate so that it cannot fail on a window bound or group value (a window "
+                            "row is never dead-lettered), then reset the pipeline or fix the predicate's input")
+            out[i] = release
+        return out
+
+    def add_to(self, commit: BatchCommit) -> None:
+        """The last batch's pending-row changes, in its store transaction."""
+        if self.last is not None:
+            commit.pending_inserts, commit.pending_released = self.last.inserts, self.last.deletes
+
+    def record(self, metrics: StreamingMetrics) -> None:
+        """Buffered, released and never-released rows, and the output watermark (as a row pipeline's)."""
+        last = self.last
+        if last is not None:
+            metrics.record_release(self.pipeline, len(last.released), last.not_released, last.pending,
+                                   last.output_watermark)
+
+
+def _at_least(value: int | None, floor: int | None) -> int | None:
+    if value is None or floor is None:
+        return floor if value is None else value
+    return max(value, floor)

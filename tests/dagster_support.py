@@ -305,36 +305,6 @@ def asset_nodes(dagit: Dagit) -> dict[str, dict]:
         "metadata": {e["label"]: e.get("text") for e in n["metadataEntries"]}} for n in data["assetNodes"]}
 
 
-def launch_partition_backfill(dagit: Dagit, asset_key: list[str], partitions: list[str]) -> str:
-    """Dagster's backfill launcher over ``partitions`` of one asset; the backfill's id."""
-    data = dagit.query("""mutation($p: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $p) {
-        __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } } }""",
-                       {"p": {"assetSelection": [{"path": asset_key}], "partitionNames": partitions}})
-    launched = data["launchPartitionBackfill"]
-    assert launched["__typename"] == "LaunchBackfillSuccess", launched
-    return launched["backfillId"]
-
-
-def backfill_state(dagit: Dagit, backfill_id: str) -> tuple[str, list[str]]:
-    """A partition backfill's status and the ids of the runs it launched."""
-    data = dagit.query("""query($id: String!) { partitionBackfillOrError(backfillId: $id) {
-        ... on PartitionBackfill { status runs { runId } } } }""", {"id": backfill_id})
-    backfill = data["partitionBackfillOrError"]
-    return backfill["status"], [r["runId"] for r in backfill["runs"]]
-
-
-def partition_materializations(dagit: Dagit, asset_key: list[str]) -> dict[str, dict[str, Any]]:
-    """Partition -> the numeric and text metadata of its latest materialization."""
-    data = dagit.query("""query($key: AssetKeyInput!) { assetOrError(assetKey: $key) { ... on Asset {
-        assetMaterializations { partition runId metadataEntries { label ... on IntMetadataEntry { intValue }
-            ... on TextMetadataEntry { text } } } } } }""", {"key": {"path": asset_key}})
-    out: dict[str, dict[str, Any]] = {}
-    for m in reversed(data["assetOrError"]["assetMaterializations"]):  # newest first: the newest wins
-        out[m["partition"]] = {"run_id": m["runId"], **{e["label"]: e.get("intValue", e.get("text"))
-                                                         for e in m["metadataEntries"]}}
-    return out
-
-
 def event_pid(dagit: Dagit, run_id: str, message_pattern: str) -> int | None:
     """The pid in the first event message matching ``message_pattern`` (one group: the pid)."""
     for event in run_events(dagit, run_id):

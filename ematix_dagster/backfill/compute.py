@@ -51,6 +51,7 @@ def derived_spec(spec: PipelineSpec, rng: BackfillRange, scratch: Path) -> Pipel
         state_store=StateStoreConfig(kind="in_memory"),
         run=Run(checkpoint_location=str(scratch / "checkpoint"), trigger="available_now", end_of_input="flush"),
         metrics_port=None,
+        emit=None,  # the range's windows go to the table now, whatever [emit] holds back when streaming
         backfill=None,
     ).validate()
 

@@ -17,6 +17,7 @@ partitions materialized with what the backfill did, the target untouched.
 from __future__ import annotations
 
 import shutil
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -29,15 +30,12 @@ from tests.dagster_support import (
     Dagit,
     assert_reads_as_a_cancel,
     asset_nodes,
-    backfill_state,
     clicks_ground_truth,
     clicks_target,
     dagster_dev_env,
     drop_clicks_target,
-    launch_partition_backfill,
     materialization_tags,
     materializations,
-    partition_materializations,
     run_events,
     terminate,
     wait_for,
@@ -47,6 +45,37 @@ from tests.dagster_support import (
 CLICKS = "public/user_clicks_1min"
 CLICKS_INPUT = "files/ematix/data/clicks"
 BACKFILL = "public/user_clicks_1min-backfill"
+
+
+def launch_partition_backfill(dagit: Dagit, asset_key: list[str], partitions: list[str]) -> str:
+    """Dagster's backfill launcher over ``partitions`` of one asset; the backfill's id."""
+    data = dagit.query("""mutation($p: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $p) {
+        __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } } }""",
+                       {"p": {"assetSelection": [{"path": asset_key}], "partitionNames": partitions}})
+    launched = data["launchPartitionBackfill"]
+    assert launched["__typename"] == "LaunchBackfillSuccess", launched
+    return launched["backfillId"]
+
+
+def backfill_state(dagit: Dagit, backfill_id: str) -> tuple[str, list[str]]:
+    """A partition backfill's status and the ids of the runs it launched."""
+    data = dagit.query("""query($id: String!) { partitionBackfillOrError(backfillId: $id) {
+        ... on PartitionBackfill { status runs { runId } } } }""", {"id": backfill_id})
+    backfill = data["partitionBackfillOrError"]
+    return backfill["status"], [r["runId"] for r in backfill["runs"]]
+
+
+def partition_materializations(dagit: Dagit, asset_key: list[str]) -> dict[str, dict[str, Any]]:
+    """Partition -> the numeric and text metadata of its latest materialization."""
+    data = dagit.query("""query($key: AssetKeyInput!) { assetOrError(assetKey: $key) { ... on Asset {
+        assetMaterializations { partition runId metadataEntries { label ... on IntMetadataEntry { intValue }
+            ... on TextMetadataEntry { text } } } } } }""", {"key": {"path": asset_key}})
+    out: dict[str, dict[str, Any]] = {}
+    for m in reversed(data["assetOrError"]["assetMaterializations"]):  # newest first: the newest wins
+        out[m["partition"]] = {"run_id": m["runId"], **{e["label"]: e.get("intValue", e.get("text"))
+                                                         for e in m["metadataEntries"]}}
+    return out
+
 
 
 @pytest.mark.slow

@@ -12,7 +12,8 @@ a test can take a database away in the middle of a batch, deterministically.
 
 Points: ``target_write`` (the target is written, the store is not), ``store_commit`` (inside the
 store transaction, before COMMIT) and ``after_store_commit`` (the store committed, Spark has not).
-The batch label is the batch id, or ``flush`` for the end-of-input flush.
+The batch label is the batch id, or ``flush`` for the end-of-input flush (a row pipeline's flush writes
+nothing: its ``after_store_commit:flush`` is where the run ends, its held rows in the store).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 :func:`run_backfill` takes the pipeline's backfill lock, refuses a range the streaming state may
 still change, recomputes the range's windows with the pipeline's own engine
-(:mod:`.compute`) and replaces them in the PostgreSQL target in one transaction: a crash
-anywhere leaves the table as it was.
+(:mod:`.compute`) and replaces them in the PostgreSQL target in one transaction, with the range's
+dead letters when their table is in the target's database: a crash anywhere leaves both as they were.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from typing import Callable
 from pyspark.sql import SparkSession
 
 from ematix_dagster import faults
-from ematix_dagster.backfill.compute import compute_windows
+from ematix_dagster.backfill.compute import compute_windows, replaces_dead_letters
 from ematix_dagster.backfill.lock import backfill_lock
 from ematix_dagster.backfill.range import BackfillRange
 from ematix_dagster.errors import BackfillRefused
 from ematix_dagster.spec import PipelineSpec
-from ematix_dagster.targets.postgres import PostgresWindowWriter
+from ematix_dagster.targets.postgres import PostgresDeadLetterWriter, PostgresWindowWriter
 
 
 @dataclass
@@ -36,6 +36,7 @@ class BackfillResult:
     rows_written: int = 0
     rows_deleted: int = 0
     rows_read: int = 0
+    dead_letters: int = 0  # the range's dead letters written (with a PostgreSQL table beside the target)
     seconds: float = 0.0
 
 
@@ -66,11 +67,18 @@ def run_backfill(spec: PipelineSpec, start: str, end: str, spark: SparkSession |
         writer = PostgresWindowWriter(resolved.target, spec.pipeline_name, computed.rows.schema,
                                       [window.window_start_column, *window.group_by],
                                       store_emit_kind=window.emit_trigger.fires_early)
+        letters = (PostgresDeadLetterWriter(resolved.dead_letter, spec.pipeline_name)
+                   if resolved.dead_letter is not None and replaces_dead_letters(spec) else None)
+        in_transaction = [] if letters is None else [lambda conn: letters.replace_range_in_transaction(
+            conn, rng.start_us, rng.end_us, computed.dead_letters)]
+        in_transaction.append(lambda conn: faults.point("backfill_commit", "range"))
         try:
-            result.rows_deleted = writer.replace_windows(
-                rng.start_us, rng.end_us, computed.rows, lambda: faults.point("backfill_commit", "range"))
+            result.rows_deleted = writer.replace_windows(rng.start_us, rng.end_us, computed.rows, in_transaction)
         finally:
             writer.close()
+            if letters is not None:
+                letters.close()
+        result.dead_letters = computed.dead_letters.num_rows if letters is not None else 0
         result.rows_written = computed.rows.num_rows
         if computed.rows.num_rows:
             result.windows = len(set(computed.rows.column(window.window_start_column).to_pylist()))

@@ -5,7 +5,8 @@ bad-row rules and caps), run on a *derived* spec: the sources read from their ar
 SQL reads only the rows whose event time the range's windows contain
 (:func:`~ematix_dagster.sql.time_range.restricted_to`), the lateness spans the whole range so no
 row is late, in-memory state, and an ``available_now`` run whose end-of-input flush emits every
-window as ``final`` into a scratch parquet directory, which is read back here.
+window as ``final`` into a scratch parquet directory, which is read back here, as are its dead
+letters when the backfill rewrites them (:func:`replaces_dead_letters`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
 from ematix_dagster.backfill.range import BackfillRange
-from ematix_dagster.spec import EmitTrigger, PipelineSpec, Run, StateStoreConfig, Target
+from ematix_dagster.columns import EVENT_TS
+from ematix_dagster.spec import DeadLetter, EmitTrigger, PipelineSpec, Run, StateStoreConfig, Target
 from ematix_dagster.sql.time_range import restricted_to
 
 
@@ -29,6 +31,14 @@ from ematix_dagster.sql.time_range import restricted_to
 class ComputedWindows:
     rows: pa.Table  # the range's window rows, as the streaming engine writes them (``_emit_kind`` final)
     rows_read: int  # input rows the derived run read (the range's event times and the rest of its files)
+    dead_letters: pa.Table  # the run's dead letters whose event time is in the range (when they are kept)
+
+
+def replaces_dead_letters(spec: PipelineSpec) -> bool:
+    """Whether a backfill rewrites the range's dead letters too: a PostgreSQL dead-letter table in
+    the target's database, so that they change in the target's transaction."""
+    dl, target = spec.resolved().dead_letter, spec.resolved().target
+    return dl is not None and dl.kind == "postgres" and dl.url == target.url
 
 
 def derived_spec(spec: PipelineSpec, rng: BackfillRange, scratch: Path) -> PipelineSpec:
@@ -47,7 +57,9 @@ def derived_spec(spec: PipelineSpec, rng: BackfillRange, scratch: Path) -> Pipel
         window_spec=replace(window, lateness_ms=whole_range_ms, late_data="drop", allowed_lateness_ms=None,
                             emit_trigger=EmitTrigger(), crash_recovery="at_least_once"),
         target=Target(kind="parquet", path=str(scratch / "windows")),
-        dead_letter=None,
+        dead_letter=(DeadLetter(kind="parquet", path=str(scratch / "dead_letters"),
+                                include_source_row=spec.dead_letter.include_source_row)
+                     if spec.dead_letter is not None and replaces_dead_letters(spec) else None),
         state_store=StateStoreConfig(kind="in_memory"),
         run=Run(checkpoint_location=str(scratch / "checkpoint"), trigger="available_now", end_of_input="flush"),
         metrics_port=None,
@@ -63,13 +75,18 @@ def compute_windows(spec: PipelineSpec, rng: BackfillRange, scratch: Path, spark
 
     derived = derived_spec(spec, rng, scratch)
     summary = PipelineRunner(derived, spark=spark, progress=progress, batch_progress=lambda report: None).run()
-    files = sorted((scratch / "windows").glob("batch_id=*/*.parquet"))
+    rows = _in_range(scratch / "windows", spec.window.window_start_column, rng)
+    return ComputedWindows(rows, summary.rows_in, _in_range(scratch / "dead_letters", EVENT_TS, rng))
+
+
+def _in_range(directory: Path, time_column: str, rng: BackfillRange) -> pa.Table:
+    """The rows a parquet writer left in ``directory`` whose ``time_column`` is in the range."""
+    files = sorted(directory.glob("batch_id=*/*.parquet"))
     if not files:
-        return ComputedWindows(pa.table({}), summary.rows_in)
-    rows = pa.concat_tables([pq.read_table(f) for f in files])
-    start = pc.cast(rows.column(spec.window.window_start_column), pa.int64())
-    inside = pc.and_(pc.greater_equal(start, rng.start_us), pc.less(start, rng.end_us))
-    return ComputedWindows(rows.filter(inside), summary.rows_in)
+        return pa.table({})
+    rows = pa.concat_tables([pq.read_table(f) for f in files], promote_options="permissive")
+    at = pc.cast(rows.column(time_column), pa.int64())
+    return rows.filter(pc.fill_null(pc.and_(pc.greater_equal(at, rng.start_us), pc.less(at, rng.end_us)), False))
 
 
-__all__ = ["ComputedWindows", "compute_windows", "derived_spec"]
+__all__ = ["ComputedWindows", "compute_windows", "derived_spec", "replaces_dead_letters"]

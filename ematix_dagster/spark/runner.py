@@ -18,6 +18,7 @@ from typing import Callable, Iterator
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from ematix_dagster import faults
 from ematix_dagster.errors import (
     CheckpointDiverged,
     FingerprintChanged,
@@ -354,12 +355,12 @@ class PipelineRunner:
                                f"{first_line(exc)}") from exc
 
     def _finish(self) -> Iterator[BatchReport]:
-        """The end of an ``available_now`` run: the end-of-input flush, or what stays open. A row
-        pipeline's held rows wait for the watermark (WATERMARK_TS() never moves by a flush)."""
+        """The end of an ``available_now`` run: the flush, or what stays open (held rows wait for W)."""
         spec, engine, step = self.spec, self.engine, self.step
         if spec.run.trigger != "available_now" or self._stopping:
             return
-        if isinstance(engine, RowEngine):
+        if isinstance(engine, RowEngine):  # its flush writes and commits nothing: the point is where it would
+            faults.point("after_store_commit", "flush")
             if engine.pending and self.store is not None:
                 self.progress(f"[{spec.pipeline_name}] input exhausted: {engine.pending} rows held back by WATERMARK_TS() "
                               f"stay in {self.store.description} until the watermark reaches their release time")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import psycopg
 import pyarrow as pa
@@ -51,6 +51,8 @@ from ematix_dagster.targets.pg_write import (
 )
 
 _PAYLOAD_COLUMN = "payload"
+#: the ``_batch_id`` of dead letters a backfill wrote (no streamed batch has it, so no replay deletes them)
+BACKFILL_BATCH_ID = -1
 
 
 class PostgresWindowWriter:
@@ -126,10 +128,11 @@ class PostgresWindowWriter:
             upsert(cur, self._pg, rows, self.columns, self.key_columns)
 
     def replace_windows(self, start_us: int, end_us: int, rows: pa.Table,
-                        before_commit: Callable[[], None] = lambda: None) -> int:
+                        in_transaction: Sequence[Callable[[psycopg.Connection], None]] = ()) -> int:
         """One transaction: delete every row whose window starts in [start_us, end_us), write ``rows``
-        (a backfill's windows of that range), commit; how many rows it deleted. Without rows the
-        writer may know no columns: the table is then only checked to exist, by the delete."""
+        (a backfill's windows of that range), run ``in_transaction`` (the range's dead letters),
+        commit; how many rows it deleted. Without rows the writer may know no columns: the table is
+        then only checked to exist, by the delete."""
         if rows.num_rows and not self._opened:
             self.open()
         conn = self._pg.connect()
@@ -140,7 +143,8 @@ class PostgresWindowWriter:
                     t=self._pg.ident, w=sql.Identifier(self.key_columns[0])), bounds)
                 deleted = cur.rowcount
             self.write_in_transaction(conn, 0, rows)
-            before_commit()
+            for callback in in_transaction:
+                callback(conn)
             conn.commit()
         except psycopg.Error as exc:
             self._pg.drop_broken_connection()
@@ -207,6 +211,26 @@ class PostgresDeadLetterWriter:
         if rows.num_rows == 0:
             return
         require_transaction(conn)
+        with conn.cursor() as cur:
+            delete_batch(cur, self._pg.ident, batch_id)
+        self._copy(conn, batch_id, rows)
+
+    def replace_range_in_transaction(self, conn: psycopg.Connection, start_us: int, end_us: int,
+                                     rows: pa.Table) -> None:
+        """A backfill's: delete the dead letters whose event time is in [start_us, end_us) (the stream's
+        ``late`` ones included: the backfill counted those rows), then write ``rows`` under
+        :data:`BACKFILL_BATCH_ID`, in ``conn``'s transaction."""
+        require_transaction(conn)
+        bounds = [_EPOCH + dt.timedelta(microseconds=us) for us in (start_us, end_us)]
+        if not self._opened:
+            self.open()
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL("DELETE FROM {t} WHERE {ts} >= %s AND {ts} < %s").format(
+                t=self._pg.ident, ts=sql.Identifier(EVENT_TS)), bounds)
+        if rows.num_rows:
+            self._copy(conn, BACKFILL_BATCH_ID, rows)
+
+    def _copy(self, conn: psycopg.Connection, batch_id: int, rows: pa.Table) -> None:
         for c in (SOURCE, REASON):
             if c not in rows.column_names:
                 raise ValueError(f"dead-letter rows of batch {batch_id} lack the {c} column")
@@ -234,7 +258,6 @@ class PostgresDeadLetterWriter:
                        json.dumps(payload, allow_nan=False, ensure_ascii=False))
 
         with conn.cursor() as cur:
-            delete_batch(cur, self._pg.ident, batch_id)
             copy_rows(cur, self._pg.ident, [*DEAD_LETTER_COLUMNS, _PAYLOAD_COLUMN], copy_values())
 
     def close(self) -> None:

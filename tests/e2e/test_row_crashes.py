@@ -14,11 +14,12 @@ plain ``run`` until it exits 0:
 * exactly-once PostgreSQL (``same_transaction = true``, PostgreSQL store, no key: ``_batch_id``): killed inside
   batch 0's transaction (nothing of it committed: its held rows and its target rows come back with the replay) and
   inside batch 2's transaction, after its target rows are inserted and its released rows deleted from the store, before
-  COMMIT; the table equals the oracle, each row with the batch that released it. (With ``same_transaction`` the
+  COMMIT, and at the end of input; the table equals the oracle, each row with the batch that released it. (With ``same_transaction`` the
   ``target_write`` point comes before anything is written, so one kill inside the transaction is the case.)
 
-Each restart starts a JVM (about 20 s on a busy machine), so the kills are few. A row pipeline has no end-of-input
-flush step (``end_of_input = "flush"`` releases nothing), so there is no ``flush`` fault point to meet.
+A fourth kill comes at the end of input (``after_store_commit:flush``, ``end_of_input = "flush"``): a row pipeline's
+flush releases and writes nothing, so the restart finds every batch done and the last batch's held rows still pending,
+and ends with the same output. Each restart starts a JVM (about 20 s on a busy machine), so the kills are few.
 """
 
 from __future__ import annotations
@@ -66,8 +67,8 @@ def test_kills_keep_held_rows_and_rewrite_parquet_batches_identically(tmp_path, 
         written = parquet_batches(out) if Path(out).exists() else {}
         snapshots.append((offsets_written(cp), written, state["last_batch_id"], state["pending"]["rows"]))
 
-    assert run_with_kills(toml, tmp_path / "faults", "target_write:0,store_commit:2,after_store_commit:3",
-                          snapshot) == 3
+    assert run_with_kills(toml, tmp_path / "faults",
+                          "target_write:0,store_commit:2,after_store_commit:3,after_store_commit:flush", snapshot) == 4
     outs = oracle_run(feed, cp, DELAYED_QUERY)
     assert len(outs) == len(BATCHES), "one micro-batch per file"
     final = parquet_batches(out)
@@ -75,8 +76,10 @@ def test_kills_keep_held_rows_and_rewrite_parquet_batches_identically(tmp_path, 
 
     # after each kill: the store holds the last committed batch and exactly the rows the oracle held after it
     assert [(sorted(ids), committed) for ids, _, committed, _ in snapshots] == [
-        ([0], None), ([0, 1, 2], 1), ([0, 1, 2, 3], 3)]  # the last: committed, not yet recorded by Spark (replayed)
-    assert [pending for *_, pending in snapshots] == [0, len(outs[1].held), len(outs[3].held)]
+        ([0], None), ([0, 1, 2], 1), ([0, 1, 2, 3], 3),  # committed, not yet recorded by Spark (replayed)
+        ([0, 1, 2, 3, 4], 4)]  # the end of input: every batch done, the last one's held rows kept
+    assert [pending for *_, pending in snapshots] == [0, len(outs[1].held), len(outs[3].held), len(outs[4].held)]
+    assert outs[4].held and snapshots[3][1] == final, "the end-of-input kill met held rows and wrote nothing more"
     assert len(outs[1].held) > 0 and 0 in snapshots[0][1] and 2 in snapshots[1][1], "the kills met held rows"
     for ids, before, _, _ in snapshots:
         for batch_id in ids:
@@ -93,12 +96,12 @@ def test_kills_keep_held_rows_in_exactly_once_postgres(tmp_path, batch_files, pg
                     target=postgres_target(pg_dsn, table, same_transaction=True))
     spec = load_pipeline(toml)
     pending: list[int] = []
-    assert run_with_kills(toml, tmp_path / "faults", "store_commit:0,store_commit:2",
-                          lambda: pending.append(summary(spec, windows=False)["pending"]["rows"])) == 2
+    assert run_with_kills(toml, tmp_path / "faults", "store_commit:0,store_commit:2,after_store_commit:flush",
+                          lambda: pending.append(summary(spec, windows=False)["pending"]["rows"])) == 3
 
     outs = oracle_run(feed, spec.run.checkpoint_location, DELAYED_QUERY)
     released = {h.row["id"] for h in outs[2].released} & {h.row["id"] for h in outs[1].held}
-    assert pending == [0, len(outs[1].held)] and outs[0].held and released, \
+    assert pending == [0, len(outs[1].held), len(outs[4].held)] and outs[0].held and released, \
         "batch 0's held rows were lost with its transaction; batch 1's were found by the second kill, some released by batch 2"
     got = by_batch(postgres_rows(pg_dsn, table, ["id", "k", "v", "page", "_event_ts", "_batch_id"]))
     assert got == {b: sorted(rows, key=repr) for b, rows in expected_batches(outs).items()}

@@ -38,7 +38,7 @@ def restricted_to(sql: str | None, lo_us: int, hi_us: int, key: str = "transform
     for select in list(tree.find_all(exp.Select)):
         from_ = select.args.get("from_")
         table = from_.this if from_ is not None else None
-        if _reads_source(table):
+        if isinstance(table, exp.Table) and _reads_source(table):
             select.where(_in_range(table.alias_or_name, lo_us, hi_us), append=True, copy=False)
             restricted.add(id(table))
     for table in list(tree.find_all(exp.Table)):

@@ -41,7 +41,7 @@ def test_the_example_location_shares_the_clicks_input_and_gives_every_source_an_
     asset_graph = definitions.defs.get_repository_def().asset_graph
     readers = {key.to_user_string() for key in asset_graph.get(CLICKS).child_keys}
     assert readers == {"public/user_clicks_1min", "ematix/clicks-hopping-5min", "ematix/user-sessions",
-                       "ematix/embargoed-clicks"}
+                       "ematix/embargoed-clicks", "ematix/clicks-hourly-delayed", "public/user_clicks_1min-backfill"}
     assert asset_graph.get(CLICKS).is_external and not asset_graph.get(CLICKS).is_materializable
     revenue = asset_graph.get(dg.AssetKey(["ematix", "revenue-per-channel"]))
     assert {k.to_user_string() for k in revenue.parent_keys} == {"files/ematix/data/orders-web",

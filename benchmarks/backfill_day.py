@@ -25,15 +25,18 @@ import statistics
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import tomli_w
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from generated_data import SCHEMA_DDL, generate  # noqa: E402
+import generated_data  # noqa: E402
+from generated_data import generate  # noqa: E402
 from measure import CpuMeter, PostgresBackends  # noqa: E402
 from run_setup import add_data_arguments, settle  # noqa: E402
 
@@ -47,52 +50,13 @@ DAY = ("2024-01-01", "2024-01-02")
 
 
 def pipeline_toml(data: Path, work: Path, url: str, schema: str) -> str:
-    return f"""
-pipeline_name = "{PIPELINE}"
-
-[[sources]]
-name = "events"
-kind = "files"
-format = "parquet"
-path = "{data}"
-schema = "{SCHEMA_DDL}"
-event_time_column = "ts"
-max_files_per_trigger = 1
-
-[transform.window]
-kind = "tumbling"
-duration_ms = 60_000
-lateness_ms = 5_000
-source_idleness_ms = 3_600_000
-group_by = ["key"]
-max_groups_per_window = 1_000_000
-
-[[transform.window.aggregations]]
-agg = "count"
-as = "n"
-
-[[transform.window.aggregations]]
-agg = "sum"
-column = "amount"
-as = "total"
-
-[target]
-kind = "postgres"
-url = "{url}"
-table = "{schema}.windows"
-create_table = true
-
-[state_store]
-kind = "sqlite"
-path = "{work / 'state.db'}"
-
-[run]
-checkpoint_location = "{work / 'checkpoint'}"
-
-[backfill]
-partition = "daily"
-start = "2024-01-01"
-"""
+    """``generated_data``'s benchmark pipeline (1-minute tumbling windows, count + sum per key, SQLite
+    state), its target a PostgreSQL table, with ``[backfill]``."""
+    doc = tomllib.loads(generated_data.pipeline_toml(PIPELINE, data, work, 'kind = "tumbling"\nduration_ms = 60_000',
+                                                     1_000_000, "", 'trigger = "available_now"'))
+    doc["target"] = {"kind": "postgres", "url": url, "table": f"{schema}.windows", "create_table": True}
+    doc["backfill"] = {"partition": "daily", "start": "2024-01-01"}
+    return tomli_w.dumps(doc)
 
 
 def closing_file(data: Path, files: int) -> None:

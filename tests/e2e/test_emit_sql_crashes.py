@@ -4,16 +4,18 @@ is one ``ematix-dagster run`` process group over ``trigger_helpers.BATCHES`` (``
 restarted until it exits 0, then compared with the ``[emit]`` oracle (tests/e2e/emit_oracle.py):
 
 * parquet target with ``retractions``, SQLite store: killed when batch 0's rows are written (nothing of it
-  committed) and when the flush's (empty) file is written (its waiting rows not committed). Every batch
+  committed), right after batch 2's store commit (Spark replays it; the store skips it) and when the flush's
+  (empty) file is written (its waiting rows not committed). Every batch
   directory written before a kill holds the same rows at the end, the output equals the oracle (finals wait
   while corrections replace them and, after their retract, still leave as finals; ``b``'s rows leave at once,
   the NULL group's never), and the store holds as many waiting rows as the oracle. Then one more file, run in
   this process: the flush's rows left nothing in the flush and leave in that later batch;
 * exactly-once PostgreSQL (``same_transaction``, PostgreSQL store): killed inside batch 2's transaction (its
-  target rows, waiting rows and state roll back together); the table equals the released rows folded by key.
+  target rows, waiting rows and state roll back together) and right after the flush's commit (its waiting rows
+  kept); the table equals the released rows folded by key.
 
-Each restart starts a JVM (about 20 s on a busy machine), so the kills are few: batch 0 and the flush on
-parquet, the middle of the run inside PostgreSQL's transaction.
+Each restart starts a JVM (about 20 s on a busy machine), so the kills are few: every point once, batch 0, the
+middle and the flush each met at least once.
 """
 
 from __future__ import annotations
@@ -51,8 +53,9 @@ def test_kills_keep_waiting_rows_and_a_later_batch_releases_the_flush(tmp_path, 
     def snapshot() -> None:
         snapshots.append((offsets_written(cp), read_target(out)))
 
-    assert run_with_kills(toml, tmp_path / "faults", "target_write:0,target_write:flush", snapshot) == 2
-    assert [sorted(ids) for ids, _ in snapshots] == [[0], list(range(LAST + 1))]
+    assert run_with_kills(toml, tmp_path / "faults", "target_write:0,after_store_commit:2,target_write:flush",
+                          snapshot) == 3
+    assert [sorted(ids) for ids, _ in snapshots] == [[0], [0, 1, 2], list(range(LAST + 1))]
     final = read_target(out)
     for ids, before in snapshots:
         for batch_id in ids:
@@ -86,7 +89,7 @@ def test_a_kill_inside_exactly_once_postgres_keeps_the_table_exact(tmp_path, pg_
     toml.write_text(pipeline_text("emit-crash-pg", tmp_path, cfg, store=postgres_store(pg_dsn, pg_schema),
                                   target=postgres_target(pg_dsn, table, same_transaction=True)) + emit_table())
     spec = load_pipeline(toml)
-    assert run_with_kills(toml, tmp_path / "faults", "store_commit:2") == 1
+    assert run_with_kills(toml, tmp_path / "faults", "store_commit:2,after_store_commit:flush") == 2
 
     want = expected(feed, spec.run.checkpoint_location, cfg, flush_after={LAST})
     folded: dict[tuple, tuple] = {}

@@ -48,7 +48,7 @@ from ematix_dagster.errors import StateCapExceeded
 from ematix_dagster.sql.release import RELEASE_NOW
 from ematix_dagster.streaming.emitted import Emitted, EmittedRow, GroupKey
 from state_store.base import PendingRow
-from state_store.codec import decode_key, decode_state, encode_key, encode_state
+from state_store.codec import decode_key, decode_row, encode_key, encode_row
 
 RowKey = tuple[int, GroupKey]  # (window start, group key): what a newer row of the window replaces
 
@@ -66,14 +66,15 @@ class Waiting(NamedTuple):
         return self.release_us, self.arrival_batch, self.seq
 
     def stored(self) -> PendingRow:
-        """As the store keeps it: its window end stands for its event time (the output watermark's input)."""
+        """As the store keeps it (the held-row codec, as a row pipeline's held rows): its window end stands
+        for its event time (the output watermark's input)."""
         row = self.row
-        payload = encode_state([row.start, row.end, encode_key(row.key), row.kind, tuple(row.values)])
+        payload = encode_row([row.start, row.end, encode_key(row.key), row.kind, tuple(row.values)])
         return PendingRow(self.release_us, self.arrival_batch, self.seq, row.end, payload)
 
     @classmethod
     def loaded(cls, pending: PendingRow) -> Waiting:
-        start, end, key, kind, values = decode_state(pending.payload)
+        start, end, key, kind, values = decode_row(pending.payload)
         row = EmittedRow(start, end, decode_key(key), tuple(values), kind)
         return cls(pending.release_us, pending.arrival_batch, pending.seq, row)
 

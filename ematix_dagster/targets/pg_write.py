@@ -7,6 +7,7 @@ state and output together (exactly-once). Identifiers always go through :mod:`ps
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any, Iterable, Protocol, Sequence
 
 import psycopg
@@ -15,7 +16,7 @@ from psycopg import sql
 
 from ematix_dagster.columns import BATCH_ID
 from ematix_dagster.targets.pg_table import PostgresTable
-from ematix_dagster.targets.pg_types import _python_columns
+from ematix_dagster.targets.pg_types import _EPOCH, _python_columns
 
 #: a staged row's position in its batch, so that the last row of a key can win
 _ORD_COLUMN = "__ematix_row_ord"
@@ -79,6 +80,14 @@ def copy_rows(cur: psycopg.Cursor, table: sql.Composable, columns: Sequence[str]
 def delete_batch(cur: psycopg.Cursor, table: sql.Composable, batch_id: int) -> None:
     """Delete the rows an earlier attempt of batch ``batch_id`` wrote (a replay then writes them again)."""
     cur.execute(sql.SQL("DELETE FROM {} WHERE {} = %s").format(table, sql.Identifier(BATCH_ID)), (batch_id,))
+
+
+def delete_time_range(cur: psycopg.Cursor, table: sql.Composable, column: str, start_us: int, end_us: int) -> int:
+    """Delete the rows whose timestamptz ``column`` is in [start_us, end_us) (a backfill's range); how many."""
+    bounds = [_EPOCH + dt.timedelta(microseconds=us) for us in (start_us, end_us)]
+    cur.execute(sql.SQL("DELETE FROM {t} WHERE {c} >= %s AND {c} < %s").format(t=table, c=sql.Identifier(column)),
+                bounds)
+    return cur.rowcount
 
 
 def stage_rows(cur: psycopg.Cursor, stage: str, pg: PostgresTable, rows: pa.Table, columns: Sequence[str],

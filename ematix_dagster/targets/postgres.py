@@ -18,7 +18,6 @@ which ``open()`` checks.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from typing import Any, Callable, Iterator, Sequence
 
@@ -31,7 +30,6 @@ from ematix_dagster.columns import BATCH_ID, DEAD_LETTER_COLUMNS, EMIT_KIND, EMI
 from ematix_dagster.spec import DeadLetter, Target
 from ematix_dagster.targets.pg_table import PostgresTable
 from ematix_dagster.targets.pg_types import (
-    _EPOCH,
     PG_MIN_US,
     _json_value,
     _normalize_column,
@@ -44,6 +42,7 @@ from ematix_dagster.targets.pg_write import (
     commit_write,
     copy_rows,
     delete_batch,
+    delete_time_range,
     require_columns,
     require_transaction,
     stage_rows,
@@ -136,12 +135,9 @@ class PostgresWindowWriter:
         if rows.num_rows and not self._opened:
             self.open()
         conn = self._pg.connect()
-        bounds = [_EPOCH + dt.timedelta(microseconds=us) for us in (start_us, end_us)]
         try:
             with conn.cursor() as cur:
-                cur.execute(sql.SQL("DELETE FROM {t} WHERE {w} >= %s AND {w} < %s").format(
-                    t=self._pg.ident, w=sql.Identifier(self.key_columns[0])), bounds)
-                deleted = cur.rowcount
+                deleted = delete_time_range(cur, self._pg.ident, self.key_columns[0], start_us, end_us)
             self.write_in_transaction(conn, 0, rows)
             for callback in in_transaction:
                 callback(conn)
@@ -221,12 +217,10 @@ class PostgresDeadLetterWriter:
         ``late`` ones included: the backfill counted those rows), then write ``rows`` under
         :data:`BACKFILL_BATCH_ID`, in ``conn``'s transaction."""
         require_transaction(conn)
-        bounds = [_EPOCH + dt.timedelta(microseconds=us) for us in (start_us, end_us)]
         if not self._opened:
             self.open()
         with conn.cursor() as cur:
-            cur.execute(sql.SQL("DELETE FROM {t} WHERE {ts} >= %s AND {ts} < %s").format(
-                t=self._pg.ident, ts=sql.Identifier(EVENT_TS)), bounds)
+            delete_time_range(cur, self._pg.ident, EVENT_TS, start_us, end_us)
         if rows.num_rows:
             self._copy(conn, BACKFILL_BATCH_ID, rows)
 

@@ -127,10 +127,9 @@ def cmd_reset(spec: PipelineSpec, yes: bool) -> int:
 
 def cmd_backfill(spec: PipelineSpec, start: str, end: str) -> int:
     from ematix_dagster.backfill import run_backfill
-    from ematix_dagster.spec.backfill import format_instant
 
     r = run_backfill(spec, start, end, progress=lambda line: print(line, file=sys.stderr, flush=True))
-    print(f"[{spec.pipeline_name}] backfilled [{format_instant(r.start_us)}, {format_instant(r.end_us)}): "
+    print(f"[{spec.pipeline_name}] backfilled {r.span}: "
           f"{r.windows} windows, {r.rows_written} rows written, {r.rows_deleted} rows replaced, {r.rows_read} rows "
           f"read, {r.seconds:.1f} s")
     return 0

@@ -30,8 +30,7 @@ class BackfillResult:
     """What one backfill did (the CLI's line, Dagster's metadata)."""
 
     pipeline: str
-    start_us: int
-    end_us: int
+    span: BackfillRange  # the range rewritten
     windows: int = 0  # distinct window starts rewritten
     rows_written: int = 0
     rows_deleted: int = 0
@@ -51,7 +50,7 @@ def run_backfill(spec: PipelineSpec, start: str, end: str, spark: SparkSession |
                               "add [backfill] with partition and start (docs/contract/backfill.md)")
     rng = BackfillRange.parse(spec.backfill, start, end)
     resolved = spec.resolved()
-    result = BackfillResult(spec.pipeline_name, rng.start_us, rng.end_us)
+    result = BackfillResult(spec.pipeline_name, rng)
     with backfill_lock(resolved):
         with opened(spec) as store:
             record = store.load(spec.pipeline_name, groups=False).record

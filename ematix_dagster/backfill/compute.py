@@ -37,8 +37,9 @@ class ComputedWindows:
 def replaces_dead_letters(spec: PipelineSpec) -> bool:
     """Whether a backfill rewrites the range's dead letters too: a PostgreSQL dead-letter table in
     the target's database, so that they change in the target's transaction."""
-    dl, target = spec.resolved().dead_letter, spec.resolved().target
-    return dl is not None and dl.kind == "postgres" and dl.url == target.url
+    resolved = spec.resolved()
+    dl = resolved.dead_letter
+    return dl is not None and dl.kind == "postgres" and dl.url == resolved.target.url
 
 
 def derived_spec(spec: PipelineSpec, rng: BackfillRange, scratch: Path) -> PipelineSpec:

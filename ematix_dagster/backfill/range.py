@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from ematix_dagster.errors import BackfillRefused
 from ematix_dagster.spec import PipelineSpec, Window
-from ematix_dagster.spec.backfill import PARTITION_UNITS, Backfill, format_instant, parse_instant
+from ematix_dagster.spec.backfill import PARTITION_UNITS, Backfill, parse_instant
+from ematix_dagster.streaming.windows.units import format_us
 
 _US_PER_MS = 1_000
 
@@ -40,19 +41,22 @@ class BackfillRange:
         size = backfill.partition_us
         for name, value in (("--from", a), ("--to", b)):
             if value % size:
-                raise BackfillRefused(name, f"{format_instant(value)} is not the start of "
+                raise BackfillRefused(name, f"{format_us(value)} is not the start of "
                                       f"{PARTITION_UNITS[backfill.partition]} (UTC): [backfill] partition = "
                                       f"{backfill.partition!r}",
-                                      f"use {format_instant(value - value % size)} or "
-                                              f"{format_instant(value - value % size + size)}")
+                                      f"use {format_us(value - value % size)} or "
+                                              f"{format_us(value - value % size + size)}")
         if b <= a:
-            raise BackfillRefused("--to", f"the range [{format_instant(a)}, {format_instant(b)}) is empty",
+            raise BackfillRefused("--to", f"the range {cls(a, b)} is empty",
                                   "give --to after --from")
         if a < backfill.start_us:
-            raise BackfillRefused("--from", f"the range starts at {format_instant(a)}, before [backfill] start = "
-                                  f"{format_instant(backfill.start_us)} (the first partition)",
+            raise BackfillRefused("--from", f"the range starts at {format_us(a)}, before [backfill] start = "
+                                  f"{format_us(backfill.start_us)} (the first partition)",
                                   "backfill from the start on, or move [backfill] start back")
         return cls(a, b)
+
+    def __str__(self) -> str:
+        return f"[{format_us(self.start_us)}, {format_us(self.end_us)})"
 
     def partitions(self, backfill: Backfill) -> int:
         return (self.end_us - self.start_us) // backfill.partition_us
@@ -78,16 +82,15 @@ class BackfillRange:
         window = spec.window
         last_end = self.last_start(window) + window.duration_ms * _US_PER_MS  # type: ignore[operator]
         closed_at = last_end + window.retention_ms * _US_PER_MS
-        text = f"[{format_instant(self.start_us)}, {format_instant(self.end_us)})"
         if watermark_us is None:
             raise BackfillRefused("--from", f"pipeline {spec.pipeline_name}: the state store holds no watermark, so the "
-                                  f"streaming run has not passed the range {text} yet and would write its windows too",
+                                  f"streaming run has not passed the range {self} yet and would write its windows too",
                                   "run the pipeline first, until its watermark is past the range")
         if closed_at > watermark_us:
             raise BackfillRefused(
-                "--to", f"pipeline {spec.pipeline_name}: the streaming state still holds windows of the range {text}: its "
-                f"last window ends at {format_instant(last_end)}, held until {format_instant(closed_at)}, and the "
-                f"stored watermark is {format_instant(watermark_us)}",
+                "--to", f"pipeline {spec.pipeline_name}: the streaming state still holds windows of the range {self}: "
+                f"its last window ends at {format_us(last_end)}, held until {format_us(closed_at)}, and the "
+                f"stored watermark is {format_us(watermark_us)}",
                 "backfill an earlier range, or wait until the watermark has passed this one")
 
 

@@ -19,15 +19,15 @@ from ematix_dagster.dagster.pipeline import PIPELINE_TAG, EmatixPipeline
 from ematix_dagster.dagster.resources import EmatixSparkResource, MetricsResource, StateStoreResource
 from ematix_dagster.dagster.translator import EmatixTranslator
 from ematix_dagster.errors import PipelineConfigError
-from ematix_dagster.spec.backfill import Backfill, format_instant
+from ematix_dagster.spec.backfill import Backfill, start_datetime
 
 
 def backfill_partitions(backfill: Backfill) -> dg.TimeWindowPartitionsDefinition:
     """``[backfill]``'s partitions as Dagster's (UTC)."""
-    start = format_instant(backfill.start_us)  # 2024-01-01T00:00:00Z
+    start = start_datetime(backfill.start_us)
     if backfill.partition == "hourly":
-        return dg.HourlyPartitionsDefinition(start_date=f"{start[:10]}-{start[11:16]}", timezone="UTC")
-    return dg.DailyPartitionsDefinition(start_date=start[:10], timezone="UTC")
+        return dg.HourlyPartitionsDefinition(start_date=start, timezone="UTC")
+    return dg.DailyPartitionsDefinition(start_date=start, timezone="UTC")
 
 
 def backfill_asset(pipeline: PipelineLike, *, translator: Optional[EmatixTranslator] = None,
@@ -76,10 +76,10 @@ def _asset(p: EmatixPipeline, translator: EmatixTranslator, backfill: Backfill, 
                                   window.end.isoformat(), spark=spark.spark_session, progress=context.log.info)
         except Exception as exc:  # noqa: BLE001 - classified as the streaming asset classifies
             raise failure(context, p, exc) from exc
-        context.log.info(f"backfill {p.name}: [{format_instant(result.start_us)}, {format_instant(result.end_us)}) "
-                         f"rewritten: {result.windows} windows, {result.rows_written} rows")
+        context.log.info(f"backfill {p.name}: {result.span} rewritten: {result.windows} windows, "
+                         f"{result.rows_written} rows")
         return dg.MaterializeResult(metadata={
-            "range": f"[{format_instant(result.start_us)}, {format_instant(result.end_us)})",
+            "range": str(result.span),
             "windows_rewritten": result.windows, "rows_written": result.rows_written,
             "rows_replaced": result.rows_deleted, "rows_read": result.rows_read,
             "duration_seconds": round(result.seconds, 3)})

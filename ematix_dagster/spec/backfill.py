@@ -36,10 +36,14 @@ def parse_instant(text: str, key: str) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
-def format_instant(us: int) -> str:
-    """µs since the epoch as the ISO-8601 text messages show (UTC)."""
-    moment = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=us)
-    return moment.isoformat().replace("+00:00", "Z")
+def start_datetime(us: int) -> dt.datetime:
+    """µs since the epoch as a UTC ``datetime`` (Dagster's partitions start at one)."""
+    return dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=us)
+
+
+def _text(us: int) -> str:
+    """A boundary as this module's messages show it (``streaming.windows.units.format_us`` is above the spec)."""
+    return start_datetime(us).isoformat().replace("+00:00", "Z")
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,7 @@ class Backfill:
                   " or ".join(f'"{name}"' for name in PARTITIONS))
         if self.start_us % self.partition_us:
             _fail(f"{key}.start", f"{self.start!r} is not the start of {PARTITION_UNITS[self.partition]} (UTC)",
-                  f"use {format_instant(self.start_us - self.start_us % self.partition_us)} or a later boundary")
+                  f"use {_text(self.start_us - self.start_us % self.partition_us)} or a later boundary")
         names = [s.name for s in self.sources]
         for i, source in enumerate(self.sources):
             if names.index(source.name) != i:
@@ -84,4 +88,4 @@ class Backfill:
                 _fail(f"{key}.sources[{i}].path", "is empty", "give the directory holding the source's archived files")
 
 
-__all__ = ["PARTITIONS", "PARTITION_UNITS", "Backfill", "BackfillSource", "format_instant", "parse_instant"]
+__all__ = ["PARTITIONS", "PARTITION_UNITS", "Backfill", "BackfillSource", "parse_instant", "start_datetime"]

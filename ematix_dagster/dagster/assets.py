@@ -93,7 +93,7 @@ def _tag_run(context: Any, tags: Mapping[str, str]) -> None:
         log.warning("could not tag run: %s", exc)
 
 
-def _failure(context: Any, pipeline: EmatixPipeline, exc: BaseException) -> dg.Failure:
+def pipeline_failure(context: Any, pipeline: EmatixPipeline, exc: BaseException) -> dg.Failure:
     """Classify ``exc`` (terminal / transient / lease_held), tag the run, build the ``Failure``."""
     exc = classify(exc, pipeline.name)
     if isinstance(exc, LeaseHeld):
@@ -195,7 +195,7 @@ def run_pipeline_events(context: Any, pipeline: EmatixPipeline, config: Pipeline
             if events is not None:
                 events.close()
             watcher.end_process()
-        raise _failure(context, pipeline, exc) from exc
+        raise pipeline_failure(context, pipeline, exc) from exc
     finally:
         if watcher is not None:
             watcher.close()

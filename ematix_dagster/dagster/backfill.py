@@ -13,8 +13,7 @@ from typing import Optional
 
 import dagster as dg
 
-from ematix_dagster.dagster.assets import PipelineLike, effective_spec
-from ematix_dagster.dagster.assets import _failure as failure  # the streaming asset's classification
+from ematix_dagster.dagster.assets import PipelineLike, effective_spec, pipeline_failure
 from ematix_dagster.dagster.pipeline import PIPELINE_TAG, EmatixPipeline
 from ematix_dagster.dagster.resources import EmatixSparkResource, MetricsResource, StateStoreResource
 from ematix_dagster.dagster.translator import EmatixTranslator
@@ -75,7 +74,7 @@ def _asset(p: EmatixPipeline, translator: EmatixTranslator, backfill: Backfill, 
             result = run_backfill(effective_spec(p.spec, state_store, metrics), window.start.isoformat(),
                                   window.end.isoformat(), spark=spark.spark_session, progress=context.log.info)
         except Exception as exc:  # noqa: BLE001 - classified as the streaming asset classifies
-            raise failure(context, p, exc) from exc
+            raise pipeline_failure(context, p, exc) from exc
         context.log.info(f"backfill {p.name}: {result.span} rewritten: {result.windows} windows, "
                          f"{result.rows_written} rows")
         return dg.MaterializeResult(metadata={

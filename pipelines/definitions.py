@@ -22,6 +22,7 @@ Configuration comes from the environment, with safe local defaults:
 ``EMATIX_MIGRATION_RESTART``      ``1``: the migration terminates running pipelines, migrates, lets
                                   the keep-alive sensor restart them (default ``0``: pending)
 ``EMATIX_CHECKS_CRON``            asset checks schedule (``*/15 * * * *``)
+``EMATIX_CHECKS_SCHEDULE``        ``0``: that schedule starts stopped (default ``1``: running)
 ``EMATIX_KEEP_ALIVE_INTERVAL_S``  keep-alive sensors' minimum interval (``30``)
 ``EMATIX_KEEP_ALIVE_BACKOFF_S``   first backoff after a transient failure, doubled per failure (``30``)
 ================================  ===========================================================
@@ -45,7 +46,6 @@ from ematix_dagster.dagster import (
     checks_schedule,
     keep_alive_sensor,
     maintenance_job,
-    pipeline_asset_checks,
     pipeline_job,
     pipeline_schedule,
     run_failure_sensor,
@@ -79,12 +79,11 @@ revenue = EmatixPipeline.load(revenue_per_channel)
 PIPELINES = [clicks_per_minute, clicks_hopping, user_sessions, card_payments, embargoed_clicks, hourly_delayed,
              revenue]
 
-# -- assets and their checks ------------------------------------------------------------------------
-# with their inputs as upstream assets: .ematix/data/clicks is one asset, read by five pipelines
+# -- assets, with their checks and their inputs as upstream assets --------------------------------------
+# .ematix/data/clicks is one asset, read by five pipelines; each asset's step evaluates its own checks
 assets = streaming_pipeline_assets(PIPELINES, owners=["team:data-platform"])
 # partitioned backfills of the pipelines with [backfill]: rewrite past days from archived input
 backfill_assets = [backfill_asset(p) for p in PIPELINES if p.spec.backfill is not None]
-asset_checks = [check for p in PIPELINES for check in pipeline_asset_checks(p)]
 
 # -- jobs, sensors, schedules -----------------------------------------------------------------------
 pipeline_jobs = {p.name: pipeline_job(p) for p in PIPELINES}
@@ -98,13 +97,16 @@ failure_sensor = run_failure_sensor()
 
 migration_job = state_migration_job(PIPELINES)
 validate_job = maintenance_job(PIPELINES)
-all_checks_job = checks_job(PIPELINES)
+all_checks_job = checks_job([a for a in assets if isinstance(a, dg.AssetsDefinition)])
 
 schedules = [
     pipeline_schedule(clicks_hopping, pipeline_jobs[clicks_hopping.name], "*/10 * * * *"),
     state_migration_schedule(migration_job, cron_schedule=os.environ.get("EMATIX_MIGRATION_CRON", "0 3 * * *"),
                              restart_running=_env_flag("EMATIX_MIGRATION_RESTART", False)),
-    checks_schedule(all_checks_job, cron_schedule=os.environ.get("EMATIX_CHECKS_CRON", "*/15 * * * *")),
+    # on by default: it reads the stores of the pipelines that are not running, nothing else
+    checks_schedule(all_checks_job, cron_schedule=os.environ.get("EMATIX_CHECKS_CRON", "*/15 * * * *"),
+                    default_status=(dg.DefaultScheduleStatus.RUNNING if _env_flag("EMATIX_CHECKS_SCHEDULE", True)
+                                    else dg.DefaultScheduleStatus.STOPPED)),
 ]
 
 
@@ -129,7 +131,6 @@ resources = {
 
 defs = dg.Definitions(
     assets=[*assets, *backfill_assets],
-    asset_checks=asset_checks,
     jobs=[*pipeline_jobs.values(), migration_job, validate_job, all_checks_job],
     sensors=[*keep_alive_sensors, failure_sensor],
     schedules=schedules,

@@ -15,6 +15,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import dagster as dg
+
 from ematix_dagster.fingerprint import fingerprint, fingerprint_doc
 from ematix_dagster.spec import Aggregation, PipelineSpec, Run, Source, StateStoreConfig, Target, Window
 from ematix_dagster.stores import make_store
@@ -57,6 +59,20 @@ def commit_state(spec: PipelineSpec, *, batch_id: int = 3, watermark_us: int | N
         store.release_lease(spec.pipeline_name)
     finally:
         store.close()
+
+
+CHECK_NAMES = ("checkpoint_consistency", "idempotent_target", "late_row_ratio", "watermark_lag")
+
+
+def latest_check_evaluations(instance: dg.DagsterInstance, asset_key: dg.AssetKey) -> dict[str, Any]:
+    """Check name -> its latest finished evaluation, as Dagster stores it (in a run or runless)."""
+    keys = [dg.AssetCheckKey(asset_key, name) for name in CHECK_NAMES]
+    out = {}
+    for key, record in instance.event_log_storage.get_latest_asset_check_execution_by_key(keys).items():
+        data = record.event.dagster_event.event_specific_data if record.event and record.event.dagster_event else None
+        if isinstance(data, dg.AssetCheckEvaluation):
+            out[key.name] = data
+    return out
 
 
 class HeldLease:

@@ -1,6 +1,6 @@
 """Dagster integration: pipelines as assets, keep-alive sensors, state ops, checks, schedules.
 
->>> from ematix_dagster.dagster import streaming_pipeline_asset, pipeline_asset_checks  # doctest: +SKIP
+>>> from ematix_dagster.dagster import streaming_pipeline_asset, checks_job  # doctest: +SKIP
 >>> clicks = streaming_pipeline_asset("pipelines/clicks_per_minute.toml")             # doctest: +SKIP
 
 Importing this package (and loading a code location built with it) starts no Spark session and
@@ -20,7 +20,7 @@ from ematix_dagster.dagster.checks import (
     IDEMPOTENT_TARGET_CHECK,
     LATE_ROW_RATIO_CHECK,
     WATERMARK_LAG_CHECK,
-    pipeline_asset_checks,
+    CheckBounds,
 )
 from ematix_dagster.dagster.events import DEFAULT_SUMMARY_SECONDS, DEFAULT_THROTTLE_SECONDS, EmatixEventIterator
 from ematix_dagster.dagster.jobs import (
@@ -60,13 +60,13 @@ from ematix_dagster.dagster.translator import EmatixTranslator
 from ematix_dagster.dagster.watcher import RunWatcher
 
 __all__ = [
-    "CHECKPOINT_CHECK", "CODE_VERSION_TAG", "CheckIdempotentTargetConfig", "DEFAULT_RETRY_POLICY",
+    "CHECKPOINT_CHECK", "CODE_VERSION_TAG", "CheckBounds", "CheckIdempotentTargetConfig", "DEFAULT_RETRY_POLICY",
     "DEFAULT_SUMMARY_SECONDS", "DEFAULT_THROTTLE_SECONDS", "ERROR_TAG", "EmatixEventIterator", "EmatixPipeline", "EmatixSparkResource",
     "EmatixTranslator", "FAILURE_TAG", "IDEMPOTENT_TARGET_CHECK", "LATE_ROW_RATIO_CHECK", "METRICS_KEY",
     "MetricsResource", "MigrateStateConfig", "PIPELINE_TAG", "PipelineRunConfig", "SPARK_KEY", "STATE_STORE_KEY",
     "StateStoreResource", "TERMINATED_BY_TAG", "ValidateCheckpointConfig", "WATERMARK_LAG_CHECK", "asset_run_config",
     "backfill_asset", "backfill_partitions", "checks_job", "checks_schedule", "keep_alive_decision", "keep_alive_sensor", "maintenance_job",
-    "make_check_idempotent_target_op", "make_migrate_state_op", "make_validate_checkpoint_op", "pipeline_asset_checks",
+    "make_check_idempotent_target_op", "make_migrate_state_op", "make_validate_checkpoint_op",
     "pipeline_job", "pipeline_schedule", "RunWatcher", "run_failure_sensor", "run_pipeline_events", "state_migration_job",
     "state_migration_schedule", "streaming_pipeline_asset", "streaming_pipeline_assets",
 ]

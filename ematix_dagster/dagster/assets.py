@@ -24,6 +24,8 @@ from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
 import dagster as dg
 from pydantic import Field
 
+from ematix_dagster.dagster.check_reports import StepChecks
+from ematix_dagster.dagster.checks import CHECKPOINT_CHECK, DEFAULT_CHECK_BOUNDS, CheckBounds, check_specs
 from ematix_dagster.dagster.events import DEFAULT_SUMMARY_SECONDS, DEFAULT_THROTTLE_SECONDS, EmatixEventIterator
 from ematix_dagster.dagster.lineage import output_schema_metadata, source_location, target_location
 from ematix_dagster.dagster.pipeline import (
@@ -39,7 +41,7 @@ from ematix_dagster.dagster.resources import EmatixSparkResource, MetricsResourc
 from ematix_dagster.dagster.translator import EmatixTranslator
 from ematix_dagster.dagster.versions import batch_provenance
 from ematix_dagster.dagster.watcher import DEFAULT_WATCH_INTERVAL_SECONDS, RunWatcher
-from ematix_dagster.errors import LeaseHeld
+from ematix_dagster.errors import CheckpointDiverged, LeaseHeld
 from ematix_dagster.spark.failures import classify
 from ematix_dagster.spec import PipelineSpec, spec_warnings
 
@@ -116,6 +118,18 @@ def pipeline_failure(context: Any, pipeline: EmatixPipeline, exc: BaseException)
     )
 
 
+def _step_checks(context: Any, pipeline: EmatixPipeline, active: Any) -> Optional[StepChecks]:
+    """The checks the step's asset declares (None from a plain op, or an asset without checks)."""
+    op_context = getattr(context, "op_execution_context", context)
+    if not getattr(op_context, "has_assets_def", False) or not op_context.assets_def.check_specs:
+        return None
+    assets_def = op_context.assets_def
+    declared = {spec.name for spec in assets_def.check_specs if spec.asset_key == pipeline.key}
+    selected = {key.name for key in op_context.selected_asset_check_keys if key.asset_key == pipeline.key}
+    return StepChecks(context.instance, pipeline, CheckBounds.of_asset(assets_def), declared, selected,
+                      active=active)
+
+
 def _position(events: Optional[EmatixEventIterator]) -> str:
     report = None if events is None else events.last_report
     return "before its first batch" if report is None else f"after batch {report.batch_id}"
@@ -152,16 +166,24 @@ def run_pipeline_events(context: Any, pipeline: EmatixPipeline, config: Pipeline
         runner = PipelineRunner(spec, spark=lambda: spark.spark_session, metrics=metrics.streaming_metrics(),
                                 progress=context.log.info, run_label=f"dagster:{run_id}",
                                 batch_progress=lambda report: None)
+        watcher = RunWatcher(context.instance, run_id, runner.request_stop,
+                             report=lambda text: context.log.warning(f"pipeline {name}: {text}"),
+                             interval_seconds=config.watch_seconds)
+        checks = _step_checks(context, pipeline, active=lambda: watcher is None or watcher.reason is None)
+        if checks is not None:
+            yield from checks.at_start(spec)
+            if checks.blocked is not None:
+                raise CheckpointDiverged(f"pipeline {name}: the {CHECKPOINT_CHECK} check failed, so the pipeline "
+                                         f"does not start:\n{checks.blocked.description}")
         context.log.info(f"pipeline {name}: starting ({spec.run.trigger}); state in "
                          f"{state_store.description(spec)}")
         events = EmatixEventIterator(runner.events(), pipeline.key, throttle_seconds=config.throttle_seconds,
                                      summary_seconds=config.summary_seconds, log=context.log.info, name=name,
                                      final_metadata=lambda: {"run_id": run_id},
                                      provenance=batch_provenance(context, pipeline.key, pipeline.code_version),
-                                     metadata=lambda: output_schema_metadata(getattr(runner, "step", None)))
-        watcher = RunWatcher(context.instance, run_id, runner.request_stop,
-                             report=lambda text: context.log.warning(f"pipeline {name}: {text}"),
-                             interval_seconds=config.watch_seconds).start()
+                                     metadata=lambda: output_schema_metadata(getattr(runner, "step", None)),
+                                     after_report=None if checks is None else checks.after_report)
+        watcher.start()
         for event in events:
             if watcher.reason is not None:
                 # The run is no longer STARTED or its worker is gone: nothing more goes into it. The
@@ -215,6 +237,7 @@ def streaming_pipeline_asset(
     pool: Optional[str] = None,
     retry_policy: Optional[dg.RetryPolicy] = DEFAULT_RETRY_POLICY,
     deps: Optional[Iterable[Any]] = None,
+    checks: Optional[CheckBounds] = DEFAULT_CHECK_BOUNDS,
 ) -> dg.AssetsDefinition:
     """An asset that runs the pipeline when materialized.
 
@@ -224,6 +247,8 @@ def streaming_pipeline_asset(
     (``ematix-<pipeline>``, limit 1 in ``dagster.yaml``) and the store's lease keep one run per
     pipeline however it is launched. Without ``deps`` it depends on its sources' upstream assets
     (``translator.get_source_asset_key``); :func:`streaming_pipeline_assets` also defines them.
+    ``checks`` bounds the asset's checks (:mod:`ematix_dagster.dagster.checks`; None: no checks),
+    which its own step evaluates (:mod:`ematix_dagster.dagster.check_reports`).
 
     >>> # clicks = streaming_pipeline_asset("pipelines/clicks_per_minute.toml")
     """
@@ -252,6 +277,7 @@ def streaming_pipeline_asset(
         retry_policy=retry_policy,
         op_tags={PIPELINE_TAG: p.name},
         deps=list(deps) or None,
+        check_specs=None if checks is None else check_specs(p, checks.for_pipeline(p)),
     )
     def _pipeline_asset(context: dg.AssetExecutionContext, config: PipelineRunConfig, spark: EmatixSparkResource,
                         state_store: StateStoreResource, metrics: MetricsResource):

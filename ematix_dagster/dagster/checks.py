@@ -1,20 +1,20 @@
 """Asset checks of a pipeline: checkpoint consistency, idempotent target, watermark lag, late rows.
 
-They read what the store persisted (record, watermark, counters), not process-local Prometheus
-counters, so they work from any process. A never-ending asset step never reaches its checks:
-run them in their own job on a schedule (``jobs.checks_job`` / ``jobs.checks_schedule``).
-
-While the checkpoint check fails (severity ERROR) the keep-alive sensor does not restart the
-pipeline.
+The checks are declared on the pipeline's asset (:func:`check_specs`), not as separate
+``@asset_check`` steps: a streaming step never ends, so a check step planned after it would show
+"Running" for the pipeline's whole life. The asset's own step evaluates them
+(:mod:`ematix_dagster.dagster.check_reports`): all four when it starts, from the store (no Spark
+session), the checkpoint check blocking the start when it fails; then lag and late rows over its
+recent batches after each materialization. The checks job reports them for pipelines that are not
+running. The evaluations here are plain functions of the store's values or of a run's batches.
 """
 
-import time
-from typing import Any, Callable, Optional
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import dagster as dg
 
-from ematix_dagster.dagster.pipeline import EmatixPipeline, PipelineLike
-from ematix_dagster.dagster.resources import StateStoreResource
+from ematix_dagster.dagster.pipeline import EmatixPipeline
 from ematix_dagster.spec import PipelineSpec
 
 CHECKPOINT_CHECK = "checkpoint_consistency"
@@ -24,10 +24,63 @@ LATE_ROW_RATIO_CHECK = "late_row_ratio"
 
 DEFAULT_MAX_WATERMARK_LAG_SECONDS = 600.0
 DEFAULT_MAX_LATE_ROW_RATIO = 0.01
+_BOUND = "bound"  # the check spec's metadata entry holding its bound
+
+
+@dataclass(frozen=True)
+class CheckBounds:
+    """The bounds of the lag and late-row checks.
+
+    ``max_watermark_lag_seconds`` defaults to 600 s for ``processing_time`` pipelines; for
+    ``available_now`` ones the lag check exists only when a bound is given (their watermark stands
+    still between runs by design).
+    """
+
+    max_watermark_lag_seconds: Optional[float] = None
+    max_late_row_ratio: float = DEFAULT_MAX_LATE_ROW_RATIO
+
+    def for_pipeline(self, pipeline: EmatixPipeline) -> "CheckBounds":
+        if self.max_watermark_lag_seconds is None and pipeline.long_running:
+            return CheckBounds(DEFAULT_MAX_WATERMARK_LAG_SECONDS, self.max_late_row_ratio)
+        return self
+
+    @classmethod
+    def of_asset(cls, asset: dg.AssetsDefinition) -> "CheckBounds":
+        """The bounds an asset's check specs were declared with."""
+        bounds = {spec.name: spec.metadata.get(_BOUND) for spec in asset.check_specs}
+        lag, late = bounds.get(WATERMARK_LAG_CHECK), bounds.get(LATE_ROW_RATIO_CHECK)
+        return cls(None if lag is None else float(lag),
+                   DEFAULT_MAX_LATE_ROW_RATIO if late is None else float(late))
+
+
+#: The bounds a pipeline asset's checks get unless told otherwise.
+DEFAULT_CHECK_BOUNDS = CheckBounds()
+
+
+def check_specs(pipeline: EmatixPipeline, bounds: CheckBounds) -> list[dg.AssetCheckSpec]:
+    """The checks declared on a pipeline's asset (``bounds`` already resolved for it)."""
+    key = pipeline.key
+    specs = [
+        dg.AssetCheckSpec(CHECKPOINT_CHECK, asset=key, blocking=True,
+                          description="Spark's checkpoint and the state store agree (batch ids, offsets, query id, "
+                                      "state version, spec fingerprint). Evaluated when a run starts; a failure "
+                                      "stops the start, and the keep-alive sensor does not restart the pipeline."),
+        dg.AssetCheckSpec(IDEMPOTENT_TARGET_CHECK, asset=key,
+                          description="The target makes replays idempotent (upsert on the natural key or batch "
+                                      "directories); warns for console targets and missing unique keys."),
+        dg.AssetCheckSpec(LATE_ROW_RATIO_CHECK, asset=key, metadata={_BOUND: bounds.max_late_row_ratio},
+                          description=f"Late rows dropped / rows read <= {bounds.max_late_row_ratio} (a running "
+                                      "pipeline: over its recent batches; else the stored counters)."),
+    ]
+    if bounds.max_watermark_lag_seconds is not None:
+        bound = float(bounds.max_watermark_lag_seconds)
+        specs.append(dg.AssetCheckSpec(WATERMARK_LAG_CHECK, asset=key, metadata={_BOUND: bound},
+                                       description=f"now - global watermark <= {bound:.0f} s."))
+    return specs
 
 
 # ---------------------------------------------------------------------------------------------
-# Evaluations (plain functions: the ops reuse them)
+# Evaluations
 
 
 def checkpoint_problems(spec: PipelineSpec) -> tuple[list[Any], dict[str, Any]]:
@@ -92,13 +145,6 @@ def _postgres_key_warnings(spec: PipelineSpec, key: list[str]) -> list[str]:
     return []
 
 
-def stored_progress(spec: PipelineSpec) -> dict[str, Any]:
-    """Watermark and counters as persisted in the store."""
-    from ematix_dagster.operations import summary
-
-    return summary(spec, windows=False)
-
-
 def late_row_ratio(counters: dict[str, int]) -> tuple[int, int]:
     """(late rows, rows consumed) from the stored counters."""
     consumed = sum(v for k, v in counters.items() if k.startswith("rows_consumed:"))
@@ -115,7 +161,7 @@ def evaluate_checkpoint(pipeline: EmatixPipeline, spec: PipelineSpec) -> dg.Asse
     )
 
 
-def evaluate_idempotent_target(pipeline: EmatixPipeline, spec: PipelineSpec) -> dg.AssetCheckResult:
+def evaluate_idempotent_target(pipeline: EmatixPipeline, spec: PipelineSpec, last_batch_id: int) -> dg.AssetCheckResult:
     warnings = idempotency_warnings(spec)
     from ematix_dagster.stores import guarantee
 
@@ -123,91 +169,45 @@ def evaluate_idempotent_target(pipeline: EmatixPipeline, spec: PipelineSpec) -> 
         asset_key=pipeline.key, check_name=IDEMPOTENT_TARGET_CHECK, passed=not warnings,
         severity=dg.AssetCheckSeverity.WARN,
         description="\n".join(f"- {w}" for w in warnings) or "replays rewrite identical rows",
-        metadata={"guarantee": guarantee(spec), "warnings": len(warnings), "target": spec.target.kind},
+        metadata={"guarantee": guarantee(spec), "warnings": len(warnings), "target": spec.target.kind,
+                  "last_batch_id": int(last_batch_id)},
     )
 
 
-def evaluate_watermark_lag(pipeline: EmatixPipeline, spec: PipelineSpec, max_lag_seconds: float,
-                           now: Optional[float] = None) -> dg.AssetCheckResult:
-    progress = stored_progress(spec)
-    watermark_us = progress["watermark"]
-    now = time.time() if now is None else now
-    if watermark_us is None:
-        return dg.AssetCheckResult(
-            asset_key=pipeline.key, check_name=WATERMARK_LAG_CHECK, passed=True,
-            severity=dg.AssetCheckSeverity.WARN, description="no watermark yet (the pipeline has not run)",
-            metadata={"max_lag_seconds": float(max_lag_seconds)})
-    lag = now - watermark_us / 1e6
+def latest_evaluation(instance: dg.DagsterInstance, key: dg.AssetCheckKey) -> Optional[dg.AssetCheckEvaluation]:
+    """The check's latest finished evaluation (None: never evaluated, or one is planned in a run)."""
+    latest = instance.event_log_storage.get_latest_asset_check_execution_by_key([key]).get(key)
+    event = latest.event.dagster_event if latest is not None and latest.event is not None else None
+    data = event.event_specific_data if event is not None else None
+    return data if isinstance(data, dg.AssetCheckEvaluation) else None
+
+
+def watermark_lag_result(pipeline: EmatixPipeline, watermark_us: int, last_batch_id: int, max_lag_seconds: float,
+                         now_s: float) -> dg.AssetCheckResult:
+    lag = now_s - watermark_us / 1e6
     passed = lag <= max_lag_seconds
     return dg.AssetCheckResult(
         asset_key=pipeline.key, check_name=WATERMARK_LAG_CHECK, passed=passed,
         severity=dg.AssetCheckSeverity.WARN,
-        description=(f"watermark lag {lag:.0f} s " + ("<=" if passed else ">") + f" {max_lag_seconds:.0f} s"),
+        description=(f"watermark lag {lag:.0f} s " + ("<=" if passed else ">") + f" {max_lag_seconds:.0f} s"
+                     f" after batch {last_batch_id}"),
         metadata={"watermark_lag_seconds": float(lag), "watermark": dg.MetadataValue.timestamp(watermark_us / 1e6),
-                  "max_lag_seconds": float(max_lag_seconds),
-                  "last_batch_id": progress["last_batch_id"] if progress["last_batch_id"] is not None else -1})
+                  "max_lag_seconds": float(max_lag_seconds), "last_batch_id": int(last_batch_id)})
 
 
-def evaluate_late_row_ratio(pipeline: EmatixPipeline, spec: PipelineSpec, max_ratio: float) -> dg.AssetCheckResult:
-    progress = stored_progress(spec)
-    late, consumed = late_row_ratio(progress["counters"])
+def late_row_ratio_result(pipeline: EmatixPipeline, late: int, consumed: int, last_batch_id: int, max_ratio: float,
+                          over: str) -> dg.AssetCheckResult:
+    """``over``: which batches the counts cover (the run's recent ones, or all the stored counters)."""
     ratio = late / consumed if consumed else 0.0
     passed = ratio <= max_ratio
     return dg.AssetCheckResult(
         asset_key=pipeline.key, check_name=LATE_ROW_RATIO_CHECK, passed=passed,
         severity=dg.AssetCheckSeverity.WARN,
-        description=f"{late} late rows of {consumed} consumed ({ratio:.2%}; bound {max_ratio:.2%})",
+        description=f"{late} late rows of {consumed} read ({ratio:.2%}; bound {max_ratio:.2%}) over {over}",
         metadata={"late_rows": late, "rows_consumed": consumed, "late_row_ratio": float(ratio),
-                  "max_late_row_ratio": float(max_ratio)})
+                  "max_late_row_ratio": float(max_ratio), "over": over, "last_batch_id": int(last_batch_id)})
 
 
-# ---------------------------------------------------------------------------------------------
-# Factory
-
-
-def pipeline_asset_checks(
-    pipeline: PipelineLike,
-    *,
-    max_watermark_lag_seconds: Optional[float] = None,
-    max_late_row_ratio: float = DEFAULT_MAX_LATE_ROW_RATIO,
-) -> list[dg.AssetChecksDefinition]:
-    """The four checks of a pipeline asset (``pipeline``: the asset, a spec or a TOML path).
-
-    ``max_watermark_lag_seconds`` defaults to 600 s for ``processing_time`` pipelines; for
-    ``available_now`` ones the lag check is only made when a bound is given (their watermark
-    stands still between runs by design).
-    """
-    p = EmatixPipeline.load(pipeline)
-    if max_watermark_lag_seconds is None and p.long_running:
-        max_watermark_lag_seconds = DEFAULT_MAX_WATERMARK_LAG_SECONDS
-    prefix = p.python_name
-
-    def build(check_name: str, description: str,
-              evaluate: Callable[[PipelineSpec], dg.AssetCheckResult]) -> dg.AssetChecksDefinition:
-        @dg.asset_check(asset=p.key, name=check_name, description=description, blocking=False)
-        def _check(state_store: StateStoreResource) -> dg.AssetCheckResult:
-            return evaluate(state_store.apply(p.spec))
-
-        _check.__name__ = f"{prefix}_{check_name}"  # type: ignore[attr-defined]  # a definition, not a function
-        return _check
-
-    checks = [
-        build(CHECKPOINT_CHECK, "Spark's checkpoint and the state store agree (batch ids, offsets, query id, "
-                                "state version, spec fingerprint). While this fails the pipeline is not restarted.",
-              lambda spec: evaluate_checkpoint(p, spec)),
-        build(IDEMPOTENT_TARGET_CHECK, "The target makes replays idempotent (upsert on the natural key or "
-                                       "batch directories); warns for console targets and missing unique keys.",
-              lambda spec: evaluate_idempotent_target(p, spec)),
-        build(LATE_ROW_RATIO_CHECK, f"Late rows dropped / rows consumed (stored counters) <= {max_late_row_ratio}.",
-              lambda spec: evaluate_late_row_ratio(p, spec, max_late_row_ratio)),
-    ]
-    if max_watermark_lag_seconds is not None:
-        bound = float(max_watermark_lag_seconds)
-        checks.append(build(WATERMARK_LAG_CHECK, f"now - global watermark (stored) <= {bound:.0f} s.",
-                            lambda spec: evaluate_watermark_lag(p, spec, bound)))
-    return checks
-
-
-__all__ = ["CHECKPOINT_CHECK", "IDEMPOTENT_TARGET_CHECK", "LATE_ROW_RATIO_CHECK", "WATERMARK_LAG_CHECK",
-           "evaluate_checkpoint", "evaluate_idempotent_target", "evaluate_late_row_ratio", "evaluate_watermark_lag",
-           "idempotency_warnings", "late_row_ratio", "pipeline_asset_checks"]
+__all__ = ["CHECKPOINT_CHECK", "CheckBounds", "DEFAULT_CHECK_BOUNDS", "IDEMPOTENT_TARGET_CHECK", "LATE_ROW_RATIO_CHECK",
+           "WATERMARK_LAG_CHECK", "check_specs", "evaluate_checkpoint", "evaluate_idempotent_target",
+           "idempotency_warnings", "late_row_ratio", "latest_evaluation", "late_row_ratio_result", "watermark_lag_result"]

@@ -184,6 +184,9 @@ class EmatixEventIterator(Iterator[Any]):
     * ``provenance(report)`` gives a materialization's tags: code, data and input versions
       (:mod:`ematix_dagster.dagster.versions`); the final result's data version is the last batch's.
       ``metadata()`` is added to every materialization (the output's column schema).
+    * ``after_report(report, event)`` gives events to yield after each batch's report and its event
+      (None: the batch gave none), and after the final result (``report`` None): the asset's check
+      results (:class:`~ematix_dagster.dagster.check_reports.StepChecks`).
     """
 
     def __init__(self, reports: Iterable[Any], asset_key: dg.AssetKey, *,
@@ -193,7 +196,8 @@ class EmatixEventIterator(Iterator[Any]):
                  summary_seconds: float = DEFAULT_SUMMARY_SECONDS, log: Optional[Callable[[str], None]] = None,
                  name: Optional[str] = None,
                  provenance: Optional[Callable[[Any], Mapping[str, str]]] = None,
-                 metadata: Optional[Callable[[], Mapping[str, Any]]] = None) -> None:
+                 metadata: Optional[Callable[[], Mapping[str, Any]]] = None,
+                 after_report: Optional[Callable[[Any, Any], Iterable[Any]]] = None) -> None:
         self.asset_key = asset_key
         self.name = name or asset_key.to_user_string()
         self.throttle_seconds = max(0.0, float(throttle_seconds))
@@ -204,6 +208,7 @@ class EmatixEventIterator(Iterator[Any]):
         self._log = log
         self._provenance = provenance
         self._metadata = metadata
+        self._after_report = after_report
         self.totals = _Window()
         self.events_yielded = 0
         self.summaries_logged = 0
@@ -241,20 +246,22 @@ class EmatixEventIterator(Iterator[Any]):
                 self._log(self._summary_line(summary, now - summary_started, report))
                 self.summaries_logged += 1
                 summary, summary_started = _Window(), now
-            if is_heartbeat_only(report):
-                # no event of its own; but data batches held back by the throttle are reported once
-                # the throttle allows, not only with the next batch that has data
-                if not self._since.batches or (last_event_at is not None
-                                               and now - last_event_at < self.throttle_seconds):
-                    continue
-            else:
+            event = None
+            if not is_heartbeat_only(report):
                 self._since.add(report)
                 self._last_data = report
-                if last_event_at is not None and now - last_event_at < self.throttle_seconds:
-                    continue
-            yield self._event(now)
-            last_event_at = now
-        yield self.final_result()
+            # a heartbeat-only batch has no event of its own; but data batches held back by the
+            # throttle are reported once the throttle allows, not only with the next batch that has data
+            if self._since.batches and (last_event_at is None or now - last_event_at >= self.throttle_seconds):
+                event = self._event(now)
+                yield event
+                last_event_at = now
+            if self._after_report is not None:
+                yield from self._after_report(report, event)
+        final = self.final_result()
+        yield final
+        if self._after_report is not None:
+            yield from self._after_report(None, final)
 
     def _event(self, now: float) -> Any:
         """The event for the data batches since the previous one (at the last of them)."""

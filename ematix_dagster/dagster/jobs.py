@@ -10,8 +10,8 @@
   ``dry_run = true`` only says what would change.
 * ``maintenance_job(pipelines)`` with ops ``validate_checkpoint`` (fails with the explanation)
   and ``check_idempotent_target`` (warns for console targets and missing natural keys).
-* ``checks_job`` / ``checks_schedule``: the asset checks in their own run (a never-ending asset
-  step never reaches its checks).
+* ``checks_job`` / ``checks_schedule``: the asset checks of pipelines that are not running, as
+  runless evaluations (a running pipeline's step reports its own: :mod:`.check_reports`).
 
 No ``from __future__ import annotations`` here: the module defines ``dagster.Config`` classes.
 """
@@ -22,7 +22,14 @@ from typing import Any, Optional, Sequence
 import dagster as dg
 from pydantic import Field
 
-from ematix_dagster.dagster.checks import checkpoint_problems, idempotency_warnings
+from ematix_dagster.dagster.check_reports import report_stored_checks
+from ematix_dagster.dagster.checks import (
+    DEFAULT_CHECK_BOUNDS,
+    CheckBounds,
+    check_specs,
+    checkpoint_problems,
+    idempotency_warnings,
+)
 from ematix_dagster.dagster.pipeline import PIPELINE_TAG, TERMINATED_BY_TAG, EmatixPipeline, PipelineLike
 from ematix_dagster.dagster.resources import StateStoreResource
 from ematix_dagster.dagster.sensors import active_runs
@@ -261,7 +268,7 @@ def pipeline_job(pipeline: PipelineLike, *, name: Optional[str] = None) -> Any:
     tags = {PIPELINE_TAG: p.name}
     if p.long_running:
         tags[MAX_RETRIES_TAG] = "0"
-    return dg.define_asset_job(name=name or p.job_name, selection=dg.AssetSelection.assets(p.key).without_checks(),
+    return dg.define_asset_job(name=name or p.job_name, selection=dg.AssetSelection.assets(p.key),
                                tags=tags,
                                description=f"Run pipeline {p.name} ({p.spec.run.trigger}).")
 
@@ -294,12 +301,41 @@ def pipeline_schedule(pipeline: PipelineLike, job: Any, cron_schedule: str, *, n
                                  tags={PIPELINE_TAG: p.name})
 
 
-def checks_job(pipelines: Sequence[PipelineLike], name: str = "ematix_checks_job") -> Any:
-    """A job that runs the pipelines' asset checks only (no materialization)."""
-    keys = [EmatixPipeline.load(p).key for p in pipelines]
-    return dg.define_asset_job(name=name, selection=dg.AssetSelection.checks_for_assets(*keys),
-                               description="Asset checks of the ematix pipelines (checkpoint, idempotency, "
-                                           "watermark lag, late rows).")
+def checks_job(pipelines: Sequence[PipelineLike], name: str = "ematix_checks_job") -> dg.JobDefinition:
+    """A job reporting the checks of pipelines that are not running (a running pipeline's step
+    reports its own), as runless evaluations, from the store: no Spark session, no pool slot."""
+    loaded = _pipelines(pipelines)
+    bounds = {p.name: _check_bounds(p, value) for p, value in zip(loaded, pipelines)}
+
+    @dg.op(name="report_checks", description="Evaluate the checks of the ematix pipelines that are not running.",
+           tags={"ematix/maintenance": "checks"})
+    def report_checks(context: dg.OpExecutionContext, state_store: StateStoreResource) -> None:
+        for p in loaded:
+            if active_runs(context.instance, p):
+                context.log.info(f"pipeline {p.name}: running; its step reports its checks")
+                continue
+            declared, check_bounds = bounds[p.name]
+            reported, skipped = report_stored_checks(context.instance, p, state_store.apply(p.spec), check_bounds,
+                                                     declared)
+            context.log.info(f"pipeline {p.name}: reported {', '.join(reported) or 'no check'}"
+                             + (f"; skipped {', '.join(sorted(skipped))} (never ran, or passed on the same stored "
+                                "batch)" if skipped else ""))
+
+    @dg.job(name=name, description="Asset checks of the ematix pipelines that are not running (checkpoint, "
+                                   "idempotency, watermark lag, late rows).",
+            tags={"ematix/maintenance": "checks"})
+    def _job():
+        report_checks()
+
+    return _job
+
+
+def _check_bounds(pipeline: EmatixPipeline, value: PipelineLike) -> tuple[set[str], CheckBounds]:
+    """The checks an asset declares and their bounds (the defaults for a spec or a path)."""
+    if isinstance(value, dg.AssetsDefinition):
+        return {spec.name for spec in value.check_specs}, CheckBounds.of_asset(value)
+    bounds = DEFAULT_CHECK_BOUNDS.for_pipeline(pipeline)
+    return {spec.name for spec in check_specs(pipeline, bounds)}, bounds
 
 
 def checks_schedule(job: Any, *, cron_schedule: str = DEFAULT_CHECKS_CRON, name: Optional[str] = None,

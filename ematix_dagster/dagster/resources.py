@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
 import dagster as dg
-from dagster_pyspark import PySparkResource
+from dagster_pyspark import LazyPySparkResource
 from pydantic import Field, PrivateAttr
 
 from ematix_dagster.spec import STATE_STORE_KINDS, PipelineSpec, StateStoreConfig, with_overrides
@@ -26,14 +26,15 @@ STATE_STORE_KEY = "state_store"
 METRICS_KEY = "metrics"
 
 
-class EmatixSparkResource(PySparkResource):
-    """dagster-pyspark's ``PySparkResource`` with local, loopback-bound defaults and a real teardown.
+class EmatixSparkResource(LazyPySparkResource):
+    """dagster-pyspark's ``LazyPySparkResource`` with local, loopback-bound defaults and a real teardown.
 
-    The session is created lazily, on the first access to :attr:`spark_session` inside a step
-    (so a checks or migration run never starts a JVM). When a SparkSession is already active in
-    the process (a test session, a notebook) it is reused and never stopped. A session this
-    resource created is stopped after the step, together with any streaming query still active in
-    it (``PySparkResource`` itself never stops its session).
+    As in ``LazyPySparkResource``, the session is created on the first access to
+    :attr:`spark_session` inside a step (so a checks or migration run never starts a JVM); this
+    resource builds it with ematix's settings (:func:`ematix_dagster.spark.session.get_spark`).
+    When a SparkSession is already active in the process (a test session, a notebook) it is reused
+    and never stopped. A session this resource created is stopped after the step, together with
+    any streaming query still active in it (dagster-pyspark never stops its session).
 
     >>> EmatixSparkResource().master
     'local[2]'
@@ -53,28 +54,22 @@ class EmatixSparkResource(PySparkResource):
     def _is_dagster_maintained(cls) -> bool:
         return False
 
-    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        # Lazy: nothing starts until a step reads .spark_session.
-        self._spark_session = None
-        self._created = False
+    def _init_session(self) -> None:
+        if self._spark_session is not None:
+            return
+        from pyspark import SparkContext
+        from pyspark.sql import SparkSession
 
-    @property
-    def spark_session(self) -> Any:
-        if self._spark_session is None:
-            from pyspark import SparkContext
-            from pyspark.sql import SparkSession
+        existing = SparkSession.getActiveSession()
+        if existing is None and SparkContext._active_spark_context is not None:
+            existing = SparkSession.builder.getOrCreate()  # no options: returns the running session
+        if existing is not None:
+            self._spark_session, self._created = existing, False
+        else:
+            from ematix_dagster.spark.session import get_spark
 
-            existing = SparkSession.getActiveSession()
-            if existing is None and SparkContext._active_spark_context is not None:
-                existing = SparkSession.builder.getOrCreate()  # no options: returns the running session
-            if existing is not None:
-                self._spark_session, self._created = existing, False
-            else:
-                from ematix_dagster.spark.session import get_spark
-
-                self._spark_session = get_spark(self.app_name, self.master, dict(self.spark_config))
-                self._created = True
-        return self._spark_session
+            self._spark_session = get_spark(self.app_name, self.master, dict(self.spark_config))
+            self._created = True
 
     @property
     def created_session(self) -> bool:

@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import dagster as dg
 
-from ematix_dagster.dagster.checks import CHECKPOINT_CHECK
+from ematix_dagster.dagster.checks import CHECKPOINT_CHECK, latest_evaluation
 from ematix_dagster.dagster.pipeline import (
     CODE_VERSION_TAG,
     ERROR_TAG,
@@ -72,16 +72,10 @@ def finished_run_records(instance: dg.DagsterInstance, pipeline: EmatixPipeline,
 
 def checkpoint_check_failed(instance: dg.DagsterInstance, pipeline: EmatixPipeline) -> Optional[str]:
     """The failure text of the latest checkpoint-consistency evaluation, when it failed."""
-    from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
-
-    key = pipeline.check_key(CHECKPOINT_CHECK)
-    latest = instance.event_log_storage.get_latest_asset_check_execution_by_key([key]).get(key)
-    if latest is None or latest.status != AssetCheckExecutionRecordStatus.FAILED:
+    evaluation = latest_evaluation(instance, pipeline.check_key(CHECKPOINT_CHECK))
+    if evaluation is None or evaluation.passed:
         return None
-    evaluation = None
-    if latest.event is not None and latest.event.dagster_event is not None:
-        evaluation = latest.event.dagster_event.event_specific_data
-    return (getattr(evaluation, "description", None) or "checkpoint and state store disagree").strip()
+    return (evaluation.description or "checkpoint and state store disagree").strip()
 
 
 def _end_time(record: Any) -> float:

@@ -177,13 +177,18 @@ def test_a_configured_migration_schedule_and_a_throttled_pipeline_schedule_valid
         "ops": {"ematix__clicks_hopping_5min": {"config": {"throttle_seconds": 0.0}}}}
 
 
-def test_pipeline_jobs_run_only_their_asset_and_the_checks_job_only_checks(location):
+def test_pipeline_jobs_run_their_asset_with_its_checks_and_the_checks_job_reads_stores(location):
     repo = location.defs.get_repository_def()
-    # a never-ending asset step never reaches its checks: they run in their own job
+    # the asset's own step evaluates its checks: no separate check step that a never-ending step would hold back
     assert list(repo.get_job("clicks_per_minute_job").graph.node_dict) == ["public__user_clicks_1min"]
-    check_nodes = set(repo.get_job("ematix_checks_job").graph.node_dict)
-    assert len(check_nodes) == 23  # three per pipeline (7), watermark_lag for the two long-running ones
-    assert not check_nodes & {"public__user_clicks_1min", "ematix__clicks_hopping_5min", "ematix__user_sessions",
-                              "ematix__card_payments", "ematix__revenue_per_channel", "ematix__embargoed_clicks",
-                              "ematix__clicks_hourly_delayed"}
+    asset = location.defs.resolve_assets_def(dg.AssetKey.from_user_string("public/user_clicks_1min"))
+    assert {c.name for c in asset.check_specs} == {"checkpoint_consistency", "idempotent_target", "late_row_ratio",
+                                                   "watermark_lag"}
+    assert [c.name for c in asset.check_specs if c.blocking] == ["checkpoint_consistency"]
+    checks = sum(len(location.defs.resolve_assets_def(dg.AssetKey.from_user_string(key)).check_specs)
+                 for key in EXPECTED_ASSETS)
+    assert checks == 23  # three per pipeline (7), watermark_lag for the two long-running ones
+    assert list(repo.get_job("ematix_checks_job").graph.node_dict) == ["report_checks"]
+    schedule = repo.get_schedule_def("ematix_checks_job_schedule")
+    assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
     assert repo.get_job("clicks_per_minute_job").tags["ematix/pipeline"] == "clicks-per-minute"

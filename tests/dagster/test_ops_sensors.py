@@ -17,6 +17,7 @@ from ematix_dagster.dagster import (
     FAILURE_TAG,
     PIPELINE_TAG,
     TERMINATED_BY_TAG,
+    CheckBounds,
     EmatixPipeline,
     EmatixSparkResource,
     MetricsResource,
@@ -24,7 +25,6 @@ from ematix_dagster.dagster import (
     checks_job,
     keep_alive_sensor,
     maintenance_job,
-    pipeline_asset_checks,
     pipeline_job,
     run_failure_sensor,
     state_migration_job,
@@ -33,7 +33,7 @@ from ematix_dagster.dagster import (
 from ematix_dagster.spec import StateStoreConfig, Target
 from ematix_dagster.stores import make_store
 from state_store import codec
-from tests.dagster_support import HeldLease, commit_state, small_spec
+from tests.dagster_support import HeldLease, commit_state, latest_check_evaluations, small_spec
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "state_v1"
 _INSTANCES: list[dg.DagsterInstance] = []
@@ -52,24 +52,25 @@ class Location:
     def __init__(self, tmp_path: Path, *, target: Target | None = None, store: StateStoreConfig | None = None,
                  name: str = "tiny-clicks", backoff: float = 3600.0) -> None:
         self.spec = small_spec(tmp_path, name, target=target, store=store, trigger="processing_time")
-        self.asset = streaming_pipeline_asset(self.spec)
+        self.asset = streaming_pipeline_asset(self.spec, checks=CheckBounds(max_watermark_lag_seconds=60,
+                                                                            max_late_row_ratio=0.1))
         self.pipeline = EmatixPipeline.from_asset(self.asset)
-        self.checks = pipeline_asset_checks(self.asset, max_watermark_lag_seconds=60, max_late_row_ratio=0.1)
         self.job = pipeline_job(self.asset)
         self.sensor = keep_alive_sensor(self.asset, self.job, backoff_base_seconds=backoff)
         self.store = StateStoreResource()  # keeps the spec's own [state_store]
         self.resources = {"spark": EmatixSparkResource(), "state_store": self.store,
                           "metrics": MetricsResource(enabled=False)}
-        self.defs = dg.Definitions(assets=[self.asset], asset_checks=self.checks,
+        self.defs = dg.Definitions(assets=[self.asset],
                                    jobs=[self.job, checks_job([self.asset])], sensors=[self.sensor],
                                    resources=self.resources)
         self.instance = dg.DagsterInstance.ephemeral()
         _INSTANCES.append(self.instance)
 
     def run_checks(self) -> dict[str, dg.AssetCheckEvaluation]:
+        """The checks job's run, then each check's latest evaluation (runless: the job reports them)."""
         result = self.defs.resolve_job_def("ematix_checks_job").execute_in_process(instance=self.instance)
         assert result.success
-        return {e.check_name: e for e in result.get_asset_check_evaluations()}
+        return latest_check_evaluations(self.instance, self.asset.key)
 
     def sense(self, cursor: str | None = None, store: StateStoreResource | None = None):
         context = dg.build_sensor_context(instance=self.instance, cursor=cursor,
@@ -94,8 +95,13 @@ def skip_text(data) -> str:
 def test_checks_pass_on_a_fresh_pipeline_and_fail_on_a_bad_stored_state(tmp_path):
     loc = Location(tmp_path)
     fresh = loc.run_checks()
-    assert set(fresh) == {"checkpoint_consistency", "idempotent_target", "late_row_ratio", "watermark_lag"}
+    # a pipeline that never ran has no lag and no late rows to measure: skipped, not passed
+    assert set(fresh) == {"checkpoint_consistency", "idempotent_target"}
     assert all(e.passed for e in fresh.values()), {k: e.description for k, e in fresh.items()}
+    history = loc.instance.event_log_storage.get_asset_check_execution_history
+    before = len(history(loc.pipeline.check_key("checkpoint_consistency"), limit=10))
+    loc.run_checks()  # passed on the same stored batch: not evaluated again
+    assert len(history(loc.pipeline.check_key("checkpoint_consistency"), limit=10)) == before == 1
 
     # the store says batch 3 but there is no checkpoint; the watermark is an hour old; 20 % late rows
     commit_state(loc.spec, batch_id=3, watermark_us=int((time.time() - 3600) * 1e6),
@@ -366,3 +372,27 @@ def test_a_run_that_failed_outside_its_step_is_tagged_transient_by_the_failure_s
     assert (tags[FAILURE_TAG], tags["ematix/error"]) == ("transient", "UNEXPECTED_TERMINATION")
     assert "(transient)" in reports[0] and "restarts it after its backoff" in reports[0]
     assert "backing off after 1 transient failure" in skip_text(loc.sense())
+
+
+def test_a_failing_blocking_check_stops_the_start_with_its_explanation(tmp_path):
+    loc = Location(tmp_path)
+    # the store says batch 3, its watermark an hour old, but there is no checkpoint
+    commit_state(loc.spec, batch_id=3, watermark_us=int((time.time() - 3600) * 1e6),
+                 counters={"rows_consumed:clicks": 100, "late_rows_dropped": 0})
+    result = dg.materialize([loc.asset], instance=loc.instance, resources=loc.resources, raise_on_error=False)
+    assert not result.success
+    # every check was evaluated from the store before the start: none is left planned ("Running")
+    evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert set(evaluations) == {"checkpoint_consistency", "idempotent_target", "late_row_ratio", "watermark_lag"}
+    assert not evaluations["checkpoint_consistency"].passed
+    assert "checkpoint_missing" in evaluations["checkpoint_consistency"].description
+    assert evaluations["late_row_ratio"].passed and not evaluations["watermark_lag"].passed
+    # the step failed terminally, with the check's explanation, and was not retried
+    failures = result.get_step_failure_events()
+    assert len(failures) == 1
+    text = failures[0].step_failure_data.user_failure_data.description
+    assert "the checkpoint_consistency check failed, so the pipeline does not start" in text
+    assert "checkpoint_missing" in text and "(terminal: the operator must act" in text
+    assert not [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
+    assert loc.instance.get_run_by_id(result.run_id).tags[FAILURE_TAG] == "terminal"
+    assert result.asset_materializations_for_node(loc.asset.op.name) == []

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from ematix_dagster.dagster import EmatixPipeline, pipeline_asset_checks, streaming_pipeline_asset
+from ematix_dagster.dagster import EmatixPipeline, streaming_pipeline_asset
 from ematix_dagster.dagster.checks import idempotency_warnings
 from ematix_dagster.dagster.translator import EmatixTranslator
 from ematix_dagster.spec import PipelineSpec, load_pipeline_str
@@ -28,7 +28,7 @@ def test_the_asset_describes_the_rows_it_writes(tmp_path: Path) -> None:
         (asset_spec.description or "")
     assert asset_spec.tags["ematix/window"] == "none"
     assert EmatixPipeline.from_asset(asset).spec == spec
-    assert pipeline_asset_checks(spec)
+    assert {c.name for c in asset.check_specs} == {"checkpoint_consistency", "idempotent_target", "late_row_ratio"}
 
 
 def test_a_windowed_description_is_unchanged() -> None:

@@ -26,11 +26,11 @@ from ematix_dagster.dagster import (
     asset_run_config,
     checks_job,
     keep_alive_decision,
-    pipeline_asset_checks,
     streaming_pipeline_asset,
 )
 from ematix_dagster.operations import summary
 from ematix_dagster.spec import Aggregation, PipelineSpec, Run, Source, StateStoreConfig, Target, Window
+from tests.dagster_support import latest_check_evaluations
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 SCHEMA = pa.schema([("user_id", pa.int64()), ("amount", pa.float64()), ("ts", pa.timestamp("us", tz="UTC"))])
@@ -90,8 +90,7 @@ def test_materialize_an_available_now_pipeline_asset_end_to_end(spark, pg_dsn, p
     store = StateStoreResource(kind="postgres", url=pg_dsn, db_schema=pg_schema)
     spark_resource = EmatixSparkResource()
     resources = {"spark": spark_resource, "state_store": store, "metrics": MetricsResource(enabled=False)}
-    checks = pipeline_asset_checks(asset)
-    defs = dg.Definitions(assets=[asset], asset_checks=checks, jobs=[checks_job([asset])], resources=resources)
+    defs = dg.Definitions(assets=[asset], jobs=[checks_job([asset])], resources=resources)
     run_config = asset_run_config(asset, throttle_seconds=0)  # one event per batch with data
 
     with dg.DagsterInstance.ephemeral() as instance:
@@ -108,6 +107,16 @@ def test_materialize_an_available_now_pipeline_asset_end_to_end(spark, pg_dsn, p
         assert [o.event_specific_data.asset_observation.metadata["batch_id"].value for o in observations] == [0]
         per_batch, final = materializations[:-1], materializations[-1]
         assert [m.metadata["batch_id"].value for m in per_batch] == [1, 2]
+        # the step's own checks: from the store at the start (a fresh pipeline: nothing to measure yet), late
+        # rows once its first batch ran; none is left planned (it would show "Running" in the UI)
+        in_step = {e.check_name: e for e in first.get_asset_check_evaluations()}
+        assert set(in_step) == {"checkpoint_consistency", "idempotent_target", "late_row_ratio"}
+        assert in_step["checkpoint_consistency"].passed and in_step["idempotent_target"].passed
+        assert in_step["late_row_ratio"].metadata["rows_consumed"].value == 6  # batch 0 alone
+        # after each materialization, late rows over the run's recent batches, runless: batches 0-2, 1 of 18
+        running = latest_check_evaluations(instance, asset.key)["late_row_ratio"]
+        assert running.metadata["late_rows"].value == 1 and running.metadata["rows_consumed"].value == 18
+        assert "batches 0-2 of this run" in running.description and not running.passed
         assert [m.metadata["rows_in"].value for m in per_batch] == [6, 6]
         assert [m.metadata["windows_emitted"].value for m in per_batch] == [3, 3]
         assert [m.metadata["late_rows"].value for m in per_batch] == [0, 1]
@@ -150,14 +159,18 @@ def test_materialize_an_available_now_pipeline_asset_end_to_end(spark, pg_dsn, p
         assert stored["last_batch_id"] == 3 and stored["lease_holder"] is None
         assert not (tmp_path / "never-used.db").exists()
 
-        # the asset checks read that state: consistent checkpoint, idempotent target, 1 late row of 19
-        result = defs.resolve_job_def("ematix_checks_job").execute_in_process(instance=instance)
-        evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
+        # the second run's step reported late rows over its own batch (3: none late of 1)
+        late = latest_check_evaluations(instance, asset.key)["late_row_ratio"]
+        assert late.metadata["late_rows"].value == 0 and late.metadata["rows_consumed"].value == 1 and late.passed
+
+        # the checks job reads that state: consistent checkpoint, idempotent target; late rows passed on the
+        # same stored batch (3), so not evaluated again
+        assert defs.resolve_job_def("ematix_checks_job").execute_in_process(instance=instance).success
+        evaluations = latest_check_evaluations(instance, asset.key)
         assert evaluations["checkpoint_consistency"].passed, evaluations["checkpoint_consistency"].description
+        assert evaluations["checkpoint_consistency"].metadata["last_batch_id"].value == 3
         assert evaluations["idempotent_target"].passed
-        late = evaluations["late_row_ratio"]
-        assert late.metadata["late_rows"].value == 1 and late.metadata["rows_consumed"].value == 19
-        assert not late.passed and late.severity == dg.AssetCheckSeverity.WARN  # 5.3 % > 1 %
+        assert evaluations["late_row_ratio"] == late
 
         # nothing runs, the lease is free, the last run succeeded: a keep-alive sensor would start it
         assert keep_alive_decision(instance, pipeline, store) is None

@@ -1,0 +1,180 @@
+"""Who evaluates a pipeline asset's checks, and when (docs/dagster.md, "Asset checks").
+
+* **The streaming step, when it starts** (:meth:`StepChecks.at_start`): every declared check from
+  what the store holds, before the query starts, so that none of them shows "Running" for the
+  pipeline's life. A failed ``checkpoint_consistency`` (blocking) stops the start. These results
+  belong to the run, so Dagster keeps them attached to each of its per-batch materializations.
+* **The streaming step, while it runs** (:meth:`StepChecks.after_report`): lag and late rows over
+  its recent batches, reported as runless evaluations, at most one per check per materialization
+  (the state store is not read for them: the batch reports carry the numbers). A check that could
+  not be evaluated at the start (a pipeline that never ran) is yielded by the step once its first
+  batch gives it a value.
+* **The checks job** (:func:`report_stored_checks`), for pipelines that are not running: from the
+  store, as runless evaluations; a check whose latest evaluation passed on the same stored batch is
+  not evaluated again, and lag and late rows of a pipeline that never ran are skipped, not passed.
+
+Nothing here starts a Spark session: the checks read the store (and the checkpoint's files).
+"""
+
+import logging
+import time
+from collections import deque
+from typing import Any, Callable, Iterator, Optional
+
+import dagster as dg
+
+from ematix_dagster.dagster.checks import (
+    CHECKPOINT_CHECK,
+    CheckBounds,
+    evaluate_checkpoint,
+    evaluate_idempotent_target,
+    late_row_ratio,
+    late_row_ratio_result,
+    latest_evaluation,
+    watermark_lag_result,
+)
+from ematix_dagster.dagster.pipeline import EmatixPipeline
+from ematix_dagster.spec import PipelineSpec
+
+log = logging.getLogger("ematix_dagster")
+
+#: How many of a run's latest batches the running lag and late-row results cover.
+RECENT_BATCHES = 100
+
+
+def stored_results(pipeline: EmatixPipeline, spec: PipelineSpec, bounds: CheckBounds,
+                   now_s: Optional[float] = None) -> list[dg.AssetCheckResult]:
+    """The checks from what the store holds (``spec``: the resources applied). Lag and late rows
+    only once a batch is stored: a pipeline that never ran has nothing to measure."""
+    from ematix_dagster.operations import summary
+
+    progress = summary(spec, windows=False)
+    last = progress["last_batch_id"]
+    results = [evaluate_checkpoint(pipeline, spec),
+               evaluate_idempotent_target(pipeline, spec, -1 if last is None else int(last))]
+    if last is None:
+        return results
+    late, consumed = late_row_ratio(progress["counters"])
+    results.append(late_row_ratio_result(pipeline, late, consumed, last, bounds.max_late_row_ratio,
+                                         "every stored batch"))
+    if bounds.max_watermark_lag_seconds is not None and progress["watermark"] is not None:
+        results.append(watermark_lag_result(pipeline, progress["watermark"], last, bounds.max_watermark_lag_seconds,
+                                            time.time() if now_s is None else now_s))
+    return results
+
+
+def as_evaluation(result: dg.AssetCheckResult) -> dg.AssetCheckEvaluation:
+    """A result as a runless evaluation (Dagster attaches it to the materialization before it)."""
+    assert result.asset_key is not None and result.check_name is not None
+    return dg.AssetCheckEvaluation(asset_key=result.asset_key, check_name=result.check_name, passed=result.passed,
+                                   metadata=result.metadata, severity=result.severity,
+                                   description=result.description, blocking=result.check_name == CHECKPOINT_CHECK)
+
+
+def _latest_materialization_id(instance: dg.DagsterInstance, key: dg.AssetKey) -> Optional[int]:
+    records = instance.fetch_materializations(key, limit=1).records
+    return records[0].storage_id if records else None
+
+
+class StepChecks:
+    """The checks as a pipeline's streaming step evaluates them (see the module docstring).
+
+    ``declared``: the check names the asset declares, ``selected`` those its run selected (the
+    others are reported as runless evaluations, never yielded); ``active()``: false once the step's
+    run is no longer STARTED, after which nothing more is reported.
+    """
+
+    def __init__(self, instance: dg.DagsterInstance, pipeline: EmatixPipeline, bounds: CheckBounds,
+                 declared: set[str], selected: set[str], active: Callable[[], bool] = lambda: True,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._instance = instance
+        self._pipeline = pipeline
+        self._bounds = bounds
+        self._declared = declared
+        self._pending = selected & declared
+        self._active = active
+        self._clock = clock
+        self._recent: deque[tuple[int, int, int]] = deque(maxlen=RECENT_BATCHES)  # (batch id, late, rows in)
+        self._watermark: Optional[tuple[int, int]] = None  # (batch id, watermark µs)
+        self._reported_for: Optional[int] = None
+        self.blocked: Optional[dg.AssetCheckResult] = None
+
+    def at_start(self, spec: PipelineSpec) -> list[dg.AssetCheckResult]:
+        """The selected checks from the store, to yield (the others are reported runless). A failed
+        checkpoint check is kept as :attr:`blocked`: the step must not start."""
+        results = [r for r in stored_results(self._pipeline, spec, self._bounds, self._clock())
+                   if r.check_name in self._declared]
+        self.blocked = next((r for r in results if r.check_name == CHECKPOINT_CHECK and not r.passed), None)
+        for result in results:
+            if result.check_name not in self._pending:
+                self._instance.report_runless_asset_event(as_evaluation(result))
+        selected = [r for r in results if r.check_name in self._pending]
+        self._pending -= {r.check_name for r in selected}
+        return selected
+
+    def after_report(self, report: Any, event: Any) -> Iterator[dg.AssetCheckResult]:
+        """After each batch's ``report`` (None at the end) and the ``event`` it gave, if any."""
+        if report is not None:
+            self._recent.append((int(report.batch_id), int(report.late_rows), int(report.rows_in)))
+            if report.watermark is not None:
+                self._watermark = (int(report.batch_id), int(report.watermark))
+        if not self._active() or not self._recent:
+            return
+        results = self._running_results()
+        first = [r for r in results if r.check_name in self._pending]
+        self._pending -= {r.check_name for r in first}
+        yield from first
+        if isinstance(event, (dg.AssetMaterialization, dg.MaterializeResult)):
+            self._report([r for r in results if r not in first])
+
+    def _running_results(self) -> list[dg.AssetCheckResult]:
+        first_id, last_id = self._recent[0][0], self._recent[-1][0]
+        late = sum(batch[1] for batch in self._recent)
+        rows = sum(batch[2] for batch in self._recent)
+        span = f"batch {last_id}" if first_id == last_id else f"batches {first_id}-{last_id} of this run"
+        results = [late_row_ratio_result(self._pipeline, late, rows, last_id, self._bounds.max_late_row_ratio, span)]
+        if self._bounds.max_watermark_lag_seconds is not None and self._watermark is not None:
+            batch_id, watermark_us = self._watermark
+            results.append(watermark_lag_result(self._pipeline, watermark_us, batch_id,
+                                                self._bounds.max_watermark_lag_seconds, self._clock()))
+        return results
+
+    def _report(self, results: list[dg.AssetCheckResult]) -> None:
+        """Runless evaluations of ``results``, once per materialization (the latest one stored)."""
+        try:
+            latest = _latest_materialization_id(self._instance, self._pipeline.key)
+            if latest is None or latest == self._reported_for:
+                return
+            for result in results:
+                self._instance.report_runless_asset_event(as_evaluation(result))
+            self._reported_for = latest
+        except Exception as exc:  # noqa: BLE001 - a check report must never stop the pipeline
+            log.warning("pipeline %s: could not report its checks: %s", self._pipeline.name, exc)
+
+
+def _unchanged(instance: dg.DagsterInstance, pipeline: EmatixPipeline, result: dg.AssetCheckResult) -> bool:
+    """The check's latest evaluation passed on the same stored batch as ``result``."""
+    assert result.check_name is not None
+    evaluation = latest_evaluation(instance, pipeline.check_key(result.check_name))
+    if evaluation is None or not evaluation.passed:
+        return False
+    before = evaluation.metadata.get("last_batch_id")
+    now = result.metadata.get("last_batch_id")
+    return before is not None and now is not None and getattr(before, "value", before) == getattr(now, "value", now)
+
+
+def report_stored_checks(instance: dg.DagsterInstance, pipeline: EmatixPipeline, spec: PipelineSpec,
+                         bounds: CheckBounds, declared: set[str]) -> tuple[list[str], list[str]]:
+    """The checks job's part for one pipeline that is not running: (reported, skipped) check names."""
+    results = [r for r in stored_results(pipeline, spec, bounds) if r.check_name in declared]
+    reported, skipped = [], sorted(declared - {str(r.check_name) for r in results})  # never ran: nothing to measure
+    for result in results:
+        if _unchanged(instance, pipeline, result):
+            skipped.append(str(result.check_name))
+            continue
+        instance.report_runless_asset_event(as_evaluation(result))
+        reported.append(str(result.check_name))
+    return reported, skipped
+
+
+__all__ = ["RECENT_BATCHES", "StepChecks", "as_evaluation", "report_stored_checks", "stored_results"]

@@ -202,7 +202,9 @@ def dagster_dev_env(tmp_path: Path, pg_dsn: str, *, instance_overrides: Mapping[
         for section, values in dict(instance_overrides).items():
             config.setdefault(section, {}).update(values)
         (home / "dagster.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    # the checks schedule (on by default) stays off: a tick would add runless evaluations at any moment
     return {**os.environ, "DAGSTER_HOME": str(home), "EMATIX_PG_URL": pg_dsn, "PYTHONPATH": str(ROOT),
+            "EMATIX_CHECKS_SCHEDULE": "0",
             "EMATIX_STATE_PATH": str(tmp_path / ".ematix" / "state.db"), **dict(extra_env)}
 
 
@@ -278,10 +280,11 @@ def run_status(dagit: Dagit, run_id: str) -> str:
 
 
 def run_events(dagit: Dagit, run_id: str) -> list[dict]:
-    """Every event of a run: ``__typename``, ``message``, ``level`` and numeric metadata entries."""
+    """Every event of a run: ``__typename``, ``message``, ``level``, numeric metadata entries, a step failure's ``error``."""
     data = dagit.query("""query($runId: ID!) { runOrError(runId: $runId) { ... on Run {
         eventConnection(afterCursor: null) { events { __typename
             ... on MessageEvent { message level }
+            ... on ExecutionStepFailureEvent { error { message } }
             ... on MaterializationEvent { metadataEntries { label
                 ... on IntMetadataEntry { intValue } ... on FloatMetadataEntry { floatValue } } }
             ... on ObservationEvent { metadataEntries { label
@@ -319,6 +322,25 @@ def asset_nodes(dagit: Dagit) -> dict[str, dict]:
         "code_version": n["opVersion"], "deps": {"/".join(k["path"]) for k in n["dependencyKeys"]},
         "stale": n["staleStatus"], "causes": [c["reason"] for c in n["staleCauses"]],
         "metadata": {e["label"]: e.get("text") for e in n["metadataEntries"]}} for n in data["assetNodes"]}
+
+
+def check_statuses(dagit: Dagit, asset_path: list[str]) -> dict[str, tuple[str | None, str | None]]:
+    """Check name -> (status, run id) of its execution for the asset's latest materialization (a runless
+    evaluation has run id ""; (None, None): none)."""
+    data = dagit.query("""query($key: AssetKeyInput!) { assetNodeOrError(assetKey: $key) { ... on AssetNode {
+        assetChecksOrError { ... on AssetChecks { checks { name executionForLatestMaterialization { status runId } } } }
+        } } }""", {"key": {"path": asset_path}})
+    checks = data["assetNodeOrError"]["assetChecksOrError"]["checks"]
+    return {c["name"]: ((e := c["executionForLatestMaterialization"]) and (e["status"], e["runId"])) or (None, None)
+            for c in checks}
+
+
+def check_executions(dagit: Dagit, asset_path: list[str], check: str) -> list[dict]:
+    """Every execution of a check, newest first: status, run id and description."""
+    data = dagit.query("""query($key: AssetKeyInput!, $name: String!) {
+        assetCheckExecutions(assetKey: $key, checkName: $name, limit: 100) {
+            status runId evaluation { description } } }""", {"key": {"path": asset_path}, "name": check})
+    return data["assetCheckExecutions"]
 
 
 def event_pid(dagit: Dagit, run_id: str, message_pattern: str) -> int | None:

@@ -23,6 +23,12 @@ from typing import Any, Callable, Iterator, Optional
 
 import dagster as dg
 
+# Not exported by dagster: without it a runless evaluation is matched to a materialization by
+# timestamps, and SQLite's event log keeps whole seconds, so it would read as "Not evaluated".
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData,
+)
+
 from ematix_dagster.dagster.checks import (
     CHECKPOINT_CHECK,
     CheckBounds,
@@ -63,17 +69,22 @@ def stored_results(pipeline: EmatixPipeline, spec: PipelineSpec, bounds: CheckBo
     return results
 
 
-def as_evaluation(result: dg.AssetCheckResult) -> dg.AssetCheckEvaluation:
-    """A result as a runless evaluation (Dagster attaches it to the materialization before it)."""
+def as_evaluation(result: dg.AssetCheckResult, target: Optional[Any]) -> dg.AssetCheckEvaluation:
+    """A result as a runless evaluation of the materialization ``target`` (an event log record;
+    None: the asset has none)."""
     assert result.asset_key is not None and result.check_name is not None
+    materialization = None if target is None else AssetCheckEvaluationTargetMaterializationData(
+        storage_id=target.storage_id, run_id=target.run_id, timestamp=target.timestamp)
     return dg.AssetCheckEvaluation(asset_key=result.asset_key, check_name=result.check_name, passed=result.passed,
                                    metadata=result.metadata, severity=result.severity,
-                                   description=result.description, blocking=result.check_name == CHECKPOINT_CHECK)
+                                   description=result.description, blocking=result.check_name == CHECKPOINT_CHECK,
+                                   target_materialization_data=materialization)
 
 
-def _latest_materialization_id(instance: dg.DagsterInstance, key: dg.AssetKey) -> Optional[int]:
+def latest_materialization(instance: dg.DagsterInstance, key: dg.AssetKey) -> Optional[Any]:
+    """The asset's latest materialization's event log record."""
     records = instance.fetch_materializations(key, limit=1).records
-    return records[0].storage_id if records else None
+    return records[0] if records else None
 
 
 class StepChecks:
@@ -105,9 +116,10 @@ class StepChecks:
         results = [r for r in stored_results(self._pipeline, spec, self._bounds, self._clock())
                    if r.check_name in self._declared]
         self.blocked = next((r for r in results if r.check_name == CHECKPOINT_CHECK and not r.passed), None)
+        target = latest_materialization(self._instance, self._pipeline.key)
         for result in results:
             if result.check_name not in self._pending:
-                self._instance.report_runless_asset_event(as_evaluation(result))
+                self._instance.report_runless_asset_event(as_evaluation(result, target))
         selected = [r for r in results if r.check_name in self._pending]
         self._pending -= {r.check_name for r in selected}
         return selected
@@ -142,12 +154,12 @@ class StepChecks:
     def _report(self, results: list[dg.AssetCheckResult]) -> None:
         """Runless evaluations of ``results``, once per materialization (the latest one stored)."""
         try:
-            latest = _latest_materialization_id(self._instance, self._pipeline.key)
-            if latest is None or latest == self._reported_for:
+            latest = latest_materialization(self._instance, self._pipeline.key)
+            if latest is None or latest.storage_id == self._reported_for:
                 return
             for result in results:
-                self._instance.report_runless_asset_event(as_evaluation(result))
-            self._reported_for = latest
+                self._instance.report_runless_asset_event(as_evaluation(result, latest))
+            self._reported_for = latest.storage_id
         except Exception as exc:  # noqa: BLE001 - a check report must never stop the pipeline
             log.warning("pipeline %s: could not report its checks: %s", self._pipeline.name, exc)
 
@@ -167,14 +179,16 @@ def report_stored_checks(instance: dg.DagsterInstance, pipeline: EmatixPipeline,
                          bounds: CheckBounds, declared: set[str]) -> tuple[list[str], list[str]]:
     """The checks job's part for one pipeline that is not running: (reported, skipped) check names."""
     results = [r for r in stored_results(pipeline, spec, bounds) if r.check_name in declared]
+    target = latest_materialization(instance, pipeline.key)
     reported, skipped = [], sorted(declared - {str(r.check_name) for r in results})  # never ran: nothing to measure
     for result in results:
         if _unchanged(instance, pipeline, result):
             skipped.append(str(result.check_name))
             continue
-        instance.report_runless_asset_event(as_evaluation(result))
+        instance.report_runless_asset_event(as_evaluation(result, target))
         reported.append(str(result.check_name))
     return reported, skipped
 
 
-__all__ = ["RECENT_BATCHES", "StepChecks", "as_evaluation", "report_stored_checks", "stored_results"]
+__all__ = ["RECENT_BATCHES", "StepChecks", "as_evaluation", "latest_materialization", "report_stored_checks",
+           "stored_results"]

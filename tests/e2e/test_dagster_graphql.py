@@ -5,23 +5,30 @@ process group) on a copy of ``pipelines/`` (the workspace's working directory co
 code server's path), finds every example asset, sensor, job and schedule by name and the lineage
 from the inputs to the pipelines, launches the ``processing_time`` clicks pipeline over bounded
 input plus a closing event, waits for per-batch materializations (with their versions and
-metadata), edits the pipeline's TOML and reloads the location (the running asset turns STALE),
+metadata) and for the asset's checks (evaluated by its own step: never "Running", lag and late rows
+reported while it runs), looks at the UI in headless Chromium (the lineage graph with its edges, the
+asset's columns, plots and checks, the run's page; screenshots under the test's directory), edits the pipeline's TOML and reloads the location (the running asset turns STALE),
 terminates the run (it must reach CANCELED within 60 s and read as a cancel: no retry request, no
 step failure), launches it again (the new spec: FRESH once it ran), terminates it once its pipeline
 runs (the first run may have written every window already) and checks that the Postgres target
 equals a pandas ground truth: nothing lost, nothing counted twice. Last, Dagster's backfill launcher
 backfills two days of the partitioned backfill asset the stream has passed: one run, both
-partitions materialized with what the backfill did, the target untouched.
+partitions materialized with what the backfill did, the target untouched. Last, a pipeline whose
+store and checkpoint disagree is launched: its blocking checkpoint check fails and stops the start
+with its explanation.
 """
 
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 
+from ematix_dagster.spec import StateStoreConfig, load_pipeline
 from tests.dagster_support import (
     CLICKS_JOB,
     CLICKS_OP,
@@ -30,21 +37,54 @@ from tests.dagster_support import (
     Dagit,
     assert_reads_as_a_cancel,
     asset_nodes,
+    check_executions,
+    check_statuses,
     clicks_ground_truth,
     clicks_target,
+    commit_state,
     dagster_dev_env,
     drop_clicks_target,
     materialization_tags,
     materializations,
     run_events,
+    run_status,
     terminate,
     wait_for,
     write_click_inputs,
 )
+from tests.e2e.browser import Browser
 
 CLICKS = "public/user_clicks_1min"
 CLICKS_INPUT = "files/ematix/data/clicks"
 BACKFILL = "public/user_clicks_1min-backfill"
+SESSIONS = "ematix/user-sessions"
+
+
+def browse(dagit: Dagit, screenshots: Path, run_id: str) -> None:
+    """The UI in headless Chromium while the clicks pipeline runs: the lineage graph, the asset's page
+    (columns, plots, checks) and the run's page; a screenshot of each under ``screenshots``."""
+    browser = Browser(f"http://127.0.0.1:{dagit.port}", screenshots)
+    try:
+        graph = browser.open("/asset-groups", expect="user_clicks_1min", shot="asset-graph").split("\n")
+        assert {"clicks", "clicks-hopping-5min", "user-sessions", "revenue-per-channel", "orders-web"} <= set(graph)
+        # the edges: the clicks input feeds six assets, the orders inputs one each, payments one
+        assert browser.count("svg path[marker-end]", at_least=6) >= 6
+        asset = browser.open("/assets/public/user_clicks_1min", expect="Columns", shot="asset").split("\n")
+        assert {"window_start", "window_end", "user_id", "clicks", "amount_sum", "unique_pages"} <= set(asset)
+        browser.click("Plots")
+        assert browser.count("canvas", at_least=3) >= 3  # the per-batch metadata series as plots
+        browser.shot("asset-plots")
+        checks = browser.open("/assets/public/user_clicks_1min?view=checks", expect="Failed",
+                              shot="asset-checks").split("\n")
+        statuses = {name: checks[checks.index(name) + 1] for name in
+                    ("checkpoint_consistency", "idempotent_target", "late_row_ratio", "watermark_lag")}
+        assert statuses == {"checkpoint_consistency": "Succeeded", "idempotent_target": "Succeeded",
+                            "late_row_ratio": "Succeeded", "watermark_lag": "Failed"}, statuses
+        assert "Running" not in checks
+        run = browser.open(f"/runs/{run_id}", expect="Executing (1)", shot="run").split("\n")
+        assert "Started" in run and CLICKS_OP in run and "4 checks" in run
+    finally:
+        browser.close()
 
 
 def launch_partition_backfill(dagit: Dagit, asset_key: list[str], partitions: list[str]) -> str:
@@ -132,6 +172,20 @@ def test_dagster_dev_launch_terminate_relaunch(tmp_path, pg_dsn):
         assert {"user_id", "clicks", "amount_sum", "unique_pages"} <= set(batches[0]["columns"])
         assert asset_nodes(dagit)[CLICKS]["stale"] == "FRESH"
 
+        # the asset's checks while it runs: evaluated by its own step (none left "Running"), lag and late rows
+        # reported after its materializations (runless); the sample input's 2025 event times make the lag fail
+        expected_checks = {"checkpoint_consistency": ("SUCCEEDED", first), "idempotent_target": ("SUCCEEDED", first),
+                           "late_row_ratio": ("SUCCEEDED", ""), "watermark_lag": ("FAILED", "")}
+        wait_for(lambda: check_statuses(dagit, CLICKS.split("/")) == expected_checks or None, 90,
+                 f"the checks of the latest materialization: {check_statuses(dagit, CLICKS.split('/'))}")
+        assert run_status(dagit, first) == "STARTED"
+        history = {name: check_executions(dagit, CLICKS.split("/"), name) for name in expected_checks}
+        assert not [e for runs in history.values() for e in runs if e["status"] == "IN_PROGRESS"], history
+        # at most one evaluation per check per materialization
+        assert len([e for e in history["late_row_ratio"] if e["runId"] == ""]) <= len(materializations(dagit, first))
+        assert "of this run" in history["late_row_ratio"][0]["evaluation"]["description"]
+        browse(dagit, tmp_path / "screenshots", first)
+
         # the spec changes while the run goes on: the asset is STALE (its latest batches ran the old spec)
         toml = tmp_path / "pipelines" / "clicks_per_minute.toml"
         toml.write_text(toml.read_text().replace("trigger_interval_ms = 1_000", "trigger_interval_ms = 2_000"))
@@ -166,6 +220,20 @@ def test_dagster_dev_launch_terminate_relaunch(tmp_path, pg_dsn):
         assert all(m["range"] == "[2025-02-27T00:00:00Z, 2025-03-01T00:00:00Z)" and m["windows_rewritten"] == 0
                    for m in done.values()), done
         assert clicks_target(pg_dsn) == expected, "the backfilled days held no windows; nothing else moved"
+
+        # a failing blocking check stops a start with its explanation: the store holds batch 3 of user-sessions,
+        # whose checkpoint does not exist
+        sessions = load_pipeline(tmp_path / "pipelines" / "user_sessions.toml")
+        commit_state(replace(sessions, state_store=StateStoreConfig(kind="sqlite",
+                                                                    path=str(tmp_path / ".ematix" / "state.db"))))
+        blocked = dagit.client.submit_job_execution("user_sessions_job", repository_location_name=LOCATION)
+        wait_for(lambda: run_status(dagit, blocked) in ("FAILURE", "SUCCESS") or None, 180, "the blocked run to end")
+        assert run_status(dagit, blocked) == "FAILURE"
+        errors = [e["error"]["message"] for e in run_events(dagit, blocked) if e.get("error")]
+        assert len(errors) == 1 and "the checkpoint_consistency check failed, so the pipeline does not start" in \
+            errors[0] and "checkpoint_missing" in errors[0], errors
+        assert check_statuses(dagit, SESSIONS.split("/"))["checkpoint_consistency"] == ("FAILED", blocked)
+        assert not materializations(dagit, blocked)
     finally:
         dagit.stop()
     assert dagit.members() == [], "run workers or JVMs outlived dagster dev"

@@ -20,6 +20,11 @@ if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
   for _ in $(seq 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done
 fi
 
+# The Dagster UI test drives Debian's headless Chromium through Debian's chromedriver.
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+  (apt-get update -qq && apt-get install -y -qq chromium chromium-driver) >/dev/null
+fi
+
 set +e
 .venv/bin/python -m pytest "$@"
 rc=$?

@@ -178,3 +178,21 @@ def test_rows_the_sql_filtered_are_counted_per_event_and_for_the_run():
     events = run(reports, Clock(), throttle=0, step=1.0)
     assert [e.metadata["filtered_rows"].value for e in events[:4]] == [0, 1, 2, 3]
     assert events[-1].metadata["run_filtered_rows"] == 6
+
+
+def test_after_report_events_follow_each_batch_and_its_event_and_the_final_result():
+    seen = []
+
+    def after(r, event):
+        seen.append((None if r is None else r.batch_id, type(event).__name__))
+        yield f"after {seen[-1][0]}"
+
+    reports = [report(0, 10, emitted=1, watermark_s=T0 + 60), report(1, 0, watermark_s=T0 + 60),
+               report(2, 4, emitted=0, watermark_s=T0 + 120)]
+    events = list(EmatixEventIterator(iter(reports), KEY, throttle_seconds=0, after_report=after))
+    assert [e if isinstance(e, str) else type(e).__name__ for e in events] == [
+        "AssetMaterialization", "after 0", "after 1", "AssetObservation", "after 2", "MaterializeResult",
+        "after None"]
+    # the heartbeat-only batch 1 gave no event of its own
+    assert seen == [(0, "AssetMaterialization"), (1, "NoneType"), (2, "AssetObservation"),
+                    (None, "MaterializeResult")]

@@ -56,6 +56,9 @@ WORKER_PID = r"Executing steps using multiprocess executor: parent process \(pid
 RESTART_BOUND_S = 150  # kill -9 -> the sensor's next run STARTED
 
 
+CHECK_OUTPUTS = ("_checkpoint_consistency", "_idempotent_target", "_late_row_ratio", "_watermark_lag")
+
+
 def lease_holder(tmp_path) -> str | None:
     store = make_store(StateStoreConfig(kind="sqlite", path=str(tmp_path / ".ematix" / "state.db")))
     store.open()
@@ -123,11 +126,17 @@ def test_a_killed_run_worker_is_replaced_and_its_orphan_stops(tmp_path, pg_dsn):
         assert lease_holder(tmp_path) is None
         messages = [e.get("message") or "" for e in run_events(dagit, first)]
         assert any(f"its run worker (pid {worker_pid}) is gone" in m for m in messages), messages[-10:]
-        # the orphan said why it stopped and wrote nothing else into the FAILED run: no output, no step
-        # end, no closing materialization (which would have become the asset's latest)
-        types = {e["__typename"] for e in run_events(dagit, first)}
-        assert not types & {"ExecutionStepOutputEvent", "HandledOutputEvent", "ExecutionStepSuccessEvent",
-                            "ExecutionStepFailureEvent"}, types
+        # the orphan said why it stopped and wrote nothing else into the FAILED run: no asset output (the
+        # check results it yielded when it started are outputs of their own), no step end, no closing
+        # materialization (which would have become the asset's latest)
+        logged = dagit.query("""query($runId: ID!) { runOrError(runId: $runId) { ... on Run {
+            eventConnection(afterCursor: null) { events { __typename
+                ... on ExecutionStepOutputEvent { outputName } } } } } }""", {"runId": first})
+        logged = logged["runOrError"]["eventConnection"]["events"]
+        outputs = [e["outputName"] for e in logged if e["__typename"] == "ExecutionStepOutputEvent"]
+        assert outputs and all(name.endswith(CHECK_OUTPUTS) for name in outputs), outputs
+        types = {e["__typename"] for e in logged}
+        assert not types & {"HandledOutputEvent", "ExecutionStepSuccessEvent", "ExecutionStepFailureEvent"}, types
         assert not any(entry["label"] == "run_batches" for m in materializations(dagit, first)
                        for entry in m["metadataEntries"])
 

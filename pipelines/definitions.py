@@ -1,4 +1,4 @@
-"""The example code location: six pipelines as assets, with checks, sensors, jobs and schedules.
+"""The example code location: seven pipelines as assets, with checks, sensors, jobs and schedules.
 
 Five pipelines are loaded from the TOML files next to this module; ``revenue-per-channel`` comes from
 the Python facade in ``pipelines/examples.py`` (its TOML twin is kept equal by a test, but editing

@@ -20,6 +20,12 @@ if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
   for _ in $(seq 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done
 fi
 
+# The redis_stream tests need redis-server (Debian's package): they use the machine's Redis on
+# 127.0.0.1:6379 when it answers, else start their own on a free port (tests/redis_server.py).
+if [ ! -x /usr/bin/redis-server ]; then
+  (apt-get update -qq && apt-get install -y -qq redis-server) >/dev/null
+fi
+
 set +e
 .venv/bin/python -m pytest "$@"
 rc=$?

@@ -67,7 +67,9 @@ def _resolved(obj: _T, key: str) -> _T:
     if isinstance(obj, tuple):
         return tuple(_resolved(item, f"{key}[{i}]") for i, item in enumerate(obj))  # type: ignore[return-value]
     if is_dataclass(obj) and not isinstance(obj, type):
-        return replace(obj, **{f.name: _resolved(getattr(obj, f.name), _child(key, f.name)) for f in fields(obj)})
+        # a field a source's reader expands itself (a Redis URL) stays as written: see Source.url
+        return replace(obj, **{f.name: _resolved(getattr(obj, f.name), _child(key, f.name)) for f in fields(obj)
+                               if not f.metadata.get("expanded_by_reader")})
     return obj
 
 

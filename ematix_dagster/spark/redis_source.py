@@ -8,10 +8,10 @@ Offsets (docs/contract/redis-streams.md). A stream's offset is the id of the las
 took (``id``) and that entry's ordinal ``n``, the stream's ``entries-added`` counter when it was
 added. A batch reads the ids in ``(start.id, end.id]`` with ``XRANGE``, so a replayed batch reads
 exactly the entries the first try read, and since the ordinals say how many there are, a replay
-that finds fewer knows entries were deleted. Redis 7 reports ``max-deleted-entry-id``: when it
-passes an offset, entries the pipeline has not read were trimmed (or ``XDEL``'d), and their number
-is ``entries-added - n - length`` (trimming removes the oldest entries). That is terminal, unless
-``on_trimmed = "skip"``, which moves on and counts them in the offset's ``skipped``.
+that finds fewer knows entries were deleted. Before each batch the reader checks that all
+``entries-added - n`` entries added after the offset are still there (Redis 7's ``XINFO STREAM``);
+the ones missing were trimmed (or ``XDEL``'d) before the pipeline read them. That is terminal,
+unless ``on_trimmed = "skip"``, which moves on and counts them in the offset's ``skipped``.
 
 The password never reaches Spark: the ``url`` option is the URL as written, its ``${NAME}``
 placeholders unexpanded, and the reader expands them from its own environment (the JVM's, which
@@ -19,8 +19,8 @@ Spark's Python workers inherit). Spark's option redaction (``spark.sql.redaction
 ``(?i)url`` by default) covers a URL typed with its password.
 
 Failures leave the workers as exceptions whose class name the driver recognises in Spark's error
-text (:func:`ematix_dagster.spark.failures.query_failure`): ``RedisUnreachable`` (transient) and
-``StreamTrimmed`` (terminal).
+text (:func:`ematix_dagster.spark.failures.query_failure`): ``RedisUnreachable`` (transient),
+``RedisRefused`` (wrong credentials) and ``StreamTrimmed`` (both terminal).
 """
 
 from __future__ import annotations
@@ -50,6 +50,10 @@ class RedisUnreachable(Exception):
     """Redis did not answer (refused, timed out, lost mid-read): retrying may help."""
 
 
+class RedisRefused(Exception):
+    """Redis refused the credentials: a retry is refused the same way until they are fixed."""
+
+
 class StreamTrimmed(Exception):
     """Entries after the pipeline's offset are gone from the stream: a retry finds them gone too."""
 
@@ -65,6 +69,11 @@ def id_before(entry_id: str) -> str:
     if seq:
         return f"{ms}-{seq - 1}"
     return f"{ms - 1}-{_SEQ_MAX}" if ms else "0-0"
+
+
+def skipped_entries(offset: str) -> int:
+    """How many trimmed entries ``on_trimmed = "skip"`` went past, from a source's offset line."""
+    return sum(int(stream.get("skipped", 0)) for stream in json.loads(offset).values())
 
 
 def public_url(url: str) -> str:
@@ -128,8 +137,8 @@ class RedisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
             def sub(m: re.Match[str]) -> str:
                 if m.group(1) not in os.environ:
-                    raise RedisUnreachable(f"the Redis URL names ${{{m.group(1)}}}, which is not set in Spark's "
-                                           "environment")
+                    raise RedisRefused(f"the Redis URL names ${{{m.group(1)}}}, which is not set in the "
+                                       "environment Spark's Python workers inherited")
                 return os.environ[m.group(1)]
 
             self._client = redis.Redis.from_url(_ENV_RE.sub(sub, self.url), socket_timeout=10,
@@ -142,12 +151,12 @@ class RedisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         try:
             return fn(self.client())
+        except redis.AuthenticationError as exc:  # a ConnectionError too: first
+            raise RedisRefused(f"Redis at {public_url(self.url)} refused the credentials while {what}: {exc} "
+                               "(check the password the URL names)") from None
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise RedisUnreachable(f"Redis at {public_url(self.url)} is unreachable while {what}: {exc} "
                                    "(retrying may help once it is back)") from None
-        except redis.AuthenticationError as exc:
-            raise RedisUnreachable(f"Redis at {public_url(self.url)} refused the password while {what}: {exc}") \
-                from None
 
     def _info(self, stream: str) -> _Info:
         import redis
@@ -220,21 +229,31 @@ class RedisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return end
 
     def _checked(self, stream: str, offset: dict) -> tuple[_Info, dict]:
-        """The stream's state, after making sure nothing after ``offset`` was deleted: an error,
-        or under ``on_trimmed = "skip"`` an offset moved past the gap with the gap counted."""
+        """The stream's state, after making sure it still holds every entry after ``offset``: an
+        error, or under ``on_trimmed = "skip"`` an offset moved past the gap with the gap counted.
+
+        All ``entries-added - n`` entries added after the offset must be there. Trimming removes
+        the oldest entries, so when the first entry left is past the offset, all ``length`` are
+        after it; otherwise only an ``XDEL`` (``max-deleted-entry-id``) can have removed some.
+        """
         info = self._info(stream)
-        if parse_id(info.max_deleted) <= parse_id(offset["id"]):
+        after = parse_id(offset["id"])
+        if info.first_id is None or parse_id(info.first_id) > after:
+            present = info.length
+        elif parse_id(info.max_deleted) > after:
+            present = self._count_after(stream, offset["id"])
+        else:
             return info, offset
-        present = info.length if info.first_id is None or parse_id(info.first_id) > parse_id(offset["id"]) \
-            else self._count_after(stream, offset["id"])
-        missing = max(info.added - offset["n"] - present, 0)
+        missing = info.added - offset["n"] - present
+        if missing <= 0:
+            return info, offset
         if not self.skip_trimmed:
             raise StreamTrimmed(
                 f"stream {stream!r} at {public_url(self.url)} no longer holds entries after the pipeline's offset "
-                f"{offset['id']}: {missing} entries it has not read were trimmed or deleted (up to id "
-                f"{info.max_deleted}). Keep the stream longer (trim only what the pipeline committed), or set "
-                'on_trimmed = "skip" on the source to go on without them (counted)')
-        gap = max(info.max_deleted, offset["id"], key=parse_id) if missing else offset["id"]
+                f"{offset['id']}: {missing} entries it has not read were trimmed or deleted. Keep the stream longer "
+                '(trim only what the pipeline committed), or set on_trimmed = "skip" on the source to go on '
+                "without them (counted)")
+        gap = id_before(info.first_id) if info.first_id and parse_id(info.first_id) > after else offset["id"]
         return info, {"id": gap, "n": offset["n"] + missing, "skipped": offset["skipped"] + missing}
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:

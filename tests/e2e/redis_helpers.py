@@ -62,7 +62,8 @@ class RedisFeed:
                     before[(source, stream)] = high
             read += len(rows)
             out.append(oracle.Batch(pd.DataFrame(rows, dtype=object), offsets.batch_timestamp_ms * 1_000))
-        assert read == sum(len(r) for r in self.rows.values()), "every entry was read by exactly one batch"
+        total = sum(len(r) for r in self.rows.values())
+        assert read == total, f"every entry was read by exactly one batch: {read} read of {total}"
         return out
 
 

@@ -12,6 +12,9 @@ declared schema as a whole (a CSV header naming the columns in another order) fa
 instead: reading it by position would put values into the wrong columns without a trace
 (:mod:`.read_errors` says so, naming the file).
 
+A message source (``kafka``, ``redis_stream``) with a ``format`` has its payload decoded into its
+DDL columns by :mod:`.payloads`; ``redis_stream`` is the Python data source of :mod:`.redis_source`.
+
 A *managed* files source (:func:`managed`) is only listed by its stream (Spark's ``binaryFile``
 format, its ``content`` never selected); :mod:`.input_files` reads each batch's files, with this
 module's schema, options and engine columns.
@@ -26,12 +29,14 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+from pyspark import cloudpickle
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ematix_dagster.columns import CORRUPT, EVENT_TS, HEARTBEAT, SOURCE
 from ematix_dagster.errors import PipelineConfigError, first_line
+from ematix_dagster.spark import redis_source
 from ematix_dagster.spark.payloads import decoded
 from ematix_dagster.spark.redis_source import FORMAT as REDIS_FORMAT
 from ematix_dagster.spark.redis_source import RedisStreamDataSource
@@ -187,6 +192,9 @@ def _kafka(spark: SparkSession, source: Source, key: str) -> DataFrame:
 
 def _redis(spark: SparkSession, source: Source, key: str) -> DataFrame:
     schema = parse_schema(source, key)  # before Spark hears of the source: a bad schema names its key
+    # Shipped by value: Spark's Python workers then import redis-py, not this package (whose import
+    # costs each new worker most of a second, and which a cluster's workers need not have).
+    cloudpickle.register_pickle_by_value(redis_source)
     spark.dataSource.register(RedisStreamDataSource)
     reader = spark.readStream.format(REDIS_FORMAT)
     for k, v in redis_options(source).items():

@@ -110,9 +110,16 @@ def _input_offsets(offsets: dict[str, str]) -> dict[str, str]:
     return {name: line for name, line in offsets.items() if name != HEARTBEAT}
 
 
-def _checkpoint_missing(spec: PipelineSpec, store_batch: int) -> Problem:
-    from ematix_dagster.spark.resume import unseekable
+#: source kinds whose stored offset names a position in the source (what seek_to needs)
+SEEKABLE = ("redis_stream", "kafka")
 
+
+def unseekable(spec: PipelineSpec) -> list[str]:
+    """The sources a resume from the store (:mod:`.resume`) cannot seek, described for a message."""
+    return [f"{s.name!r} ({s.kind})" for s in spec.sources if s.kind not in SEEKABLE]
+
+
+def _checkpoint_missing(spec: PipelineSpec, store_batch: int) -> Problem:
     cp = spec.run.checkpoint_location
     cannot = unseekable(spec)
     if not cannot:

@@ -23,18 +23,10 @@ import uuid
 from ematix_dagster.columns import HEARTBEAT
 from ematix_dagster.errors import CheckpointDiverged
 from ematix_dagster.spark import checkpoint
-from ematix_dagster.spark.recovery import offset_names
+from ematix_dagster.spark.recovery import offset_names, unseekable
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.stores import make_store
 from state_store.base import PipelineRecord, make_holder
-
-#: source kinds whose stored offset names a position in the source (what seek_to needs)
-SEEKABLE = ("redis_stream", "kafka")
-
-
-def unseekable(spec: PipelineSpec) -> list[str]:
-    """The sources a resume from the store cannot seek, described for a message."""
-    return [f"{s.name!r} ({s.kind})" for s in spec.sources if s.kind not in SEEKABLE]
 
 
 def resume_from_store(spec: PipelineSpec) -> str:

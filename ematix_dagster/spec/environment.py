@@ -92,7 +92,8 @@ def spec_warnings(spec: PipelineSpec) -> list[str]:
     is typed into the file (files are shared, versioned and printed). The password is never shown."""
     urls = (("target.url", spec.target.url, "EMATIX_TARGET_URL"),
             ("dead_letter.url", spec.dead_letter.url if spec.dead_letter is not None else None, "EMATIX_DLQ_URL"),
-            ("state_store.url", spec.state_store.url, "EMATIX_STATE_URL"))
+            ("state_store.url", spec.state_store.url, "EMATIX_STATE_URL"),
+            *((f"sources[{i}].url", s.url, "REDIS_URL") for i, s in enumerate(spec.sources)))
     return [f"{key}: the URL holds a password written in the pipeline file; move the password to an environment "
             f'variable, e.g. url = "postgresql://user:${{PGPASSWORD}}@host/db" (any string may use ${{NAME}}), '
             f'or the whole URL, e.g. url = "${{{variable}}}"'

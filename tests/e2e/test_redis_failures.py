@@ -23,7 +23,7 @@ from ematix_dagster.spec import load_pipeline_str
 from tests import oracle
 from tests.e2e.lateness_helpers import at, compare_dead_letters, compare_output, oracle_params, row, run
 from tests.e2e.redis_helpers import RedisFeed, redis_source
-from tests.redis_server import stream_name
+from tests.redis_server import free_port, stream_name
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 WINDOW = {"kind": "tumbling", "duration_ms": 60_000, "lateness_ms": 5_000, "group_by": ["k"],
@@ -88,6 +88,14 @@ def test_redis_stopped_mid_run_is_transient_then_exact(spark, own_redis, tmp_pat
     expected = oracle.run(batches, oracle_params(spec))
     compare_output(spec, expected)
     compare_dead_letters(spec, expected)
+
+
+def test_redis_unreachable_at_start_is_transient(spark, tmp_path):
+    port = free_port()  # nothing listens there
+    spec = durable_spec(tmp_path, "redis_down", redis_source("clicks", f"redis://127.0.0.1:{port}/0", ["s"]))
+    with pytest.raises(SourceUnavailable) as err:
+        run(spec, spark)
+    assert not err.value.terminal and f"Redis at redis://127.0.0.1:{port}/0 is unreachable" in str(err.value)
 
 
 PROBE = """

@@ -83,3 +83,12 @@ def test_redis_url_reaches_the_reader_as_written(monkeypatch):
     options = redis_options(spec.resolved().sources[0])
     assert options == {"url": "redis://:${REDIS_PASSWORD}@127.0.0.1:6379/0", "streams": '["a", "b"]',
                        "start": "earliest", "on_trimmed": "fail", "max_entries": "9"}
+
+
+def test_a_password_typed_into_a_redis_url_is_warned_about():
+    from ematix_dagster.spec import spec_warnings
+
+    spec = spec_with({"kind": "redis_stream", "url": "redis://:hunter2-typed@127.0.0.1:6379/0", "streams": ["s"],
+                      "format": "fields", "schema": "k STRING"})
+    (warning,) = spec_warnings(spec)
+    assert warning.startswith("sources[0].url: the URL holds a password") and "hunter2-typed" not in warning

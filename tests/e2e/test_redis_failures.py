@@ -144,11 +144,15 @@ def test_password_never_in_clear(spark, own_redis, tmp_path):
     for path in (tmp_path / "cp").rglob("*"):
         if path.is_file():
             assert password.encode() not in path.read_bytes(), path
+    from ematix_dagster.dagster import EmatixPipeline, streaming_pipeline_assets
     from ematix_dagster.dagster.lineage import source_uri
 
     os.environ["EMATIX_TEST_REDIS_PASSWORD"] = password
     try:
         uri = source_uri(load_pipeline_str(spec_text).sources[0])
+        assets = streaming_pipeline_assets([EmatixPipeline.load(toml)])
+        metadata = [spec.metadata for a in assets for spec in getattr(a, "specs", [a])]
     finally:
         del os.environ["EMATIX_TEST_REDIS_PASSWORD"]
     assert uri == f"redis://127.0.0.1:{server.port}/0/{stream}"
+    assert uri in str(metadata) and password not in str(metadata), "the stream's upstream asset, no password"

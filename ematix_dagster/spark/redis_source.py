@@ -11,7 +11,9 @@ exactly the entries the first try read, and since the ordinals say how many ther
 that finds fewer knows entries were deleted. Before each batch the reader checks that all
 ``entries-added - n`` entries added after the offset are still there (Redis 7's ``XINFO STREAM``);
 the ones missing were trimmed (or ``XDEL``'d) before the pipeline read them. That is terminal,
-unless ``on_trimmed = "skip"``, which moves on and counts them in the offset's ``skipped``.
+unless ``on_trimmed = "skip"``, which moves on and counts them in the offset's ``skipped``. A
+stream deleted and created again restarts its counter below ``n``: the same choice, with the number
+lost unknown (``rebased`` then keeps the batch's count of entries right).
 
 The password never reaches Spark: the ``url`` option is the URL as written, its ``${NAME}``
 placeholders unexpanded, and the reader expands them from its own environment (the JVM's, which
@@ -180,15 +182,15 @@ class RedisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _Info(last_id=raw["last-generated-id"], added=int(raw["entries-added"]), length=int(raw["length"]),
                      max_deleted=raw["max-deleted-entry-id"], first_id=first[0] if first else None)
 
-    def _count_after(self, stream: str, after: str, until: str = "+") -> int:
+    def _count_after(self, stream: str, after: str) -> int:
         count, cursor = 0, after
         while True:
-            page = self._call(f"reading stream {stream!r}",
-                              lambda c, cur=cursor: c.xrange(stream, f"({cur}", until, count=_PAGE))
-            count += len(page)
-            if len(page) < _PAGE:
+            ids = self._call(f"reading stream {stream!r}",
+                             lambda c, cur=cursor: c.eval(_IDS_SCRIPT, 1, stream, f"({cur}", "+", _PAGE))
+            count += len(ids)
+            if len(ids) < _PAGE:
                 return count
-            cursor = page[-1][0]
+            cursor = ids[-1]
 
     # -- offsets --------------------------------------------------------------------------------
 
@@ -242,12 +244,20 @@ class RedisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """
         info = self._info(stream)
         after = parse_id(offset["id"])
-        if info.first_id is None or parse_id(info.first_id) > after:
-            present = info.length
-        elif parse_id(info.max_deleted) > after:
-            present = self._count_after(stream, offset["id"])
-        else:
+        front_gone = info.first_id is None or parse_id(info.first_id) > after
+        recreated = info.added < offset["n"]  # deleted and created again: its count of entries restarted
+        if not (front_gone or recreated or parse_id(info.max_deleted) > after):
             return info, offset
+        present = info.length if front_gone else self._count_after(stream, offset["id"])
+        if recreated:
+            if not self.skip_trimmed:
+                raise StreamTrimmed(
+                    f"stream {stream!r} at {public_url(self.url)} was deleted and created again since the "
+                    f"pipeline's offset {offset['id']}: an unknown number of entries it had not read may be gone. "
+                    'Set on_trimmed = "skip" on the source to go on from what the stream holds now')
+            # the ordinals restart: "rebased" keeps the batch's count of entries right (partitions)
+            rebased = offset.get("rebased", 0) + info.added - present - offset["n"]
+            return info, {**offset, "n": info.added - present, "rebased": rebased}
         missing = info.added - offset["n"] - present
         if missing <= 0:
             return info, offset
@@ -264,7 +274,8 @@ class RedisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         parts = []
         for s in self.streams:
             before, after = start[s], end[s]
-            expected = after["n"] - before["n"] - (after["skipped"] - before["skipped"])
+            expected = (after["n"] - before["n"] - (after["skipped"] - before["skipped"])
+                        - (after.get("rebased", 0) - before.get("rebased", 0)))
             if expected > 0:  # ids in between that were skipped as trimmed are gone: XRANGE passes over them
                 parts.append(StreamRange(s, before["id"], after["id"], expected))
         return parts

@@ -57,8 +57,13 @@ def cmd_validate(spec: PipelineSpec) -> int:
     return 0
 
 
-def cmd_run(spec: PipelineSpec, verbose: bool = False) -> int:
+def cmd_run(spec: PipelineSpec, verbose: bool = False, resume_from_store: bool = False) -> int:
     from ematix_dagster.spark.runner import PipelineRunner
+
+    if resume_from_store:
+        from ematix_dagster.spark.resume import resume_from_store as resume
+
+        print(resume(spec), file=sys.stderr, flush=True)
 
     runner = PipelineRunner(spec, quiet_failures=not verbose)
 
@@ -154,6 +159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.add_argument("--dry-run", action="store_true", help="print what would change, change nothing")
         if name == "reset":
             p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+        if name == "run":
+            p.add_argument("--resume-from-store", action="store_true",
+                           help="the checkpoint is lost: start a new one after the offsets the state store holds")
         if name == "backfill":
             p.add_argument("--from", dest="start", required=True, help="the range's start (ISO date or date-time, UTC)")
             p.add_argument("--to", dest="end", required=True, help="the range's end, exclusive")
@@ -172,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "backfill":
             return cmd_backfill(spec, args.start, args.end)
         if args.command == "run":
-            return cmd_run(spec, args.verbose)
+            return cmd_run(spec, args.verbose, args.resume_from_store)
         return {"validate": cmd_validate, "check": cmd_check, "state": cmd_state}[args.command](spec)
     except BackfillRefused as exc:  # nothing ran: the range asked for cannot be rewritten
         print(f"error: backfill refused: {exc}", file=sys.stderr)

@@ -105,6 +105,22 @@ class BackfillBusy(EmatixError):
     terminal = False
 
 
+class SourceUnavailable(EmatixError):
+    """A message broker (Redis) did not answer while the query planned or read a batch. Transient:
+    nothing was committed for the batch, so a retry once the broker is back reads it again."""
+
+    terminal = False
+
+
+class SourceAccessDenied(EmatixError):
+    """A message broker refused the pipeline's credentials. Terminal: fix the password it names."""
+
+
+class SourceTrimmed(EmatixError):
+    """Entries after the pipeline's stored offset are gone from the stream (trimmed or deleted).
+    Terminal: they stay gone; ``on_trimmed = "skip"`` goes on without them (counted)."""
+
+
 class CorruptCheckpoint(EmatixError):
     """A file in Spark's checkpoint directory is not in Spark's format (offsets, commits, metadata).
 
@@ -114,6 +130,6 @@ class CorruptCheckpoint(EmatixError):
 
 __all__ = ["AggregationOverflow", "BackfillBusy", "BackfillRefused", "BatchDataError", "CheckpointDiverged", "ConfigError", "CorruptCheckpoint", "CorruptState",
            "EmatixError", "FingerprintChanged", "InputSchemaMismatch", "LeaseHeld", "PipelineConfigError",
-           "SparkQueryFailed", "StateCapExceeded", "StateNotDurableError", "StateVersionError",
+           "SourceAccessDenied", "SourceTrimmed", "SourceUnavailable", "SparkQueryFailed", "StateCapExceeded", "StateNotDurableError", "StateVersionError",
            "StoreAccessDenied", "StoreConfigError", "StorePermissionError", "StoreUnavailable", "TargetError",
            "UnexpectedError", "UnreadableInputFile", "first_line"]

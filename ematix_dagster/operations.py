@@ -158,10 +158,20 @@ def summary(spec: PipelineSpec, windows: bool = True) -> dict[str, Any]:
         "sources": {n: {"max_event_ts": p.max_event_ts, "last_arrival": p.last_arrival}
                     for n, p in (record.sources.items() if record else [])},
         "counters": dict(record.counters) if record else {},
+        "trimmed_entries_skipped": _skipped(spec, record),
         "windows": per_window,
         **({noun: _held_per_key(recovered.groups, noun)} if (noun := _rows_per_key(spec)) else {}),
         **({"pending": _pending(held)} if held is not None else {}),
     }
+
+
+def _skipped(spec: PipelineSpec, record: PipelineRecord | None) -> dict[str, int]:
+    """Per redis_stream source, the trimmed entries ``on_trimmed = "skip"`` went past (its offsets count them)."""
+    from ematix_dagster.spark.redis_source import skipped_entries
+
+    offsets = record.offsets if record else {}
+    return {s.name: skipped_entries(offsets[s.name]) for s in spec.sources
+            if s.kind == "redis_stream" and offsets.get(s.name) not in (None, "-")}
 
 
 def _pending(held: PendingSummary) -> dict[str, Any]:

@@ -1,6 +1,6 @@
-"""The example code location: seven pipelines as assets, with checks, sensors, jobs and schedules.
+"""The example code location: eight pipelines as assets, with checks, sensors, jobs and schedules.
 
-Five pipelines are loaded from the TOML files next to this module; ``revenue-per-channel`` comes from
+Seven pipelines are loaded from the TOML files next to this module; ``revenue-per-channel`` comes from
 the Python facade in ``pipelines/examples.py`` (its TOML twin is kept equal by a test, but editing
 the TOML changes nothing here).
 
@@ -68,19 +68,21 @@ def _env_seconds(name: str, default: float) -> float:
     return default if value is None or not value.strip() else float(value)
 
 
-# -- pipelines: five from TOML files, one from the Python facade -------------------------------------
+# -- pipelines: seven from TOML files, one from the Python facade -------------------------------------
 clicks_per_minute = EmatixPipeline.load(HERE / "clicks_per_minute.toml")
 clicks_hopping = EmatixPipeline.load(HERE / "clicks_hopping_5min.toml")
 user_sessions = EmatixPipeline.load(HERE / "user_sessions.toml")
 card_payments = EmatixPipeline.load(HERE / "card_payments.toml")
 embargoed_clicks = EmatixPipeline.load(HERE / "embargoed_clicks.toml")  # a row pipeline: WATERMARK_TS()
 hourly_delayed = EmatixPipeline.load(HERE / "clicks_hourly_delayed.toml")  # windows published late: [emit] sql
+clicks_redis = EmatixPipeline.load(HERE / "clicks_redis.toml")  # a Redis stream: python -m pipelines.redis_producer
 revenue = EmatixPipeline.load(revenue_per_channel)
 PIPELINES = [clicks_per_minute, clicks_hopping, user_sessions, card_payments, embargoed_clicks, hourly_delayed,
-             revenue]
+             clicks_redis, revenue]
 
 # -- assets, with their checks and their inputs as upstream assets --------------------------------------
-# .ematix/data/clicks is one asset, read by five pipelines; each asset's step evaluates its own checks
+# .ematix/data/clicks is one asset, read by five pipelines, and the Redis stream ematix:clicks another
+# (redis/ematix/clicks); each asset's step evaluates its own checks
 assets = streaming_pipeline_assets(PIPELINES, owners=["team:data-platform"])
 # partitioned backfills of the pipelines with [backfill]: rewrite past days from archived input
 backfill_assets = [backfill_asset(p) for p in PIPELINES if p.spec.backfill is not None]

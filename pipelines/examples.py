@@ -178,6 +178,26 @@ def clicks_hourly_delayed():
     (docs/contract/delayed-windows.md). Batch-style (available_now), written to Parquet batch directories."""
 
 
+@streaming_pipeline(
+    name="clicks-redis",
+    sources=[Source(name="clicks", kind="redis_stream", url="redis://127.0.0.1:6379/0", streams=("ematix:clicks",),
+                    start="earliest", max_entries_per_trigger=50_000, format="json", json_field="data",
+                    schema=CLICKS_SCHEMA, event_time_column="ts")],
+    window=Window(kind="tumbling", duration_ms=60_000, lateness_ms=10_000, group_by=("page",),
+                  max_groups_per_window=10_000,
+                  aggregations=(Aggregation(agg="count", as_="clicks"),
+                                Aggregation(agg="count_distinct", column="user_id", as_="unique_users"),
+                                Aggregation(agg="sum", column="amount", as_="amount_sum"))),
+    target=Target(kind="parquet", path=".ematix/output/clicks-redis"),
+    dead_letter=DeadLetter(kind="parquet", path=".ematix/dead-letters/clicks-redis"),
+    state_store=LOCAL_STATE,
+    run=Run(trigger="available_now", checkpoint_location=".ematix/checkpoints/clicks-redis"),
+)
+def clicks_redis():
+    """Clicks per page per minute from the Redis stream ``ematix:clicks`` (JSON events, fed by
+    ``python -m pipelines.redis_producer``), written to Parquet batch directories. Batch-style (available_now)."""
+
+
 PIPELINES = {p.spec.pipeline_name: p for p in (clicks_per_minute, clicks_hopping_5min, user_sessions,
                                                 card_payments, revenue_per_channel, embargoed_clicks,
-                                                clicks_hourly_delayed)}
+                                                clicks_hourly_delayed, clicks_redis)}

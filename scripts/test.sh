@@ -24,6 +24,11 @@ fi
 if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
   (apt-get update -qq && apt-get install -y -qq chromium chromium-driver) >/dev/null
 fi
+# The redis_stream tests need redis-server (Debian's package): they use the machine's Redis on
+# 127.0.0.1:6379 when it answers, else start their own on a free port (tests/redis_server.py).
+if [ ! -x /usr/bin/redis-server ]; then
+  (apt-get update -qq && apt-get install -y -qq redis-server) >/dev/null
+fi
 
 set +e
 .venv/bin/python -m pytest "$@"

@@ -22,6 +22,35 @@ def spark():
 
 
 @pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """The machine's Redis when it answers, else a server of the test session's own."""
+    from tests.redis_server import MACHINE_URL, OwnRedis, answers
+
+    if answers(MACHINE_URL):
+        yield MACHINE_URL
+        return
+    server = OwnRedis().start()
+    yield server.url
+    server.close()
+
+
+@pytest.fixture
+def own_redis() -> Iterator:
+    """A Redis server the test may stop, restart or give a password (``own_redis(password=...)``)."""
+    from tests.redis_server import OwnRedis
+
+    servers: list[OwnRedis] = []
+
+    def make(password: str | None = None) -> OwnRedis:
+        servers.append(OwnRedis(password).start())
+        return servers[-1]
+
+    yield make
+    for server in servers:
+        server.close()
+
+
+@pytest.fixture(scope="session")
 def pg_dsn() -> str:
     return ensure_postgres()
 

@@ -1,13 +1,13 @@
 """Where a pipeline reads and writes, as Dagster sees it: upstream assets and credential-free addresses.
 
 A pipeline's sources become upstream assets: an external ``AssetSpec`` per input (a files path, a
-Kafka topic; a ``rate`` source generates its rows and has none), keyed by where the data is, not by
+Kafka topic, Redis streams; a ``rate`` source generates its rows and has none), keyed by where the data is, not by
 the source's name, so pipelines reading the same directory share one upstream asset. A source that
 reads what another pipeline of the same location writes (its Parquet directory) is that pipeline's
 asset instead: the reading pipeline is downstream of it.
 
-Addresses are for the UI (``dagster/uri``): a path, a topic, or a PostgreSQL host, port and
-database. They never hold a user name or password. The output's columns
+Addresses are for the UI (``dagster/uri``): a path, a topic, Redis streams, or a PostgreSQL host, port
+and database. They never hold a user name or password. The output's columns
 (``dagster/column_schema``) are known only once Spark has analysed the pipeline's SQL, so they come
 with the materializations rather than with the definition.
 """
@@ -22,6 +22,7 @@ from typing import Any, Optional
 import dagster as dg
 
 from ematix_dagster.errors import PipelineConfigError
+from ematix_dagster.spark.redis_source import public_url
 from ematix_dagster.spec import Source, Target
 from ematix_dagster.spec.environment import resolve_env
 from state_store.pg_url import server_address
@@ -43,6 +44,8 @@ def default_source_key(source: Source) -> Optional[dg.AssetKey]:
         return dg.AssetKey(["files", *_key_parts(source.path.strip().lstrip("."))])
     if source.kind == "kafka" and source.topic:
         return dg.AssetKey(["kafka", *_key_parts(source.topic)])
+    if source.kind == "redis_stream" and source.streams:
+        return dg.AssetKey(["redis", *_key_parts("+".join(source.streams))])
     return None
 
 
@@ -52,6 +55,12 @@ def source_uri(source: Source) -> Optional[str]:
     if source.kind == "kafka" and source.topic:
         servers = (source.bootstrap_servers or "").split(",")[0].strip()
         return f"kafka://{servers}/{source.topic}"
+    if source.kind == "redis_stream" and source.url:
+        try:  # the reader expands the URL itself (its password must not reach Spark): so does this
+            resolved = resolve_env(source.url) or ""
+        except PipelineConfigError:
+            return None
+        return f"{public_url(resolved).rstrip('/')}/{','.join(source.streams)}"
     return None
 
 

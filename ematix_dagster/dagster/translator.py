@@ -89,10 +89,12 @@ class EmatixTranslator:
         key = self.get_source_asset_key(pipeline, source)
         if key is None:
             return None
-        what = f"{source.format} files under `{source.path}`" if source.kind == "files" else f"Kafka topic `{source.topic}`"
+        what = {"files": f"{source.format} files under `{source.path}`", "kafka": f"Kafka topic `{source.topic}`",
+                "redis_stream": f"Redis stream(s) `{', '.join(source.streams)}`"}[source.kind]
         uri = source_uri(source)
         return dg.AssetSpec(key=key, description=f"Input of streaming pipelines: {what}.",
-                            kinds={source.format or "files"} if source.kind == "files" else {"kafka"},
+                            kinds={source.format or "files"} if source.kind == "files" else
+                            {"redis" if source.kind == "redis_stream" else "kafka"},
                             group_name=self.get_group_name(pipeline),
                             metadata={"dagster/uri": uri} if uri is not None else {})
 

@@ -13,8 +13,18 @@ CLI, the Dagster asset) runs a Spark query.
 from __future__ import annotations
 
 import errno
+import re
 
-from ematix_dagster.errors import EmatixError, SparkQueryFailed, TargetError, UnexpectedError, first_line
+from ematix_dagster.errors import (
+    EmatixError,
+    SourceAccessDenied,
+    SourceTrimmed,
+    SourceUnavailable,
+    SparkQueryFailed,
+    TargetError,
+    UnexpectedError,
+    first_line,
+)
 from ematix_dagster.spark.read_errors import classify_read_error
 
 #: OS errors that go away by themselves (a full disk being cleaned, a network blip).
@@ -31,12 +41,27 @@ def classify(exc: BaseException, pipeline: str) -> EmatixError:
         return read_error
     text = _clean(first_line(exc))
     if _is_spark(exc):
-        return SparkQueryFailed(f"pipeline {pipeline}: the streaming query failed: {text}")
+        return query_failure(exc, pipeline)
     if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
         return TargetError(f"pipeline {pipeline}: {type(exc).__name__}: {text} (retrying may help once the "
                            "cause is gone)")
     return UnexpectedError(f"pipeline {pipeline}: unexpected {type(exc).__name__}: {text} (no rule classifies "
                            "this failure, so it is treated as terminal; the traceback shows where it happened)")
+
+
+#: how a redis_stream reader's failure reads in Spark's report of it (a Python traceback's last line)
+_SOURCE_FAILURE = re.compile(r"\b(RedisUnreachable|RedisRefused|StreamTrimmed): ([^\n]+)")
+_SOURCE_ERRORS = {"RedisUnreachable": SourceUnavailable, "RedisRefused": SourceAccessDenied,
+                  "StreamTrimmed": SourceTrimmed}
+
+
+def query_failure(exc: BaseException, pipeline: str) -> EmatixError:
+    """A failed streaming query: a source's own failure when Spark's report carries one (Redis gone:
+    transient; refused credentials, a trimmed stream: terminal), else :class:`SparkQueryFailed` (transient)."""
+    found = _SOURCE_FAILURE.search(str(exc))
+    if found is not None:
+        return _SOURCE_ERRORS[found.group(1)](f"pipeline {pipeline}: {_clean(found.group(2).strip())}")
+    return SparkQueryFailed(f"pipeline {pipeline}: the streaming query failed: {_clean(first_line(exc))}")
 
 
 def _is_spark(exc: BaseException) -> bool:

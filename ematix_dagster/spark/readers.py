@@ -12,6 +12,9 @@ declared schema as a whole (a CSV header naming the columns in another order) fa
 instead: reading it by position would put values into the wrong columns without a trace
 (:mod:`.read_errors` says so, naming the file).
 
+A message source (``kafka``, ``redis_stream``) with a ``format`` has its payload decoded into its
+DDL columns by :mod:`.payloads`; ``redis_stream`` is the Python data source of :mod:`.redis_source`.
+
 A *managed* files source (:func:`managed`) is only listed by its stream (Spark's ``binaryFile``
 format, its ``content`` never selected); :mod:`.input_files` reads each batch's files, with this
 module's schema, options and engine columns.
@@ -22,15 +25,21 @@ they are.
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
 
+from pyspark import cloudpickle
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ematix_dagster.columns import CORRUPT, EVENT_TS, HEARTBEAT, SOURCE
 from ematix_dagster.errors import PipelineConfigError, first_line
+from ematix_dagster.spark import redis_source
+from ematix_dagster.spark.payloads import decoded
+from ematix_dagster.spark.redis_source import FORMAT as REDIS_FORMAT
+from ematix_dagster.spark.redis_source import RedisStreamDataSource
 from ematix_dagster.spec import PipelineSpec, Source
 
 # Epoch seconds of 0001-01-01 and 9999-12-31T23:59:59: the range Spark timestamps can hold.
@@ -154,16 +163,43 @@ def kafka_options(source: Source) -> dict[str, str]:
     return options
 
 
-def _kafka(spark: SparkSession, source: Source) -> DataFrame:
-    reader = spark.readStream.format("kafka")
-    for k, v in kafka_options(source).items():
-        reader = reader.option(k, v)
-    df = reader.load()
-    return df.select(
+def redis_options(source: Source) -> dict[str, str]:
+    """Reader options for a redis_stream source: its URL as written (the reader expands ``${NAME}``)."""
+    options = {"url": source.url or "", "streams": json.dumps(list(source.streams)),
+               "start": source.start or "earliest", "on_trimmed": source.on_trimmed or "fail"}
+    if source.max_entries_per_trigger:
+        options["max_entries"] = str(source.max_entries_per_trigger)
+    return options
+
+
+def kafka_columns(df: DataFrame, source: Source, key: str) -> DataFrame:
+    """Kafka's rows (its own schema) with key and value as text, the value decoded when the source
+    has a ``format`` (:mod:`.payloads`)."""
+    df = df.select(
         F.col("key").cast("string").alias("key"),
         F.col("value").cast("string").alias("value"),
         "topic", "partition", "offset", "timestamp",
     )
+    return decoded(df, source, parse_schema(source, key), key) if source.format else df
+
+
+def _kafka(spark: SparkSession, source: Source, key: str) -> DataFrame:
+    reader = spark.readStream.format("kafka")
+    for k, v in kafka_options(source).items():
+        reader = reader.option(k, v)
+    return kafka_columns(reader.load(), source, key)
+
+
+def _redis(spark: SparkSession, source: Source, key: str) -> DataFrame:
+    schema = parse_schema(source, key)  # before Spark hears of the source: a bad schema names its key
+    # Shipped by value: Spark's Python workers then import redis-py, not this package (whose import
+    # costs each new worker most of a second, and which a cluster's workers need not have).
+    cloudpickle.register_pickle_by_value(redis_source)
+    spark.dataSource.register(RedisStreamDataSource)
+    reader = spark.readStream.format(REDIS_FORMAT)
+    for k, v in redis_options(source).items():
+        reader = reader.option(k, v)
+    return decoded(reader.load(), source, schema, key)
 
 
 def read_source(spark: SparkSession, spec: PipelineSpec, index: int) -> DataFrame:
@@ -174,8 +210,10 @@ def read_source(spark: SparkSession, spec: PipelineSpec, index: int) -> DataFram
         df = _files(spark, source, key)
     elif source.kind == "rate":
         df = _rate(spark, source)
+    elif source.kind == "kafka":
+        df = _kafka(spark, source, key)
     else:
-        df = _kafka(spark, source)
+        df = _redis(spark, source, key)
     return with_engine_columns(df, spec, index)
 
 
@@ -184,10 +222,10 @@ def with_engine_columns(df: DataFrame, spec: PipelineSpec, index: int) -> DataFr
     columns added."""
     source = spec.sources[index]
     key = f"sources[{index}]"
-    if source.kind == "files":
+    if source.kind == "files" or source.event_time_column:  # a payload column of a broker source
         column, unit = source.event_time_column, source.event_time_unit
     else:
-        column, unit = "timestamp", "ms"
+        column, unit = "timestamp", "ms"  # the broker's time
     marks = spec.watermark  # the window's keys, or a row pipeline's [transform]
     if marks.event_time_column != EVENT_TS:
         column, unit, key = marks.event_time_column, marks.event_time_unit, f"{spec.watermark_table}.event_time_column"

@@ -4,7 +4,8 @@ Healthy means (docs/contract/targets-and-guarantees.md): ``last Spark commit <= 
 store's batch has the same offsets in the checkpoint, both belong to the same query, and the
 stored state is not newer than this code. Each problem says what is wrong in plain words and the
 way out. File-source offsets are indexes into the checkpoint's own log, so a lost checkpoint
-cannot be rebuilt from the store's offsets; sources with real offsets (Kafka) could resume.
+cannot be rebuilt from the store's offsets; sources with real offsets (Redis streams, Kafka) resume
+from them (:mod:`.resume`).
 """
 
 from __future__ import annotations
@@ -71,12 +72,7 @@ def validate_checkpoint(spec: PipelineSpec, record: PipelineRecord | None) -> li
             "run the newer ematix-dagster that wrote it"))
     store_batch = record.last_batch_id
     if not has_progress:
-        problems.append(Problem(
-            "checkpoint_missing",
-            f"the state store is at batch {store_batch} but the checkpoint {cp} is missing or empty. File-source "
-            "offsets are positions in the checkpoint's own file log, so the store's offsets cannot rebuild it "
-            "(a Kafka source could resume from them).",
-            f"restore the checkpoint directory {cp} from its backup, {RESET}"))
+        problems.append(_checkpoint_missing(spec, store_batch))
         return problems
     cp_query = checkpoint.query_id(cp)
     if record.query_id and cp_query and record.query_id != cp_query:
@@ -100,10 +96,43 @@ def validate_checkpoint(spec: PipelineSpec, record: PipelineRecord | None) -> li
             f"restore the checkpoint taken at batch {store_batch}, {RESET}"))
     elif checkpoint.offsets_exist(cp, store_batch):
         expected = checkpoint_offsets(spec, store_batch)
-        if record.offsets and record.offsets != expected:
+        if record.offsets and _input_offsets(record.offsets) != _input_offsets(expected):
             problems.append(Problem(
                 "offsets_differ",
                 f"for batch {store_batch} the state store recorded offsets {record.offsets} but the checkpoint has "
                 f"{expected}: they describe different input.",
                 f"restore the matching checkpoint, {RESET}"))
     return problems
+
+
+def _input_offsets(offsets: dict[str, str]) -> dict[str, str]:
+    """The offsets that say what was read: the heartbeat's do not (a resumed checkpoint restarts it)."""
+    return {name: line for name, line in offsets.items() if name != HEARTBEAT}
+
+
+#: source kinds whose stored offset names a position in the source (what seek_to needs)
+SEEKABLE = ("redis_stream", "kafka")
+
+
+def unseekable(spec: PipelineSpec) -> list[str]:
+    """The sources a resume from the store (:mod:`.resume`) cannot seek, described for a message."""
+    return [f"{s.name!r} ({s.kind})" for s in spec.sources if s.kind not in SEEKABLE]
+
+
+def _checkpoint_missing(spec: PipelineSpec, store_batch: int) -> Problem:
+    cp = spec.run.checkpoint_location
+    cannot = unseekable(spec)
+    if not cannot:
+        return Problem(
+            "checkpoint_missing",
+            f"the state store is at batch {store_batch} but the checkpoint {cp} is missing or empty. The store "
+            "holds the offsets of that batch and every source can seek to them.",
+            "`ematix-dagster run --resume-from-store PIPELINE.toml` starts a new checkpoint after the stored "
+            f"offsets, with the state intact and batch ids from {store_batch + 1} (or restore the checkpoint "
+            f"directory {cp} from its backup)")
+    return Problem(
+        "checkpoint_missing",
+        f"the state store is at batch {store_batch} but the checkpoint {cp} is missing or empty. The sources "
+        f"{', '.join(cannot)} cannot seek to the store's offsets (a files source's offsets are positions in the "
+        "checkpoint's own file log), so the store cannot rebuild it.",
+        f"restore the checkpoint directory {cp} from its backup, {RESET}")

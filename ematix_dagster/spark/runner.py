@@ -22,7 +22,6 @@ from ematix_dagster import faults
 from ematix_dagster.errors import (
     CheckpointDiverged,
     FingerprintChanged,
-    SparkQueryFailed,
     StateNotDurableError,
     first_line,
 )
@@ -31,7 +30,7 @@ from ematix_dagster.metrics import StreamingMetrics, default_metrics, serve
 from ematix_dagster.spark import checkpoint
 from ematix_dagster.spark.batch import BatchReport, BatchStep
 from ematix_dagster.spark.convert import output_schema
-from ematix_dagster.spark.failures import classify
+from ematix_dagster.spark.failures import classify, query_failure
 from ematix_dagster.spark.plan import analyse
 from ematix_dagster.spark.quiet import QuietFailures
 from ematix_dagster.spark.readers import union_sources
@@ -351,8 +350,7 @@ class PipelineRunner:
     def _raise(self, exc: BaseException) -> None:
         if self._error is not None and not isinstance(self._error, _BatchAbandoned):
             raise self.quiet.named(self._error, exc)
-        raise SparkQueryFailed(f"pipeline {self.spec.pipeline_name}: the streaming query failed: "
-                               f"{first_line(exc)}") from exc
+        raise query_failure(exc, self.spec.pipeline_name) from exc
 
     def _finish(self) -> Iterator[BatchReport]:
         """The end of an ``available_now`` run: the flush, or what stays open (held rows wait for W)."""

@@ -11,6 +11,7 @@ settings (``SPARK_LOCAL_IP``, ``spark.driver.host`` in ``spark-defaults.conf`` o
 from __future__ import annotations
 
 import os
+import sys
 
 from pyspark.sql import SparkSession
 
@@ -42,7 +43,12 @@ def get_spark(app_name: str = "ematix-dagster", master: str | None = None,
     """
     master = master or os.environ.get("EMATIX_SPARK_MASTER") or "local[2]"
     builder = SparkSession.builder.appName(app_name).master(master)
-    loopback = LOOPBACK_CONF if master.strip().lower().startswith("local") else {}
+    local = master.strip().lower().startswith("local")
+    loopback = LOOPBACK_CONF if local else {}
+    if local:
+        # Python workers (a Python data source such as redis_stream plans and reads in them) run
+        # "python3" from PATH unless told otherwise, which lacks this package's dependencies.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     for key, value in {**loopback, **DEFAULT_CONF, **(conf or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -67,7 +67,9 @@ def _resolved(obj: _T, key: str) -> _T:
     if isinstance(obj, tuple):
         return tuple(_resolved(item, f"{key}[{i}]") for i, item in enumerate(obj))  # type: ignore[return-value]
     if is_dataclass(obj) and not isinstance(obj, type):
-        return replace(obj, **{f.name: _resolved(getattr(obj, f.name), _child(key, f.name)) for f in fields(obj)})
+        # a field a source's reader expands itself (a Redis URL) stays as written: see Source.url
+        return replace(obj, **{f.name: _resolved(getattr(obj, f.name), _child(key, f.name)) for f in fields(obj)
+                               if not f.metadata.get("expanded_by_reader")})
     return obj
 
 
@@ -90,7 +92,8 @@ def spec_warnings(spec: PipelineSpec) -> list[str]:
     is typed into the file (files are shared, versioned and printed). The password is never shown."""
     urls = (("target.url", spec.target.url, "EMATIX_TARGET_URL"),
             ("dead_letter.url", spec.dead_letter.url if spec.dead_letter is not None else None, "EMATIX_DLQ_URL"),
-            ("state_store.url", spec.state_store.url, "EMATIX_STATE_URL"))
+            ("state_store.url", spec.state_store.url, "EMATIX_STATE_URL"),
+            *((f"sources[{i}].url", s.url, "REDIS_URL") for i, s in enumerate(spec.sources)))
     return [f"{key}: the URL holds a password written in the pipeline file; move the password to an environment "
             f'variable, e.g. url = "postgresql://user:${{PGPASSWORD}}@host/db" (any string may use ${{NAME}}), '
             f'or the whole URL, e.g. url = "${{{variable}}}"'

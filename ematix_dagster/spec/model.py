@@ -13,6 +13,7 @@ from ematix_dagster.columns import HEARTBEAT
 from ematix_dagster.spec.backfill import Backfill
 from ematix_dagster.spec.emit import EmitRelease, validate_emit
 from ematix_dagster.spec.environment import resolved_spec
+from ematix_dagster.spec.message_sources import MESSAGE_KEYS, validate_message_source
 from ematix_dagster.spec.registries import WINDOW_KINDS
 from ematix_dagster.spec.rows import RowTransform, validate_row_pipeline
 from ematix_dagster.spec.rules import (
@@ -61,6 +62,17 @@ class Source:
     #: type) does to the run. None means "fail": stop, naming the file (terminal); "skip": leave the
     #: file out of its batch, count it and record it in the dead letters (``spark.input_files.InputFiles``).
     on_unreadable_file: str | None = None
+    #: redis_stream (docs/contract/redis-streams.md). ``url`` is expanded by the reader, never by
+    #: :meth:`PipelineSpec.resolved`: a password in it must not reach Spark's options.
+    url: str | None = field(default=None, repr=False, metadata={"expanded_by_reader": True})
+    streams: tuple[str, ...] = ()
+    start: str | None = None
+    max_entries_per_trigger: int | None = None
+    on_trimmed: str | None = None
+    json_field: str | None = None
+
+    def __post_init__(self) -> None:
+        _listed_as_tuple(self, "streams")
 
     @property
     def skips_unreadable_files(self) -> bool:
@@ -72,7 +84,8 @@ class Source:
         if self.name == HEARTBEAT:
             _fail(f"{key}.name", f'"{HEARTBEAT}" is reserved for the engine', "pick another name")
         if self.kind not in SOURCE_KINDS:
-            _fail(f"{key}.kind", f"unknown source kind {self.kind!r}", 'use "files", "rate" or "kafka"')
+            _fail(f"{key}.kind", f"unknown source kind {self.kind!r}",
+                  'use "files", "rate", "kafka" or "redis_stream"')
         if self.event_time_unit not in TIME_UNITS:
             _fail(f"{key}.event_time_unit", f"unknown unit {self.event_time_unit!r}", 'use "ms", "us" or "s"')
         _non_negative(f"{key}.max_future_skew_ms", self.max_future_skew_ms)
@@ -80,13 +93,12 @@ class Source:
             "files": {"format", "path", "schema", "event_time_column", "max_files_per_trigger", "header",
                       "on_unreadable_file"},
             "rate": {"rows_per_second"},
-            "kafka": {"bootstrap_servers", "topic", "max_offsets_per_trigger", "starting_offsets"},
+            **MESSAGE_KEYS,
         }[self.kind]
-        optional = {"format", "path", "schema", "event_time_column", "max_files_per_trigger", "rows_per_second",
-                    "bootstrap_servers", "topic", "max_offsets_per_trigger", "starting_offsets", "header",
-                    "on_unreadable_file"}
+        optional = set().union(*MESSAGE_KEYS.values(), {"path", "max_files_per_trigger", "rows_per_second",
+                                                        "header", "on_unreadable_file"})
         for f in sorted(optional - allowed):
-            if getattr(self, f) is not None:
+            if getattr(self, f) not in (None, ()):
                 _fail(f"{key}.{f}", f"does not apply to a {self.kind} source", "remove it")
         if self.kind == "files":
             if self.format not in FILE_FORMATS:
@@ -111,12 +123,7 @@ class Source:
             if self.rows_per_second is not None:
                 _positive(f"{key}.rows_per_second", self.rows_per_second)
         else:
-            if not self.bootstrap_servers:
-                _fail(f"{key}.bootstrap_servers", "is required for a kafka source", 'e.g. "127.0.0.1:9092"')
-            if not self.topic:
-                _fail(f"{key}.topic", "is required for a kafka source", "name the topic to read")
-            if self.max_offsets_per_trigger is not None:
-                _positive(f"{key}.max_offsets_per_trigger", self.max_offsets_per_trigger)
+            validate_message_source(self, key)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from ematix_dagster.errors import PipelineConfigError
 LATE_POLICIES = ("drop", "reopen", "dlq")
 TIME_MODES = ("event", "processing")
 TIME_UNITS = ("ms", "us", "s")
-SOURCE_KINDS = ("files", "rate", "kafka")
+SOURCE_KINDS = ("files", "rate", "kafka", "redis_stream")
 FILE_FORMATS = ("parquet", "json", "csv")
 ON_UNREADABLE_FILE = ("fail", "skip")
 TARGET_KINDS = ("postgres", "parquet", "console")

@@ -18,13 +18,13 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 
 EXPECTED_ASSETS = {"public/user_clicks_1min", "ematix/clicks-hopping-5min", "ematix/user-sessions",
                    "ematix/card-payments", "ematix/revenue-per-channel", "ematix/embargoed-clicks",
-                   "ematix/clicks-hourly-delayed"}
+                   "ematix/clicks-hourly-delayed", "ematix/clicks-redis"}
 BACKFILL_ASSETS = {"public/user_clicks_1min-backfill"}  # partitioned, no streaming checks
 EXPECTED_SOURCES = {"files/ematix/data/clicks", "files/ematix/data/payments", "files/ematix/data/orders-web",
-                    "files/ematix/data/orders-mobile"}  # the inputs, as upstream assets
+                    "files/ematix/data/orders-mobile", "redis/ematix/clicks"}  # the inputs, as upstream assets
 EXPECTED_SENSORS = {"clicks_per_minute_keep_alive", "revenue_per_channel_keep_alive", "ematix_run_failure_sensor"}
 EXPECTED_JOBS = {"clicks_per_minute_job", "clicks_hopping_5min_job", "user_sessions_job", "card_payments_job",
-                 "revenue_per_channel_job", "embargoed_clicks_job", "clicks_hourly_delayed_job", "ematix_state_migration_job", "ematix_validate_job",
+                 "revenue_per_channel_job", "embargoed_clicks_job", "clicks_hourly_delayed_job", "clicks_redis_job", "ematix_state_migration_job", "ematix_validate_job",
                  "ematix_checks_job"}
 EXPECTED_SCHEDULES = {"clicks_hopping_5min_schedule", "ematix_state_migration_job_schedule",
                       "ematix_checks_job_schedule"}
@@ -99,7 +99,7 @@ def test_each_example_exists_as_toml_and_as_python_facade_with_the_same_spec(loc
     files = {"clicks-per-minute": "clicks_per_minute.toml", "clicks-hopping-5min": "clicks_hopping_5min.toml",
              "user-sessions": "user_sessions.toml", "card-payments": "card_payments.toml",
              "revenue-per-channel": "revenue_per_channel.toml", "embargoed-clicks": "embargoed_clicks.toml",
-             "clicks-hourly-delayed": "clicks_hourly_delayed.toml"}
+             "clicks-hourly-delayed": "clicks_hourly_delayed.toml", "clicks-redis": "clicks_redis.toml"}
     assert set(PIPELINES) == set(files)
     for name, file in files.items():
         assert load_pipeline(ROOT / "pipelines" / file) == PIPELINES[name].spec, name
@@ -187,7 +187,7 @@ def test_pipeline_jobs_run_their_asset_with_its_checks_and_the_checks_job_reads_
     assert [c.name for c in asset.check_specs if c.blocking] == ["checkpoint_consistency"]
     checks = sum(len(location.defs.resolve_assets_def(dg.AssetKey.from_user_string(key)).check_specs)
                  for key in EXPECTED_ASSETS)
-    assert checks == 23  # three per pipeline (7), watermark_lag for the two long-running ones
+    assert checks == 26  # three per pipeline (8), watermark_lag for the two long-running ones
     assert list(repo.get_job("ematix_checks_job").graph.node_dict) == ["report_checks"]
     schedule = repo.get_schedule_def("ematix_checks_job_schedule")
     assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING

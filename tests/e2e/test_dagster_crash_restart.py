@@ -27,17 +27,9 @@ import pytest
 
 from ematix_dagster.spec import StateStoreConfig
 from ematix_dagster.stores import make_store
-from tests.dagster_support import (
-    CLICKS_PIPELINE,
-    CLICKS_POOL,
-    CLICKS_SENSOR,
-    Dagit,
+from tests.dagster_graphql import (
     assert_reads_as_a_cancel,
     claimed_slots,
-    clicks_ground_truth,
-    clicks_target,
-    dagster_dev_env,
-    drop_clicks_target,
     event_pid,
     materializations,
     pipeline_runs,
@@ -45,6 +37,16 @@ from tests.dagster_support import (
     run_status,
     set_sensor,
     terminate,
+)
+from tests.dagster_support import (
+    CLICKS_PIPELINE,
+    CLICKS_POOL,
+    CLICKS_SENSOR,
+    Dagit,
+    clicks_ground_truth,
+    clicks_target,
+    dagster_dev_env,
+    drop_clicks_target,
     wait_for,
     write_click_file,
     write_click_inputs,

@@ -29,26 +29,28 @@ from urllib.parse import urlsplit
 import pytest
 
 from ematix_dagster.spec import StateStoreConfig, load_pipeline
+from tests.dagster_graphql import (
+    assert_reads_as_a_cancel,
+    asset_nodes,
+    check_executions,
+    check_statuses,
+    materialization_tags,
+    materializations,
+    run_events,
+    run_status,
+    terminate,
+)
 from tests.dagster_support import (
     CLICKS_JOB,
     CLICKS_OP,
     LOCATION,
     ROOT,
     Dagit,
-    assert_reads_as_a_cancel,
-    asset_nodes,
-    check_executions,
-    check_statuses,
     clicks_ground_truth,
     clicks_target,
     commit_state,
     dagster_dev_env,
     drop_clicks_target,
-    materialization_tags,
-    materializations,
-    run_events,
-    run_status,
-    terminate,
     wait_for,
     write_click_inputs,
 )

@@ -3,13 +3,15 @@
 
 Window state lives in the driver process (one Python dict per window, one list of accumulators
 per group), so the driver's memory is the ceiling of a pipeline's open state. This script fills
-the engine's real ``FixedState`` with ``--groups`` groups (one BIGINT key column; count and sum,
+the engine's real ``FixedState`` (or, ``--kind session``, ``SessionState``: one open session
+per key, held as columns) with ``--groups`` groups (one BIGINT key column; count and sum,
 or ``--aggs`` others) the way a batch does, measures the driver's RSS growth with psutil, then
 commits every group to a fresh SQLite (and, with ``--postgres URL``, PostgreSQL) state store
 through the same ``batch_commit`` a batch uses, and times it. It extrapolates the number of
 groups that fit in ``--memory-gib`` (default 24) with a third left for Spark's JVM and the rest.
 
     .venv/bin/python benchmarks/driver_state_ceiling.py                     # 1,000,000 groups
+    .venv/bin/python benchmarks/driver_state_ceiling.py --kind session      # 1,000,000 keys, a session each
     .venv/bin/python benchmarks/driver_state_ceiling.py --groups 3000000 --postgres postgresql://postgres@127.0.0.1/test
 """
 
@@ -43,23 +45,28 @@ PARTIALS = {"count": lambda i: 3, "sum": lambda i: i * 7, "avg": lambda i: (1.5 
 
 
 def fill(engine: Engine, groups: int, aggs: list[str], per_batch: int) -> None:
-    """``groups`` new groups in one window, ``per_batch`` at a time, as batches merge them."""
+    """``groups`` new groups (one window, or one session per key), ``per_batch`` at a time, as
+    batches merge them."""
     for first in range(0, groups, per_batch):
         keys = [(k,) for k in range(first, min(first + per_batch, groups))]
         partials = [[PARTIALS[a](k[0]) for k in keys] for a in aggs]
-        engine.state.merge([0] * len(keys), keys, partials)
+        starts = [0] * len(keys) if engine.window.kind == "tumbling" else [k * 1_000 for k, in keys]
+        engine.state.merge(starts, keys, partials, starts)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--groups", type=int, default=1_000_000)
     ap.add_argument("--aggs", nargs="+", choices=[a for a, p in PARTIALS.items() if p], default=["count", "sum"])
+    ap.add_argument("--kind", choices=["tumbling", "session"], default="tumbling")
     ap.add_argument("--memory-gib", type=float, default=24.0)
     ap.add_argument("--postgres", default=None, help="also commit to this PostgreSQL (a scratch schema)")
     args = ap.parse_args(argv)
 
-    window = Window(kind="tumbling", duration_ms=60_000, group_by=("key",), max_groups_per_window=args.groups,
-                    aggregations=tuple(AGGS[a] for a in args.aggs))
+    shape = {"duration_ms": 60_000} if args.kind == "tumbling" else \
+        {"gap_ms": 30_000, "max_session_duration_ms": 3_600_000_000}
+    window = Window(kind=args.kind, group_by=("key",), max_groups_per_window=args.groups,
+                    aggregations=tuple(AGGS[a] for a in args.aggs), **shape)
     engine = Engine.for_window("ceiling", window, ("s",), [a == "sum" for a in args.aggs])
     engine.process(BatchInput(batch_id=0, batch_time=0, sources={"s": SourceStats()}))
     proc = psutil.Process()
@@ -86,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
             store.open()
             try:
                 store.acquire_lease("ceiling", make_holder("ceiling benchmark"))
-                engine.state.dirty = {0: set(engine.state.windows[0])}
+                if args.kind == "tumbling":  # sessions are dirty from their merge until a commit
+                    engine.state.dirty = {0: set(engine.state.windows[0])}
                 t0 = time.perf_counter()
                 commit = batch_commit(engine, "ceiling")
                 encode_s = time.perf_counter() - t0

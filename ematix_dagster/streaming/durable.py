@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import chain
 from typing import Any, Callable, Sequence, cast
 
 from ematix_dagster.streaming.aggregators import Aggregator
 from ematix_dagster.streaming.emitted import GroupKey
 from ematix_dagster.streaming.micro_batch import Engine
-from ematix_dagster.streaming.state.base import StoredGroup, WrittenRow
+from ematix_dagster.streaming.state.base import StoreChanges, StoredGroup, WrittenRow
 from ematix_dagster.streaming.windows import WindowKind
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, SourceProgress
 from state_store.codec import STATE_VERSION, decode_key, decode_state, encode_key, encode_state
@@ -48,7 +49,7 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
         upserts.append((start, cast(int, end), encoded, encode_state(accs)))  # take_changes sets every end
         if emitted is not None:  # a session's flag is its own (schema step 5)
             flags[(start, encoded)] = emitted
-    written = written_rows(state.written, upserts) if state.keeps_written else {}
+    written = written_rows(state.written, changes) if state.keeps_written else {}
     marks = engine.watermarks
     record = PipelineRecord(
         pipeline=pipeline, state_version=STATE_VERSION, query_id=provenance.query_id,
@@ -71,19 +72,21 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
     )
 
 
-def written_rows(written: dict[int, dict[GroupKey, WrittenRow]],
-                 upserts: list[tuple[int, int, bytes, bytes]]) -> dict[tuple[int, bytes], bytes]:
+def written_rows(written: dict[int, dict[GroupKey, WrittenRow]], changes: StoreChanges) -> dict[tuple[int, bytes], bytes]:
     """The written row of each upserted group that has one, encoded (schema step 6): it travels
-    with its group's row, so it is stored, restored and deleted with it."""
-    if not written:
-        return {}
-    upserted = {(start, encoded) for start, _end, encoded, _blob in upserts}
+    with its group's row, so it is stored, restored and deleted with it. A state that keeps
+    written rows writes every changed group by itself (``window_rows``' ``by_group``), so the
+    upserted groups are ``changes``' upserts and its windows' changed keys: looked up one by one,
+    not a walk over every written row held."""
+    upserted = chain(((group.start, group.key) for group in changes.upserts),
+                     ((start, key) for start, _end, _groups, keys in changes.windows for key in keys))
     out = {}
-    for start, by_key in written.items():
-        for key, (end, values) in by_key.items():
-            encoded = encoded_key(key)
-            if (start, encoded) in upserted:
-                out[(start, encoded)] = encode_state([end, *values])
+    for start, key in upserted:
+        by_key = written.get(start)
+        row = by_key.get(key) if by_key is not None else None
+        if row is not None:
+            end, values = row
+            out[(start, encoded_key(key))] = encode_state([end, *values])
     return out
 
 

@@ -132,3 +132,26 @@ def test_bytes_per_sliding_partial_match_the_measured_layout(aggs: tuple[Aggrega
         tracemalloc.stop()
     expected = estimate_state(window).bytes_per_group
     assert abs(expected - measured) <= measured / 3, (expected, measured)
+
+
+def test_bytes_per_session_match_the_measured_layout() -> None:
+    """Sessions are held as columns: one session for each of 20,000 keys (count and sum), measured
+    after the commit took its bookkeeping."""
+    from ematix_dagster.streaming.micro_batch import Engine
+
+    window = Window(kind="session", gap_ms=30_000, max_session_duration_ms=3_600_000, max_groups_per_window=GROUPS,
+                    group_by=("user",), aggregations=(CASES["count"][0], CASES["sum"][0]))
+    state = Engine.for_window("p", window, ("s",), (False, True)).state
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        keys = [(f"user-{i:06d}",) for i in range(GROUPS)]
+        times = [1_700_000_000_000_000 + i * 1_000 for i in range(GROUPS)]
+        state.merge(times, keys, [[3] * GROUPS, [i * 1_000_003 for i in range(GROUPS)]], times)
+        del keys, times
+        state.take_changes()  # the commit's bookkeeping, not the state
+        measured = (tracemalloc.get_traced_memory()[0] - before) / GROUPS
+    finally:
+        tracemalloc.stop()
+    expected = estimate_state(window).bytes_per_group
+    assert abs(expected - measured) <= measured / 3, (expected, measured)

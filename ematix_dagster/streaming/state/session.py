@@ -14,6 +14,10 @@ emitted (docs/contract/windows.md), which the watermark alone cannot tell. The l
 each session is kept (``StateBase.written``): when its (start, key) disappears (it merged away, or
 its start moved) that row is retracted as written, whichever trigger wrote it.
 
+Sessions are held as columns (``streaming.state.columns``), sorted by key id and start: a batch
+is merged (``streaming.state.session_merge``), reported, evicted and committed as whole arrays,
+and Python runs only over what the batch brings or emits.
+
 >>> from ematix_dagster.streaming.aggregators import Count
 >>> from ematix_dagster.streaming.emission import emit
 >>> from ematix_dagster.streaming.windows import SessionWindows
@@ -30,18 +34,17 @@ its start moved) that row is retracted as written, whichever trigger wrote it.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
+
+import numpy as np
 
 from ematix_dagster.columns import RETRACT
-from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
-from ematix_dagster.streaming.aggregators import PartialRowError, merge_partials
-from ematix_dagster.streaming.bounds import WindowBounds
+from ematix_dagster.streaming.aggregators import Aggregator, PartialRowError
 from ematix_dagster.streaming.emitted import EmittedRow, GroupKey
 from ematix_dagster.streaming.state.base import (
     CLOSING,
+    KEY_VALUE_BYTES,
     OPEN,
     Accumulators,
     Report,
@@ -49,227 +52,215 @@ from ematix_dagster.streaming.state.base import (
     StoreChanges,
     StoredGroup,
 )
+from ematix_dagster.streaming.state.columns import I64, NOT_STORED, KeyIndex, ints, objects, run_starts
+from ematix_dagster.streaming.state.session_merge import MergePlan, plan_merge
 
 if TYPE_CHECKING:
     from ematix_dagster.streaming.windows.session import SessionWindows
 
+#: one held session without its accumulators: key id, start, end, stored start (8 bytes each), the
+#: flags, and a slot per accumulator column (measured by ``tests/streaming/test_state_size.py``)
+SESSION_ROW_BYTES = 40
+#: a key's own cost while it holds a session: its index entry and tuple (shared by its sessions)
+SESSION_KEY_BYTES = 120
 
-class Session:
-    """One session of one key. ``last`` is exact in memory; a restored session only knows
-    ``max(start, end - gap)``, which decides nothing (joins and ends follow ``end``)."""
 
-    __slots__ = ("start", "last", "end", "bucket", "accs", "emitted", "changed", "stored_start", "alive")
+class HeldSession(NamedTuple):
+    """One held session as a row (:attr:`SessionState.sessions`, for messages and tests)."""
 
-    def __init__(self, start: int, last: int, end: int, bucket: int, accs: Accumulators, emitted: bool,
-                 stored_start: int | None = None) -> None:
-        self.start = start
-        self.last = last
-        self.end = end
-        self.bucket = bucket
-        self.accs = accs
-        self.emitted = emitted
-        self.changed = False  # changed since the last report
-        self.stored_start = stored_start  # the start a commit last wrote it under (None: never)
-        self.alive = True  # False once merged away or evicted (its heap entries are then stale)
+    start: int
+    end: int
+    accs: Accumulators
+    emitted: bool
 
-    def __repr__(self) -> str:
-        return f"Session({self.start}, {self.end}, accs={self.accs!r}, emitted={self.emitted})"
+
+def _empty(width: int) -> dict[str, Any]:
+    return {"kid": np.zeros(0, I64), "start": np.zeros(0, I64), "end": np.zeros(0, I64),
+            "stored": np.zeros(0, I64), "emitted": np.zeros(0, bool), "changed": np.zeros(0, bool),
+            "dirty": np.zeros(0, bool), "accs": [objects((), 0) for _ in range(width)]}
 
 
 @dataclass
 class SessionState(StateBase):
-    """Every key's open (and, under ``reopen``, retained) sessions, sorted by start.
+    """Every key's open (and, under ``reopen``, retained) sessions, as columns sorted by (key, start).
 
     ``max_groups_per_window`` caps the keys holding an open or retained session at once.
+    ``changed``: since the last report; ``dirty``: since the last commit; ``stored``: the start a
+    commit last wrote the session under (``NOT_STORED``: never).
     """
 
     kind: SessionWindows
     keeps_written: bool = True
-    sessions: dict[GroupKey, list[Session]] = field(default_factory=dict)
-    # since the last report: sessions changed, and the (key, start) of sessions that merged or moved
-    _changed: dict[int, tuple[GroupKey, Session]] = field(default_factory=dict, init=False, repr=False)
+    index: KeyIndex = field(default_factory=KeyIndex, repr=False)
+    kid: np.ndarray = field(init=False, repr=False)
+    start: np.ndarray = field(init=False, repr=False)
+    end: np.ndarray = field(init=False, repr=False)
+    stored: np.ndarray = field(init=False, repr=False)
+    emitted: np.ndarray = field(init=False, repr=False)
+    changed: np.ndarray = field(init=False, repr=False)
+    dirty: np.ndarray = field(init=False, repr=False)
+    #: one object column per aggregator
+    accs: list[np.ndarray] = field(init=False, repr=False)
+    # since the last report: the (key, start) of sessions rebuilt; since the last commit: rows to delete
     _moved: dict[tuple[GroupKey, int], None] = field(default_factory=dict, init=False, repr=False)
-    # since the last commit: sessions to write, and (start, key) rows to delete
-    _dirty: dict[int, tuple[GroupKey, Session]] = field(default_factory=dict, init=False, repr=False)
     _dropped: dict[tuple[int, GroupKey], None] = field(default_factory=dict, init=False, repr=False)
-    # sessions by end, to finalise and to evict without scanning every key each batch: entries
-    # (end, sequence, key, session), stale once the session's end moved or it left state
-    _to_final: list[tuple[int, int, GroupKey, Session]] = field(default_factory=list, init=False, repr=False)
-    _to_evict: list[tuple[int, int, GroupKey, Session]] = field(default_factory=list, init=False, repr=False)
-    _seq: Iterator[int] = field(default_factory=itertools.count, init=False, repr=False)
+    # accumulator rows handed out whose hidden row counts an early trigger may move in place
+    _lent: list[tuple[np.ndarray, list[Accumulators]]] = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._set(_empty(len(self.aggregators)))
+        self._hidden = [i for i, agg in enumerate(self.aggregators) if agg.hidden]
+
+    def _set(self, columns: dict[str, Any]) -> None:
+        for name, column in columns.items():
+            setattr(self, name, column)
+
+    def _columns(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in ("kid", "start", "end", "stored", "emitted", "changed",
+                                                       "dirty", "accs")}
+
+    def _take(self, rows: np.ndarray) -> None:
+        """Keep the rows ``rows`` (positions or a mask), in that order."""
+        self._set({name: [c[rows] for c in column] if name == "accs" else column[rows]
+                   for name, column in self._columns().items()})
+
+    @staticmethod
+    def bytes_per_group(aggregators: Sequence[Aggregator], key_width: int) -> int:
+        """One held session: its row in the columns plus its accumulators (the key's own bytes are
+        shared by its sessions, counted once per key as one session's)."""
+        return (SESSION_ROW_BYTES + SESSION_KEY_BYTES + KEY_VALUE_BYTES * key_width
+                + sum(a.state_bytes for a in aggregators))
+
+    @property
+    def sessions(self) -> dict[GroupKey, list[HeldSession]]:
+        """Each key's sessions by start, as rows (a snapshot: for messages and tests)."""
+        self._settle()
+        out: dict[GroupKey, list[HeldSession]] = {}
+        rows = zip(self.index.keys_of(self.kid), self.start.tolist(), self.end.tolist(),
+                   map(list, zip(*[c.tolist() for c in self.accs])), self.emitted.tolist())
+        for key, start, end, accs, emitted in rows:
+            out.setdefault(key, []).append(HeldSession(start, end, accs, emitted))
+        return out
 
     @property
     def group_count(self) -> int:
         """Keys holding a session (what ``max_groups_per_window`` caps)."""
-        return len(self.sessions)
+        return len(run_starts(self.kid))
 
     @property
     def window_count(self) -> int:
-        return sum(map(len, self.sessions.values()))
+        return len(self.kid)
 
     @property
     def state_rows(self) -> int:
         """Rows the store holds for this state: one per session."""
-        return self.window_count
+        return len(self.kid)
 
     @property
     def flush_watermark(self) -> int | None:
         """The watermark at which every session is final: past the latest end (final is ``end < W``)."""
-        end = max((s.end for held in self.sessions.values() for s in held), default=None)
-        return None if end is None else end + 1
+        return int(self.end.max()) + 1 if len(self.end) else None
 
     def open_windows(self, watermark: int | None) -> int:
         """Sessions not emitted yet (retained ones under ``reopen`` were): the flag decides, not W."""
-        return sum(1 for held in self.sessions.values() for s in held if not s.emitted)
+        return int(np.count_nonzero(~self.emitted))
 
     # -- merge ----------------------------------------------------------------------------------
 
     def merge(self, starts: Sequence[int], keys: Sequence[GroupKey], partials: Sequence[Sequence[Any]],
               lasts: Sequence[int] = ()) -> None:
         """Fold one batch's session partials in (row r: ``keys[r]``, event times ``starts[r]`` to
-        ``lasts[r]`` in one cap bucket, ``partials[i][r]`` for aggregator i, as ``merge_batch`` takes them).
+        ``lasts[r]`` in one cap bucket, ``partials[i][r]`` for aggregator i).
 
-        Sessions are joined and bridged first, so every partial row knows the accumulator list it
-        lands in; then each aggregator folds its whole column at once.
+        Sessions are joined and bridged first (:func:`plan_merge`), so every partial row knows the
+        row it lands in; then each aggregator folds its whole column at once.
         """
-        rows_by_key: dict[GroupKey, list[int]] = {}
-        for r, key in enumerate(keys):
-            rows_by_key.setdefault(key, []).append(r)
-        self._check_cap(rows_by_key, starts)
-        states: list[Accumulators] = [[] for _ in keys]
-        for key, rows in rows_by_key.items():
-            self.sessions[key] = self._merge_key(key, self.sessions.get(key, []), rows, starts, lasts, states)
-        try:
-            merge_partials(self.aggregators, states, partials)
-        except PartialRowError as failed:
-            self.failed_merge(failed.error, failed.index, keys[failed.row], starts[failed.row])
+        self._settle()
+        n = len(keys)
+        if not n:
+            return
+        keys = list(keys)
+        kids = self.index.ids_of(keys)
+        self._check_cap(kids, keys, starts)
+        plan = plan_merge(self, kids, keys, ints(starts, n), ints(lasts, n))
+        self._apply(plan)
+        targets = plan.target
+        self._fold(targets, plan.shared, keys, starts, partials)
+        self.changed[targets] = True
+        self.dirty[targets] = True
 
-    def _check_cap(self, rows_by_key: dict[GroupKey, list[int]], starts: Sequence[int]) -> None:
+    def _check_cap(self, kids: np.ndarray, keys: list[GroupKey], starts: Sequence[int]) -> None:
         """Refuse the batch before changing anything when its new keys would pass the cap."""
         cap = self.max_groups_per_window
-        room = cap - len(self.sessions)
-        new = [key for key in rows_by_key if key not in self.sessions]
+        holding = np.zeros(len(self.index), bool)
+        holding[self.kid] = True
+        distinct, first = np.unique(kids, return_index=True)
+        new = first[~holding[distinct]]
+        room = cap - len(run_starts(self.kid))
         if len(new) > room:
-            key = new[max(room, 0)]
-            raise self.cap_hit(f"max_groups_per_window={cap}", "keys already hold a session", key,
-                               starts[rows_by_key[key][0]])
+            r = int(np.sort(new)[max(room, 0)])
+            raise self.cap_hit(f"max_groups_per_window={cap}", "keys already hold a session", keys[r], starts[r])
 
-    def _merge_key(self, key: GroupKey, held: list[Session], rows: list[int], firsts: Sequence[int],
-                   lasts: Sequence[int], states: list[Accumulators]) -> list[Session]:
-        """The key's sessions after its partials join them; ``states[r]`` gets row r's accumulators."""
-        rules = self.kind
-        if len(rows) == 1 and (not held or firsts[rows[0]] > max(s.end for s in held)):
-            # the common case: one partial after everything the key holds opens a new session
-            r = rows[0]
-            bucket = rules.bucket(firsts[r])
-            if lasts[r] >= firsts[r] and rules.bucket(lasts[r]) == bucket:
-                session = Session(firsts[r], lasts[r], rules.session_end(lasts[r], bucket), bucket,
-                                  [None] * len(self.aggregators), emitted=False)
-                session.changed = True
-                self._changed[id(session)] = self._dirty[id(session)] = (key, session)
-                self._track(key, session)
-                states[r] = session.accs
-                return [*held, session]
-        by_bucket: dict[int, list[int]] = {}
-        for r in rows:
-            first, last = firsts[r], lasts[r]
-            bucket = rules.bucket(first)
-            if last < first or rules.bucket(last) != bucket:
-                raise ValueError(f"session partial [{first}, {last}] of group {key!r:.200} is not one "
-                                 f"ordered run inside one cap bucket (pipeline {self.pipeline})")
-            by_bucket.setdefault(bucket, []).append(r)
-        kept = [s for s in held if s.bucket not in by_bucket]
-        for bucket, brows in by_bucket.items():
-            # (start, end, session or None, partial row or -1), swept by start: an item joins the
-            # run so far iff it starts at or before the run's end (within gap, or before the cap)
-            items: list[tuple[int, int, Session | None, int]] = [(s.start, s.end, s, -1) for s in held
-                                                                 if s.bucket == bucket]
-            items += [(firsts[r], rules.session_end(lasts[r], bucket), None, r) for r in brows]
-            items.sort(key=lambda item: (item[0], item[1]))
-            run: list[tuple[int, int, Session | None, int]] = []
-            run_end = 0
-            for item in items:
-                if run and item[0] > run_end:
-                    kept.append(self._join(key, bucket, run, lasts, states))
-                    run = []
-                run_end = item[1] if not run else max(run_end, item[1])
-                run.append(item)
-            kept.append(self._join(key, bucket, run, lasts, states))
-        kept.sort(key=lambda s: s.start)
-        return kept
+    def _apply(self, plan: MergePlan) -> None:
+        """The plan's rows in, its removed rows out, sorted by (key, start) again; ``plan.target``
+        becomes positions in the new columns."""
+        keep = np.ones(len(self.kid), bool)
+        keep[plan.removed] = False
+        kept = int(np.count_nonzero(keep))
+        added = len(plan.kids)
+        old = self._columns()
+        cat: dict[str, Any] = {name: np.concatenate((old[name][keep], new)) for name, new in (
+            ("kid", ints(plan.kids, added)), ("start", ints(plan.starts, added)), ("end", ints(plan.ends, added)),
+            ("stored", ints(plan.stored, added)), ("emitted", np.array(plan.emitted, bool)),
+            ("changed", np.zeros(added, bool)), ("dirty", np.zeros(added, bool)))}
+        cat["accs"] = [np.concatenate((column[keep], objects(new, added))) for column, new in zip(old["accs"], plan.accs)]
+        self._set(cat)
+        order = np.lexsort((self.start, self.kid))
+        self._take(order)
+        position = np.empty(len(order), I64)
+        position[order] = np.arange(len(order), dtype=I64)
+        plan.target = position[plan.target + kept]
+        self._moved.update(dict.fromkeys(plan.moved))
+        self._dropped.update(dict.fromkeys(plan.dropped))
 
-    def _join(self, key: GroupKey, bucket: int, run: list[tuple[int, int, Session | None, int]],
-              lasts: Sequence[int], states: list[Accumulators]) -> Session:
-        """One session from a run of existing sessions and partial rows (sorted by start)."""
-        olds = [item[2] for item in run if item[2] is not None]
-        rows = [item[3] for item in run if item[2] is None]
-        if not rows:  # untouched (sessions in state never join each other)
-            assert len(olds) == 1, olds
-            return olds[0]
-        for s in olds:  # their (start, key) may disappear: the report retracts what was written for it
-            self._moved[(key, s.start)] = None
-        start, end = run[0][0], max(item[1] for item in run)
-        last = max([s.last for s in olds] + [lasts[r] for r in rows])
-        if olds:
-            survivor = olds[0]
-            for other in olds[1:]:
-                for i, agg in enumerate(self.aggregators):
-                    try:
-                        survivor.accs[i] = agg.merge(survivor.accs[i], other.accs[i])
-                    except (StateCapExceeded, AggregationOverflow, CorruptState) as exc:
-                        self.failed_merge(exc, i, key, start)
-                survivor.emitted = survivor.emitted or other.emitted
-                self._forget(key, other)
-            survivor.start, survivor.last, survivor.end = start, last, end
-        else:
-            survivor = Session(start, last, end, bucket, [None] * len(self.aggregators), emitted=False)
-        survivor.changed = True
-        self._changed[id(survivor)] = self._dirty[id(survivor)] = (key, survivor)
-        self._track(key, survivor)
-        for r in rows:
-            states[r] = survivor.accs
-        return survivor
-
-    def _track(self, key: GroupKey, session: Session) -> None:
-        """Index ``session`` by its (new) end for :meth:`report` and :meth:`evict`."""
-        entry = (session.end, next(self._seq), key, session)
-        heapq.heappush(self._to_final, entry)
-        heapq.heappush(self._to_evict, entry)
-
-    def _forget(self, key: GroupKey, session: Session) -> None:
-        """``session`` leaves state (merged away or evicted): the store deletes its row."""
-        session.alive = False
-        self._changed.pop(id(session), None)
-        self._dirty.pop(id(session), None)
-        if session.stored_start is not None:
-            self._dropped[(session.stored_start, key)] = None
+    def _fold(self, targets: np.ndarray, shared: bool, keys: list[GroupKey], starts: Sequence[int],
+              partials: Sequence[Sequence[Any]]) -> None:
+        """Each aggregator folds its column of partials into the rows ``targets`` (several partials
+        of one row, when ``shared``, in batch order)."""
+        n = len(targets)
+        if shared:
+            rows, inverse = np.unique(targets, return_inverse=True)
+            inverse_list = inverse.tolist()
+        for i, agg in enumerate(self.aggregators):
+            column = self.accs[i]
+            try:
+                if not shared:
+                    column[targets] = objects(agg.merge_column(column[targets].tolist(), partials[i]), n)
+                    continue
+                slots = [[acc] for acc in column[rows].tolist()]
+                agg.merge_batch([slots[j] for j in inverse_list], 0, partials[i])
+                column[rows] = objects((slot[0] for slot in slots), len(rows))
+            except PartialRowError as failed:
+                self.failed_merge(failed.error, i, keys[failed.row], starts[failed.row])
 
     # -- emission and eviction ----------------------------------------------------------------------
 
     def report(self, before: int | None, watermark: int | None, retention: int, scope: str = CLOSING) -> Report:
         """Every session changed since the last report that is emitted or closes (open ones as
-        ``scope`` says), and every other one whose end passed W (or, with :data:`OPEN`, that is
-        not emitted); the rows written for sessions whose (start, key) no longer exists."""
-        out = Report()
-        rules = self.kind
-        for key, s in self._changed.values():
-            closed = rules.is_final(WindowBounds(s.start, s.end), watermark)
-            if s.emitted or closed or scope != CLOSING:
-                out.add_row(s.start, s.end, key, s, True, s.emitted, closed)
-            s.changed = False
-        reported, self._changed = set(self._changed), {}  # a session has as many heap entries as changes
+        ``scope`` says), and every other one whose end passed W and that was not emitted (with
+        :data:`OPEN`, every one not emitted); the rows written for sessions whose (start, key) no
+        longer exists."""
+        self._settle()
+        changed, emitted = self.changed, self.emitted
+        closed = self.end < watermark if watermark is not None else np.zeros(len(changed), bool)
+        pick = changed & (emitted | closed) if scope == CLOSING else changed.copy()
+        pick |= ~changed & ~emitted & (closed if scope != OPEN else True)
+        rows = np.flatnonzero(pick)
+        out = Report(starts=self.start[rows].tolist(), ends=self.end[rows].tolist(),
+                     keys=self.index.keys_of(self.kid[rows]), changed=changed[rows].tolist(),
+                     emitted=emitted[rows].tolist(), closed=closed[rows].tolist(), handles=rows.tolist())
+        changed[:] = False
         out.gone.add_rows(self._gone())
-        finals = self._to_final
-        while finals and rules.is_final(WindowBounds(finals[0][3].start, finals[0][0]), watermark):
-            end, _, key, s = heapq.heappop(finals)
-            if s.alive and s.end == end and not s.emitted and id(s) not in reported:
-                reported.add(id(s))
-                out.add_row(s.start, s.end, key, s, False, False, True)
-        if scope == OPEN:
-            for key, held in self.sessions.items():
-                for s in held:
-                    if not s.emitted and id(s) not in reported:
-                        out.add_row(s.start, s.end, key, s, False, False, False)
         return out
 
     def _gone(self) -> list[EmittedRow]:
@@ -277,7 +268,7 @@ class SessionState(StateBase):
         rows = []
         for key, start in self._moved:
             by_key = self.written.get(start)
-            if by_key is not None and key in by_key and not any(s.start == start for s in self.sessions.get(key, ())):
+            if by_key is not None and key in by_key and not self._holds(key, start):
                 end, values = by_key.pop(key)
                 rows.append(EmittedRow(start, end, key, values, RETRACT))
                 if not by_key:
@@ -285,55 +276,82 @@ class SessionState(StateBase):
         self._moved = {}
         return rows
 
+    def _holds(self, key: GroupKey, start: int) -> bool:
+        kid = self.index.ids.get(key)
+        if kid is None:
+            return False
+        lo, hi = np.searchsorted(self.kid, [kid, kid + 1])
+        return bool(np.any(self.start[lo:hi] == start))
+
     def accumulators(self, report: Report, rows: Sequence[int]) -> list[Accumulators]:
-        handles = report.handles
-        return [handles[r].accs for r in rows]
+        self._settle()
+        at = ints(map(report.handles.__getitem__, rows), len(rows))
+        found = list(map(list, zip(*[column[at].tolist() for column in self.accs])))
+        if self._hidden:
+            self._lent.append((at, found))
+        return found
+
+    def _settle(self) -> None:
+        """Write back the hidden row counts an early trigger moved in the rows it was handed."""
+        for at, found in self._lent:
+            for i in self._hidden:
+                self.accs[i][at] = objects((accs[i] for accs in found), len(at))
+        self._lent = []
 
     def mark_emitted(self, report: Report, rows: Sequence[int]) -> None:
         """The flag is stored with the session: a session that absorbs an emitted one is emitted
         before its end passes W, which W alone cannot tell."""
-        handles, keys = report.handles, report.keys
-        for r in rows:
-            s = handles[r]
-            if not s.emitted:
-                s.emitted = True
-                self._dirty[id(s)] = (keys[r], s)
+        self._settle()
+        at = ints(map(report.handles.__getitem__, rows), len(rows))
+        at = at[~self.emitted[at]]
+        self.emitted[at] = True
+        self.dirty[at] = True
 
     def touch(self, report: Report, rows: Sequence[int]) -> None:
-        handles, keys = report.handles, report.keys
-        for r in rows:
-            self._dirty[id(handles[r])] = (keys[r], handles[r])
+        self._settle()
+        self.dirty[ints(map(report.handles.__getitem__, rows), len(rows))] = True
 
     def evict(self, watermark: int | None, retention: int) -> None:
-        rules, evict = self.kind, self._to_evict
-        while evict and rules.is_evicted(WindowBounds(evict[0][3].start, evict[0][0]), watermark, retention):
-            end, _, key, s = heapq.heappop(evict)
-            if s.alive and s.end == end:
-                held = [other for other in self.sessions[key] if other is not s]
-                self._forget(key, s)
-                by_key = self.written.get(s.start)
-                if by_key is not None and by_key.pop(key, None) is not None and not by_key:
-                    del self.written[s.start]
-                if held:
-                    self.sessions[key] = held
-                else:
-                    del self.sessions[key]
+        self._settle()
+        if watermark is None:
+            return
+        gone = self.end + retention < watermark
+        if not gone.any():
+            return
+        at = np.flatnonzero(gone)
+        keys, stored = self.index.keys_of(self.kid[at]), self.stored[at]
+        was = np.flatnonzero(stored != NOT_STORED)
+        self._dropped.update(dict.fromkeys(zip(stored[was].tolist(), map(keys.__getitem__, was.tolist()))))
+        written = self.written
+        for key, start in zip(keys, self.start[at].tolist()) if written else ():
+            by_key = written.get(start)
+            if by_key is not None and by_key.pop(key, None) is not None and not by_key:
+                del written[start]
+        self._take(~gone)
+        if len(self.index) > 2 * len(run_starts(self.kid)) + 1024:  # mostly keys that hold nothing now
+            self.kid = self.index.compact(self.kid)
 
     # -- durable state ----------------------------------------------------------------------------
 
     def take_changes(self) -> StoreChanges:
         """Sessions changed and (start, key) rows gone since the last call (a store deletes first,
         then upserts). A session whose start moved is deleted under its old start."""
-        upserts: list[StoredGroup] = []
+        self._settle()
+        at = np.flatnonzero(self.dirty)
+        starts, stored = self.start[at], self.stored[at]
+        keys = self.index.keys_of(self.kid[at])
         deletes = dict(self._dropped)
-        for key, s in self._dirty.values():
-            if s.stored_start is not None and s.stored_start != s.start:
-                deletes[(s.stored_start, key)] = None
-            s.stored_start = s.start
-            upserts.append(StoredGroup(s.start, s.end, key, s.accs, s.emitted))
-        for group in upserts:
-            deletes.pop((group.start, group.key), None)
-        self._dirty, self._dropped = {}, {}
+        moved = np.flatnonzero((stored != NOT_STORED) & (stored != starts))
+        deletes.update(dict.fromkeys(zip(stored[moved].tolist(), map(keys.__getitem__, moved.tolist()))))
+        starts_list = starts.tolist()
+        accs = map(list, zip(*[column[at].tolist() for column in self.accs]))
+        upserts = list(map(StoredGroup, starts_list, self.end[at].tolist(), keys, accs, self.emitted[at].tolist()))
+        if deletes:
+            for upserted in zip(starts_list, keys):
+                deletes.pop(upserted, None)
+        self.stored[at] = starts
+        self.dirty[:] = False
+        self._dropped = {}
         return StoreChanges(upserts=upserts, deletes=list(deletes))
 
     def restore(self, groups: Iterable[StoredGroup], watermark: int | None) -> None:
@@ -344,16 +362,19 @@ class SessionState(StateBase):
         when sessions ran under drop / dlq only) is emitted exactly when its end is before W:
         without reopen no accepted row can reach an emitted session.
         """
-        if self.sessions:
+        if len(self.kid):
             raise RuntimeError("restore needs an empty SessionState")
-        gap, bucket = self.kind.gap, self.kind.bucket
-        for start, end, key, accs, emitted in groups:
-            assert end is not None, "sessions are stored with their ends"
-            if emitted is None:
-                emitted = self.kind.is_final(WindowBounds(start, end), watermark)
-            session = Session(start, max(start, end - gap), end, bucket(start), list(accs), bool(emitted),
-                              stored_start=start)
-            self.sessions.setdefault(key, []).append(session)
-            self._track(key, session)
-        for held in self.sessions.values():
-            held.sort(key=lambda s: s.start)
+        groups = list(groups)
+        n = len(groups)
+        if not n:
+            return
+        starts, ends, keys, accs, flags = (list(column) for column in zip(*groups))
+        assert None not in ends, "sessions are stored with their ends"
+        end = ints(ends, n)
+        final = end < watermark if watermark is not None else np.zeros(n, bool)
+        emitted = np.array([bool(f) if f is not None else bool(c) for f, c in zip(flags, final.tolist())], bool)
+        start = ints(starts, n)
+        self._set({"kid": self.index.ids_of(keys), "start": start, "end": end, "stored": start.copy(),
+                   "emitted": emitted, "changed": np.zeros(n, bool), "dirty": np.zeros(n, bool),
+                   "accs": [objects((group[i] for group in accs), n) for i in range(len(self.aggregators))]})
+        self._take(np.lexsort((self.start, self.kid)))

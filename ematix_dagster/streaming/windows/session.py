@@ -56,8 +56,16 @@ def session_id(pipeline: str, encoded_key: bytes, window_start: int) -> int:
     >>> session_id("clicks", b"\\x01\\x91\\xa1a", 1) != session_id("clicks", b"\\x01\\x91\\xa1a", 0)
     True
     """
-    packed = msgpack.packb([pipeline, encoded_key, window_start], use_bin_type=True)
-    return int.from_bytes(hashlib.sha256(packed).digest()[:8], "big", signed=True)
+    return session_ids(pipeline, [encoded_key], [window_start])[0]
+
+
+def session_ids(pipeline: str, encoded_keys: Sequence[bytes], starts: Sequence[int]) -> list[int]:
+    """:func:`session_id` of every emitted row at once: the array header and the pipeline name are
+    packed once, and each row only packs its key and start (a batch emits a row per session)."""
+    head = b"\x93" + msgpack.packb(pipeline, use_bin_type=True)  # a 3-element msgpack array, then the name
+    pack, sha256, from_bytes = msgpack.Packer(use_bin_type=True).pack, hashlib.sha256, int.from_bytes
+    return [from_bytes(sha256(head + pack(key) + pack(start)).digest()[:8], "big", signed=True)
+            for key, start in zip(encoded_keys, starts)]
 
 
 class SessionWindows(WindowKind):
@@ -151,7 +159,7 @@ class SessionWindows(WindowKind):
         return f"session starting {format_us(start)}"
 
     def row_ids(self, pipeline: str, encoded_keys: Sequence[bytes], starts: Sequence[int]) -> list[int]:
-        return [session_id(pipeline, key, start) for key, start in zip(encoded_keys, starts)]
+        return session_ids(pipeline, encoded_keys, starts)
 
     def row_windows(self, t: int, closed_before: int | None) -> list[WindowBounds]:
         """The row's own one-row session (state merges it with its neighbours), or none if late."""

@@ -1,0 +1,170 @@
+"""How a batch's session partials join the held sessions, decided before any column changes.
+
+Most partials open a session of their own: the key's only partial of the batch, after everything
+the key holds. Those are decided for the whole batch at once (:func:`plan_merge`), with no Python
+per partial. The rest (a key with several partials, or one that reaches back into what its key
+holds: a late row under ``reopen``, a session extended across batches) are joined key by key as
+before: per cap bucket, held sessions and partials swept by start, each run of overlapping items
+one session. The plan lists what leaves (the held rows of every run a partial joined) and what
+enters (one row per run, carrying its first held row's stored start, flag and the run's held
+accumulators merged); the state applies it to its columns in one step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
+from ematix_dagster.streaming.emitted import GroupKey
+from ematix_dagster.streaming.state.columns import NOT_STORED, first_positions, run_starts
+
+if TYPE_CHECKING:
+    from ematix_dagster.streaming.state.session import SessionState
+
+#: a swept item: (start, end, held row or -1, partial row or -1)
+Item = tuple[int, int, int, int]
+
+
+@dataclass
+class MergePlan:
+    """The rows a batch adds (one per new or rebuilt session) and removes, and where each partial goes."""
+
+    width: int
+    kids: list[int] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)
+    ends: list[int] = field(default_factory=list)
+    emitted: list[bool] = field(default_factory=list)
+    stored: list[int] = field(default_factory=list)
+    accs: list[list[Any]] = field(default_factory=list)  # per aggregator, one value per added row
+    removed: list[int] = field(default_factory=list)
+    #: per partial row of the batch, the added row it folds into
+    target: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    #: whether two partials fold into one added row (then they fold in batch order)
+    shared: bool = False
+    #: (key, start) of held sessions that were rebuilt: a row written under that start may be gone
+    moved: list[tuple[GroupKey, int]] = field(default_factory=list)
+    #: (stored start, key) of held sessions merged into another one: the store deletes their rows
+    dropped: list[tuple[int, GroupKey]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.accs = [[] for _ in range(self.width)]
+
+    def add(self, kid: int, start: int, end: int, emitted: bool, stored: int, accs: list[Any]) -> int:
+        self.kids.append(kid)
+        self.starts.append(start)
+        self.ends.append(end)
+        self.emitted.append(emitted)
+        self.stored.append(stored)
+        for column, acc in zip(self.accs, accs):
+            column.append(acc)
+        return len(self.kids) - 1
+
+
+def plan_merge(state: SessionState, kids: np.ndarray, keys: list[GroupKey], firsts: np.ndarray,
+               lasts: np.ndarray) -> MergePlan:
+    """What folding the batch's partials (row r: ``keys[r]`` with id ``kids[r]``, event times
+    ``firsts[r]`` to ``lasts[r]``) into ``state`` adds and removes. Raises ValueError, before
+    anything changes, for a partial that is not one ordered run inside one cap bucket."""
+    rules, n = state.kind, len(kids)
+    buckets = firsts // rules.cap
+    valid = (lasts >= firsts) & (lasts // rules.cap == buckets)
+    size = int(kids.max()) + 1
+    first_pos = first_positions(kids, size)
+    if not valid.all():
+        bad = np.flatnonzero(~valid)
+        r = int(bad[np.lexsort((bad, first_pos[kids[bad]]))[0]])  # the first key's first bad partial
+        raise ValueError(f"session partial [{int(firsts[r])}, {int(lasts[r])}] of group {keys[r]!r:.200} is not one "
+                         f"ordered run inside one cap bucket (pipeline {state.pipeline})")
+    ends = np.minimum(lasts + rules.gap, (buckets + 1) * rules.cap)
+    held_end = np.full(size, np.iinfo(np.int64).min, dtype=np.int64)
+    runs = run_starts(state.kid)
+    if len(runs):
+        run_kids = state.kid[runs]
+        inside = run_kids < size
+        held_end[run_kids[inside]] = np.maximum.reduceat(state.end, runs)[inside]
+    per_key = np.bincount(kids, minlength=size)
+    common = (per_key[kids] == 1) & (firsts > held_end[kids])
+    plan = MergePlan(len(state.aggregators))
+    target = np.empty(n, dtype=np.int64)
+    own = np.flatnonzero(common)
+    if len(own):  # the common case: one partial after everything its key holds opens a session
+        plan.kids, plan.starts, plan.ends = kids[own].tolist(), firsts[own].tolist(), ends[own].tolist()
+        plan.emitted, plan.stored = [False] * len(own), [int(NOT_STORED)] * len(own)
+        plan.accs = [[None] * len(own) for _ in range(plan.width)]
+        target[own] = np.arange(len(own))
+    rest = np.flatnonzero(~common)
+    if len(rest):
+        _plan_keys(state, plan, target, rest[np.lexsort((rest, first_pos[kids[rest]]))], kids, keys,
+                   firsts.tolist(), ends.tolist(), buckets.tolist())
+    plan.target = target
+    return plan
+
+
+def _plan_keys(state: SessionState, plan: MergePlan, target: np.ndarray, rows: np.ndarray, kids: np.ndarray,
+               keys: list[GroupKey], firsts: list[int], ends: list[int], buckets: list[int]) -> None:
+    """Key by key (in order of first appearance), its partials ``rows`` (grouped by key, in batch
+    order) joined with what it holds."""
+    row_kids = kids[rows]
+    lo = np.searchsorted(state.kid, row_kids, "left").tolist()
+    hi = np.searchsorted(state.kid, row_kids, "right").tolist()
+    held_starts, held_ends, cap = state.start, state.end, state.kind.cap
+    at, rows_list, n = 0, rows.tolist(), len(rows)
+    while at < n:
+        kid, stop = int(row_kids[at]), at + 1
+        while stop < n and row_kids[stop] == kid:
+            stop += 1
+        key_rows = rows_list[at:stop]
+        by_bucket: dict[int, list[int]] = {}
+        for r in key_rows:
+            by_bucket.setdefault(buckets[r], []).append(r)
+        held = range(lo[at], hi[at])
+        starts, held_end = held_starts[held.start:held.stop].tolist(), held_ends[held.start:held.stop].tolist()
+        for bucket, brows in by_bucket.items():
+            items: list[Item] = [(s, e, h, -1) for h, s, e in zip(held, starts, held_end) if s // cap == bucket]
+            items += [(firsts[r], ends[r], -1, r) for r in brows]
+            items.sort(key=lambda item: (item[0], item[1]))
+            run: list[Item] = []
+            run_end = 0
+            for item in items:
+                if run and item[0] > run_end:
+                    _join(state, plan, target, kid, keys[key_rows[0]], run)
+                    run = []
+                run_end = item[1] if not run else max(run_end, item[1])
+                run.append(item)
+            _join(state, plan, target, kid, keys[key_rows[0]], run)
+        at = stop
+
+
+def _join(state: SessionState, plan: MergePlan, target: np.ndarray, kid: int, key: GroupKey,
+          run: list[Item]) -> None:
+    """One session from a run of held sessions and partials (sorted by start): the first held one
+    survives, taking the others' accumulators and flags; an untouched held session stays as it is."""
+    olds = [item[2] for item in run if item[3] < 0]
+    rows = [item[3] for item in run if item[3] >= 0]
+    if not rows:  # held sessions never join each other
+        return
+    start, end = run[0][0], max(item[1] for item in run)
+    if olds:
+        survivor = olds[0]
+        accs = [column[survivor] for column in state.accs]
+        emitted = bool(state.emitted[survivor])
+        for other in olds[1:]:
+            for i, agg in enumerate(state.aggregators):
+                try:
+                    accs[i] = agg.merge(accs[i], state.accs[i][other])
+                except (StateCapExceeded, AggregationOverflow, CorruptState) as exc:
+                    state.failed_merge(exc, i, key, start)
+            emitted = emitted or bool(state.emitted[other])
+            if state.stored[other] != NOT_STORED:
+                plan.dropped.append((int(state.stored[other]), key))
+        stored = int(state.stored[survivor])
+        plan.moved += [(key, int(state.start[h])) for h in olds]
+        plan.removed += olds
+    else:
+        accs, emitted, stored = [None] * plan.width, False, int(NOT_STORED)
+    j = plan.add(kid, start, end, emitted, stored, accs)
+    plan.shared = plan.shared or len(rows) > 1
+    target[rows] = j

@@ -10,8 +10,7 @@ import re
 import pyarrow as pa
 import pytest
 
-from ematix_dagster.errors import AggregationOverflow, StateCapExceeded
-from ematix_dagster.spark.runner import SparkQueryFailed
+from ematix_dagster.errors import AggregationOverflow, SparkQueryFailed, StateCapExceeded
 from tests.e2e.windows_helpers import TS_TYPE, at, parquet_target, pipeline, run
 
 # ---------------------------------------------------------------------------------------------

@@ -31,6 +31,8 @@ that may still be created or changed needs (``t < W - retention - D``) leave sta
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import repeat
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
@@ -59,9 +61,11 @@ if TYPE_CHECKING:
     from ematix_dagster.streaming.windows.sliding import SlidingWindows
 
 
-#: a partial without its accumulators: its key id, event time and two flags in the columns (the
-#: key itself is shared by its partials; measured by ``tests/streaming/test_state_size.py``)
-SLIDING_PARTIAL_BYTES = 18
+#: a partial without its accumulators, as ``tests/streaming/test_state_size.py`` measures it: key
+#: id, event time and two flags (18 bytes of columns) plus an object slot per aggregator, less
+#: the boxed value an aggregator's ``state_bytes`` counts and a small count or minimum does not
+#: hold (40-45 bytes measured a partial with one such accumulator)
+SLIDING_PARTIAL_BYTES = 10
 #: each additive part a partial keeps beside its accumulators (its slot in the part's column)
 PREFIX_PART_BYTES = 8
 
@@ -233,6 +237,7 @@ class SlidingState(StateBase):
             corrected = np.zeros(len(time), bool)
         self.touched[:] = False
         rows = np.flatnonzero(final | corrected)
+        rows = rows[np.argsort(time[rows], kind="stable")]  # by start, as rows are written: that sort is then linear
         ends = time[rows]
         emitted = corrected[rows].tolist()
         n = len(rows)
@@ -259,7 +264,7 @@ class SlidingState(StateBase):
         lo = search_pairs(self.kid, self.time, self.kid[hi - 1], self.time[hi - 1] - self.kind.duration)
         try:
             if self._additive:
-                return by_prefix_sums(self.aggregators, self.parts, lo, hi)
+                return by_prefix_sums(self.aggregators, self.kid, self.parts, lo, hi)
             return by_two_stacks(self.aggregators, self.kid, self.accs, lo, hi)
         except WindowFailed as failed:
             end = int(hi[failed.window]) - 1
@@ -293,7 +298,9 @@ class SlidingState(StateBase):
         at = np.flatnonzero(self.dirty)
         times = self.time[at].tolist()
         accs = map(list, zip(*[column[at].tolist() for column in self.accs]))
-        upserts = list(map(StoredGroup, times, times, self.index.keys_of(self.kid[at]), accs))
+        # ``tuple.__new__`` builds each row in C (``StoredGroup(...)`` runs a Python ``__new__`` per row)
+        rows = zip(times, times, self.index.keys_of(self.kid[at]), accs, repeat(None))
+        upserts = list(map(partial(tuple.__new__, StoredGroup), rows))
         self.dirty[:] = False
         evicted_before, self._evicted_before = self._evicted_before, None
         return StoreChanges(upserts=upserts, deleted_before=evicted_before)

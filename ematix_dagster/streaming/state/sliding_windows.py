@@ -12,7 +12,7 @@ sums stay exact and BIGINT checks (``from_parts``) see the true total.
 
 >>> from ematix_dagster.streaming.aggregators import Count
 >>> parts = [np.array([1, 2, 3], dtype=object)]
->>> by_prefix_sums([Count()], parts, np.array([0, 0, 1]), np.array([2, 3, 3]))
+>>> by_prefix_sums([Count()], np.array([0, 0, 0]), parts, np.array([0, 0, 1]), np.array([2, 3, 3]))
 [[3], [6], [5]]
 """
 
@@ -55,15 +55,14 @@ def parts_of(aggregators: Sequence[Aggregator], accs: Sequence[np.ndarray], rows
     return out
 
 
-def by_prefix_sums(aggregators: Sequence[Aggregator], parts: Sequence[np.ndarray], lo: np.ndarray,
-                   hi: np.ndarray) -> list[Accumulators]:
-    """The accumulators of the windows over partials ``[lo, hi)`` of the columns ``parts``."""
+def by_prefix_sums(aggregators: Sequence[Aggregator], kids: np.ndarray, parts: Sequence[np.ndarray],
+                   lo: np.ndarray, hi: np.ndarray) -> list[Accumulators]:
+    """The accumulators of the windows over partials ``[lo, hi)`` of the columns ``parts`` (rows of
+    key ids ``kids``; a window's partials are one key's)."""
     diffs = []
     for column in parts:
-        prefix = np.empty(len(column) + 1, dtype=object)
-        prefix[0] = 0
-        np.cumsum(column, out=prefix[1:])
-        diffs.append((prefix[hi] - prefix[lo]).tolist())
+        through, before = _prefix_sums(column, kids)
+        diffs.append((through[hi - 1] - before[lo]).tolist())
     windows, at = [], 0
     for agg in aggregators:
         width = agg.additive_parts
@@ -77,7 +76,41 @@ def by_prefix_sums(aggregators: Sequence[Aggregator], parts: Sequence[np.ndarray
                     raise WindowFailed(w, exc) from None
             raise
         at += width
-    return [list(window) for window in zip(*windows)]
+    return list(map(list, zip(*windows)))
+
+
+def _prefix_sums(column: np.ndarray, kids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's running sum of its key's values through it and before it.
+
+    Integers (counts, BIGINT sums) run over every key at once: exact. Other values (floats,
+    decimals) restart at each key, so a window's rounding is that of its own key's magnitudes,
+    not of every key sorted before it: the keys' runs are laid out as the rows of a grid (padded
+    at their ends) and summed along them in one call, or one by one when a few long runs would
+    make the grid mostly padding. Floats are summed as float64: the same additions, in C.
+    """
+    values = column.tolist()
+    types = set(map(type, values))
+    if types <= {int}:
+        through = np.cumsum(column)
+        return through, through - column
+    if types == {float}:
+        column = np.array(values, dtype=np.float64)
+    n = len(column)
+    starts = run_starts(kids)
+    lengths = np.diff(np.append(starts, n))
+    if len(starts) * int(lengths.max()) <= 4 * n + 1024:
+        row, at = np.repeat(np.arange(len(starts)), lengths), np.arange(n) - np.repeat(starts, lengths)
+        grid = np.zeros((len(starts), int(lengths.max()) + 1), dtype=column.dtype)
+        grid[row, at + 1] = column
+        sums = np.cumsum(grid, axis=1)
+        return sums[row, at + 1], sums[row, at]
+    through, before = np.empty(n, dtype=column.dtype), np.empty(n, dtype=column.dtype)
+    for start, end in zip(starts.tolist(), np.append(starts[1:], n).tolist()):
+        sums = np.cumsum(column[start:end])
+        through[start:end] = sums
+        before[start] = 0
+        before[start + 1:end] = sums[:-1]
+    return through, before
 
 
 def by_two_stacks(aggregators: Sequence[Aggregator], kids: np.ndarray, accs: Sequence[np.ndarray],

@@ -106,6 +106,9 @@ def search_pairs(kids: np.ndarray, times: np.ndarray, qkids: np.ndarray, qtimes:
     [1, 2, 3, 4]
     >>> search_pairs(kids, times, np.array([0, 1]), np.array([9, 7]), side="right").tolist()
     [2, 4]
+    >>> far = np.array([-2**62, 9, 2, 2**62])  # a span no int64 pair holds: run by run
+    >>> search_pairs(kids, far, np.array([0, 1, 1]), np.array([9, 2**62, 3])).tolist()
+    [1, 3, 3]
     """
     if not len(kids) or not len(qkids):
         return np.full(len(qkids), 0, dtype=I64)

@@ -90,3 +90,42 @@ def first_positions(kids: np.ndarray, size: int) -> np.ndarray:
     first = np.full(size, len(kids), dtype=I64)
     np.minimum.at(first, kids, np.arange(len(kids), dtype=I64))
     return first
+
+
+def search_pairs(kids: np.ndarray, times: np.ndarray, qkids: np.ndarray, qtimes: np.ndarray,
+                 side: str = "left") -> np.ndarray:
+    """Where each (key id, time) query sorts in columns sorted by (key id, time), as
+    ``np.searchsorted`` does for one column: one search for every query instead of a bisection
+    per key.
+
+    The pair is searched as one int64 (``kid * span + time``) when that cannot overflow, else each
+    query key's run is searched on its own.
+
+    >>> kids, times = np.array([0, 0, 1, 1]), np.array([5, 9, 2, 7])
+    >>> search_pairs(kids, times, np.array([0, 1, 1, 2]), np.array([9, 0, 7, -1])).tolist()
+    [1, 2, 3, 4]
+    >>> search_pairs(kids, times, np.array([0, 1]), np.array([9, 7]), side="right").tolist()
+    [2, 4]
+    >>> far = np.array([-2**62, 9, 2, 2**62])  # a span no int64 pair holds: run by run
+    >>> search_pairs(kids, far, np.array([0, 1, 1]), np.array([9, 2**62, 3])).tolist()
+    [1, 3, 3]
+    """
+    if not len(kids) or not len(qkids):
+        return np.full(len(qkids), 0, dtype=I64)
+    low = min(int(times.min()), int(qtimes.min()))
+    span = max(int(times.max()), int(qtimes.max())) - low + 1
+    top = max(int(kids[-1]), int(qkids.max())) + 1
+    if top * span < 1 << 62:
+        return np.searchsorted(kids * span + (times - low), qkids * span + (qtimes - low), side)  # type: ignore[call-overload]
+    out = np.searchsorted(kids, qkids, side="left").astype(I64)
+    ends = np.searchsorted(kids, qkids, side="right")
+    for lo, hi, at in _query_runs(out, ends):
+        out[at] = lo + np.searchsorted(times[lo:hi], qtimes[at], side)  # type: ignore[call-overload]
+    return out
+
+
+def _query_runs(starts: np.ndarray, ends: np.ndarray) -> Iterable[tuple[int, int, np.ndarray]]:
+    """Per distinct run ``[start, end)`` the queries that fall in it."""
+    order = np.argsort(starts, kind="stable")
+    for at in np.split(order, run_starts(starts[order])[1:]):
+        yield int(starts[at[0]]), int(ends[at[0]]), at

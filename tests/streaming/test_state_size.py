@@ -48,6 +48,17 @@ def _window(*aggs: Aggregation, hll_precision: int = 12) -> Window:
                   aggregations=aggs, hll_precision=hll_precision)
 
 
+def _traced_bytes_per_group(fill: Callable[[], None]) -> float:
+    """Python memory ``fill`` leaves allocated, per group (what it made and dropped is not counted)."""
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        fill()
+        return (tracemalloc.get_traced_memory()[0] - before) / GROUPS
+    finally:
+        tracemalloc.stop()
+
+
 def _measured_bytes_per_group(window: Window, make_partials: Callable[[], list[list[Any]]]) -> float:
     """Driver memory that stays allocated after one batch of ``GROUPS`` new groups is merged.
 
@@ -57,19 +68,13 @@ def _measured_bytes_per_group(window: Window, make_partials: Callable[[], list[l
     state = FixedState(pipeline="p", kind=window_kind(window), aliases=["a"] * len(window.aggregations),
                        aggregators=[make_aggregator(a, True, window.hll_precision) for a in window.aggregations],
                        max_groups_per_window=GROUPS)
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        keys = [(f"user-{i:06d}",) for i in range(GROUPS)]
-        partials = make_partials()
-        state.merge([0] * GROUPS, keys, partials)
-        del keys, partials
+
+    def fill() -> None:
+        state.merge([0] * GROUPS, [(f"user-{i:06d}",) for i in range(GROUPS)], make_partials())
         state.dirty.clear()  # the commit's and the report's bookkeeping, not the state
         state.touched.clear()
-        grown = tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
-    return grown / GROUPS
+
+    return _traced_bytes_per_group(fill)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -117,19 +122,14 @@ def test_bytes_per_sliding_partial_match_the_measured_layout(aggs: tuple[Aggrega
                     group_by=("user",), aggregations=aggs)
     state = Engine.for_window("p", window, ("s",), (False,)).state
     newest = 1_700_000_000_000_000 + GROUPS * 1_000
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        keys = [(f"user-{i % 2_000:06d}",) for i in range(GROUPS)]
+
+    def fill() -> None:
         times = [1_700_000_000_000_000 + i * 1_000 for i in range(GROUPS)]
-        state.merge(times, keys, [[3] * GROUPS])
-        rows = emit(state, None, newest + 1, 0)  # every window final, nothing evicted
-        assert len(rows) == GROUPS
-        del keys, times, rows
+        state.merge(times, [(f"user-{i % 2_000:06d}",) for i in range(GROUPS)], [[3] * GROUPS])
+        assert len(emit(state, None, newest + 1, 0)) == GROUPS  # every window final, nothing evicted
         state.take_changes()  # the commit's bookkeeping, not the state
-        measured = (tracemalloc.get_traced_memory()[0] - before) / GROUPS
-    finally:
-        tracemalloc.stop()
+
+    measured = _traced_bytes_per_group(fill)
     expected = estimate_state(window).bytes_per_group
     assert abs(expected - measured) <= measured / 3, (expected, measured)
 
@@ -142,16 +142,13 @@ def test_bytes_per_session_match_the_measured_layout() -> None:
     window = Window(kind="session", gap_ms=30_000, max_session_duration_ms=3_600_000, max_groups_per_window=GROUPS,
                     group_by=("user",), aggregations=(CASES["count"][0], CASES["sum"][0]))
     state = Engine.for_window("p", window, ("s",), (False, True)).state
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        keys = [(f"user-{i:06d}",) for i in range(GROUPS)]
+
+    def fill() -> None:
         times = [1_700_000_000_000_000 + i * 1_000 for i in range(GROUPS)]
-        state.merge(times, keys, [[3] * GROUPS, [i * 1_000_003 for i in range(GROUPS)]], times)
-        del keys, times
+        state.merge(times, [(f"user-{i:06d}",) for i in range(GROUPS)],
+                    [[3] * GROUPS, [i * 1_000_003 for i in range(GROUPS)]], times)
         state.take_changes()  # the commit's bookkeeping, not the state
-        measured = (tracemalloc.get_traced_memory()[0] - before) / GROUPS
-    finally:
-        tracemalloc.stop()
+
+    measured = _traced_bytes_per_group(fill)
     expected = estimate_state(window).bytes_per_group
     assert abs(expected - measured) <= measured / 3, (expected, measured)

@@ -21,10 +21,11 @@ aggregator, so a permutation or a selection moves them all at C speed
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
+from ematix_dagster.streaming.aggregators import Aggregator, PartialRowError
 from ematix_dagster.streaming.emitted import GroupKey
 
 I64 = np.int64
@@ -76,6 +77,32 @@ class KeyIndex:
         self.keys = self.keys_of(live)
         self.ids = dict(zip(self.keys, range(len(self.keys))))
         return renumbered.astype(I64, copy=False)
+
+
+def fold_partials(aggregators: Sequence[Aggregator], accs: Sequence[np.ndarray], targets: np.ndarray,
+                  partials: Sequence[Sequence[Any]], failed: Callable[[PartialRowError, int], Any],
+                  shared: Optional[bool] = None) -> np.ndarray:
+    """Each aggregator folds its column of a batch's partials into the rows ``targets`` of its
+    accumulator column; returns the rows changed. Partials of distinct rows merge as one column
+    (``merge_column``); several partials of one row (``shared``, found out when not given) fold
+    in batch order. ``failed(error, aggregator index)`` is told of a partial no accumulator takes."""
+    rows = targets
+    if shared is None or shared:
+        rows, inverse = np.unique(targets, return_inverse=True)
+        shared = len(rows) < len(targets)
+        inverse_list = inverse.tolist()
+    for i, agg in enumerate(aggregators):
+        column = accs[i]
+        try:
+            if not shared:
+                column[targets] = objects(agg.merge_column(column[targets].tolist(), partials[i]), len(targets))
+                continue
+            slots = [[acc] for acc in column[rows].tolist()]
+            agg.merge_batch([slots[j] for j in inverse_list], 0, partials[i])
+            column[rows] = objects((slot[0] for slot in slots), len(rows))
+        except PartialRowError as error:
+            failed(error, i)
+    return rows
 
 
 def run_starts(kids: np.ndarray) -> np.ndarray:

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
 import numpy as np
 
 from ematix_dagster.columns import RETRACT
-from ematix_dagster.streaming.aggregators import Aggregator, PartialRowError
+from ematix_dagster.streaming.aggregators import Aggregator
 from ematix_dagster.streaming.emitted import EmittedRow, GroupKey
 from ematix_dagster.streaming.state.base import (
     CLOSING,
@@ -52,7 +52,7 @@ from ematix_dagster.streaming.state.base import (
     StoreChanges,
     StoredGroup,
 )
-from ematix_dagster.streaming.state.columns import I64, NOT_STORED, KeyIndex, ints, objects, run_starts
+from ematix_dagster.streaming.state.columns import I64, NOT_STORED, KeyIndex, fold_partials, ints, objects, run_starts
 from ematix_dagster.streaming.state.session_merge import MergePlan, plan_merge
 
 if TYPE_CHECKING:
@@ -185,7 +185,8 @@ class SessionState(StateBase):
         plan = plan_merge(self, kids, keys, ints(starts, n), ints(lasts, n))
         self._apply(plan)
         targets = plan.target
-        self._fold(targets, plan.shared, keys, starts, partials)
+        fold_partials(self.aggregators, self.accs, targets, partials, shared=plan.shared,
+                      failed=lambda error, i: self.failed_merge(error.error, i, keys[error.row], starts[error.row]))
         self.changed[targets] = True
         self.dirty[targets] = True
 
@@ -222,26 +223,6 @@ class SessionState(StateBase):
         plan.target = position[plan.target + kept]
         self._moved.update(dict.fromkeys(plan.moved))
         self._dropped.update(dict.fromkeys(plan.dropped))
-
-    def _fold(self, targets: np.ndarray, shared: bool, keys: list[GroupKey], starts: Sequence[int],
-              partials: Sequence[Sequence[Any]]) -> None:
-        """Each aggregator folds its column of partials into the rows ``targets`` (several partials
-        of one row, when ``shared``, in batch order)."""
-        n = len(targets)
-        if shared:
-            rows, inverse = np.unique(targets, return_inverse=True)
-            inverse_list = inverse.tolist()
-        for i, agg in enumerate(self.aggregators):
-            column = self.accs[i]
-            try:
-                if not shared:
-                    column[targets] = objects(agg.merge_column(column[targets].tolist(), partials[i]), n)
-                    continue
-                slots = [[acc] for acc in column[rows].tolist()]
-                agg.merge_batch([slots[j] for j in inverse_list], 0, partials[i])
-                column[rows] = objects((slot[0] for slot in slots), len(rows))
-            except PartialRowError as failed:
-                self.failed_merge(failed.error, i, keys[failed.row], starts[failed.row])
 
     # -- emission and eviction ----------------------------------------------------------------------
 

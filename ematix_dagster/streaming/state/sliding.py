@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
-from ematix_dagster.streaming.aggregators import PartialRowError
 from ematix_dagster.streaming.emitted import GroupKey
 from ematix_dagster.streaming.state.base import (
     CLOSING,
@@ -47,7 +46,7 @@ from ematix_dagster.streaming.state.base import (
     StoreChanges,
     StoredGroup,
 )
-from ematix_dagster.streaming.state.columns import I64, KeyIndex, ints, objects, run_starts, search_pairs
+from ematix_dagster.streaming.state.columns import I64, KeyIndex, fold_partials, ints, objects, run_starts, search_pairs
 from ematix_dagster.streaming.state.sliding_windows import (
     WindowFailed,
     additive,
@@ -200,20 +199,9 @@ class SlidingState(StateBase):
     def _fold(self, targets: np.ndarray, keys: list[GroupKey], starts: Sequence[int],
               partials: Sequence[Sequence[Any]]) -> None:
         """Each aggregator folds its column of partials into the rows ``targets``."""
-        rows, inverse = np.unique(targets, return_inverse=True)
-        shared = len(rows) < len(targets)
-        inverse_list = inverse.tolist()
-        for i, agg in enumerate(self.aggregators):
-            column = self.accs[i]
-            try:
-                if not shared:
-                    column[targets] = objects(agg.merge_column(column[targets].tolist(), partials[i]), len(targets))
-                    continue
-                slots = [[acc] for acc in column[rows].tolist()]
-                agg.merge_batch([slots[j] for j in inverse_list], 0, partials[i])
-                column[rows] = objects((slot[0] for slot in slots), len(rows))
-            except PartialRowError as failed:
-                self.failed_merge(failed.error, i, keys[failed.row], starts[failed.row])
+        rows = fold_partials(self.aggregators, self.accs, targets, partials,
+                             failed=lambda error, i: self.failed_merge(error.error, i, keys[error.row],
+                                                                       starts[error.row]))
         if self._additive:
             for column, fresh in zip(self.parts, parts_of(self.aggregators, self.accs, rows)):
                 column[rows] = fresh

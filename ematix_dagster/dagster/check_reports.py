@@ -50,21 +50,23 @@ RECENT_BATCHES = 100
 
 def stored_results(pipeline: EmatixPipeline, spec: PipelineSpec, bounds: CheckBounds,
                    now_s: Optional[float] = None) -> list[dg.AssetCheckResult]:
-    """The checks from what the store holds (``spec``: the resources applied). Lag and late rows
-    only once a batch is stored: a pipeline that never ran has nothing to measure."""
-    from ematix_dagster.operations import summary
+    """The checks from what the store holds (``spec``: the resources applied), one read of it: the
+    checkpoint check's record gives lag and late rows, only once a batch is stored (a pipeline that
+    never ran has nothing to measure)."""
+    from ematix_dagster.operations import check
 
-    progress = summary(spec, windows=False)
-    last = progress["last_batch_id"]
-    results = [evaluate_checkpoint(pipeline, spec),
+    report = check(spec)
+    record = report.record
+    last = record.last_batch_id if record is not None else None
+    results = [evaluate_checkpoint(pipeline, report),
                evaluate_idempotent_target(pipeline, spec, -1 if last is None else int(last))]
-    if last is None:
+    if record is None or last is None:
         return results
-    late, consumed = late_row_ratio(progress["counters"])
+    late, consumed = late_row_ratio(record.counters)
     results.append(late_row_ratio_result(pipeline, late, consumed, last, bounds.max_late_row_ratio,
                                          "every stored batch"))
-    if bounds.max_watermark_lag_seconds is not None and progress["watermark"] is not None:
-        results.append(watermark_lag_result(pipeline, progress["watermark"], last, bounds.max_watermark_lag_seconds,
+    if bounds.max_watermark_lag_seconds is not None and record.watermark is not None:
+        results.append(watermark_lag_result(pipeline, record.watermark, last, bounds.max_watermark_lag_seconds,
                                             time.time() if now_s is None else now_s))
     return results
 
@@ -130,13 +132,14 @@ class StepChecks:
             self._recent.append((int(report.batch_id), int(report.late_rows), int(report.rows_in)))
             if report.watermark is not None:
                 self._watermark = (int(report.batch_id), int(report.watermark))
-        if not self._active() or not self._recent:
+        materialized = isinstance(event, (dg.AssetMaterialization, dg.MaterializeResult))
+        if not self._active() or not self._recent or not (self._pending or materialized):
             return
         results = self._running_results()
         first = [r for r in results if r.check_name in self._pending]
         self._pending -= {r.check_name for r in first}
         yield from first
-        if isinstance(event, (dg.AssetMaterialization, dg.MaterializeResult)):
+        if materialized:
             self._report([r for r in results if r not in first])
 
     def _running_results(self) -> list[dg.AssetCheckResult]:

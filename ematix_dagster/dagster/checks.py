@@ -10,12 +10,15 @@ running. The evaluations here are plain functions of the store's values or of a 
 """
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import dagster as dg
 
 from ematix_dagster.dagster.pipeline import EmatixPipeline
 from ematix_dagster.spec import PipelineSpec
+
+if TYPE_CHECKING:
+    from ematix_dagster.operations import CheckReport
 
 CHECKPOINT_CHECK = "checkpoint_consistency"
 IDEMPOTENT_TARGET_CHECK = "idempotent_target"
@@ -88,14 +91,17 @@ def checkpoint_problems(spec: PipelineSpec) -> tuple[list[Any], dict[str, Any]]:
     from ematix_dagster.operations import check
 
     report = check(spec)
-    meta: dict[str, Any] = {
+    return report.problems, _checkpoint_metadata(report)
+
+
+def _checkpoint_metadata(report: "CheckReport") -> dict[str, Any]:
+    record = report.record
+    return {
         "store": report.store,
-        "last_batch_id": report.record.last_batch_id if report.record and report.record.last_batch_id is not None
-        else -1,
+        "last_batch_id": record.last_batch_id if record and record.last_batch_id is not None else -1,
         "lease": report.lease_holder or "free",
         "problems": len(report.problems),
     }
-    return report.problems, meta
 
 
 def idempotency_warnings(spec: PipelineSpec) -> list[str]:
@@ -151,13 +157,14 @@ def late_row_ratio(counters: dict[str, int]) -> tuple[int, int]:
     return int(counters.get("late_rows_dropped", 0)), int(consumed)
 
 
-def evaluate_checkpoint(pipeline: EmatixPipeline, spec: PipelineSpec) -> dg.AssetCheckResult:
-    problems, meta = checkpoint_problems(spec)
+def evaluate_checkpoint(pipeline: EmatixPipeline, report: "CheckReport") -> dg.AssetCheckResult:
+    """The check from ``operations.check``'s report (its record also serves the other checks)."""
+    problems = report.problems
     text = "\n".join(f"- {p}" for p in problems) or "checkpoint and state store agree"
     return dg.AssetCheckResult(
         asset_key=pipeline.key, check_name=CHECKPOINT_CHECK, passed=not problems,
-        severity=dg.AssetCheckSeverity.ERROR,
-        description=text, metadata={**meta, "codes": ", ".join(p.code for p in problems) or "none"},
+        severity=dg.AssetCheckSeverity.ERROR, description=text,
+        metadata={**_checkpoint_metadata(report), "codes": ", ".join(p.code for p in problems) or "none"},
     )
 
 

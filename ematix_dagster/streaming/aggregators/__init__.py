@@ -29,7 +29,6 @@ from ematix_dagster.streaming.aggregators.base import (
     PartialRowError,
     SparkInput,
     describe_value,
-    merge_partials,
     order_key,
 )
 from ematix_dagster.streaming.aggregators.basic import Avg, Count, First, Last, Max, Min, Sum
@@ -78,6 +77,6 @@ def window_aliases(window: Window) -> list[str]:
 __all__ = [
     "AGGREGATORS", "Aggregator", "Count", "Sum", "Min", "Max", "Avg", "First", "Last", "ApproxDistinct",
     "ExactDistinct", "PartialRowError", "SparkInput", "TriggerRows", "make_aggregator", "window_aggregators",
-    "window_aliases", "merge_partials", "order_key", "describe_value",
+    "window_aliases", "order_key", "describe_value",
     "SCALAR_TYPES",
 ]

@@ -93,14 +93,13 @@ class SparkInput(Protocol):
 
 
 class PartialRowError(Exception):
-    """A merge failed on row ``row`` of a batch of partials (in aggregator ``index``, when
-    :func:`merge_partials` ran it), so the caller can name its window, group and aggregation."""
+    """A merge failed on row ``row`` of a batch of partials, so the caller can name its window,
+    group and aggregation."""
 
-    def __init__(self, row: int, error: StateCapExceeded | AggregationOverflow | CorruptState, index: int = 0) -> None:
+    def __init__(self, row: int, error: StateCapExceeded | AggregationOverflow | CorruptState) -> None:
         super().__init__(str(error))
         self.row = row
         self.error = error
-        self.index = index
 
 
 def merged_rows(merge: Callable[[Any, Any], Any], accs: Sequence[Any], partials: Sequence[Any]) -> list[Any]:
@@ -115,19 +114,6 @@ def merged_rows(merge: Callable[[Any, Any], Any], accs: Sequence[Any], partials:
             except (StateCapExceeded, AggregationOverflow, CorruptState) as exc:
                 raise PartialRowError(row, exc) from None
         raise
-
-
-def merge_partials(aggregators: Sequence["Aggregator"], states: Sequence[list[Any]],
-                   partials: Sequence[Sequence[Any]]) -> None:
-    """Every aggregator folds its column of a batch's partials into ``states`` (row r's group's
-    accumulators); a failed merge raises :class:`PartialRowError` naming the row and the aggregator."""
-    if not states:  # a batch without partials may come with no partial columns at all
-        return
-    for i, agg in enumerate(aggregators):
-        try:
-            agg.merge_batch(states, i, partials[i])
-        except PartialRowError as failed:
-            raise PartialRowError(failed.row, failed.error, i) from None
 
 
 class Aggregator:

@@ -79,6 +79,12 @@ class KeyIndex:
         return renumbered.astype(I64, copy=False)
 
 
+def accumulator_rows(accs: Sequence[np.ndarray], at: Any = slice(None)) -> list[list[Any]]:
+    """The accumulator lists of the rows ``at`` (an index array or a slice), one list per row as
+    the emission and the commit take them, from the per-aggregator columns."""
+    return [list(row) for row in zip(*[column[at].tolist() for column in accs])]
+
+
 def fold_partials(aggregators: Sequence[Aggregator], accs: Sequence[np.ndarray], targets: np.ndarray,
                   partials: Sequence[Sequence[Any]], failed: Callable[[PartialRowError, int], Any],
                   shared: Optional[bool] = None) -> np.ndarray:

@@ -52,7 +52,16 @@ from ematix_dagster.streaming.state.base import (
     StoreChanges,
     StoredGroup,
 )
-from ematix_dagster.streaming.state.columns import I64, NOT_STORED, KeyIndex, fold_partials, ints, objects, run_starts
+from ematix_dagster.streaming.state.columns import (
+    I64,
+    NOT_STORED,
+    KeyIndex,
+    accumulator_rows,
+    fold_partials,
+    ints,
+    objects,
+    run_starts,
+)
 from ematix_dagster.streaming.state.session_merge import MergePlan, plan_merge
 
 if TYPE_CHECKING:
@@ -137,7 +146,7 @@ class SessionState(StateBase):
         self._settle()
         out: dict[GroupKey, list[HeldSession]] = {}
         rows = zip(self.index.keys_of(self.kid), self.start.tolist(), self.end.tolist(),
-                   map(list, zip(*[c.tolist() for c in self.accs])), self.emitted.tolist())
+                   accumulator_rows(self.accs), self.emitted.tolist())
         for key, start, end, accs, emitted in rows:
             out.setdefault(key, []).append(HeldSession(start, end, accs, emitted))
         return out
@@ -267,7 +276,7 @@ class SessionState(StateBase):
     def accumulators(self, report: Report, rows: Sequence[int]) -> list[Accumulators]:
         self._settle()
         at = ints(map(report.handles.__getitem__, rows), len(rows))
-        found = list(map(list, zip(*[column[at].tolist() for column in self.accs])))
+        found = accumulator_rows(self.accs, at)
         if self._hidden:
             self._lent.append((at, found))
         return found
@@ -325,7 +334,7 @@ class SessionState(StateBase):
         moved = np.flatnonzero((stored != NOT_STORED) & (stored != starts))
         deletes.update(dict.fromkeys(zip(stored[moved].tolist(), map(keys.__getitem__, moved.tolist()))))
         starts_list = starts.tolist()
-        accs = map(list, zip(*[column[at].tolist() for column in self.accs]))
+        accs = accumulator_rows(self.accs, at)
         upserts = list(map(StoredGroup, starts_list, self.end[at].tolist(), keys, accs, self.emitted[at].tolist()))
         if deletes:
             for upserted in zip(starts_list, keys):

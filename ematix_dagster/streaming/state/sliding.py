@@ -46,7 +46,16 @@ from ematix_dagster.streaming.state.base import (
     StoreChanges,
     StoredGroup,
 )
-from ematix_dagster.streaming.state.columns import I64, KeyIndex, fold_partials, ints, objects, run_starts, search_pairs
+from ematix_dagster.streaming.state.columns import (
+    I64,
+    KeyIndex,
+    accumulator_rows,
+    fold_partials,
+    ints,
+    objects,
+    run_starts,
+    search_pairs,
+)
 from ematix_dagster.streaming.state.sliding_windows import (
     WindowFailed,
     additive,
@@ -285,7 +294,7 @@ class SlidingState(StateBase):
         (eviction is by event time: one range delete)."""
         at = np.flatnonzero(self.dirty)
         times = self.time[at].tolist()
-        accs = map(list, zip(*[column[at].tolist() for column in self.accs]))
+        accs = accumulator_rows(self.accs, at)
         # ``tuple.__new__`` builds each row in C (``StoredGroup(...)`` runs a Python ``__new__`` per row)
         rows = zip(times, times, self.index.keys_of(self.kid[at]), accs, repeat(None))
         upserts = list(map(partial(tuple.__new__, StoredGroup), rows))

@@ -25,7 +25,7 @@ import numpy as np
 from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
 from ematix_dagster.streaming.aggregators import Aggregator
 from ematix_dagster.streaming.state.base import Accumulators
-from ematix_dagster.streaming.state.columns import objects, run_starts
+from ematix_dagster.streaming.state.columns import accumulator_rows, objects, run_starts
 from ematix_dagster.streaming.two_stacks import TwoStacks
 
 #: what a merge or a window's total may raise (a cap, an overflow, a corrupt accumulator)
@@ -131,7 +131,7 @@ def by_two_stacks(aggregators: Sequence[Aggregator], kids: np.ndarray, accs: Seq
     groups = np.split(order, run_starts(kids[hi[order] - 1])[1:]) if len(hi) else []
     for at in groups:
         first, last = int(lo[at].min()), int(hi[at].max())
-        rows = list(map(list, zip(*[column[first:last].tolist() for column in accs])))
+        rows = accumulator_rows(accs, slice(first, last))
         queue: TwoStacks[Accumulators] = TwoStacks(merge)
         held_lo = held_hi = 0  # the queue holds rows[held_lo:held_hi] (offsets from ``first``)
         for w, start, end in zip(at.tolist(), (lo[at] - first).tolist(), (hi[at] - first).tolist()):

@@ -184,10 +184,7 @@ def kafka_columns(df: DataFrame, source: Source, key: str) -> DataFrame:
 
 
 def _kafka(spark: SparkSession, source: Source, key: str) -> DataFrame:
-    reader = spark.readStream.format("kafka")
-    for k, v in kafka_options(source).items():
-        reader = reader.option(k, v)
-    return kafka_columns(reader.load(), source, key)
+    return kafka_columns(spark.readStream.format("kafka").options(**kafka_options(source)).load(), source, key)
 
 
 def _redis(spark: SparkSession, source: Source, key: str) -> DataFrame:
@@ -196,10 +193,7 @@ def _redis(spark: SparkSession, source: Source, key: str) -> DataFrame:
     # costs each new worker most of a second, and which a cluster's workers need not have).
     cloudpickle.register_pickle_by_value(redis_source)
     spark.dataSource.register(RedisStreamDataSource)
-    reader = spark.readStream.format(REDIS_FORMAT)
-    for k, v in redis_options(source).items():
-        reader = reader.option(k, v)
-    return decoded(reader.load(), source, schema, key)
+    return decoded(spark.readStream.format(REDIS_FORMAT).options(**redis_options(source)).load(), source, schema, key)
 
 
 def read_source(spark: SparkSession, spec: PipelineSpec, index: int) -> DataFrame:

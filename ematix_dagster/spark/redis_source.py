@@ -48,6 +48,8 @@ local ids = {}
 for i, entry in ipairs(redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[2], 'COUNT', ARGV[3])) do ids[i] = entry[1] end
 return ids
 """
+# The twin of spec/environment.py's ${NAME} (and pg_url's userinfo) patterns: this module is shipped
+# to Spark's workers by value and imports nothing of the package, so keep the two in step.
 _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SEQ_MAX = 2**64 - 1
 

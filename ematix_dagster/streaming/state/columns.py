@@ -71,6 +71,13 @@ class KeyIndex:
     def keys_of(self, kids: np.ndarray) -> list[GroupKey]:
         return list(map(self.keys.__getitem__, kids.tolist()))
 
+    def compacted(self, kids: np.ndarray) -> np.ndarray:
+        """``kids`` (sorted) renumbered when the index mostly holds keys no row holds any more (an
+        index only grows as keys come); else ``kids`` as they are."""
+        if len(self) > 2 * len(run_starts(kids)) + 1024:
+            return self.compact(kids)
+        return kids
+
     def compact(self, kids: np.ndarray) -> np.ndarray:
         """Keep only the keys of ``kids`` (the ids rows still hold); returns ``kids`` renumbered."""
         live, renumbered = np.unique(kids, return_inverse=True)

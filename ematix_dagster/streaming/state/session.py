@@ -318,8 +318,7 @@ class SessionState(StateBase):
             if by_key is not None and by_key.pop(key, None) is not None and not by_key:
                 del written[start]
         self._take(~gone)
-        if len(self.index) > 2 * len(run_starts(self.kid)) + 1024:  # mostly keys that hold nothing now
-            self.kid = self.index.compact(self.kid)
+        self.kid = self.index.compacted(self.kid)
 
     # -- durable state ----------------------------------------------------------------------------
 

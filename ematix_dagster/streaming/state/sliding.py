@@ -282,8 +282,7 @@ class SlidingState(StateBase):
         gone = self.time < needed_from
         if gone.any():
             self._take(~gone)
-            if len(self.index) > 2 * self.group_count + 1024:  # mostly keys that hold nothing now
-                self.kid = self.index.compact(self.kid)
+            self.kid = self.index.compacted(self.kid)
         self._evicted_before = needed_from
 
     # -- durable state ----------------------------------------------------------------------------

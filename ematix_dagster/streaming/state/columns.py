@@ -3,7 +3,7 @@
 A kind that holds hundreds of thousands of small windows (a session per key) spent most of its
 driver time on one Python object per window: created, indexed, walked by every report, eviction
 and commit. Held as columns, a batch's merge, report, eviction and commit are a few whole-array
-operations, and Python runs only over what the batch itself brings or emits.
+operations, and Python runs over what the batch brings or emits rather than over every held row.
 
 Times, flags and key ids are NumPy arrays. Accumulators stay Python values (BIGINT checks,
 decimals, sets and sketches are the aggregators' own) in NumPy *object* arrays, one per

@@ -209,6 +209,8 @@ def check_batch(batch: BatchCommit) -> None:
             raise TypeError(f"a deleted window must be an int window start, got {start!r:.200}")
     if batch.deleted_before is not None and type(batch.deleted_before) is not int:
         raise TypeError(f"deleted_before must be an int window start, got {batch.deleted_before!r:.200}")
+    if type(batch.rebase) is not bool or set(map(type, batch.segments)) - {bytes} or not all(batch.segments):
+        raise TypeError("BatchCommit.segments must be non-empty bytes blobs and rebase a bool")
     for name, offset in batch.record.offsets.items():
         if not isinstance(name, str) or not isinstance(offset, str):
             raise TypeError("record.offsets must map source names to offset JSON text")

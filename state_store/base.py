@@ -42,6 +42,14 @@ write and as much to delete, a batch's whole commit cost in a plain counting pip
 one by one overlay it (a group's own row wins), so a batch touching a few groups of a big window
 still writes only those. Stores expand such rows on ``load``: ``RecoveredState.groups`` stays one
 tuple per group.
+
+Schema step 8 adds state *segments*: a pipeline's session or sliding state as an ordered list of
+opaque blobs (``state_store.segments`` makes and reads them), so a batch that changed 100,000
+sessions writes one row, not 100,000. A commit appends ``BatchCommit.segments`` in order, after its
+group writes and in its transaction; ``BatchCommit.rebase`` first deletes every stored segment and
+every state row of the pipeline (the engine's compaction, and its migration away from rows). A load
+returns them in order (``RecoveredState.segments``), in the snapshot of the record, after the rows
+they replay over; ``load(groups=False)`` skips them and ``reset`` deletes them.
 """
 
 from __future__ import annotations
@@ -91,6 +99,8 @@ class RecoveredState:
     emitted: dict[tuple[int, bytes], bool] = field(default_factory=dict)
     #: (window_start, key) -> the stored last written row (an engine blob), for the loaded rows that keep one
     written: dict[tuple[int, bytes], bytes] = field(default_factory=dict)
+    #: the stored segments (schema step 8), in the order they were appended; replayed over ``groups``
+    segments: list[bytes] = field(default_factory=list)
 
 
 class PendingRow(NamedTuple):
@@ -149,6 +159,10 @@ class BatchCommit:
     #: every stored pending row with ``release_us <= pending_released_up_to`` is deleted with the batch (a
     #: row pipeline releases all rows due by W: one range delete instead of a key per row); None: none
     pending_released_up_to: int | None = None
+    #: blobs appended to the pipeline's segments in this order (schema step 8)
+    segments: list[bytes] = field(default_factory=list)
+    #: delete every stored segment and state row of the pipeline before anything else of the commit
+    rebase: bool = False
 
 
 class StateStore(ABC):

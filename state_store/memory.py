@@ -36,6 +36,8 @@ class _Pipeline:
     windows: dict[int, dict[bytes, tuple[int | None, bytes, bool | None, bytes | None]]] = field(default_factory=dict)
     #: pending rows (schema step 7): (release_us, arrival_batch, seq) -> (event_ts, payload)
     pending: dict[tuple[int, int, int], tuple[int | None, bytes]] = field(default_factory=dict)
+    #: state segments (schema step 8), in append order
+    segments: list[bytes] = field(default_factory=list)
 
 
 @dataclass
@@ -127,9 +129,11 @@ class InMemoryStateStore(StateStore):
                      for key, (_, _, flag, _) in by_key.items() if flag is not None} if groups else {}
             written = {(start, key): kept for start, by_key in data.windows.items()
                        for key, (_, _, _, kept) in by_key.items() if kept is not None} if groups else {}
+            segments = list(data.segments) if groups else []
         check_record_version(record, self.description)
         rows, migrated = bring_forward(pipeline, self.description, expand_windows(pipeline, self.description, rows))
-        return RecoveredState(record=record, groups=rows, migrated=migrated, emitted=flags, written=written)
+        return RecoveredState(record=record, groups=rows, migrated=migrated, emitted=flags, written=written,
+                              segments=segments)
 
     def commit(self, batch: BatchCommit) -> None:
         check_batch(batch)
@@ -148,6 +152,8 @@ class InMemoryStateStore(StateStore):
             for callback in batch.in_transaction:
                 callback(None)
             data = space.pipelines.setdefault(pipeline, _Pipeline())
+            if batch.rebase:
+                data.windows, data.segments = {}, []
             windows = data.windows
             flag, kept = batch.emitted.get, batch.written.get
             for start, end, blob in batch.whole_windows:
@@ -168,6 +174,7 @@ class InMemoryStateStore(StateStore):
             if batch.deleted_before is not None:
                 for start in [s for s in windows if s < batch.deleted_before]:
                     del windows[start]
+            data.segments += batch.segments
             for row in batch.pending_inserts:
                 data.pending[row.key] = (row.event_ts, row.payload)
             for released in batch.pending_released:

@@ -15,6 +15,8 @@ SCHEMA_VERSION_TABLE = "ematix_streaming_schema_version"
 PENDING_TABLE = "ematix_streaming_pending"
 #: the pending table's index on (pipeline_name, event_ts), its non-NULL event times (schema step 7)
 PENDING_EVENT_TS_INDEX = "ematix_streaming_pending_event_ts"
+#: session and sliding state as ordered column blobs (schema step 8)
+SEGMENTS_TABLE = "ematix_streaming_segments"
 
 
 def lease_key(schema: str, pipeline: str) -> int:

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import psycopg
 from psycopg import sql
 
-from state_store import whole_window
+from state_store import segment_rows, whole_window
 from state_store.base import BatchCommit
 
 # named for its columns: a session that still holds the temp table of an older layout never reuses it
@@ -50,10 +50,11 @@ def read_beside(cur: psycopg.Cursor, names: dict, params: tuple, stale_only: boo
 
 
 def write_groups(conn: psycopg.Connection, names: dict, batch: BatchCommit) -> None:
-    """A commit's state rows, in the caller's transaction: whole windows (replacing every row of
-    theirs), upserts, then deletes by key, by window and before a start (so a group both updated
-    and deleted in a batch ends deleted)."""
+    """A commit's state rows, in the caller's transaction: a rebase's deletes, whole windows
+    (replacing every row of theirs), upserts, then deletes by key, by window and before a start (so
+    a group both updated and deleted in a batch ends deleted), then the segments (schema step 8)."""
     pipeline = batch.record.pipeline
+    segment_rows.pg_rebase(conn, names, batch)
     if batch.whole_windows:
         conn.execute(sql.SQL("DELETE FROM {state} WHERE pipeline_name = %s AND window_start = ANY(%s::bigint[])")
                      .format(**names), (pipeline, [start for start, _, _ in batch.whole_windows]))
@@ -72,6 +73,7 @@ def write_groups(conn: psycopg.Connection, names: dict, batch: BatchCommit) -> N
     if batch.deleted_before is not None:
         conn.execute(sql.SQL("DELETE FROM {state} WHERE pipeline_name = %s AND window_start < %s")
                      .format(**names), (pipeline, batch.deleted_before))
+    segment_rows.pg_append(conn, names, batch)
 
 
 def upsert_groups(conn: psycopg.Connection, names: dict, pipeline: str,

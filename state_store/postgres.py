@@ -36,7 +36,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from state_store import codec, loaded_groups, migrations, pending
+from state_store import codec, loaded_groups, migrations, pending, segment_rows
 from state_store._common import (
     PIPELINE_COLUMNS,
     bring_forward,
@@ -281,17 +281,20 @@ class PostgresStateStore(StateStore):
             groups: list[tuple[int, int | None, bytes, bytes]] = []
             flags: dict[tuple[int, bytes], bool] = {}
             written: dict[tuple[int, bytes], bytes] = {}
+            segments: list[bytes] = []
             if with_groups:
                 cur = conn.cursor(binary=True)
                 cur.execute(select_groups(n), (pipeline,))
                 with loaded_groups.gc_paused():
                     groups = cur.fetchall()
                 flags, written = read_beside(cur, n, (pipeline,))
+                segments = segment_rows.pg_load(conn, n, pipeline)
         record = record_from_row(pipeline, row, offsets, self.description)
         check_record_version(record, self.description)
         groups = expand_windows(pipeline, self.description, groups)
         groups, migrated = bring_forward(pipeline, self.description, fill_window_ends(groups, record))
-        return RecoveredState(record=record, groups=groups, migrated=migrated, emitted=flags, written=written)
+        return RecoveredState(record=record, groups=groups, migrated=migrated, emitted=flags, written=written,
+                              segments=segments)
 
     def commit(self, batch: BatchCommit) -> None:
         check_batch(batch)
@@ -353,6 +356,7 @@ class PostgresStateStore(StateStore):
                 conn.execute(sql.SQL("DELETE FROM {t} WHERE pipeline_name = %s").format(t=self._names[table]),
                              (pipeline,))
             discarded = pending.pg_discard(conn, self._names, pipeline)
+            segment_rows.pg_discard(conn, self._names, pipeline)
             if pipeline in self._leases:  # keep showing who holds the lease
                 conn.execute(sql.SQL("INSERT INTO {pipelines} (pipeline_name, lease_holder) VALUES (%s, %s)")
                              .format(**self._names), (pipeline, self._leases[pipeline]))

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from state_store import codec, migrations, pending
+from state_store import codec, migrations, pending, segment_rows
 from state_store._common import (
     PIPELINE_COLUMNS,
     bring_forward,
@@ -266,19 +266,21 @@ class SqliteStateStore(StateStore):
                     return RecoveredState(record=None)
                 offsets = dict(conn.execute(f"SELECT source_id, offset_json FROM {_N['offsets']} "
                                             "WHERE pipeline_name = ?", (pipeline,)).fetchall())
-                rows, flags, written = [], {}, {}
+                rows, flags, written, segments = [], {}, {}, []
                 if groups:
                     with gc_paused():
                         rows = conn.execute(_GROUPS, (pipeline,)).fetchall()
                     flags = _flags(conn, _FLAGS, (pipeline,))
                     written = _written(conn, _WRITTEN, (pipeline,))
+                    segments = segment_rows.sqlite_load(conn, pipeline)
             finally:
                 conn.execute("COMMIT")
         record = record_from_row(pipeline, row, offsets, self.description)
         check_record_version(record, self.description)
         rows = expand_windows(pipeline, self.description, rows)
         rows, migrated = bring_forward(pipeline, self.description, fill_window_ends(rows, record))
-        return RecoveredState(record=record, groups=rows, migrated=migrated, emitted=flags, written=written)
+        return RecoveredState(record=record, groups=rows, migrated=migrated, emitted=flags, written=written,
+                              segments=segments)
 
     def commit(self, batch: BatchCommit) -> None:
         check_batch(batch)
@@ -287,6 +289,7 @@ class SqliteStateStore(StateStore):
         with self._lock, self._errors("committing a batch", pipeline), self._writer(pipeline):
             with self._transaction() as conn:
                 now = conn.execute(f"SELECT {_NOW}").fetchone()[0]
+                segment_rows.sqlite_rebase(conn, batch)
                 if batch.whole_windows:
                     conn.executemany(_DELETE_WINDOW, ((pipeline, start) for start, _, _ in batch.whole_windows))
                     conn.executemany(_UPSERT, _upsert_rows(pipeline, now, [(start, end, WINDOW_KEY, blob)
@@ -299,6 +302,7 @@ class SqliteStateStore(StateStore):
                     conn.executemany(_DELETE_WINDOW, ((pipeline, start) for start in batch.deleted_windows))
                 if batch.deleted_before is not None:
                     conn.execute(_DELETE_BEFORE, (pipeline, batch.deleted_before))
+                segment_rows.sqlite_append(conn, batch)
                 pending.sqlite_commit(conn, batch, self.description)
                 conn.execute(f"DELETE FROM {_N['offsets']} WHERE pipeline_name = ?", (pipeline,))
                 if record.offsets:
@@ -332,6 +336,7 @@ class SqliteStateStore(StateStore):
                 for table in ("state", "offsets", "pipelines"):
                     conn.execute(f"DELETE FROM {_N[table]} WHERE pipeline_name = ?", (pipeline,))
                 discarded = pending.sqlite_discard(conn, pipeline)
+                segment_rows.sqlite_discard(conn, pipeline)
                 if pipeline in self._leases:  # keep showing who holds the lease
                     conn.execute(f"INSERT INTO {_N['pipelines']} (pipeline_name, lease_holder, updated_at) "
                                  f"VALUES (?, ?, {_NOW})", (pipeline, self._leases[pipeline][1]))

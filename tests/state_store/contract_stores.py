@@ -43,5 +43,7 @@ def groups_of(state) -> dict[tuple[int, bytes], bytes]:
 
 
 def same_state(a, b) -> bool:
-    """Equal records and groups (the order of loaded groups is not part of the contract)."""
-    return a.record == b.record and sorted(a.groups) == sorted(b.groups) and a.migrated == b.migrated
+    """Equal records, groups and segments (the order of loaded groups is not part of the contract; the
+    segments' is)."""
+    return (a.record == b.record and sorted(a.groups) == sorted(b.groups) and a.migrated == b.migrated
+            and a.segments == b.segments)

@@ -272,7 +272,7 @@ def test_schema_step_7_adds_the_pending_table_and_keeps_everything(schema_store)
         check = connect()
         versions = check.execute("SELECT version, description FROM ematix_streaming_schema_version "
                                  "ORDER BY version").fetchall()
-        assert [v for v, _ in versions] == [1, 2, 3, 4, 5, 6, 7] and "pending rows" in versions[-1][1]
+        assert [v for v, _ in versions][:7] == [1, 2, 3, 4, 5, 6, 7] and "pending rows" in versions[6][1]
         names, key_columns = _columns(kind, check, "ematix_streaming_pending")
         assert names == ["pipeline_name", "release_us", "arrival_batch", "seq", "event_ts", "payload"]
         assert key_columns == ["pipeline_name", "release_us", "arrival_batch", "seq"]

@@ -24,7 +24,7 @@ def test_schema_versions_are_recorded_and_newer_schemas_refused(schema_store):
     store.close()
     conn = connect()
     rows = conn.execute("SELECT version, description FROM ematix_streaming_schema_version ORDER BY version").fetchall()
-    assert [r[0] for r in rows] == [s.version for s in migrations.STEPS] == [1, 2, 3, 4, 5, 6, 7]
+    assert [r[0] for r in rows] == [s.version for s in migrations.STEPS] == [1, 2, 3, 4, 5, 6, 7, 8]
     conn.execute("INSERT INTO ematix_streaming_schema_version (version, description, applied_at) "
                  "VALUES (99, 'from the future', '2030-01-01')")
     if kind == "sqlite":
@@ -142,7 +142,7 @@ def test_schema_step_6_adds_null_written_rows_and_trigger_timer_in_place(schema_
     store.open()
     try:
         check = connect()
-        assert check.execute("SELECT max(version) FROM ematix_streaming_schema_version").fetchone()[0] == 7
+        assert check.execute("SELECT max(version) FROM ematix_streaming_schema_version").fetchone()[0] == migrations.SCHEMA_VERSION
         assert check.execute("SELECT written_row FROM ematix_streaming_state").fetchall() == [(None,), (None,)]
         assert check.execute("SELECT trigger_fired_at FROM ematix_streaming_pipelines").fetchall() == [(None,)]
         if files:
@@ -160,11 +160,11 @@ def test_schema_step_6_adds_null_written_rows_and_trigger_timer_in_place(schema_
         store.close()
     conn = connect()
     conn.execute("INSERT INTO ematix_streaming_schema_version (version, description, applied_at) "
-                 "VALUES (8, 'the next step', '2030-01-01')")
+                 "VALUES (%d, 'the next step', '2030-01-01')" % (migrations.SCHEMA_VERSION + 1))
     if kind == "sqlite":
         conn.commit()
     conn.close()
-    with pytest.raises(StateVersionError, match=r"schema version 8 is newer than this code \(7\)"):
+    with pytest.raises(StateVersionError, match=rf"schema version {migrations.SCHEMA_VERSION + 1} is newer than this code \({migrations.SCHEMA_VERSION}\)"):
         build().open()
 
 

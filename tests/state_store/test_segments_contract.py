@@ -1,0 +1,114 @@
+"""State segments (schema step 8) on every store: appended in order within the commit's
+transaction, a rebase that replaces segments and rows, reset, and a schema-7 store opening at 8
+with its rows as they were."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from state_store import codec, migrations
+from state_store.base import BatchCommit
+from tests.state_store.contract_stores import blob, end, key, record, same_state
+
+
+def test_segments_are_appended_in_order_and_loaded_in_the_snapshot(make_store):
+    store = make_store()
+    p = "segments"
+    store.commit(BatchCommit(record(p, 0), upserts=[(0, end(0), key("a"), blob(1))], segments=[b"s0", b"s1"]))
+    store.commit(BatchCommit(record(p, 1)))  # a commit without segments keeps them
+    store.commit(BatchCommit(record(p, 2), segments=[b"s2"]))
+    store.commit(BatchCommit(record("other", 0), segments=[b"o0"]))
+    for s in (store, make_store()):
+        state = s.load(p)
+        assert state.segments == [b"s0", b"s1", b"s2"] and state.record.last_batch_id == 2
+        assert [g[2] for g in state.groups] == [key("a")]  # rows stay beside them
+        assert s.load(p, groups=False).segments == []  # checks and sensors read no state
+        assert s.load("other").segments == [b"o0"]
+
+
+def test_a_rebase_replaces_every_segment_and_row_of_the_pipeline(make_store):
+    store = make_store()
+    p = "rebase"
+    store.commit(BatchCommit(record(p, 0), upserts=[(0, end(0), key("a"), blob(1)), (9, end(9), key("b"), blob(2))],
+                             emitted={(0, key("a")): True}, written={(0, key("a")): b"row"}, segments=[b"d0"]))
+    store.commit(BatchCommit(record("other", 0), upserts=[(0, end(0), key("a"), blob(1))], segments=[b"o0"]))
+    store.commit(BatchCommit(record(p, 1), segments=[b"base", b"d1"], rebase=True))
+    state = store.load(p)
+    assert state.segments == [b"base", b"d1"] and state.groups == [] and not state.emitted and not state.written
+    other = store.load("other")  # another pipeline keeps its own
+    assert other.segments == [b"o0"] and len(other.groups) == 1
+    store.commit(BatchCommit(record(p, 2), segments=[b"d2"]))
+    assert make_store().load(p).segments == [b"base", b"d1", b"d2"]
+    # a rebase's group writes land after its deletes
+    store.commit(BatchCommit(record(p, 3), upserts=[(5, end(5), key("c"), blob(3))], rebase=True))
+    state = store.load(p)
+    assert state.segments == [] and [g[2] for g in state.groups] == [key("c")]
+
+
+def test_segments_commit_with_the_rest_of_the_batch_or_not_at_all(make_store):
+    store = make_store()
+    p = "segments-atomic"
+    store.commit(BatchCommit(record(p, 0), upserts=[(0, end(0), key("a"), blob(1))], segments=[b"s0"]))
+    expected = store.load(p)
+
+    def boom(_conn):
+        raise RuntimeError("target write failed")
+
+    for rebase in (False, True):
+        with pytest.raises(RuntimeError, match="target write failed"):
+            store.commit(BatchCommit(record(p, 1), segments=[b"s1"], rebase=rebase, in_transaction=[boom]))
+        assert same_state(store.load(p), expected) and same_state(make_store().load(p), expected)
+    for bad in ([b""], ["text"], [None]):  # refused before anything is written
+        with pytest.raises(TypeError, match="segments"):
+            store.commit(BatchCommit(record(p, 1), segments=bad))  # type: ignore[arg-type]
+    assert same_state(store.load(p), expected)
+
+
+def test_reset_deletes_the_segments(make_store):
+    store = make_store()
+    store.commit(BatchCommit(record("gone", 0), segments=[b"s0"]))
+    store.reset("gone")
+    assert store.load("gone").record is None
+    store.commit(BatchCommit(record("gone", 0)))
+    assert store.load("gone").segments == []
+
+
+def test_a_schema_7_store_opens_at_8_with_its_rows(schema_store):
+    kind, build, connect = schema_store
+    conn = connect()
+    rows = [(0, 10, key("a"), blob(1), codec.STATE_VERSION), (60, 70, key("b"), blob(2), codec.STATE_VERSION)]
+    if kind == "sqlite":
+        conn.isolation_level = None
+        migrations.apply_sqlite(conn, "v7", migrations.STEPS[:7])
+        conn.execute("INSERT INTO ematix_streaming_pipelines (pipeline_name, state_version, last_batch_id, watermark, "
+                     "updated_at) VALUES ('v7', ?, 3, 77, 'now')", (codec.STATE_VERSION,))
+        conn.executemany("INSERT INTO ematix_streaming_state (pipeline_name, window_start, window_end, group_key, "
+                         "state_blob, state_version, updated_at) VALUES ('v7', ?, ?, ?, ?, ?, 'now')", rows)
+    else:
+        schema = conn.execute("SELECT current_schema()").fetchone()[0]
+        with psycopg.connect(conn.info.dsn) as tx:
+            migrations.apply_postgres(tx, schema, "v7", migrations.STEPS[:7])
+        names = migrations.postgres_names(schema)
+        conn.execute(sql.SQL("INSERT INTO {pipelines} (pipeline_name, state_version, last_batch_id, watermark) "
+                             "VALUES ('v7', %s, 3, 77)").format(**names), (codec.STATE_VERSION,))
+        with conn.cursor() as cur:
+            cur.executemany(sql.SQL("INSERT INTO {state} (pipeline_name, window_start, window_end, group_key, "
+                                    "state_blob, state_version) VALUES ('v7', %s, %s, %s, %s, %s)").format(**names),
+                            rows)
+    conn.close()
+    store = build()
+    store.open()
+    try:
+        check = connect()
+        assert check.execute("SELECT max(version) FROM ematix_streaming_schema_version").fetchone()[0] == 8
+        assert check.execute("SELECT count(*) FROM ematix_streaming_segments").fetchone()[0] == 0
+        check.close()
+        state = store.load("v7")
+        assert sorted(state.groups) == [r[:4] for r in rows] and state.segments == []
+        store.commit(BatchCommit(record("v7", 4), segments=[b"base"], rebase=True))  # the engine's migration
+        state = store.load("v7")
+        assert state.groups == [] and state.segments == [b"base"] and state.record.last_batch_id == 4
+    finally:
+        store.close()

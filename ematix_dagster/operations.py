@@ -23,6 +23,7 @@ from ematix_dagster.streaming.windows import window_kind
 from ematix_dagster.streaming.windows.units import format_us
 from state_store.base import PendingSummary, PipelineRecord, StateStore, make_holder
 from state_store.codec import STATE_VERSION
+from state_store.segment_replay import replayed
 
 
 @contextmanager
@@ -91,7 +92,10 @@ def check(spec: PipelineSpec) -> CheckReport:
     with opened(spec) as store:
         holder = store.lease_holder(spec.pipeline_name)
         try:
-            recovered = store.load(spec.pipeline_name)
+            # the segments replayed over the rows (schema step 8): a segment that does not decode is reported
+            # like a row's blob
+            recovered, _ = replayed(store.load(spec.pipeline_name), f"pipeline {spec.pipeline_name!r} in "
+                                    f"{store.description}")
         except (StateVersionError, CorruptState) as exc:  # a pipelines row, a blob's version byte, the database
             problem = (Problem("state_too_new", f"{exc}.", "run the newer ematix-dagster that wrote it")
                        if isinstance(exc, StateVersionError) else corrupt_state(exc))
@@ -138,6 +142,7 @@ def summary(spec: PipelineSpec, windows: bool = True) -> dict[str, Any]:
         recovered = store.load(spec.pipeline_name, groups=windows)
         holder = store.lease_holder(spec.pipeline_name)
         held = store.pending_summary(spec.pipeline_name) if spec.is_row_pipeline or spec.emit else None
+    recovered, _ = replayed(recovered, f"pipeline {spec.pipeline_name!r} in {store.description}")
     record = recovered.record
     per_window: dict[int, int] = {}
     size = 0

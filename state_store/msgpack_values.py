@@ -76,10 +76,15 @@ def _default(o: Any) -> Any:
 _PACKERS = threading.local()  # a Packer is reused (cheaper than packb's new one per call), one per thread
 
 
+def new_packer() -> msgpack.Packer:
+    """A packer of its own (one reused for every value of a column, each ``pack`` a separate value)."""
+    return msgpack.Packer(default=_default, use_bin_type=True)
+
+
 def packb(o: Any) -> bytes:
     packer = getattr(_PACKERS, "packer", None)
     if packer is None:
-        packer = _PACKERS.packer = msgpack.Packer(default=_default, use_bin_type=True)
+        packer = _PACKERS.packer = new_packer()
     try:
         return packer.pack(o)
     except BaseException:
@@ -126,4 +131,4 @@ def failure_reason(exc: Exception) -> str:
     return str(exc) or type(exc).__name__
 
 
-__all__ = ["packb", "unpackb", "unpackb_values", "ext_hook", "failure_reason"]
+__all__ = ["new_packer", "packb", "unpackb", "unpackb_values", "ext_hook", "failure_reason"]

@@ -15,12 +15,21 @@ from typing import Any, Callable, Sequence, cast
 from ematix_dagster.streaming.aggregators import Aggregator
 from ematix_dagster.streaming.emitted import GroupKey
 from ematix_dagster.streaming.micro_batch import Engine
-from ematix_dagster.streaming.state.base import StoreChanges, StoredGroup, WrittenRow
+from ematix_dagster.streaming.state.base import (
+    ColumnChanges,
+    KindState,
+    StoreChanges,
+    StoredGroup,
+    StoredSize,
+    WrittenRow,
+)
 from ematix_dagster.streaming.windows import WindowKind
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, SourceProgress
 from state_store.codec import STATE_VERSION, decode_key, decode_state, encode_key, encode_state
 from state_store.errors import RESTORE_OR_RESET, CorruptState
 from state_store.loaded_groups import decode_groups
+from state_store.segment_replay import replayed
+from state_store.segments import Segment, encode_segment
 from state_store.whole_window import encode_window
 
 
@@ -41,15 +50,6 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
     Takes the engine's pending changes, so call it once per commit.
     """
     state = engine.state
-    changes = state.take_changes()
-    upserts, whole = window_rows(state.aggregators, changes.windows, by_group=state.keeps_written)
-    flags: dict[tuple[int, bytes], bool] = {}
-    for start, end, key, accs, emitted in changes.upserts:
-        encoded = encoded_key(key)
-        upserts.append((start, cast(int, end), encoded, encode_state(accs)))  # take_changes sets every end
-        if emitted is not None:  # a session's flag is its own (schema step 5)
-            flags[(start, encoded)] = emitted
-    written = written_rows(state.written, changes) if state.keeps_written else {}
     marks = engine.watermarks
     record = PipelineRecord(
         pipeline=pipeline, state_version=STATE_VERSION, query_id=provenance.query_id,
@@ -59,6 +59,17 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
         counters=dict(engine.counters), offsets=dict(offsets or {}),
         trigger_fired_at=engine.clock.fired_at_us,
     )
+    if state.stores_segments:
+        segments, rebase = segment_commit(state)
+        return BatchCommit(record=record, in_transaction=list(in_transaction), segments=segments, rebase=rebase)
+    changes = state.take_changes()
+    upserts, whole = window_rows(state.aggregators, changes.windows, by_group=state.keeps_written)
+    flags: dict[tuple[int, bytes], bool] = {}
+    for start, end, key, accs, emitted in changes.upserts:
+        encoded = encoded_key(key)
+        upserts.append((start, cast(int, end), encoded, encode_state(accs)))  # take_changes sets every end
+        if emitted is not None:  # a session's flag is its own (schema step 5)
+            flags[(start, encoded)] = emitted
     return BatchCommit(
         record=record,
         upserts=upserts,
@@ -68,8 +79,45 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
         in_transaction=list(in_transaction),
         emitted=flags,
         whole_windows=whole,
-        written=written,
+        written=written_rows(state.written, changes) if state.keeps_written else {},
     )
+
+
+def segment_commit(state: KindState) -> tuple[list[bytes], bool]:
+    """(segments, rebase) of a state held as columns: its changes as one delta segment, or the whole
+    state as one base segment replacing everything stored (``BatchCommit.rebase``).
+
+    The rule (docs/decisions.md, "Columnar driver state"): rebase when the deltas since the base
+    would hold more operations than the base, so the store holds at most about twice the state and
+    a restore reads at most that; and always on the first commit after a restore from rows of
+    schema 7, which replaces them (the migration from rows, in one transaction).
+    """
+    changes = state.take_column_changes()
+    size = state.stored_size
+    if size.from_rows or size.deltas + len(changes) > size.base:
+        whole = state.take_column_changes(everything=True)
+        state.stored_size = StoredSize(base=len(whole))
+        return [_segment(state, whole, base=True)], True
+    if not len(changes):
+        return [], False
+    size.deltas += len(changes)
+    return [_segment(state, changes, base=False)], False
+
+
+def _segment(state: KindState, changes: ColumnChanges, base: bool) -> bytes:
+    keys = list(map(encoded_key, changes.keys))
+    written: list[bytes | None] | None = None
+    if state.keeps_written:  # the written row travels with its group (schema step 6)
+        held = state.written
+        written = []
+        for start, key in zip(changes.starts.tolist(), changes.keys):
+            by_key = held.get(start)
+            row = by_key.get(key) if by_key is not None else None
+            written.append(None if row is None else encode_state([row[0], *row[1]]))
+    return encode_segment(Segment(
+        base=base, starts=changes.starts, ends=changes.ends, keys=keys, emitted=changes.emitted, written=written,
+        accs=changes.accs, deletes=[(start, encoded_key(key)) for start, key in changes.deletes],
+        deleted_before=changes.deleted_before))
 
 
 def written_rows(written: dict[int, dict[GroupKey, WrittenRow]], changes: StoreChanges) -> dict[tuple[int, bytes], bytes]:
@@ -146,16 +194,19 @@ def restore_engine(engine: Engine, recovered: RecoveredState, store: str | None 
 
     ``store`` names the store in the messages of state that does not decode or fit.
     """
-    record = recovered.record
-    if record is None:
+    if recovered.record is None:
         return None
     state = engine.state
+    recovered, sizes = replayed(recovered, _where(state.pipeline, store))
+    record = cast(PipelineRecord, recovered.record)
     check_window_ends(state.pipeline, state.kind, recovered.groups, store)
     groups = decoded_groups(state.pipeline, recovered, store, ends_stored=state.kind.ends_stored)
     engine.restore(record.last_batch_id, record.watermark,
                    {n: (p.max_event_ts, p.last_arrival) for n, p in record.sources.items()},
                    record.counters, groups, store=store, written=decoded_written(recovered),
                    trigger_fired_at_us=record.trigger_fired_at)
+    if state.stores_segments:
+        state.stored_size = StoredSize(base=sizes.base, deltas=sizes.deltas, from_rows=sizes.rows > 0)
     return record
 
 
@@ -189,7 +240,10 @@ def check_window_ends(pipeline: str, kind: WindowKind, groups: list[tuple[int, i
         if end is None or (start, end) in checked:
             continue
         if not kind.valid_end(start, end):
-            where = f"pipeline {pipeline!r}" + (f" in {store}" if store else "")
-            raise CorruptState(f"{where}: window {start} is stored with end {end}, but its window kind gives "
+            raise CorruptState(f"{_where(pipeline, store)}: window {start} is stored with end {end}, but its window kind gives "
                                f"{kind.end_rule(start)}", way_out=RESTORE_OR_RESET)
         checked.add((start, end))
+
+
+def _where(pipeline: str, store: str | None) -> str:
+    return f"pipeline {pipeline!r}" + (f" in {store}" if store else "")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import datetime as dt
 import random
-import sqlite3
 import uuid
 from typing import Any
 
@@ -38,6 +37,7 @@ from state_store.base import StateStore
 from state_store.codec import encode_key
 from state_store.memory import InMemoryStateStore
 from state_store.postgres import PostgresStateStore
+from state_store.segment_replay import replayed
 from state_store.sqlite import SqliteStateStore
 from tests.e2e.lateness_helpers import Feed, files_source, make_spec, metric, read_batch_dirs, row, run, us
 from tests.e2e.test_sessions import AGGREGATIONS, at, pd_isna
@@ -171,8 +171,9 @@ def run_engine(batches: list[list[tuple]], store: StateStore | None = None, drop
         if store is not None:
             store.commit(batch_commit(engine, "reopen-core"))
             recovered = store.load("reopen-core")
-            if drop_flags:
-                recovered.emitted = {}
+            if drop_flags:  # the rows the segments stand for, without their flags
+                recovered, _ = replayed(recovered, "the test's store")
+                recovered.emitted, recovered.segments = {}, []
             engine = Engine.for_window("reopen-core", window_of(), ("a",), INTEGRAL)
             restore_engine(engine, recovered)
     return out
@@ -340,10 +341,10 @@ def test_a_restart_keeps_the_emitted_flags(spark, tmp_path, batch_files):
     feed, files = write_feed(batch_files, RESTART[:3])
     first, _ = run(spec, spark)
     assert first.batches == 3
-    with sqlite3.connect(tmp_path / "state.db") as conn:
-        stored = conn.execute("SELECT window_start, window_end, group_key, emitted "
-                              "FROM ematix_streaming_state").fetchall()
-        watermark = conn.execute("SELECT watermark FROM ematix_streaming_pipelines").fetchone()[0]
+    with SqliteStateStore(tmp_path / "state.db") as sqlite_state:  # the stored rows (segments replayed)
+        recovered, _ = replayed(sqlite_state.load("sessions-restart"), "the test's store")
+    stored = [(start, end, key, recovered.emitted.get((start, key))) for start, end, key, _ in recovered.groups]
+    watermark = recovered.record.watermark
     t0 = us(at(0))
     flags = {(start - t0, key): (end - t0, emitted) for start, end, key, emitted in stored}
     # the merged sessions end after W = 108 s and are stored as emitted; z [101, 116) is not

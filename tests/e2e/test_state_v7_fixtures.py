@@ -77,6 +77,16 @@ def stored_rows(db: Path) -> int:
     return rows
 
 
+def migrated(db: Path) -> tuple[int, int]:
+    """(state rows, segments) after the resumed run: sessions and sliding partials leave their rows
+    for segments on the first commit (schema step 8), fixed windows keep theirs."""
+    with sqlite3.connect(db) as conn:
+        out = (conn.execute("SELECT count(*) FROM ematix_streaming_state").fetchone()[0],
+               conn.execute("SELECT count(*) FROM ematix_streaming_segments").fetchone()[0])
+    conn.close()
+    return out
+
+
 def test_tumbling_windows_of_schema_7_continue_exactly(spark, tmp_path, batch_files):
     from tests import oracle
     from tests.e2e.lateness_helpers import Feed, compare_output, oracle_params, run
@@ -91,6 +101,7 @@ def test_tumbling_windows_of_schema_7_continue_exactly(spark, tmp_path, batch_fi
     expected = oracle.run(feed.batches(spec.run.checkpoint_location, ["a"]), oracle_params(spec))
     got = compare_output(spec, expected)  # the committed run numbered its rows already
     assert min(got) < FIRST_MINUTES <= max(got), "rows of both runs are compared"
+    assert migrated(tmp_path / "state.db")[1] == 0
 
 
 def test_sessions_of_schema_7_keep_their_flags_and_written_rows(spark, tmp_path, batch_files):
@@ -108,6 +119,8 @@ def test_sessions_of_schema_7_keep_their_flags_and_written_rows(spark, tmp_path,
     view = sessions.check_parquet_batches(spec.target.path, expected)
     assert {key: (r["window_end"], tuple(r[a] for a in sessions.ALIASES)) for key, r in view.items()} == \
         sessions.oracle_target(oracle)
+    rows, segments = migrated(tmp_path / "state.db")
+    assert rows == 0 and segments >= 1
 
 
 def test_sliding_partials_of_schema_7_continue_exactly(spark, tmp_path, batch_files):
@@ -122,6 +135,8 @@ def test_sliding_partials_of_schema_7_continue_exactly(spark, tmp_path, batch_fi
     _, expected, _ = sliding.oracle_batches(feed, spec.run.checkpoint_location, "reopen")
     expected[-1] = [r for r in expected[-1] if r[2] < sliding.us(sliding.at(100))]  # no flush: b@100 stays open
     assert sliding.target_batches(spec.target.path) == {b: rows for b, rows in enumerate(expected) if rows}
+    rows, segments = migrated(tmp_path / "state.db")
+    assert rows == 0 and segments >= 1
 
 
 def first_run(kind: str, root: Path, files_factory: Any) -> Any:

@@ -29,11 +29,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, NoReturn, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, NamedTuple, NoReturn, Protocol, Sequence
+
+import numpy as np
 
 from ematix_dagster.errors import StateCapExceeded
 from ematix_dagster.streaming.aggregators import Aggregator
 from ematix_dagster.streaming.emitted import Emitted, GroupKey
+from ematix_dagster.streaming.state.columns import accumulator_rows
 
 if TYPE_CHECKING:
     from ematix_dagster.streaming.windows.base import WindowKind
@@ -132,6 +135,44 @@ class StoreChanges:
     windows: list[tuple[int, int, dict[GroupKey, Accumulators], set[GroupKey]]] = field(default_factory=list)
 
 
+@dataclass
+class ColumnChanges:
+    """What changed since the last commit of a state held as columns (sessions, sliding partials),
+    handed over as its columns: a commit encodes them into one segment (``state_store.segments``)
+    without an object per row. Upserts are row r of ``starts``, ``ends``, ``keys``, ``emitted``
+    (None: the kind stores no flag) and ``accs`` (one object column per aggregator); a store applies
+    ``deletes`` and ``deleted_before`` first."""
+
+    starts: np.ndarray
+    ends: np.ndarray
+    keys: list[GroupKey]
+    accs: list[np.ndarray]
+    emitted: np.ndarray | None = None
+    deletes: list[tuple[int, GroupKey]] = field(default_factory=list)
+    deleted_before: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.keys) + len(self.deletes) + (self.deleted_before is not None)
+
+    def as_store_changes(self) -> StoreChanges:
+        """The same changes one :class:`StoredGroup` per row (what replays and tests apply)."""
+        flags = self.emitted.tolist() if self.emitted is not None else repeat(None)
+        upserts = list(map(StoredGroup, self.starts.tolist(), self.ends.tolist(), self.keys,
+                           accumulator_rows(self.accs), flags))
+        return StoreChanges(upserts=upserts, deletes=list(self.deletes), deleted_before=self.deleted_before)
+
+
+@dataclass
+class StoredSize:
+    """What the store holds of a columnar state (schema step 8), for the compaction rule
+    (``streaming.durable``): operations in the base segment and in the deltas after it, and whether
+    the state was restored from rows of schema 7 (the next commit replaces them with a base)."""
+
+    base: int = 0
+    deltas: int = 0
+    from_rows: bool = False
+
+
 class KindState(Protocol):
     """The driver state of one window kind (see the module docstring for the order of calls)."""
 
@@ -177,6 +218,14 @@ class KindState(Protocol):
 
     def take_changes(self) -> StoreChanges:
         """What changed since the last call (a store writes it; without one it is forgotten)."""
+
+    #: True for a kind held as columns, whose commits are segments (:meth:`take_column_changes`)
+    stores_segments: ClassVar[bool]
+    stored_size: StoredSize
+
+    def take_column_changes(self, everything: bool = False) -> ColumnChanges:
+        """What changed since the last call as columns (``everything``: every held row, for a base
+        segment); only kinds with :attr:`stores_segments` have it."""
 
     def restore(self, groups: Iterable[StoredGroup], watermark: int | None) -> None:
         """Continue from a store's rows (as :meth:`take_changes` wrote them), into empty state."""
@@ -224,6 +273,13 @@ class StateBase:
     #: retraction repeats (a session's early row, or any row under ``retractions``); stored with
     #: the group
     written: dict[int, dict[GroupKey, WrittenRow]] = field(default_factory=dict, repr=False)
+    stores_segments: ClassVar[bool] = False
+    stored_size: StoredSize = field(default_factory=StoredSize, repr=False)
+
+    def take_column_changes(self, everything: bool = False) -> ColumnChanges:
+        """What changed since the last call as columns (``everything``: every held row, for a base
+        segment); only kinds with :attr:`stores_segments` have it."""
+        raise NotImplementedError(f"{type(self).__name__} commits rows, not segments")
 
     def remember(self, starts: Sequence[int], ends: Sequence[int], keys: Sequence[GroupKey],
                  values: Sequence[Sequence[Any]]) -> None:

@@ -35,7 +35,7 @@ and Python runs only over what the batch brings or emits.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -47,6 +47,7 @@ from ematix_dagster.streaming.state.base import (
     KEY_VALUE_BYTES,
     OPEN,
     Accumulators,
+    ColumnChanges,
     Report,
     StateBase,
     StoreChanges,
@@ -100,6 +101,7 @@ class SessionState(StateBase):
 
     kind: SessionWindows
     keeps_written: bool = True
+    stores_segments: ClassVar[bool] = True
     index: KeyIndex = field(default_factory=KeyIndex, repr=False)
     kid: np.ndarray = field(init=False, repr=False)
     start: np.ndarray = field(init=False, repr=False)
@@ -323,25 +325,28 @@ class SessionState(StateBase):
     # -- durable state ----------------------------------------------------------------------------
 
     def take_changes(self) -> StoreChanges:
-        """Sessions changed and (start, key) rows gone since the last call (a store deletes first,
-        then upserts). A session whose start moved is deleted under its old start."""
+        """:meth:`take_column_changes`, one :class:`StoredGroup` per session."""
+        return self.take_column_changes().as_store_changes()
+
+    def take_column_changes(self, everything: bool = False) -> ColumnChanges:
+        """Sessions changed (``everything``: every session) and (start, key) rows gone since the
+        last call (a store deletes first, then upserts). A session whose start moved is deleted
+        under its old start."""
         self._settle()
-        at = np.flatnonzero(self.dirty)
+        at = np.arange(len(self.kid)) if everything else np.flatnonzero(self.dirty)
         starts, stored = self.start[at], self.stored[at]
         keys = self.index.keys_of(self.kid[at])
-        deletes = dict(self._dropped)
-        moved = np.flatnonzero((stored != NOT_STORED) & (stored != starts))
+        deletes = {} if everything else dict(self._dropped)
+        moved = np.flatnonzero((stored != NOT_STORED) & (stored != starts)) if not everything else at[:0]
         deletes.update(dict.fromkeys(zip(stored[moved].tolist(), map(keys.__getitem__, moved.tolist()))))
-        starts_list = starts.tolist()
-        accs = accumulator_rows(self.accs, at)
-        upserts = list(map(StoredGroup, starts_list, self.end[at].tolist(), keys, accs, self.emitted[at].tolist()))
         if deletes:
-            for upserted in zip(starts_list, keys):
+            for upserted in zip(starts.tolist(), keys):
                 deletes.pop(upserted, None)
         self.stored[at] = starts
         self.dirty[:] = False
         self._dropped = {}
-        return StoreChanges(upserts=upserts, deletes=list(deletes))
+        return ColumnChanges(starts=starts, ends=self.end[at], keys=keys, accs=[c[at] for c in self.accs],
+                             emitted=self.emitted[at], deletes=list(deletes))
 
     def restore(self, groups: Iterable[StoredGroup], watermark: int | None) -> None:
         """Load sessions a store returned into empty state.

@@ -32,9 +32,7 @@ that may still be created or changed needs (``t < W - retention - D``) leave sta
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import partial
-from itertools import repeat
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Sequence
 
 import numpy as np
 
@@ -42,6 +40,7 @@ from ematix_dagster.streaming.emitted import GroupKey
 from ematix_dagster.streaming.state.base import (
     CLOSING,
     Accumulators,
+    ColumnChanges,
     Report,
     StateBase,
     StoreChanges,
@@ -50,7 +49,6 @@ from ematix_dagster.streaming.state.base import (
 from ematix_dagster.streaming.state.columns import (
     I64,
     KeyIndex,
-    accumulator_rows,
     fold_partials,
     ints,
     objects,
@@ -89,6 +87,7 @@ class SlidingState(StateBase):
     """
 
     kind: SlidingWindows
+    stores_segments: ClassVar[bool] = True
     index: KeyIndex = field(default_factory=KeyIndex, repr=False)
     kid: np.ndarray = field(init=False, repr=False)
     time: np.ndarray = field(init=False, repr=False)
@@ -289,18 +288,19 @@ class SlidingState(StateBase):
     # -- durable state ----------------------------------------------------------------------------
 
     def take_changes(self) -> StoreChanges:
-        """Partials changed since the last call, one row per (event time, key) stored with
-        start = end = its event time, and the event time before which every stored row is gone
-        (eviction is by event time: one range delete)."""
-        at = np.flatnonzero(self.dirty)
-        times = self.time[at].tolist()
-        accs = accumulator_rows(self.accs, at)
-        # ``tuple.__new__`` builds each row in C (``StoredGroup(...)`` runs a Python ``__new__`` per row)
-        rows = zip(times, times, self.index.keys_of(self.kid[at]), accs, repeat(None))
-        upserts = list(map(partial(tuple.__new__, StoredGroup), rows))
+        """:meth:`take_column_changes`, one :class:`StoredGroup` per partial."""
+        return self.take_column_changes().as_store_changes()
+
+    def take_column_changes(self, everything: bool = False) -> ColumnChanges:
+        """Partials changed (``everything``: every partial) since the last call, one row per (event
+        time, key) stored with start = end = its event time, and the event time before which every
+        stored row is gone (eviction is by event time: one range delete)."""
+        at = np.arange(len(self.kid)) if everything else np.flatnonzero(self.dirty)
+        times = self.time[at]
         self.dirty[:] = False
         evicted_before, self._evicted_before = self._evicted_before, None
-        return StoreChanges(upserts=upserts, deleted_before=evicted_before)
+        return ColumnChanges(starts=times, ends=times, keys=self.index.keys_of(self.kid[at]),
+                             accs=[c[at] for c in self.accs], deleted_before=None if everything else evicted_before)
 
     def restore(self, groups: Iterable[StoredGroup], watermark: int | None) -> None:
         """Load partials a store returned (as :meth:`take_changes` wrote them) into empty state."""

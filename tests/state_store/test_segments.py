@@ -1,0 +1,123 @@
+"""The state segment blob (``state_store.segments``) and its replay over rows (``segment_replay``).
+
+Ground truth: the row codec. A value read back from a segment must be exactly (type included: ints
+stay ints, NaN and -0.0 survive, Decimals, sets, tuples, sketches) what ``codec.decode_state``
+gives for the same accumulators, and a replay must leave the rows a plain dict model of upserts and
+deletes leaves.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from ematix_dagster.errors import CorruptState, StateVersionError
+from state_store import codec
+from state_store.base import PipelineRecord, RecoveredState
+from state_store.segment_replay import replayed
+from state_store.segments import FORMAT_VERSION, MAGIC, Segment, decode_segment, encode_segment
+from tests.fixtures.state_v1.make_fixtures import CASES
+from tests.state_store.test_codec import same
+
+
+def _columns(rows: list[list]) -> list[list]:
+    width = max(map(len, rows))
+    return [[row[i] for row in rows] for i in range(width)]
+
+
+def _upserts(rows: list[list], base: bool = False, **extra) -> Segment:
+    n = len(rows)
+    return Segment(base=base, starts=list(range(n)), ends=[s + 10 for s in range(n)],
+                   keys=[codec.encode_key((i,)) for i in range(n)], accs=_columns(rows), **extra)
+
+
+def test_every_fixture_value_reads_back_as_the_row_codec_reads_it():
+    rows = [accs for _key, accs in CASES.values() if accs]
+    width = max(map(len, rows))
+    rows = [accs + [None] * (width - len(accs)) for accs in rows]
+    got = decode_segment(encode_segment(_upserts(rows)), "here")
+    for r, accs in enumerate(rows):
+        want = codec.decode_state(codec.encode_state(accs))
+        for i, value in enumerate(want):
+            assert (got.accs[i][r] == value and type(got.accs[i][r]) is type(value)) if isinstance(value, set) \
+                else same(got.accs[i][r], value), (r, i, got.accs[i][r], value)
+
+
+def test_columns_are_typed_where_every_value_is_an_int_or_a_float():
+    rows = [[1, 1.5, True, 2**70, 1, Decimal("1.10"), (1, "x"), {"a"}],
+            [None, float("nan"), False, 3, 2.0, None, None, frozenset()],
+            [-(2**63), -0.0, None, None, None, Decimal("2"), (2, None), set()]]
+    blob = encode_segment(_upserts(rows))
+    table = pa.ipc.open_stream(pa.py_buffer(blob[len(MAGIC) + 1:])).read_all()
+    assert [(f.type, f.metadata[b"codec"]) for f in table.schema if f.name.startswith("acc")] == [
+        (pa.int64(), b"int64"), (pa.float64(), b"float64")] + [(pa.binary(), b"msgpack")] * 6
+    got = decode_segment(blob, "here")
+    for r, accs in enumerate(rows):
+        want = codec.decode_state(codec.encode_state(accs))
+        assert all(same(got.accs[i][r], w) or (isinstance(w, set) and got.accs[i][r] == w) for i, w in enumerate(want))
+    assert type(got.accs[3][1]) is int and type(got.accs[2][0]) is bool  # bools are never ints
+
+
+def test_numpy_object_columns_deletes_and_a_range_delete_round_trip():
+    accs = [np.array([3, None], dtype=object), np.array([(1, "a"), (2, "b")], dtype=object)]
+    segment = Segment(base=True, starts=np.array([5, 6]), ends=np.array([9, 9]), keys=[b"\x01a", b"\x01b"],
+                      emitted=np.array([True, False]), written=[b"row", None], accs=accs,
+                      deletes=[(1, b"\x01c")], deleted_before=-4)
+    got = decode_segment(encode_segment(segment), "here")
+    assert (got.base, got.starts, got.ends, got.keys, got.emitted, got.written) == (
+        True, [5, 6], [9, 9], [b"\x01a", b"\x01b"], [True, False], [b"row", None])
+    assert got.accs == [[3, None], [(1, "a"), (2, "b")]] and got.deletes == [(1, b"\x01c")]
+    assert got.deleted_before == -4 and len(got) == 4
+    plain = decode_segment(encode_segment(Segment(starts=[1], ends=[1], keys=[b"\x01a"], emitted=None, written=None,
+                                                  accs=[[1]])), "here")
+    assert plain.emitted == [None] and plain.written == [None] and not plain.base
+
+
+@pytest.mark.parametrize("blob,error,text", [
+    (b"", CorruptState, "does not start with the segment header"),
+    (MAGIC, CorruptState, "does not start with the segment header"),
+    (b"PAR1" + bytes(20), CorruptState, "does not start with the segment header"),
+    (MAGIC + b"\x00", CorruptState, "unknown format version 0"),
+    (MAGIC + bytes([FORMAT_VERSION + 1]), StateVersionError, "newer than this code"),
+    (MAGIC + bytes([FORMAT_VERSION]) + b"\xff" * 12, CorruptState, "does not decode"),
+])
+def test_a_blob_that_is_no_segment_is_refused_with_its_reason(blob, error, text):
+    with pytest.raises(error, match=f"pipeline 'p', state segment 3 .*{text}"):
+        decode_segment(blob, "pipeline 'p', state segment 3")
+
+
+def test_a_segment_whose_columns_lie_is_corrupt():
+    other = pa.schema([("op", pa.int8()), ("window_start", pa.int64())])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, other) as writer:
+        writer.write_batch(pa.record_batch([pa.array([0], pa.int8()), pa.array([1])], schema=other))
+    with pytest.raises(CorruptState, match="its columns are not op"):
+        decode_segment(MAGIC + bytes([FORMAT_VERSION]) + sink.getvalue().to_pybytes(), "here")
+
+
+def test_replay_leaves_what_a_dict_of_upserts_and_deletes_leaves():
+    key = codec.encode_key
+    rows = [(0, 10, key(("a",)), codec.encode_state([1])), (20, 30, key(("a",)), codec.encode_state([2])),
+            (5, 15, key(("b",)), codec.encode_state([3]))]
+    recovered = RecoveredState(record=PipelineRecord("p", codec.STATE_VERSION), groups=rows,
+                               emitted={(0, key(("a",))): True}, written={(0, key(("a",))): b"w"})
+    base = Segment(base=True, starts=[40], ends=[50], keys=[key(("c",))], emitted=[False], written=[b"wc"],
+                   accs=[[4]])
+    delta = Segment(starts=[0, 60], ends=[12, 70], keys=[key(("a",)), key(("d",))], emitted=[None, True],
+                    written=[None, b"wd"], accs=[[7, 8]], deletes=[(20, key(("a",)))], deleted_before=5)
+    recovered.segments = [encode_segment(base), encode_segment(delta)]
+    out, sizes = replayed(recovered, "pipeline 'p'")
+    model = {(s, k): (e, b) for s, e, k, b in rows}
+    model[(40, key(("c",)))] = (50, codec.encode_state([4]))
+    del model[(20, key(("a",)))]
+    model = {k: v for k, v in model.items() if k[0] >= 5}
+    model[(0, key(("a",)))] = (12, codec.encode_state([7]))
+    model[(60, key(("d",)))] = (70, codec.encode_state([8]))
+    assert sorted(out.groups) == sorted((s, e, k, b) for (s, k), (e, b) in model.items())
+    assert out.emitted == {(40, key(("c",))): False, (60, key(("d",))): True}  # a's upsert stored none
+    assert out.written == {(40, key(("c",))): b"wc", (60, key(("d",))): b"wd"}
+    assert (sizes.base, sizes.deltas, sizes.rows) == (1, 4, 3)
+    assert replayed(RecoveredState(record=None), "p")[1].rows == 0

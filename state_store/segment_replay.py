@@ -1,76 +1,75 @@
-"""A pipeline's stored segments replayed over its state rows, as the rows they stand for.
+"""A pipeline's stored segments replayed over its state rows.
 
-Readers of a loaded state (the engine's restore, ``ematix-dagster check`` and ``state``, the
-Dagster checks) all read ``RecoveredState.groups``, ``emitted`` and ``written``: the replay hands
-them exactly the rows a store of schema 7 would hold for the same state (one ``codec.encode_state``
-blob per group, the flags and written rows beside them), so the checks of a restore, the window-end
-check and every count stay one code path for rows and segments.
+:func:`replay` applies segments in order to a live map ``(window_start, key bytes) -> (window end,
+accumulators, emitted flag, written row)``, the accumulators in whatever form the caller asks for:
+the engine's restore takes them decoded (no blob per group on the way), and :func:`replayed` takes
+them as ``codec.encode_state`` blobs, handing the readers of ``RecoveredState.groups`` (``ematix-dagster
+check`` and ``state``, the Dagster checks, a restore that also loaded rows of schema 7) exactly the
+rows a store of schema 7 would hold for the same state, so their checks and counts stay one code
+path for rows and segments.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from itertools import repeat
+from typing import Any, Callable, Iterable, cast
 
 from state_store.base import RecoveredState
 from state_store.codec import encode_state
 from state_store.segments import Segment, decode_segment
 
+#: (window_start, key bytes) -> (window end, accumulators, emitted flag or None, written row or None)
+Live = dict[tuple[int, bytes], tuple[int | None, Any, bool | None, bytes | None]]
+
 
 @dataclass(frozen=True)
 class SegmentSizes:
     """Operations stored in the base segment and in the deltas after it (the compaction rule's
-    inputs), and whether state rows were loaded with them."""
+    inputs), and how many state rows were loaded with them."""
 
     base: int = 0
     deltas: int = 0
     rows: int = 0
 
 
+def accumulator_rows(segment: Segment) -> Iterable[tuple]:
+    """A segment's upserts' accumulators, one tuple per row."""
+    return zip(*segment.accs) if segment.accs else (() for _ in segment.keys)
+
+
+def replay(live: Live, segments: list[bytes], where: str,
+           accumulators: Callable[[Segment], Iterable[Any]] = accumulator_rows) -> SegmentSizes:
+    """Apply ``segments`` in order to ``live``: each one's range delete and deletes, then its upserts
+    (an upsert without a flag or a written row stores none, as a row's upsert does). ``where``
+    names the pipeline and store in errors; each segment is named by its seq."""
+    sizes = [0, 0]
+    for seq, blob in enumerate(segments):
+        segment = decode_segment(blob, f"{where}, state segment {seq}")
+        sizes[0 if seq == 0 and segment.base else 1] += len(segment)
+        if segment.deleted_before is not None:
+            bound = segment.deleted_before
+            for gone in [at for at in live if at[0] < bound]:
+                del live[gone]
+        for gone in segment.deletes:
+            live.pop(gone, None)
+        flags, written = cast(list, segment.emitted), cast(list, segment.written)  # decoded: always lists
+        live.update(zip(zip(segment.starts, segment.keys), zip(segment.ends, accumulators(segment), flags, written)))
+    return SegmentSizes(base=sizes[0], deltas=sizes[1])
+
+
 def replayed(recovered: RecoveredState, where: str) -> tuple[RecoveredState, SegmentSizes]:
-    """``recovered`` with its segments applied in order over its rows (``where`` names the pipeline
-    and store in errors; a segment's seq is added), and what the store holds."""
+    """``recovered`` with its segments applied over its rows, as rows, and what the store holds."""
     rows = len(recovered.groups)
     if not recovered.segments:
         return recovered, SegmentSizes(rows=rows)
-    groups = {(start, key): (end, blob) for start, end, key, blob in recovered.groups}
-    emitted, written = dict(recovered.emitted), dict(recovered.written)
-    sizes = [0, 0]
-    for seq, blob in enumerate(recovered.segments):
-        segment = decode_segment(blob, f"{where}, state segment {seq}")
-        sizes[0 if seq == 0 and segment.base else 1] += len(segment)
-        _apply(segment, groups, emitted, written)
-    out = replace(recovered, groups=[(start, end, key, blob) for (start, key), (end, blob) in groups.items()],
-                  emitted=emitted, written=written)
-    return out, SegmentSizes(base=sizes[0], deltas=sizes[1], rows=rows)
+    flag, kept = recovered.emitted.get, recovered.written.get
+    live: Live = {(start, key): (end, blob, flag((start, key)), kept((start, key)))
+                  for start, end, key, blob in recovered.groups}
+    sizes = replay(live, recovered.segments, where, lambda segment: map(encode_state, map(list, accumulator_rows(segment))))
+    out = replace(recovered, groups=[(start, end, key, blob) for (start, key), (end, blob, _, _) in live.items()],
+                  emitted={at: f for at, (_, _, f, _) in live.items() if f is not None},
+                  written={at: w for at, (_, _, _, w) in live.items() if w is not None})
+    return out, replace(sizes, rows=rows)
 
 
-def _apply(segment: Segment, groups: dict, emitted: dict, written: dict) -> None:
-    """One segment's deletes, then its upserts (an upsert without a flag or a written row stores none,
-    as a row's upsert does)."""
-    if segment.deleted_before is not None:
-        bound = segment.deleted_before
-        for gone in [k for k in groups if k[0] < bound]:
-            del groups[gone]
-            emitted.pop(gone, None)
-            written.pop(gone, None)
-    for gone in segment.deletes:
-        groups.pop(gone, None)
-        emitted.pop(gone, None)
-        written.pop(gone, None)
-    at = list(zip(segment.starts, segment.keys))
-    accs = list(map(list, zip(*segment.accs))) if segment.accs else [[] for _ in at]
-    groups.update(zip(at, zip(segment.ends, map(encode_state, accs))))
-    flags = repeat(None) if segment.emitted is None else segment.emitted
-    for at_row, flag, kept in zip(at, flags, repeat(None) if segment.written is None else segment.written):
-        if flag is None:
-            emitted.pop(at_row, None)
-        else:
-            emitted[at_row] = flag
-        if kept is None:
-            written.pop(at_row, None)
-        else:
-            written[at_row] = kept
-
-
-__all__ = ["SegmentSizes", "replayed"]
+__all__ = ["Live", "SegmentSizes", "accumulator_rows", "replay", "replayed"]

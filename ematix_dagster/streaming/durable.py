@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import chain
-from typing import Any, Callable, Sequence, cast
+from typing import Any, Callable, Iterable, Sequence, cast
 
 from ematix_dagster.streaming.aggregators import Aggregator
 from ematix_dagster.streaming.emitted import GroupKey
@@ -28,7 +28,7 @@ from state_store.base import BatchCommit, PipelineRecord, RecoveredState, Source
 from state_store.codec import STATE_VERSION, decode_key, decode_state, encode_key, encode_state
 from state_store.errors import RESTORE_OR_RESET, CorruptState
 from state_store.loaded_groups import decode_groups
-from state_store.segment_replay import replayed
+from state_store.segment_replay import Live, replay, replayed
 from state_store.segments import Segment, encode_segment
 from state_store.whole_window import encode_window
 
@@ -142,9 +142,13 @@ def decoded_written(recovered: RecoveredState) -> dict[int, dict[GroupKey, Writt
     """The stored written rows in the shape ``StateBase.written`` holds them."""
     out: dict[int, dict[GroupKey, WrittenRow]] = {}
     for (start, encoded), blob in recovered.written.items():
-        end, *values = decode_state(blob)
-        out.setdefault(start, {})[decode_key(encoded)] = (end, tuple(values))
+        out.setdefault(start, {})[decode_key(encoded)] = _written_row(blob)
     return out
+
+
+def _written_row(blob: bytes) -> WrittenRow:
+    end, *values = decode_state(blob)
+    return end, tuple(values)
 
 
 #: a window is written whole when at least this share of its groups changed: one row instead of one
@@ -196,18 +200,44 @@ def restore_engine(engine: Engine, recovered: RecoveredState, store: str | None 
     """
     if recovered.record is None:
         return None
-    state = engine.state
-    recovered, sizes = replayed(recovered, _where(state.pipeline, store))
-    record = cast(PipelineRecord, recovered.record)
-    check_window_ends(state.pipeline, state.kind, recovered.groups, store)
-    groups = decoded_groups(state.pipeline, recovered, store, ends_stored=state.kind.ends_stored)
+    state, record, where = engine.state, recovered.record, _where(engine.state.pipeline, store)
+    if recovered.segments and not recovered.groups:  # segments alone: replayed decoded, no blob per group
+        live: Live = {}
+        sizes = replay(live, recovered.segments, where)
+        check_window_ends(state.pipeline, state.kind, [(start, end, key, None) for (start, key), (end, *_) in live.items()],
+                          store)
+        groups, written = _live_groups(where, live, state.kind.ends_stored)
+    else:
+        recovered, sizes = replayed(recovered, where)
+        check_window_ends(state.pipeline, state.kind, recovered.groups, store)
+        groups = decoded_groups(state.pipeline, recovered, store, ends_stored=state.kind.ends_stored)
+        written = decoded_written(recovered)
     engine.restore(record.last_batch_id, record.watermark,
                    {n: (p.max_event_ts, p.last_arrival) for n, p in record.sources.items()},
-                   record.counters, groups, store=store, written=decoded_written(recovered),
+                   record.counters, groups, store=store, written=written,
                    trigger_fired_at_us=record.trigger_fired_at)
     if state.stores_segments:
         state.stored_size = StoredSize(base=sizes.base, deltas=sizes.deltas, from_rows=sizes.rows > 0)
     return record
+
+
+def _live_groups(where: str, live: Live, ends_stored: bool
+                 ) -> tuple[list[StoredGroup], dict[int, dict[GroupKey, WrittenRow]]]:
+    """Replayed segments (``state_store.segment_replay.replay``) in the shapes ``Engine.restore`` takes."""
+    keys: dict[bytes, GroupKey] = {}
+    try:
+        for key_bytes in {key_bytes for _, key_bytes in live}:
+            keys[key_bytes] = decode_key(key_bytes)
+        written: dict[int, dict[GroupKey, WrittenRow]] = {}
+        for (start, key_bytes), (_, _, _, blob) in live.items():
+            if blob is not None:
+                written.setdefault(start, {})[keys[key_bytes]] = _written_row(blob)
+    except CorruptState as exc:
+        raise CorruptState(f"{where}: {exc}") from None
+    if not ends_stored:
+        return [StoredGroup(start, None, keys[key], list(accs)) for (start, key), (_, accs, _, _) in live.items()], written
+    return [StoredGroup(start, end, keys[key], list(accs), flag)
+            for (start, key), (end, accs, flag, _) in live.items()], written
 
 
 def decoded_groups(pipeline: str, recovered: RecoveredState, store: str | None = None,
@@ -227,7 +257,7 @@ def decoded_groups(pipeline: str, recovered: RecoveredState, store: str | None =
     return out
 
 
-def check_window_ends(pipeline: str, kind: WindowKind, groups: list[tuple[int, int | None, bytes, bytes]],
+def check_window_ends(pipeline: str, kind: WindowKind, groups: Iterable[tuple[int, int | None, Any, Any]],
                       store: str | None = None) -> None:
     """Every stored window end is one the engine's window kind allows for its start.
 

@@ -7,7 +7,7 @@ the engine's real ``FixedState`` (or, ``--kind session``, ``SessionState``: one 
 per key, held as columns) with ``--groups`` groups (one BIGINT key column; count and sum,
 or ``--aggs`` others) the way a batch does, measures the driver's RSS growth with psutil, then
 commits every group to a fresh SQLite (and, with ``--postgres URL``, PostgreSQL) state store
-through the same ``batch_commit`` a batch uses, and times it. It extrapolates the number of
+through the same ``batch_commit`` a batch uses, and times it, and a restart's load and restore. It extrapolates the number of
 groups that fit in ``--memory-gib`` (default 24) with a third left for Spark's JVM and the rest.
 
     .venv/bin/python benchmarks/driver_state_ceiling.py                     # 1,000,000 groups
@@ -29,7 +29,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ematix_dagster.spec import Aggregation, Window  # noqa: E402
-from ematix_dagster.streaming.durable import batch_commit  # noqa: E402
+from ematix_dagster.streaming.durable import batch_commit, restore_engine  # noqa: E402
 from ematix_dagster.streaming.micro_batch import BatchInput, Engine, SourceStats  # noqa: E402
 from state_store.base import make_holder  # noqa: E402
 
@@ -102,6 +102,11 @@ def main(argv: list[str] | None = None) -> int:
                 total_s = time.perf_counter() - t0
                 print(f"commit of {args.groups:,} new groups to {kind}: {total_s:.1f} s ({encode_s:.1f} s encoding), "
                       f"{total_s / args.groups * 1_000_000:.1f} s per 1,000,000 groups")
+                t0 = time.perf_counter()
+                restored = Engine.for_window("ceiling", window, ("s",), [a == "sum" for a in args.aggs])
+                restore_engine(restored, store.load("ceiling"), store.description)
+                print(f"load and restore of {restored.state.state_rows:,} groups from {kind}: "
+                      f"{time.perf_counter() - t0:.1f} s")
                 store.release_lease("ceiling")
             finally:
                 store.close()

@@ -228,7 +228,9 @@ def migrate(spec: PipelineSpec, dry_run: bool = False) -> list[str]:
     """Bring stored blobs to the current version; with ``dry_run`` only say what would change."""
     with opened(spec) as store:
         if dry_run:
-            recovered = store.load(spec.pipeline_name)  # older blobs come back migrated, and counted
+            # older blobs come back migrated, and counted; segments (one format version) as the rows they stand for
+            recovered, _ = replayed(store.load(spec.pipeline_name), f"pipeline {spec.pipeline_name!r} in "
+                                    f"{store.description}")
             old, total = recovered.migrated, len(recovered.groups)
             return [f"{old} of {total} state blobs would be rewritten from an older version to version "
                     f"{STATE_VERSION}" if old else f"all {total} state blobs are at version {STATE_VERSION}"]

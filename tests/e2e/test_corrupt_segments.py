@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ematix_dagster.cli import main
-from ematix_dagster.operations import check
+from ematix_dagster.operations import check, migrate, summary
 from state_store.base import BatchCommit
 from state_store.codec import encode_key
 from state_store.segments import FORMAT_VERSION, MAGIC, Segment, encode_segment
@@ -44,9 +44,17 @@ def _store_segment(setup: Setup, blob: bytes) -> None:
 
 
 def test_a_valid_segment_is_healthy_and_counted(setup):
-    setup.write()
-    _store_segment(setup, GOOD)
+    setup.write()  # three rows: ("a") in the first window, ("b") and ("c") in the second
+    _store_segment(setup, GOOD)  # ("b") in the second window again, and ("d") in a third
+    store = setup.store()
+    record = store.load(PIPELINE, groups=False).record
+    store.commit(BatchCommit(record=record, segments=[encode_segment(Segment(
+        starts=[120 * S], ends=[180 * S], keys=[encode_key(("d",))], emitted=None, written=None,
+        accs=[[a] for a in _valid_accs()]))]))
     assert check(setup.spec).healthy
+    held = summary(setup.spec)  # what `ematix-dagster state` prints: the rows the segments stand for
+    assert (held["groups"], held["open_windows"], held["windows"]) == (4, 3, {0: 1, 60 * S: 2, 120 * S: 1})
+    assert migrate(setup.spec, dry_run=True) == ["all 4 state blobs are at version 2"]
 
 
 @pytest.mark.parametrize("blob,fragments", [pytest.param(b, f, id=i) for i, b, f in DAMAGED])

@@ -27,6 +27,7 @@ from tests.streaming.session_oracle import ALIASES, Oracle, Params, canon
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)  # a multiple of the cap
 S = 1_000_000
 GAP_S, CAP_S = 10, 60
+# tests/fixtures/state_v7 was made from these (test_state_v7_fixtures.py): changing them breaks that fixture
 AGGREGATIONS = [
     {"agg": "count", "as": "n"}, {"agg": "count_col", "column": "v", "as": "n_v"},
     {"agg": "sum", "column": "v", "as": "sum_v"}, {"agg": "min", "column": "v", "as": "min_v"},

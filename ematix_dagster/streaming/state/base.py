@@ -20,7 +20,8 @@ batch (``streaming.emission``):
 4. :meth:`KindState.evict` drops what the kind's retention rule says no row can reach any more.
 
 What a store must write is asked separately, once per commit, in the store's own vocabulary
-(:class:`StoreChanges`), and a restart hands the stored rows back (:meth:`KindState.restore`).
+(:class:`StoreChanges`; a kind held as columns hands over :class:`ColumnChanges`, which a commit
+writes as one segment), and a restart hands the stored rows back (:meth:`KindState.restore`).
 Cap errors, failed merges and value columns are written once, in :class:`StateBase`.
 """
 

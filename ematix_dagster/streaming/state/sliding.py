@@ -9,8 +9,8 @@ every window it reaches sees it.
 
 Partials are held as columns (``streaming.state.columns``) sorted by key id and event time: a
 batch is merged, its windows found and derived, evicted and committed as whole arrays
-(docs/decisions.md, "Columnar driver state"). One exception remains: an emission of additive
-windows builds the prefix sums over every retained partial, not only the emitted keys' runs.
+(docs/decisions.md, "Columnar driver state"); an emission of additive windows sums only the
+emitted keys' runs.
 
 Which windows exist and which were emitted is not stored either. Every retained partial at
 ``t >= W - retention`` has its window: it was accepted in a batch whose threshold

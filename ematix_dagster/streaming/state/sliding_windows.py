@@ -58,10 +58,16 @@ def parts_of(aggregators: Sequence[Aggregator], accs: Sequence[np.ndarray], rows
 def by_prefix_sums(aggregators: Sequence[Aggregator], kids: np.ndarray, parts: Sequence[np.ndarray],
                    lo: np.ndarray, hi: np.ndarray) -> list[Accumulators]:
     """The accumulators of the windows over partials ``[lo, hi)`` of the columns ``parts`` (rows of
-    key ids ``kids``; a window's partials are one key's)."""
+    key ids ``kids``, sorted; a window's partials are one key's).
+
+    The sums run over the whole runs of the windows' keys only: a batch emits a few keys' windows
+    while every key's partials are retained, and a run summed alone sums as it does among all.
+    """
+    rows, lo, hi = _runs_of(kids, lo, hi)
+    kids = kids[rows]
     diffs = []
     for column in parts:
-        through, before = _prefix_sums(column, kids)
+        through, before = _prefix_sums(column[rows], kids)
         diffs.append((through[hi - 1] - before[lo]).tolist())
     windows, at = [], 0
     for agg in aggregators:
@@ -77,6 +83,18 @@ def by_prefix_sums(aggregators: Sequence[Aggregator], kids: np.ndarray, parts: S
             raise
         at += width
     return list(map(list, zip(*windows)))
+
+
+def _runs_of(kids: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows of the key runs that the windows ``[lo, hi)`` lie in, and the windows' bounds
+    within those rows."""
+    wanted = np.unique(kids[hi - 1])
+    first = np.searchsorted(kids, wanted, "left")
+    lengths = np.searchsorted(kids, wanted, "right") - first
+    base = np.cumsum(lengths) - lengths  # where each run begins among the rows taken
+    rows = np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(first - base, lengths)
+    shift = (first - base)[np.searchsorted(wanted, kids[hi - 1])]
+    return rows, lo - shift, hi - shift
 
 
 def _prefix_sums(column: np.ndarray, kids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

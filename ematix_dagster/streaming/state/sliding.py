@@ -160,16 +160,22 @@ class SlidingState(StateBase):
             return
         keys = list(keys)
         kids, times = self.index.ids_of(keys), ints(starts, n)
-        at = search_pairs(self.kid, self.time, kids, times)
+        order = np.lexsort((times, kids))  # the batch's pairs sorted once: searched and inserted in that order
+        first = np.concatenate(([True], (np.diff(kids[order]) != 0) | (np.diff(times[order]) != 0)))
+        pair = np.empty(n, I64)
+        pair[order] = np.cumsum(first) - 1
+        rows = order[first]  # each distinct pair's first row in batch order (a stable sort)
+        at = search_pairs(self.kid, self.time, kids[rows], times[rows])
         found = at < len(self.kid)
-        found[found] = (self.kid[at[found]] == kids[found]) & (self.time[at[found]] == times[found])
+        found[found] = (self.kid[at[found]] == kids[rows[found]]) & (self.time[at[found]] == times[rows[found]])
         new = np.flatnonzero(~found)
         if len(new):
-            firsts = new[np.unique(_pair_ids(kids[new], times[new]), return_index=True)[1]]
-            self._check_caps(firsts, kids, keys, starts)
-            self._insert(kids[firsts], times[firsts])
-            at = search_pairs(self.kid, self.time, kids, times)
-        self._fold(at, keys, starts, partials)
+            self._check_caps(rows[new], kids, keys, starts)
+            where = at[new]
+            self._insert(where, kids[rows[new]], times[rows[new]])
+            at[found] += np.searchsorted(where, at[found], "right")  # np.insert puts new rows before ``where``
+            at[new] = where + np.arange(len(new))
+        self._fold(at[pair], keys, starts, partials)
 
     def _check_caps(self, firsts: np.ndarray, kids: np.ndarray, keys: list[GroupKey], starts: Sequence[int]) -> None:
         """Refuse the batch before changing anything when its new keys or new event times would
@@ -193,11 +199,8 @@ class SlidingState(StateBase):
             raise self.cap_hit(f"max_events_per_group={events_cap}",
                                "distinct event times are already retained for the group", keys[r], starts[r])
 
-    def _insert(self, kids: np.ndarray, times: np.ndarray) -> None:
-        """Empty partials for the new (key id, event time)s, where they sort."""
-        order = np.lexsort((times, kids))
-        kids, times = kids[order], times[order]
-        where = search_pairs(self.kid, self.time, kids, times)
+    def _insert(self, where: np.ndarray, kids: np.ndarray, times: np.ndarray) -> None:
+        """Empty partials for the new (key id, event time)s (sorted), before the rows ``where``."""
         m = len(kids)
         nones = objects((None for _ in range(m)), m)
         empty_parts = [objects([0] * m, m) for _ in self.parts]  # overwritten by the fold
@@ -317,11 +320,3 @@ class SlidingState(StateBase):
         self._set(self.index.ids_of(keys), times, np.zeros(n, bool), np.zeros(n, bool), accs, parts)
         self._take(np.lexsort((self.time, self.kid)))
 
-
-def _pair_ids(kids: np.ndarray, times: np.ndarray) -> np.ndarray:
-    """One int per distinct (key id, time) of a batch's new rows (their rank in pair order)."""
-    order = np.lexsort((times, kids))
-    step = np.concatenate(([True], (np.diff(kids[order]) != 0) | (np.diff(times[order]) != 0)))
-    ids = np.empty(len(kids), I64)
-    ids[order] = np.cumsum(step) - 1
-    return ids

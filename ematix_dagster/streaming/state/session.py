@@ -61,6 +61,7 @@ from ematix_dagster.streaming.state.columns import (
     ints,
     objects,
     run_starts,
+    search_pairs,
 )
 from ematix_dagster.streaming.state.session_merge import MergePlan, plan_merge
 
@@ -212,24 +213,26 @@ class SessionState(StateBase):
             raise self.cap_hit(f"max_groups_per_window={cap}", "keys already hold a session", keys[r], starts[r])
 
     def _apply(self, plan: MergePlan) -> None:
-        """The plan's rows in, its removed rows out, sorted by (key, start) again; ``plan.target``
-        becomes positions in the new columns."""
-        keep = np.ones(len(self.kid), bool)
-        keep[plan.removed] = False
-        kept = int(np.count_nonzero(keep))
+        """The plan's removed rows out and its rows in where they sort by (key, start) (after held
+        rows of an equal pair, as a stable sort of held then added rows would put them), without
+        sorting what is held; ``plan.target`` becomes positions in the new columns."""
+        if plan.removed:
+            self._take(np.delete(np.arange(len(self.kid)), plan.removed))
         added = len(plan.kids)
-        old = self._columns()
-        cat: dict[str, Any] = {name: np.concatenate((old[name][keep], new)) for name, new in (
-            ("kid", ints(plan.kids, added)), ("start", ints(plan.starts, added)), ("end", ints(plan.ends, added)),
-            ("stored", ints(plan.stored, added)), ("emitted", np.array(plan.emitted, bool)),
-            ("changed", np.zeros(added, bool)), ("dirty", np.zeros(added, bool)))}
-        cat["accs"] = [np.concatenate((column[keep], objects(new, added))) for column, new in zip(old["accs"], plan.accs)]
-        self._set(cat)
-        order = np.lexsort((self.start, self.kid))
-        self._take(order)
-        position = np.empty(len(order), I64)
-        position[order] = np.arange(len(order), dtype=I64)
-        plan.target = position[plan.target + kept]
+        kids, starts = ints(plan.kids, added), ints(plan.starts, added)
+        order = np.lexsort((starts, kids))
+        where = search_pairs(self.kid, self.start, kids[order], starts[order], side="right")
+        new = {"kid": kids, "start": starts, "end": ints(plan.ends, added), "stored": ints(plan.stored, added),
+               "emitted": np.array(plan.emitted, bool), "changed": np.zeros(added, bool),
+               "dirty": np.zeros(added, bool)}
+        columns: dict[str, Any] = {name: np.insert(column, where, new[name][order])
+                                   for name, column in self._columns().items() if name != "accs"}
+        columns["accs"] = [np.insert(column, where, objects(values, added)[order])
+                           for column, values in zip(self.accs, plan.accs)]
+        self._set(columns)
+        position = np.empty(added, I64)
+        position[order] = where + np.arange(added, dtype=I64)  # np.insert puts the j-th sorted row at where[j] + j
+        plan.target = position[plan.target]
         self._moved.update(dict.fromkeys(plan.moved))
         self._dropped.update(dict.fromkeys(plan.dropped))
 

@@ -74,7 +74,7 @@ class KeyIndex:
     def compacted(self, kids: np.ndarray) -> np.ndarray:
         """``kids`` (sorted) renumbered when the index mostly holds keys no row holds any more (an
         index only grows as keys come); else ``kids`` as they are."""
-        if len(self) > 2 * len(run_starts(kids)) + 1024:
+        if len(self) > 2 * run_count(kids) + 1024:
             return self.compact(kids)
         return kids
 
@@ -118,6 +118,11 @@ def fold_partials(aggregators: Sequence[Aggregator], accs: Sequence[np.ndarray],
     return rows
 
 
+def run_count(kids: np.ndarray) -> int:
+    """How many runs of one key id a column sorted by key id holds (the keys holding rows)."""
+    return int(np.count_nonzero(kids[1:] != kids[:-1])) + 1 if len(kids) else 0
+
+
 def run_starts(kids: np.ndarray) -> np.ndarray:
     """Where each run of one key id begins in a column sorted by key id."""
     if not len(kids):
@@ -125,11 +130,20 @@ def run_starts(kids: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.concatenate(([True], kids[1:] != kids[:-1])))
 
 
-def first_positions(kids: np.ndarray, size: int) -> np.ndarray:
-    """Per key id below ``size``, the first position it has in ``kids`` (``len(kids)``: none)."""
-    first = np.full(size, len(kids), dtype=I64)
-    np.minimum.at(first, kids, np.arange(len(kids), dtype=I64))
-    return first
+def run_rows(kids: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows of the runs of key ids ``wanted`` (distinct, sorted) in ``kids`` (sorted), run after
+    run, found by a search rather than a pass over every row; and per run, its first row less
+    where it begins among those rows (row ``r`` of the run is at ``r - offset``) and its length
+    (0: the key holds none).
+
+    >>> rows, offset, lengths = run_rows(np.array([0, 0, 1, 3, 3, 3]), np.array([0, 2, 3]))
+    >>> rows.tolist(), offset.tolist(), lengths.tolist()
+    ([0, 1, 3, 4, 5], [0, 1, 1], [2, 0, 3])
+    """
+    first = np.searchsorted(kids, wanted, "left")
+    lengths = np.searchsorted(kids, wanted, "right") - first
+    offset = first - (np.cumsum(lengths) - lengths)
+    return np.arange(int(lengths.sum()), dtype=I64) + np.repeat(offset, lengths), offset, lengths
 
 
 def search_pairs(kids: np.ndarray, times: np.ndarray, qkids: np.ndarray, qtimes: np.ndarray,

@@ -60,10 +60,10 @@ from ematix_dagster.streaming.state.columns import (
     fold_partials,
     ints,
     objects,
-    run_starts,
+    run_count,
     search_pairs,
 )
-from ematix_dagster.streaming.state.session_merge import MergePlan, plan_merge
+from ematix_dagster.streaming.state.session_merge import BatchKeys, MergePlan, batch_keys, plan_merge
 
 if TYPE_CHECKING:
     from ematix_dagster.streaming.windows.session import SessionWindows
@@ -155,7 +155,7 @@ class SessionState(StateBase):
     @property
     def group_count(self) -> int:
         """Keys holding a session (what ``max_groups_per_window`` caps)."""
-        return len(run_starts(self.kid))
+        return run_count(self.kid)
 
     @property
     def window_count(self) -> int:
@@ -191,8 +191,9 @@ class SessionState(StateBase):
             return
         keys = list(keys)
         kids = self.index.ids_of(keys)
-        self._check_cap(kids, keys, starts)
-        plan = plan_merge(self, kids, keys, ints(starts, n), ints(lasts, n))
+        batch = batch_keys(self.kid, self.end, kids)
+        self._check_cap(batch, keys, starts)
+        plan = plan_merge(self, batch, kids, keys, ints(starts, n), ints(lasts, n))
         self._apply(plan)
         targets = plan.target
         fold_partials(self.aggregators, self.accs, targets, partials, shared=plan.shared,
@@ -200,14 +201,11 @@ class SessionState(StateBase):
         self.changed[targets] = True
         self.dirty[targets] = True
 
-    def _check_cap(self, kids: np.ndarray, keys: list[GroupKey], starts: Sequence[int]) -> None:
+    def _check_cap(self, batch: BatchKeys, keys: list[GroupKey], starts: Sequence[int]) -> None:
         """Refuse the batch before changing anything when its new keys would pass the cap."""
         cap = self.max_groups_per_window
-        holding = np.zeros(len(self.index), bool)
-        holding[self.kid] = True
-        distinct, first = np.unique(kids, return_index=True)
-        new = first[~holding[distinct]]
-        room = cap - len(run_starts(self.kid))
+        new = batch.first[~batch.holds]
+        room = cap - self.group_count
         if len(new) > room:
             r = int(np.sort(new)[max(room, 0)])
             raise self.cap_hit(f"max_groups_per_window={cap}", "keys already hold a session", keys[r], starts[r])

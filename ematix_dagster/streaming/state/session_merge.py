@@ -13,13 +13,13 @@ accumulators merged); the state applies it to its columns in one step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
 from ematix_dagster.streaming.emitted import GroupKey
-from ematix_dagster.streaming.state.columns import NOT_STORED, first_positions, run_starts
+from ematix_dagster.streaming.state.columns import NOT_STORED, run_rows
 
 if TYPE_CHECKING:
     from ematix_dagster.streaming.state.session import SessionState
@@ -63,30 +63,49 @@ class MergePlan:
         return len(self.kids) - 1
 
 
-def plan_merge(state: SessionState, kids: np.ndarray, keys: list[GroupKey], firsts: np.ndarray,
+class BatchKeys(NamedTuple):
+    """The keys a batch brings (distinct, sorted) and what their held runs say, found by a search
+    per key rather than a pass over every held session: the cap check and the plan share them."""
+
+    kids: np.ndarray
+    #: per key, its first row in the batch, its partials in the batch, whether it holds a session
+    #: and the latest end it holds (int64's minimum: none)
+    first: np.ndarray
+    counts: np.ndarray
+    holds: np.ndarray
+    held_end: np.ndarray
+    #: per batch row, its key's position in :attr:`kids`
+    inverse: np.ndarray
+
+
+def batch_keys(held_kids: np.ndarray, held_ends: np.ndarray, kids: np.ndarray) -> BatchKeys:
+    """:class:`BatchKeys` of the batch rows' key ids ``kids`` against the held sessions' columns."""
+    distinct, first, inverse, counts = np.unique(kids, return_index=True, return_inverse=True, return_counts=True)
+    rows, _, lengths = run_rows(held_kids, distinct)
+    holds = lengths > 0
+    held_end = np.full(len(distinct), np.iinfo(np.int64).min, dtype=np.int64)
+    if len(rows):
+        held_end[holds] = np.maximum.reduceat(held_ends[rows], (np.cumsum(lengths) - lengths)[holds])
+    return BatchKeys(distinct, first, counts, holds, held_end, inverse.reshape(-1))
+
+
+def plan_merge(state: SessionState, batch: BatchKeys, kids: np.ndarray, keys: list[GroupKey], firsts: np.ndarray,
                lasts: np.ndarray) -> MergePlan:
     """What folding the batch's partials (row r: ``keys[r]`` with id ``kids[r]``, event times
-    ``firsts[r]`` to ``lasts[r]``) into ``state`` adds and removes. Raises ValueError, before
-    anything changes, for a partial that is not one ordered run inside one cap bucket."""
+    ``firsts[r]`` to ``lasts[r]``; ``batch``: their keys) into ``state`` adds and removes. Raises
+    ValueError, before anything changes, for a partial that is not one ordered run inside one cap
+    bucket."""
     rules, n = state.kind, len(kids)
     buckets = firsts // rules.cap
     valid = (lasts >= firsts) & (lasts // rules.cap == buckets)
-    size = int(kids.max()) + 1
-    first_pos = first_positions(kids, size)
+    first_pos = batch.first[batch.inverse]  # per row, its key's first row in the batch
     if not valid.all():
         bad = np.flatnonzero(~valid)
-        r = int(bad[np.lexsort((bad, first_pos[kids[bad]]))[0]])  # the first key's first bad partial
+        r = int(bad[np.lexsort((bad, first_pos[bad]))[0]])  # the first key's first bad partial
         raise ValueError(f"session partial [{int(firsts[r])}, {int(lasts[r])}] of group {keys[r]!r:.200} is not one "
                          f"ordered run inside one cap bucket (pipeline {state.pipeline})")
     ends = np.minimum(lasts + rules.gap, (buckets + 1) * rules.cap)
-    held_end = np.full(size, np.iinfo(np.int64).min, dtype=np.int64)
-    runs = run_starts(state.kid)
-    if len(runs):
-        run_kids = state.kid[runs]
-        inside = run_kids < size
-        held_end[run_kids[inside]] = np.maximum.reduceat(state.end, runs)[inside]
-    per_key = np.bincount(kids, minlength=size)
-    common = (per_key[kids] == 1) & (firsts > held_end[kids])
+    common = (batch.counts[batch.inverse] == 1) & (firsts > batch.held_end[batch.inverse])
     plan = MergePlan(len(state.aggregators))
     target = np.empty(n, dtype=np.int64)
     own = np.flatnonzero(common)
@@ -97,7 +116,7 @@ def plan_merge(state: SessionState, kids: np.ndarray, keys: list[GroupKey], firs
         target[own] = np.arange(len(own))
     rest = np.flatnonzero(~common)
     if len(rest):
-        _plan_keys(state, plan, target, rest[np.lexsort((rest, first_pos[kids[rest]]))], kids, keys,
+        _plan_keys(state, plan, target, rest[np.lexsort((rest, first_pos[rest]))], kids, keys,
                    firsts.tolist(), ends.tolist(), buckets.tolist())
     plan.target = target
     return plan

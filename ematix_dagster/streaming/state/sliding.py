@@ -54,6 +54,7 @@ from ematix_dagster.streaming.state.columns import (
     fold_partials,
     ints,
     objects,
+    run_count,
     run_starts,
     search_pairs,
 )
@@ -122,7 +123,7 @@ class SlidingState(StateBase):
     @property
     def group_count(self) -> int:
         """Keys holding partials (what ``max_groups_per_window`` caps)."""
-        return len(run_starts(self.kid))
+        return run_count(self.kid)
 
     @property
     def window_count(self) -> int:

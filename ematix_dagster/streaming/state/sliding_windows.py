@@ -25,7 +25,7 @@ import numpy as np
 from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
 from ematix_dagster.streaming.aggregators import Aggregator
 from ematix_dagster.streaming.state.base import Accumulators
-from ematix_dagster.streaming.state.columns import accumulator_rows, objects, run_starts
+from ematix_dagster.streaming.state.columns import accumulator_rows, objects, run_rows, run_starts
 from ematix_dagster.streaming.two_stacks import TwoStacks
 
 #: what a merge or a window's total may raise (a cap, an overflow, a corrupt accumulator)
@@ -89,11 +89,8 @@ def _runs_of(kids: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarr
     """The rows of the key runs that the windows ``[lo, hi)`` lie in, and the windows' bounds
     within those rows."""
     wanted = np.unique(kids[hi - 1])
-    first = np.searchsorted(kids, wanted, "left")
-    lengths = np.searchsorted(kids, wanted, "right") - first
-    base = np.cumsum(lengths) - lengths  # where each run begins among the rows taken
-    rows = np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(first - base, lengths)
-    shift = (first - base)[np.searchsorted(wanted, kids[hi - 1])]
+    rows, offset, _ = run_rows(kids, wanted)
+    shift = offset[np.searchsorted(wanted, kids[hi - 1])]
     return rows, lo - shift, hi - shift
 
 

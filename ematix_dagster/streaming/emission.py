@@ -117,12 +117,8 @@ def _early(state: KindState, report: Report, kinds: list[str | None], clock: Tri
         accs = state.accumulators(report, looked)
         counts = {r: acc[-1] or (0, 0) for r, acc in zip(looked, accs)}
         fired = clock.fires(candidates_changed, [counts[r] for r in candidates])
-        moved = []
-        for r, acc in zip(looked, accs):
-            rows, mark = counts[r]
-            if rows != mark:
-                acc[-1] = (rows, rows)
-                moved.append(r)
+        moved = [r for r in looked if counts[r][0] != counts[r][1]]
+        state.set_marks(report, moved, [(counts[r][0], counts[r][0]) for r in moved])
         state.touch(report, [r for r in moved if not changed[r]])  # the changed ones are written anyway
     else:
         fired = clock.fires(candidates_changed, ())

@@ -13,9 +13,11 @@ batch (``streaming.emission``):
    includes is the trigger's ``scope`` (:data:`CLOSING`, :data:`CHANGED`, :data:`OPEN`);
 3. the engine decides each row's kind from those flags (and an early trigger's rule), then asks
    the kind for the chosen rows' accumulators (:meth:`KindState.accumulators`: a sliding window's
-   are computed, the others are held), tells it which rows were emitted
-   (:meth:`KindState.mark_emitted`) and which groups it changed in place (:meth:`KindState.touch`:
-   a trigger's row count, a written row), and keeps the rows it wrote where a retraction may
+   are computed, the others are held); an early trigger that keeps a row count reads the rows it
+   looks at that way and hands back the counts' marks it moved (:meth:`KindState.set_marks`);
+   then the engine tells the kind which rows were emitted (:meth:`KindState.mark_emitted`) and
+   which groups it changed in place (:meth:`KindState.touch`: a trigger's row count, a written
+   row), and keeps the rows it wrote where a retraction may
    have to repeat them (:attr:`StateBase.written`);
 4. :meth:`KindState.evict` drops what the kind's retention rule says no row can reach any more.
 
@@ -159,6 +161,11 @@ class KindState(Protocol):
 
     def accumulators(self, report: Report, rows: Sequence[int]) -> list[Accumulators]:
         """The accumulators of ``report``'s rows ``rows`` (what their values are computed from)."""
+
+    def set_marks(self, report: Report, rows: Sequence[int], marks: Sequence[Any]) -> None:
+        """The hidden row count (the last accumulator) of ``report``'s rows ``rows`` is now
+        ``marks``: an early trigger moved where it counts from. The kind keeps its accumulators
+        its own way, so the engine hands the marks back rather than editing what it was lent."""
 
     def mark_emitted(self, report: Report, rows: Sequence[int]) -> None:
         """``report``'s rows ``rows`` were written as ``final`` or ``correction``."""

@@ -114,12 +114,9 @@ class SessionState(StateBase):
     # since the last report: the (key, start) of sessions rebuilt; since the last commit: rows to delete
     _moved: dict[tuple[GroupKey, int], None] = field(default_factory=dict, init=False, repr=False)
     _dropped: dict[tuple[int, GroupKey], None] = field(default_factory=dict, init=False, repr=False)
-    # accumulator rows handed out whose hidden row counts an early trigger may move in place
-    _lent: list[tuple[np.ndarray, list[Accumulators]]] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._set(_empty(len(self.aggregators)))
-        self._hidden = [i for i, agg in enumerate(self.aggregators) if agg.hidden]
 
     def _set(self, columns: dict[str, Any]) -> None:
         for name, column in columns.items():
@@ -144,7 +141,6 @@ class SessionState(StateBase):
     @property
     def sessions(self) -> dict[GroupKey, list[HeldSession]]:
         """Each key's sessions by start, as rows (a snapshot: for messages and tests)."""
-        self._settle()
         out: dict[GroupKey, list[HeldSession]] = {}
         rows = zip(self.index.keys_of(self.kid), self.start.tolist(), self.end.tolist(),
                    accumulator_rows(self.accs), self.emitted.tolist())
@@ -185,7 +181,6 @@ class SessionState(StateBase):
         Sessions are joined and bridged first (:func:`plan_merge`), so every partial row knows the
         row it lands in; then each aggregator folds its whole column at once.
         """
-        self._settle()
         n = len(keys)
         if not n:
             return
@@ -241,7 +236,6 @@ class SessionState(StateBase):
         ``scope`` says), and every other one whose end passed W and that was not emitted (with
         :data:`OPEN`, every one not emitted); the rows written for sessions whose (start, key) no
         longer exists."""
-        self._settle()
         changed, emitted = self.changed, self.emitted
         closed = self.end < watermark if watermark is not None else np.zeros(len(changed), bool)
         pick = changed & (emitted | closed) if scope == CLOSING else changed.copy()
@@ -275,35 +269,24 @@ class SessionState(StateBase):
         return bool(np.any(self.start[lo:hi] == start))
 
     def accumulators(self, report: Report, rows: Sequence[int]) -> list[Accumulators]:
-        self._settle()
-        at = ints(map(report.handles.__getitem__, rows), len(rows))
-        found = accumulator_rows(self.accs, at)
-        if self._hidden:
-            self._lent.append((at, found))
-        return found
+        return accumulator_rows(self.accs, ints(map(report.handles.__getitem__, rows), len(rows)))
 
-    def _settle(self) -> None:
-        """Write back the hidden row counts an early trigger moved in the rows it was handed."""
-        for at, found in self._lent:
-            for i in self._hidden:
-                self.accs[i][at] = objects((accs[i] for accs in found), len(at))
-        self._lent = []
+    def set_marks(self, report: Report, rows: Sequence[int], marks: Sequence[Any]) -> None:
+        at = ints(map(report.handles.__getitem__, rows), len(rows))
+        self.accs[-1][at] = objects(marks, len(rows))
 
     def mark_emitted(self, report: Report, rows: Sequence[int]) -> None:
         """The flag is stored with the session: a session that absorbs an emitted one is emitted
         before its end passes W, which W alone cannot tell."""
-        self._settle()
         at = ints(map(report.handles.__getitem__, rows), len(rows))
         at = at[~self.emitted[at]]
         self.emitted[at] = True
         self.dirty[at] = True
 
     def touch(self, report: Report, rows: Sequence[int]) -> None:
-        self._settle()
         self.dirty[ints(map(report.handles.__getitem__, rows), len(rows))] = True
 
     def evict(self, watermark: int | None, retention: int) -> None:
-        self._settle()
         if watermark is None:
             return
         gone = self.end + retention < watermark
@@ -326,7 +309,6 @@ class SessionState(StateBase):
     def take_changes(self) -> StoreChanges:
         """Sessions changed and (start, key) rows gone since the last call (a store deletes first,
         then upserts). A session whose start moved is deleted under its old start."""
-        self._settle()
         at = np.flatnonzero(self.dirty)
         starts, stored = self.start[at], self.stored[at]
         keys = self.index.keys_of(self.kid[at])

@@ -272,6 +272,10 @@ class SlidingState(StateBase):
             end = int(hi[failed.window]) - 1
             self.failed_merge(failed.error, None, self.index.keys[int(self.kid[end])], int(self.time[end]))
 
+    def set_marks(self, report: Report, rows: Sequence[int], marks: Sequence[Any]) -> None:
+        """Never called: no trigger that keeps a row count fires for sliding windows (they emit on
+        the watermark only), and their accumulators are derived, not held."""
+
     def mark_emitted(self, report: Report, rows: Sequence[int]) -> None:
         """Nothing to keep: a sliding window was emitted exactly when ``t`` was before the last W."""
 

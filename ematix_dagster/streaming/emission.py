@@ -86,7 +86,7 @@ def emit(state: KindState, before: int | None, watermark: int | None, retention:
         keys = list(map(report.keys.__getitem__, rows))
         order = row_order(starts, keys)
         rows = list(map(rows.__getitem__, order))
-    values = state.value_columns(state.accumulators(report, rows))
+    values = state.values(report, rows)
     written_kinds = cast("list[str]", list(map(kinds.__getitem__, rows)))  # rows: those with a kind
     state.mark_emitted(report, [r for r, kind in zip(rows, written_kinds) if kind != EARLY])
     starts, ends = list(map(starts.__getitem__, order)), list(map(report.ends.__getitem__, rows))

@@ -271,6 +271,12 @@ class SessionState(StateBase):
     def accumulators(self, report: Report, rows: Sequence[int]) -> list[Accumulators]:
         return accumulator_rows(self.accs, ints(map(report.handles.__getitem__, rows), len(rows)))
 
+    def values(self, report: Report, rows: Sequence[int]) -> list[list[Any]]:
+        """Finished from the accumulator columns, without a list of accumulators per row."""
+        at = ints(map(report.handles.__getitem__, rows), len(rows))
+        return self.finished([column[at].tolist() if not agg.hidden else []
+                              for agg, column in zip(self.aggregators, self.accs)])
+
     def set_marks(self, report: Report, rows: Sequence[int], marks: Sequence[Any]) -> None:
         at = ints(map(report.handles.__getitem__, rows), len(rows))
         self.accs[-1][at] = objects(marks, len(rows))

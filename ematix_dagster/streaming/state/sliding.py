@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import repeat
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, NoReturn, Sequence
 
 import numpy as np
 
@@ -262,15 +262,33 @@ class SlidingState(StateBase):
     def accumulators(self, report: Report, rows: Sequence[int]) -> list[Accumulators]:
         """Each window's accumulators, derived for all of ``rows`` at once (a row's handle is the
         partial its window ends at)."""
-        hi = ints(map(report.handles.__getitem__, rows), len(rows)) + 1
-        lo = search_pairs(self.kid, self.time, self.kid[hi - 1], self.time[hi - 1] - self.kind.duration)
+        lo, hi = self._bounds(report, rows)
         try:
             if self._additive:
-                return by_prefix_sums(self.aggregators, self.kid, self.parts, lo, hi)
+                return list(map(list, zip(*by_prefix_sums(self.aggregators, self.kid, self.parts, lo, hi))))
             return by_two_stacks(self.aggregators, self.kid, self.accs, lo, hi)
         except WindowFailed as failed:
-            end = int(hi[failed.window]) - 1
-            self.failed_merge(failed.error, None, self.index.keys[int(self.kid[end])], int(self.time[end]))
+            self._failed(failed, hi)
+
+    def values(self, report: Report, rows: Sequence[int]) -> list[list[Any]]:
+        """Additive windows' values straight from the columns of their prefix sums, without a list
+        of accumulators per window."""
+        if not self._additive:
+            return self.value_columns(self.accumulators(report, rows))
+        lo, hi = self._bounds(report, rows)
+        try:
+            return self.finished(by_prefix_sums(self.aggregators, self.kid, self.parts, lo, hi))
+        except WindowFailed as failed:
+            self._failed(failed, hi)
+
+    def _bounds(self, report: Report, rows: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The partials ``[lo, hi)`` of the windows of ``report``'s rows ``rows``."""
+        hi = ints(map(report.handles.__getitem__, rows), len(rows)) + 1
+        return search_pairs(self.kid, self.time, self.kid[hi - 1], self.time[hi - 1] - self.kind.duration), hi
+
+    def _failed(self, failed: WindowFailed, hi: np.ndarray) -> NoReturn:
+        end = int(hi[failed.window]) - 1
+        self.failed_merge(failed.error, None, self.index.keys[int(self.kid[end])], int(self.time[end]))
 
     def set_marks(self, report: Report, rows: Sequence[int], marks: Sequence[Any]) -> None:
         """Never called: no trigger that keeps a row count fires for sliding windows (they emit on

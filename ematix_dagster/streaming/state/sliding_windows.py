@@ -13,12 +13,12 @@ sums stay exact and BIGINT checks (``from_parts``) see the true total.
 >>> from ematix_dagster.streaming.aggregators import Count
 >>> parts = [np.array([1, 2, 3], dtype=object)]
 >>> by_prefix_sums([Count()], np.array([0, 0, 0]), parts, np.array([0, 0, 1]), np.array([2, 3, 3]))
-[[3], [6], [5]]
+[[3, 6, 5]]
 """
 
 from __future__ import annotations
 
-from typing import Sequence, cast
+from typing import Any, Sequence, cast
 
 import numpy as np
 
@@ -56,9 +56,10 @@ def parts_of(aggregators: Sequence[Aggregator], accs: Sequence[np.ndarray], rows
 
 
 def by_prefix_sums(aggregators: Sequence[Aggregator], kids: np.ndarray, parts: Sequence[np.ndarray],
-                   lo: np.ndarray, hi: np.ndarray) -> list[Accumulators]:
+                   lo: np.ndarray, hi: np.ndarray) -> list[list[Any]]:
     """The accumulators of the windows over partials ``[lo, hi)`` of the columns ``parts`` (rows of
-    key ids ``kids``, sorted; a window's partials are one key's).
+    key ids ``kids``, sorted; a window's partials are one key's), one column per aggregator: what
+    an emission finishes them from.
 
     The sums run over the whole runs of the windows' keys only: a batch emits a few keys' windows
     while every key's partials are retained, and a run summed alone sums as it does among all.
@@ -82,7 +83,7 @@ def by_prefix_sums(aggregators: Sequence[Aggregator], kids: np.ndarray, parts: S
                     raise WindowFailed(w, exc) from None
             raise
         at += width
-    return list(map(list, zip(*windows)))
+    return windows
 
 
 def _runs_of(kids: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

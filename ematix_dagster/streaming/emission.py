@@ -88,7 +88,8 @@ def emit(state: KindState, before: int | None, watermark: int | None, retention:
         rows = list(map(rows.__getitem__, order))
     values = state.values(report, rows)
     written_kinds = cast("list[str]", list(map(kinds.__getitem__, rows)))  # rows: those with a kind
-    state.mark_emitted(report, [r for r, kind in zip(rows, written_kinds) if kind != EARLY])
+    state.mark_emitted(report, [r for r, kind in zip(rows, written_kinds) if kind != EARLY]
+                       if EARLY in written_kinds else rows)
     starts, ends = list(map(starts.__getitem__, order)), list(map(report.ends.__getitem__, rows))
     keys = list(map(keys.__getitem__, order))
     retracts = report.gone.rows

@@ -98,21 +98,34 @@ def fold_partials(aggregators: Sequence[Aggregator], accs: Sequence[np.ndarray],
     """Each aggregator folds its column of a batch's partials into the rows ``targets`` of its
     accumulator column; returns the rows changed. Partials of distinct rows merge as one column
     (``merge_column``); several partials of one row (``shared``, found out when not given) fold
-    in batch order. ``failed(error, aggregator index)`` is told of a partial no accumulator takes."""
+    in batch order, and only those: a batch where a few rows take several partials folds the
+    others as one column still (a fold row by row costs several times more). ``failed(error,
+    aggregator index)`` is told of a partial no accumulator takes, the first in batch order."""
     rows = targets
     if shared is None or shared:
-        rows, inverse = np.unique(targets, return_inverse=True)
+        rows, inverse, counts = np.unique(targets, return_inverse=True, return_counts=True)
         shared = len(rows) < len(targets)
-        inverse_list = inverse.tolist()
+        several = counts[inverse.reshape(-1)] > 1
+        alone, together = np.flatnonzero(~several), np.flatnonzero(several)
+        folded, into = np.unique(targets[together], return_inverse=True)
+        into_list, alone_list, together_list = into.reshape(-1).tolist(), alone.tolist(), together.tolist()
     for i, agg in enumerate(aggregators):
         column = accs[i]
         try:
             if not shared:
                 column[targets] = objects(agg.merge_column(column[targets].tolist(), partials[i]), len(targets))
                 continue
-            slots = [[acc] for acc in column[rows].tolist()]
-            agg.merge_batch([slots[j] for j in inverse_list], 0, partials[i])
-            column[rows] = objects((slot[0] for slot in slots), len(rows))
+            part = partials[i]
+            try:
+                lone = agg.merge_column(column[targets[alone]].tolist(), list(map(part.__getitem__, alone_list)))
+                slots = [[acc] for acc in column[folded].tolist()]
+                agg.merge_batch([slots[j] for j in into_list], 0, list(map(part.__getitem__, together_list)))
+            except PartialRowError:  # named by its row in the whole batch, the first in batch order
+                slots = [[acc] for acc in column[rows].tolist()]
+                agg.merge_batch([slots[j] for j in inverse.reshape(-1).tolist()], 0, part)
+                raise
+            column[targets[alone]] = objects(lone, len(alone))
+            column[folded] = objects((slot[0] for slot in slots), len(folded))
         except PartialRowError as error:
             failed(error, i)
     return rows

@@ -1,14 +1,15 @@
 """How a batch's session partials join the held sessions, decided before any column changes.
 
-Most partials open a session of their own (the key's only partial of the batch, after everything
-the key holds) or extend the latest session of their key (its only partial, starting inside that
-session). Those are decided for the whole batch at once (:func:`plan_merge`), with no Python per
-partial. The rest (a key with several partials, or one that reaches back further into what its
-key holds: a late row under ``reopen``, a partial bridging two sessions) are joined key by key as
-before: per cap bucket, held sessions and partials swept by start, each run of overlapping items
-one session. The plan lists what leaves (the held rows of every run a partial joined) and what
-enters (one row per run, carrying its first held row's stored start, flag and the run's held
-accumulators merged); the state applies it to its columns in one step.
+Most partials open a session of their own (after everything their key holds, and apart from the
+key's other partials of the batch) or extend the latest session of their key (its only partial,
+starting inside that session). Those are decided for the whole batch at once (:func:`plan_merge`),
+with no Python per partial. The rest (partials of one key that join each other, or one that
+reaches back further into what its key holds: a late row under ``reopen``, a partial bridging two
+sessions) are joined key by key as before: per cap bucket, held sessions and partials swept by
+start, each run of overlapping items one session. The plan lists what leaves (the held rows of
+every run a partial joined) and what enters (one row per run, carrying its first held row's
+stored start, flag and the run's held accumulators merged); the state applies it to its columns
+in one step.
 """
 
 from __future__ import annotations
@@ -135,11 +136,11 @@ def plan_merge(state: SessionState, batch: BatchKeys, kids: np.ndarray, keys: li
                          f"ordered run inside one cap bucket (pipeline {state.pipeline})")
     ends = np.minimum(lasts + rules.gap, (buckets + 1) * rules.cap)
     alone = batch.counts[batch.inverse] == 1
-    common = alone & (firsts > batch.held_end[batch.inverse])
+    common = _apart(batch, kids, firsts, ends, buckets)[batch.inverse]
     plan = MergePlan(len(state.aggregators))
     target = np.empty(n, dtype=np.int64)
     own = np.flatnonzero(common)
-    if len(own):  # the common case: one partial after everything its key holds opens a session
+    if len(own):  # the common case: partials after everything their key holds, each opening a session
         target[own] = plan.add_rows(kids[own], firsts[own], ends[own], [False] * len(own),
                                     [int(NOT_STORED)] * len(own), [[None] * len(own) for _ in range(plan.width)])
     common |= _extend_last(state, plan, target, batch, np.flatnonzero(alone & ~common), keys, firsts, ends, buckets)
@@ -149,6 +150,19 @@ def plan_merge(state: SessionState, batch: BatchKeys, kids: np.ndarray, keys: li
                    firsts.tolist(), ends.tolist(), buckets.tolist())
     plan.target = target
     return plan
+
+
+def _apart(batch: BatchKeys, kids: np.ndarray, firsts: np.ndarray, ends: np.ndarray, buckets: np.ndarray) -> np.ndarray:
+    """Per key of ``batch``, whether each of its partials opens a session of its own: all start
+    after every end the key holds, and none reaches the next one of its bucket (a sweep would
+    leave each alone)."""
+    apart = np.ones(len(batch.kids), bool)
+    apart[batch.inverse[firsts <= batch.held_end[batch.inverse]]] = False
+    order = np.lexsort((ends, firsts, kids))
+    kids, firsts, ends, buckets = kids[order], firsts[order], ends[order], buckets[order]
+    joins = (kids[1:] == kids[:-1]) & (buckets[1:] == buckets[:-1]) & (firsts[1:] <= ends[:-1])
+    apart[batch.inverse[order[1:][joins]]] = False
+    return apart
 
 
 def _extend_last(state: SessionState, plan: MergePlan, target: np.ndarray, batch: BatchKeys, rows: np.ndarray,

@@ -74,7 +74,7 @@ def by_prefix_sums(aggregators: Sequence[Aggregator], kids: np.ndarray, parts: S
     for agg in aggregators:
         width = agg.additive_parts
         try:
-            windows.append(list(map(agg.from_parts, zip(*diffs[at:at + width]))))
+            windows.append(agg.from_parts_column(diffs[at:at + width]))
         except FAILURES:
             for w, parts in enumerate(zip(*diffs[at:at + width])):  # which window: only after a failure
                 try:

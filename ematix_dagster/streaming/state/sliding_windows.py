@@ -65,10 +65,11 @@ def by_prefix_sums(aggregators: Sequence[Aggregator], kids: np.ndarray, parts: S
     while every key's partials are retained, and a run summed alone sums as it does among all.
     """
     rows, lo, hi = _runs_of(kids, lo, hi)
-    kids = kids[rows]
+    if rows is not None:
+        kids, parts = kids[rows], [column[rows] for column in parts]
     diffs = []
     for column in parts:
-        through, before = _prefix_sums(column[rows], kids)
+        through, before = _prefix_sums(column, kids)
         diffs.append((through[hi - 1] - before[lo]).tolist())
     windows, at = [], 0
     for agg in aggregators:
@@ -86,10 +87,16 @@ def by_prefix_sums(aggregators: Sequence[Aggregator], kids: np.ndarray, parts: S
     return windows
 
 
-def _runs_of(kids: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The rows of the key runs that the windows ``[lo, hi)`` lie in, and the windows' bounds
-    within those rows."""
-    wanted = np.unique(kids[hi - 1])
+def _runs_of(kids: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    """The rows of the key runs that the windows ``[lo, hi)`` lie in (None: every row, nothing
+    to take), and the windows' bounds within those rows."""
+    if not len(hi):
+        return None, lo, hi
+    present = np.zeros(int(kids[-1]) + 1, bool)
+    present[kids[hi - 1]] = True
+    if present[kids].all():  # every key emits (each batch closes windows of every key): all rows
+        return None, lo, hi
+    wanted = np.flatnonzero(present)
     rows, offset, _ = run_rows(kids, wanted)
     shift = offset[np.searchsorted(wanted, kids[hi - 1])]
     return rows, lo - shift, hi - shift
@@ -98,8 +105,7 @@ def _runs_of(kids: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarr
 def _prefix_sums(column: np.ndarray, kids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each row's running sum of its key's values through it and before it.
 
-    Integers (counts, BIGINT sums) run over every key at once: exact (as int64 when no running
-    sum can pass it, else as Python ints). Other values (floats,
+    Integers (counts, BIGINT sums) run over every key at once: exact. Other values (floats,
     decimals) restart at each key, so a window's rounding is that of its own key's magnitudes,
     not of every key sorted before it: the keys' runs are laid out as the rows of a grid (padded
     at their ends) and summed along them in one call, or one by one when a few long runs would
@@ -108,8 +114,6 @@ def _prefix_sums(column: np.ndarray, kids: np.ndarray) -> tuple[np.ndarray, np.n
     values = column.tolist()
     types = set(map(type, values))
     if types <= {int}:
-        if values and max(-min(values), max(values)) * len(values) < 1 << 63:
-            column = np.array(values, dtype=np.int64)
         through = np.cumsum(column)
         return through, through - column
     if types == {float}:

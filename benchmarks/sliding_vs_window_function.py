@@ -57,6 +57,7 @@ from generated_data import LATENESS_MS, SCHEMA_DDL, pipeline_toml  # noqa: E402
 from measure import MB, CpuMeter, DriverTimer  # noqa: E402
 from results import Result, median_result, print_splits  # noqa: E402
 from run_setup import add_data_arguments, install_timers, prepare, settle  # noqa: E402
+from windowed_engines import profile_run  # noqa: E402
 
 from ematix_dagster.spark.batch import BatchStep  # noqa: E402
 from ematix_dagster.spark.runner import PipelineRunner  # noqa: E402
@@ -247,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--show-diffs", type=int, default=10, help="differing windows printed when not equal")
     ap.add_argument("--no-check", action="store_true", help="skip the equality check")
     ap.add_argument("--verbose", action="store_true", help="print our per-batch progress lines")
+    ap.add_argument("--profile", action="store_true", help="one extra cProfile'd run of ours at the end")
+    ap.add_argument("--profile-top", type=int, default=35)
+    ap.add_argument("--profile-out", help="also write the profile's stats to this file (pstats format)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--scratch", default=None, help="directory for data and outputs (default: a temp dir)")
     args = ap.parse_args(argv)
@@ -290,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_check and {"ours", "window_fn"} <= kept.keys():
             equal = check_equal(spark, kept["ours"] / "target", kept["window_fn"] / "out", args)
         report(args, results, equal)
+        if args.profile:
+            profile_run(timer, args.profile_top, args.profile_out, lambda: run("ours"))
         return 1 if equal is False else 0
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -86,9 +86,10 @@ def emit(state: KindState, before: int | None, watermark: int | None, retention:
         keys = list(map(report.keys.__getitem__, rows))
         order = row_order(starts, keys)
         rows = list(map(rows.__getitem__, order))
-    values = state.value_columns(state.accumulators(report, rows))
+    values = state.values(report, rows)
     written_kinds = cast("list[str]", list(map(kinds.__getitem__, rows)))  # rows: those with a kind
-    state.mark_emitted(report, [r for r, kind in zip(rows, written_kinds) if kind != EARLY])
+    state.mark_emitted(report, [r for r, kind in zip(rows, written_kinds) if kind != EARLY]
+                       if EARLY in written_kinds else rows)
     starts, ends = list(map(starts.__getitem__, order)), list(map(report.ends.__getitem__, rows))
     keys = list(map(keys.__getitem__, order))
     retracts = report.gone.rows
@@ -117,12 +118,8 @@ def _early(state: KindState, report: Report, kinds: list[str | None], clock: Tri
         accs = state.accumulators(report, looked)
         counts = {r: acc[-1] or (0, 0) for r, acc in zip(looked, accs)}
         fired = clock.fires(candidates_changed, [counts[r] for r in candidates])
-        moved = []
-        for r, acc in zip(looked, accs):
-            rows, mark = counts[r]
-            if rows != mark:
-                acc[-1] = (rows, rows)
-                moved.append(r)
+        moved = [r for r in looked if counts[r][0] != counts[r][1]]
+        state.set_marks(report, moved, [(counts[r][0], counts[r][0]) for r in moved])
         state.touch(report, [r for r in moved if not changed[r]])  # the changed ones are written anyway
     else:
         fired = clock.fires(candidates_changed, ())

@@ -148,9 +148,9 @@ def test_every_registered_kind_has_a_sample_and_a_spark_plan(name: str) -> None:
     assert (plan.last_column is None) == (SAMPLES[name][1] is not None)  # a state that takes lasts gets them
     assert isinstance(KINDS[name].fingerprint(window), dict)
     state = kind.make_state("p", [], [], 10)
-    for member in ("merge", "report", "accumulators", "mark_emitted", "evict", "take_changes", "restore",
-                   "group_count", "window_count", "state_rows", "flush_watermark", "open_windows", "describe",
-                   "value_columns"):
+    for member in ("merge", "report", "accumulators", "values", "set_marks", "mark_emitted", "evict", "take_changes",
+                   "restore", "group_count", "window_count", "state_rows", "flush_watermark", "open_windows",
+                   "describe"):
         assert hasattr(state, member), (name, member)
     assert state.kind is kind and state.take_changes() == StoreChanges()
     if kind.id_column is None:

@@ -211,6 +211,11 @@ class Aggregator:
         """The accumulator whose parts are ``parts`` (the inverse of :meth:`to_parts`)."""
         raise NotImplementedError
 
+    def from_parts_column(self, columns: Sequence[list[Any]]) -> list[Any]:
+        """:meth:`from_parts` of every window of a batch, given one column per part (overrides
+        return a column as it is where the accumulator is the part itself)."""
+        return list(map(self.from_parts, zip(*columns)))
+
     def output_type(self, input_type: pa.DataType | None) -> pa.DataType:
         """The output column's Arrow type (``input_type``: the input's, when ``reads_input_type``)."""
         return pa.int64()

@@ -91,6 +91,9 @@ class Count(Aggregator):
     def from_parts(self, parts: Sequence[Any]) -> Any:
         return parts[0]
 
+    def from_parts_column(self, columns: Sequence[list[Any]]) -> list[Any]:
+        return columns[0]
+
 
 class Sum(Aggregator):
     """Integer sums are exact Python ints checked against BIGINT; float/decimal sums add up."""
@@ -154,6 +157,14 @@ class Sum(Aggregator):
         if self.integral and not BIGINT_MIN <= total <= BIGINT_MAX:
             raise AggregationOverflow("integer sum left the BIGINT range")
         return total
+
+    def from_parts_column(self, columns: Sequence[list[Any]]) -> list[Any]:
+        """The sums as they are when every window summed something (and, BIGINT, stays in range)."""
+        totals, summed = columns
+        if 0 not in summed and (not self.integral or not totals
+                                or (BIGINT_MIN <= min(totals) and max(totals) <= BIGINT_MAX)):
+            return totals
+        return super().from_parts_column(columns)
 
     def output_type(self, input_type: pa.DataType | None) -> pa.DataType:
         if pa.types.is_integer(input_type):

@@ -11,9 +11,11 @@ batch (``streaming.emission``):
    *closed* at the new watermark; and the rows already written whose (window start, key) no
    longer exists (``gone``: merged away or moved), as they were written. Which open groups it
    includes is the trigger's ``scope`` (:data:`CLOSING`, :data:`CHANGED`, :data:`OPEN`);
-3. the engine decides each row's kind from those flags (and an early trigger's rule), then asks
-   the kind for the chosen rows' accumulators (:meth:`KindState.accumulators`: a sliding window's
-   are computed, the others are held), tells it which rows were emitted
+3. the engine decides each row's kind from those flags and an early trigger's rule (one that
+   keeps a row count reads the accumulators of the rows it looks at, :meth:`KindState.accumulators`,
+   and hands back the counts' marks it moved, :meth:`KindState.set_marks`), then asks the kind for
+   the chosen rows' values (:meth:`KindState.values`: a sliding window's are computed from its
+   partials, the others' finished from the accumulators held), tells it which rows were emitted
    (:meth:`KindState.mark_emitted`) and which groups it changed in place (:meth:`KindState.touch`:
    a trigger's row count, a written row), and keeps the rows it wrote where a retraction may
    have to repeat them (:attr:`StateBase.written`);
@@ -202,6 +204,11 @@ class KindState(Protocol):
     def accumulators(self, report: Report, rows: Sequence[int]) -> list[Accumulators]:
         """The accumulators of ``report``'s rows ``rows`` (what their values are computed from)."""
 
+    def set_marks(self, report: Report, rows: Sequence[int], marks: Sequence[Any]) -> None:
+        """The hidden row count (the last accumulator) of ``report``'s rows ``rows`` is now
+        ``marks``: an early trigger moved where it counts from. The kind keeps its accumulators
+        its own way, so the engine hands the marks back rather than editing what it was lent."""
+
     def mark_emitted(self, report: Report, rows: Sequence[int]) -> None:
         """``report``'s rows ``rows`` were written as ``final`` or ``correction``."""
 
@@ -253,8 +260,9 @@ class KindState(Protocol):
     def describe(self, start: int, key: GroupKey | None = None) -> str:
         """The window a row at ``start`` (of ``key``) is in, for messages."""
 
-    def value_columns(self, accumulators: Sequence[Accumulators]) -> list[list[Any]]:
-        """The finished values of groups' ``accumulators``, one column per aggregation."""
+    def values(self, report: Report, rows: Sequence[int]) -> list[list[Any]]:
+        """The finished values of ``report``'s rows ``rows``, one column per aggregation (what the
+        rows write; a kind that holds its accumulators as columns finishes them from there)."""
 
 
 @dataclass
@@ -320,5 +328,10 @@ class StateBase:
     def value_columns(self, accumulators: Sequence[Accumulators]) -> list[list[Any]]:
         """The finished values of groups' ``accumulators``, one column per aggregation (each
         aggregator over its whole column at once)."""
-        return [agg.result_column(list(map(itemgetter(i), accumulators))) for i, agg in enumerate(self.aggregators)
-                if not agg.hidden]
+        return self.finished([list(map(itemgetter(i), accumulators)) if not agg.hidden else []
+                              for i, agg in enumerate(self.aggregators)])
+
+    def finished(self, columns: Sequence[list[Any]]) -> list[list[Any]]:
+        """The finished values of accumulator ``columns`` (one per aggregator), one column per
+        aggregation (the hidden ones write none)."""
+        return [agg.result_column(column) for agg, column in zip(self.aggregators, columns) if not agg.hidden]

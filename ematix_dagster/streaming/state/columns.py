@@ -74,7 +74,7 @@ class KeyIndex:
     def compacted(self, kids: np.ndarray) -> np.ndarray:
         """``kids`` (sorted) renumbered when the index mostly holds keys no row holds any more (an
         index only grows as keys come); else ``kids`` as they are."""
-        if len(self) > 2 * len(run_starts(kids)) + 1024:
+        if len(self) > 2 * run_count(kids) + 1024:
             return self.compact(kids)
         return kids
 
@@ -98,24 +98,42 @@ def fold_partials(aggregators: Sequence[Aggregator], accs: Sequence[np.ndarray],
     """Each aggregator folds its column of a batch's partials into the rows ``targets`` of its
     accumulator column; returns the rows changed. Partials of distinct rows merge as one column
     (``merge_column``); several partials of one row (``shared``, found out when not given) fold
-    in batch order. ``failed(error, aggregator index)`` is told of a partial no accumulator takes."""
+    in batch order, and only those: a batch where a few rows take several partials folds the
+    others as one column still (a fold row by row costs several times more). ``failed(error,
+    aggregator index)`` is told of a partial no accumulator takes, the first in batch order."""
     rows = targets
     if shared is None or shared:
-        rows, inverse = np.unique(targets, return_inverse=True)
+        rows, inverse, counts = np.unique(targets, return_inverse=True, return_counts=True)
         shared = len(rows) < len(targets)
-        inverse_list = inverse.tolist()
+        several = counts[inverse.reshape(-1)] > 1
+        alone, together = np.flatnonzero(~several), np.flatnonzero(several)
+        folded, into = np.unique(targets[together], return_inverse=True)
+        into_list, alone_list, together_list = into.reshape(-1).tolist(), alone.tolist(), together.tolist()
     for i, agg in enumerate(aggregators):
         column = accs[i]
         try:
             if not shared:
                 column[targets] = objects(agg.merge_column(column[targets].tolist(), partials[i]), len(targets))
                 continue
-            slots = [[acc] for acc in column[rows].tolist()]
-            agg.merge_batch([slots[j] for j in inverse_list], 0, partials[i])
-            column[rows] = objects((slot[0] for slot in slots), len(rows))
+            part = partials[i]
+            try:
+                lone = agg.merge_column(column[targets[alone]].tolist(), list(map(part.__getitem__, alone_list)))
+                slots = [[acc] for acc in column[folded].tolist()]
+                agg.merge_batch([slots[j] for j in into_list], 0, list(map(part.__getitem__, together_list)))
+            except PartialRowError:  # named by its row in the whole batch, the first in batch order
+                slots = [[acc] for acc in column[rows].tolist()]
+                agg.merge_batch([slots[j] for j in inverse.reshape(-1).tolist()], 0, part)
+                raise
+            column[targets[alone]] = objects(lone, len(alone))
+            column[folded] = objects((slot[0] for slot in slots), len(folded))
         except PartialRowError as error:
             failed(error, i)
     return rows
+
+
+def run_count(kids: np.ndarray) -> int:
+    """How many runs of one key id a column sorted by key id holds (the keys holding rows)."""
+    return int(np.count_nonzero(kids[1:] != kids[:-1])) + 1 if len(kids) else 0
 
 
 def run_starts(kids: np.ndarray) -> np.ndarray:
@@ -125,11 +143,20 @@ def run_starts(kids: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.concatenate(([True], kids[1:] != kids[:-1])))
 
 
-def first_positions(kids: np.ndarray, size: int) -> np.ndarray:
-    """Per key id below ``size``, the first position it has in ``kids`` (``len(kids)``: none)."""
-    first = np.full(size, len(kids), dtype=I64)
-    np.minimum.at(first, kids, np.arange(len(kids), dtype=I64))
-    return first
+def run_rows(kids: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows of the runs of key ids ``wanted`` (distinct, sorted) in ``kids`` (sorted), run after
+    run, found by a search rather than a pass over every row; and per run, its first row less
+    where it begins among those rows (row ``r`` of the run is at ``r - offset``) and its length
+    (0: the key holds none).
+
+    >>> rows, offset, lengths = run_rows(np.array([0, 0, 1, 3, 3, 3]), np.array([0, 2, 3]))
+    >>> rows.tolist(), offset.tolist(), lengths.tolist()
+    ([0, 1, 3, 4, 5], [0, 1, 1], [2, 0, 3])
+    """
+    first = np.searchsorted(kids, wanted, "left")
+    lengths = np.searchsorted(kids, wanted, "right") - first
+    offset = first - (np.cumsum(lengths) - lengths)
+    return np.arange(int(lengths.sum()), dtype=I64) + np.repeat(offset, lengths), offset, lengths
 
 
 def search_pairs(kids: np.ndarray, times: np.ndarray, qkids: np.ndarray, qtimes: np.ndarray,

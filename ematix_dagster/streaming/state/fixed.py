@@ -188,6 +188,14 @@ class FixedState(StateBase):
     def accumulators(self, report: Report, rows: Sequence[int]) -> list[Accumulators]:
         return list(map(report.handles.__getitem__, rows))
 
+    def values(self, report: Report, rows: Sequence[int]) -> list[list[Any]]:
+        return self.value_columns(self.accumulators(report, rows))
+
+    def set_marks(self, report: Report, rows: Sequence[int], marks: Sequence[Any]) -> None:
+        handles = report.handles  # the held accumulator lists
+        for r, mark in zip(rows, marks):
+            handles[r][-1] = mark
+
     def mark_emitted(self, report: Report, rows: Sequence[int]) -> None:
         """Nothing to keep: a fixed window was emitted exactly when it was final at the last W."""
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 from itertools import chain, groupby
 from typing import Any, Iterable, Sequence
 
+import numpy as np
+
 from ematix_dagster.streaming.aggregators import order_key
 from ematix_dagster.streaming.emitted import GroupKey
 
@@ -55,8 +57,12 @@ def row_order(starts: Sequence[int], keys: Sequence[GroupKey]) -> list[int]:
 
     By start first (a stable sort of ints, nearly free when a fixed window's rows come in runs of
     one start), then each run of one start by key: comparing keys alone costs a third of comparing
-    (start, key) pairs, and a window emits tens of thousands of groups at once.
+    (start, key) pairs, and a window emits tens of thousands of groups at once. Int keys (the
+    common session or sliding key, a window's rows mostly of distinct starts) take one NumPy sort.
     """
+    ints = _by_ints(starts, keys)
+    if ints is not None:
+        return ints
     distinct = len(set(starts))
     plain = _plain(keys)
     if distinct <= 1:  # one window's rows (a fixed window closing)
@@ -71,6 +77,20 @@ def row_order(starts: Sequence[int], keys: Sequence[GroupKey]) -> list[int]:
             rows = _by_key(rows, keys, plain)
         out += rows
     return out
+
+
+def _by_ints(starts: Sequence[int], keys: Sequence[GroupKey]) -> list[int] | None:
+    """:func:`row_order` in one NumPy sort when every key is a tuple of one width of ints within
+    int64 (a session's or a sliding window's user id): no Python comparison per row. None
+    otherwise."""
+    if not keys or len(set(map(len, keys))) != 1 or set(map(type, chain.from_iterable(keys))) != {int}:
+        return None
+    try:
+        columns = [np.array(column, dtype=np.int64) for column in zip(*keys)]
+        first = np.array(starts, dtype=np.int64)
+    except OverflowError:
+        return None
+    return np.lexsort([*columns[::-1], first]).tolist()  # the last column given sorts first
 
 
 def _by_key(rows: list[int], keys: Sequence[GroupKey], plain: bool) -> list[int]:

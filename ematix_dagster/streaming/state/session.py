@@ -61,9 +61,10 @@ from ematix_dagster.streaming.state.columns import (
     fold_partials,
     ints,
     objects,
-    run_starts,
+    run_count,
+    search_pairs,
 )
-from ematix_dagster.streaming.state.session_merge import MergePlan, plan_merge
+from ematix_dagster.streaming.state.session_merge import BatchKeys, MergePlan, batch_keys, plan_merge
 
 if TYPE_CHECKING:
     from ematix_dagster.streaming.windows.session import SessionWindows
@@ -115,12 +116,9 @@ class SessionState(StateBase):
     # since the last report: the (key, start) of sessions rebuilt; since the last commit: rows to delete
     _moved: dict[tuple[GroupKey, int], None] = field(default_factory=dict, init=False, repr=False)
     _dropped: dict[tuple[int, GroupKey], None] = field(default_factory=dict, init=False, repr=False)
-    # accumulator rows handed out whose hidden row counts an early trigger may move in place
-    _lent: list[tuple[np.ndarray, list[Accumulators]]] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._set(_empty(len(self.aggregators)))
-        self._hidden = [i for i, agg in enumerate(self.aggregators) if agg.hidden]
 
     def _set(self, columns: dict[str, Any]) -> None:
         for name, column in columns.items():
@@ -145,7 +143,6 @@ class SessionState(StateBase):
     @property
     def sessions(self) -> dict[GroupKey, list[HeldSession]]:
         """Each key's sessions by start, as rows (a snapshot: for messages and tests)."""
-        self._settle()
         out: dict[GroupKey, list[HeldSession]] = {}
         rows = zip(self.index.keys_of(self.kid), self.start.tolist(), self.end.tolist(),
                    accumulator_rows(self.accs), self.emitted.tolist())
@@ -156,7 +153,7 @@ class SessionState(StateBase):
     @property
     def group_count(self) -> int:
         """Keys holding a session (what ``max_groups_per_window`` caps)."""
-        return len(run_starts(self.kid))
+        return run_count(self.kid)
 
     @property
     def window_count(self) -> int:
@@ -186,14 +183,14 @@ class SessionState(StateBase):
         Sessions are joined and bridged first (:func:`plan_merge`), so every partial row knows the
         row it lands in; then each aggregator folds its whole column at once.
         """
-        self._settle()
         n = len(keys)
         if not n:
             return
         keys = list(keys)
         kids = self.index.ids_of(keys)
-        self._check_cap(kids, keys, starts)
-        plan = plan_merge(self, kids, keys, ints(starts, n), ints(lasts, n))
+        batch = batch_keys(self.kid, self.end, kids)
+        self._check_cap(batch, keys, starts)
+        plan = plan_merge(self, batch, kids, keys, ints(starts, n), ints(lasts, n))
         self._apply(plan)
         targets = plan.target
         fold_partials(self.aggregators, self.accs, targets, partials, shared=plan.shared,
@@ -201,37 +198,36 @@ class SessionState(StateBase):
         self.changed[targets] = True
         self.dirty[targets] = True
 
-    def _check_cap(self, kids: np.ndarray, keys: list[GroupKey], starts: Sequence[int]) -> None:
+    def _check_cap(self, batch: BatchKeys, keys: list[GroupKey], starts: Sequence[int]) -> None:
         """Refuse the batch before changing anything when its new keys would pass the cap."""
         cap = self.max_groups_per_window
-        holding = np.zeros(len(self.index), bool)
-        holding[self.kid] = True
-        distinct, first = np.unique(kids, return_index=True)
-        new = first[~holding[distinct]]
-        room = cap - len(run_starts(self.kid))
+        new = batch.first[~batch.holds]
+        room = cap - self.group_count
         if len(new) > room:
             r = int(np.sort(new)[max(room, 0)])
             raise self.cap_hit(f"max_groups_per_window={cap}", "keys already hold a session", keys[r], starts[r])
 
     def _apply(self, plan: MergePlan) -> None:
-        """The plan's rows in, its removed rows out, sorted by (key, start) again; ``plan.target``
-        becomes positions in the new columns."""
-        keep = np.ones(len(self.kid), bool)
-        keep[plan.removed] = False
-        kept = int(np.count_nonzero(keep))
+        """The plan's removed rows out and its rows in where they sort by (key, start) (after held
+        rows of an equal pair, as a stable sort of held then added rows would put them), without
+        sorting what is held; ``plan.target`` becomes positions in the new columns."""
+        if plan.removed:
+            self._take(np.delete(np.arange(len(self.kid)), plan.removed))
         added = len(plan.kids)
-        old = self._columns()
-        cat: dict[str, Any] = {name: np.concatenate((old[name][keep], new)) for name, new in (
-            ("kid", ints(plan.kids, added)), ("start", ints(plan.starts, added)), ("end", ints(plan.ends, added)),
-            ("stored", ints(plan.stored, added)), ("emitted", np.array(plan.emitted, bool)),
-            ("changed", np.zeros(added, bool)), ("dirty", np.zeros(added, bool)))}
-        cat["accs"] = [np.concatenate((column[keep], objects(new, added))) for column, new in zip(old["accs"], plan.accs)]
-        self._set(cat)
-        order = np.lexsort((self.start, self.kid))
-        self._take(order)
-        position = np.empty(len(order), I64)
-        position[order] = np.arange(len(order), dtype=I64)
-        plan.target = position[plan.target + kept]
+        kids, starts = ints(plan.kids, added), ints(plan.starts, added)
+        order = np.lexsort((starts, kids))
+        where = search_pairs(self.kid, self.start, kids[order], starts[order], side="right")
+        new = {"kid": kids, "start": starts, "end": ints(plan.ends, added), "stored": ints(plan.stored, added),
+               "emitted": np.array(plan.emitted, bool), "changed": np.zeros(added, bool),
+               "dirty": np.zeros(added, bool)}
+        columns: dict[str, Any] = {name: np.insert(column, where, new[name][order])
+                                   for name, column in self._columns().items() if name != "accs"}
+        columns["accs"] = [np.insert(column, where, objects(values, added)[order])
+                           for column, values in zip(self.accs, plan.accs)]
+        self._set(columns)
+        position = np.empty(added, I64)
+        position[order] = where + np.arange(added, dtype=I64)  # np.insert puts the j-th sorted row at where[j] + j
+        plan.target = position[plan.target]
         self._moved.update(dict.fromkeys(plan.moved))
         self._dropped.update(dict.fromkeys(plan.dropped))
 
@@ -242,7 +238,6 @@ class SessionState(StateBase):
         ``scope`` says), and every other one whose end passed W and that was not emitted (with
         :data:`OPEN`, every one not emitted); the rows written for sessions whose (start, key) no
         longer exists."""
-        self._settle()
         changed, emitted = self.changed, self.emitted
         closed = self.end < watermark if watermark is not None else np.zeros(len(changed), bool)
         pick = changed & (emitted | closed) if scope == CLOSING else changed.copy()
@@ -276,35 +271,30 @@ class SessionState(StateBase):
         return bool(np.any(self.start[lo:hi] == start))
 
     def accumulators(self, report: Report, rows: Sequence[int]) -> list[Accumulators]:
-        self._settle()
-        at = ints(map(report.handles.__getitem__, rows), len(rows))
-        found = accumulator_rows(self.accs, at)
-        if self._hidden:
-            self._lent.append((at, found))
-        return found
+        return accumulator_rows(self.accs, ints(map(report.handles.__getitem__, rows), len(rows)))
 
-    def _settle(self) -> None:
-        """Write back the hidden row counts an early trigger moved in the rows it was handed."""
-        for at, found in self._lent:
-            for i in self._hidden:
-                self.accs[i][at] = objects((accs[i] for accs in found), len(at))
-        self._lent = []
+    def values(self, report: Report, rows: Sequence[int]) -> list[list[Any]]:
+        """Finished from the accumulator columns, without a list of accumulators per row."""
+        at = ints(map(report.handles.__getitem__, rows), len(rows))
+        return self.finished([column[at].tolist() if not agg.hidden else []
+                              for agg, column in zip(self.aggregators, self.accs)])
+
+    def set_marks(self, report: Report, rows: Sequence[int], marks: Sequence[Any]) -> None:
+        at = ints(map(report.handles.__getitem__, rows), len(rows))
+        self.accs[-1][at] = objects(marks, len(rows))
 
     def mark_emitted(self, report: Report, rows: Sequence[int]) -> None:
         """The flag is stored with the session: a session that absorbs an emitted one is emitted
         before its end passes W, which W alone cannot tell."""
-        self._settle()
         at = ints(map(report.handles.__getitem__, rows), len(rows))
         at = at[~self.emitted[at]]
         self.emitted[at] = True
         self.dirty[at] = True
 
     def touch(self, report: Report, rows: Sequence[int]) -> None:
-        self._settle()
         self.dirty[ints(map(report.handles.__getitem__, rows), len(rows))] = True
 
     def evict(self, watermark: int | None, retention: int) -> None:
-        self._settle()
         if watermark is None:
             return
         gone = self.end + retention < watermark
@@ -332,7 +322,6 @@ class SessionState(StateBase):
         """Sessions changed (``everything``: every session) and (start, key) rows gone since the
         last call (a store deletes first, then upserts). A session whose start moved is deleted
         under its old start."""
-        self._settle()
         at = np.arange(len(self.kid)) if everything else np.flatnonzero(self.dirty)
         starts, stored = self.start[at], self.stored[at]
         keys = self.index.keys_of(self.kid[at])

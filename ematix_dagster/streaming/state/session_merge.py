@@ -1,31 +1,35 @@
 """How a batch's session partials join the held sessions, decided before any column changes.
 
-Most partials open a session of their own: the key's only partial of the batch, after everything
-the key holds. Those are decided for the whole batch at once (:func:`plan_merge`), with no Python
-per partial. The rest (a key with several partials, or one that reaches back into what its key
-holds: a late row under ``reopen``, a session extended across batches) are joined key by key as
-before: per cap bucket, held sessions and partials swept by start, each run of overlapping items
-one session. The plan lists what leaves (the held rows of every run a partial joined) and what
-enters (one row per run, carrying its first held row's stored start, flag and the run's held
-accumulators merged); the state applies it to its columns in one step.
+Most partials open a session of their own (after everything their key holds, and apart from the
+key's other partials of the batch) or extend the latest session of their key (its only partial,
+starting inside that session). Those are decided for the whole batch at once (:func:`plan_merge`),
+with no Python per partial. The rest (partials of one key that join each other, or one that
+reaches back further into what its key holds: a late row under ``reopen``, a partial bridging two
+sessions) are joined key by key as before: per cap bucket, held sessions and partials swept by
+start, each run of overlapping items one session. The plan lists what leaves (the held rows of
+every run a partial joined) and what enters (one row per run, carrying its first held row's
+stored start, flag and the run's held accumulators merged); the state applies it to its columns
+in one step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
 from ematix_dagster.streaming.emitted import GroupKey
-from ematix_dagster.streaming.state.columns import NOT_STORED, first_positions, run_starts
+from ematix_dagster.streaming.state.columns import NOT_STORED, run_rows
 
 if TYPE_CHECKING:
     from ematix_dagster.streaming.state.session import SessionState
 
 #: a swept item: (start, end, held row or -1, partial row or -1)
 Item = tuple[int, int, int, int]
+#: an end no session has: what a key holding none holds as its latest end
+NONE = np.iinfo(np.int64).min
 
 
 @dataclass
@@ -62,45 +66,128 @@ class MergePlan:
             column.append(acc)
         return len(self.kids) - 1
 
+    def add_rows(self, kids: np.ndarray, starts: np.ndarray, ends: np.ndarray, emitted: list[bool],
+                 stored: list[int], accs: list[list[Any]]) -> np.ndarray:
+        """Many rows at once (``accs``: one list per aggregator); returns their positions."""
+        at = len(self.kids)
+        self.kids += kids.tolist()
+        self.starts += starts.tolist()
+        self.ends += ends.tolist()
+        self.emitted += emitted
+        self.stored += stored
+        for column, more in zip(self.accs, accs):
+            column += more
+        return np.arange(at, len(self.kids))
 
-def plan_merge(state: SessionState, kids: np.ndarray, keys: list[GroupKey], firsts: np.ndarray,
+
+class BatchKeys(NamedTuple):
+    """The keys a batch brings (distinct, sorted) and what their held runs say, found by a search
+    per key rather than a pass over every held session: the cap check and the plan share them."""
+
+    kids: np.ndarray
+    #: per key, its first row in the batch, its partials in the batch, whether it holds a session
+    #: and the latest end it holds (int64's minimum: none)
+    first: np.ndarray
+    counts: np.ndarray
+    holds: np.ndarray
+    held_end: np.ndarray
+    #: per batch row, its key's position in :attr:`kids`
+    inverse: np.ndarray
+    #: per key, its last held row (the latest start; -1: none) and the latest end of the others
+    #: (int64's minimum: none)
+    last: np.ndarray
+    before_last_end: np.ndarray
+
+
+def batch_keys(held_kids: np.ndarray, held_ends: np.ndarray, kids: np.ndarray) -> BatchKeys:
+    """:class:`BatchKeys` of the batch rows' key ids ``kids`` against the held sessions' columns."""
+    distinct, first, inverse, counts = np.unique(kids, return_index=True, return_inverse=True, return_counts=True)
+    rows, offset, lengths = run_rows(held_kids, distinct)
+    holds = lengths > 0
+    ends = np.cumsum(lengths)  # where each run ends among ``rows``
+    held_end = np.full(len(distinct), NONE, dtype=np.int64)
+    before_last_end = held_end.copy()
+    if len(rows):
+        held_end[holds] = np.maximum.reduceat(held_ends[rows], (ends - lengths)[holds])
+        several = lengths > 1
+        if several.any():  # the runs less their last rows: each run begins one row earlier per run before it
+            others = np.ones(len(rows), bool)
+            others[ends[holds] - 1] = False
+            begins = ends - lengths - (np.cumsum(holds) - holds)
+            before_last_end[several] = np.maximum.reduceat(held_ends[rows[others]], begins[several])
+    last = np.where(holds, offset + ends - 1, -1)
+    return BatchKeys(distinct, first, counts, holds, held_end, inverse.reshape(-1), last, before_last_end)
+
+
+def plan_merge(state: SessionState, batch: BatchKeys, kids: np.ndarray, keys: list[GroupKey], firsts: np.ndarray,
                lasts: np.ndarray) -> MergePlan:
     """What folding the batch's partials (row r: ``keys[r]`` with id ``kids[r]``, event times
-    ``firsts[r]`` to ``lasts[r]``) into ``state`` adds and removes. Raises ValueError, before
-    anything changes, for a partial that is not one ordered run inside one cap bucket."""
+    ``firsts[r]`` to ``lasts[r]``; ``batch``: their keys) into ``state`` adds and removes. Raises
+    ValueError, before anything changes, for a partial that is not one ordered run inside one cap
+    bucket."""
     rules, n = state.kind, len(kids)
     buckets = firsts // rules.cap
     valid = (lasts >= firsts) & (lasts // rules.cap == buckets)
-    size = int(kids.max()) + 1
-    first_pos = first_positions(kids, size)
+    first_pos = batch.first[batch.inverse]  # per row, its key's first row in the batch
     if not valid.all():
         bad = np.flatnonzero(~valid)
-        r = int(bad[np.lexsort((bad, first_pos[kids[bad]]))[0]])  # the first key's first bad partial
+        r = int(bad[np.lexsort((bad, first_pos[bad]))[0]])  # the first key's first bad partial
         raise ValueError(f"session partial [{int(firsts[r])}, {int(lasts[r])}] of group {keys[r]!r:.200} is not one "
                          f"ordered run inside one cap bucket (pipeline {state.pipeline})")
     ends = np.minimum(lasts + rules.gap, (buckets + 1) * rules.cap)
-    held_end = np.full(size, np.iinfo(np.int64).min, dtype=np.int64)
-    runs = run_starts(state.kid)
-    if len(runs):
-        run_kids = state.kid[runs]
-        inside = run_kids < size
-        held_end[run_kids[inside]] = np.maximum.reduceat(state.end, runs)[inside]
-    per_key = np.bincount(kids, minlength=size)
-    common = (per_key[kids] == 1) & (firsts > held_end[kids])
+    alone = batch.counts[batch.inverse] == 1
+    common = _apart(batch, kids, firsts, ends, buckets)[batch.inverse]
     plan = MergePlan(len(state.aggregators))
     target = np.empty(n, dtype=np.int64)
     own = np.flatnonzero(common)
-    if len(own):  # the common case: one partial after everything its key holds opens a session
-        plan.kids, plan.starts, plan.ends = kids[own].tolist(), firsts[own].tolist(), ends[own].tolist()
-        plan.emitted, plan.stored = [False] * len(own), [int(NOT_STORED)] * len(own)
-        plan.accs = [[None] * len(own) for _ in range(plan.width)]
-        target[own] = np.arange(len(own))
+    if len(own):  # the common case: partials after everything their key holds, each opening a session
+        target[own] = plan.add_rows(kids[own], firsts[own], ends[own], [False] * len(own),
+                                    [int(NOT_STORED)] * len(own), [[None] * len(own) for _ in range(plan.width)])
+    common |= _extend_last(state, plan, target, batch, np.flatnonzero(alone & ~common), keys, firsts, ends, buckets)
     rest = np.flatnonzero(~common)
     if len(rest):
-        _plan_keys(state, plan, target, rest[np.lexsort((rest, first_pos[kids[rest]]))], kids, keys,
+        _plan_keys(state, plan, target, rest[np.lexsort((rest, first_pos[rest]))], kids, keys,
                    firsts.tolist(), ends.tolist(), buckets.tolist())
     plan.target = target
     return plan
+
+
+def _apart(batch: BatchKeys, kids: np.ndarray, firsts: np.ndarray, ends: np.ndarray, buckets: np.ndarray) -> np.ndarray:
+    """Per key of ``batch``, whether each of its partials opens a session of its own: all start
+    after every end the key holds, and none reaches the next one of its bucket (a sweep would
+    leave each alone)."""
+    apart = np.ones(len(batch.kids), bool)
+    apart[batch.inverse[firsts <= batch.held_end[batch.inverse]]] = False
+    order = np.lexsort((ends, firsts, kids))
+    kids, firsts, ends, buckets = kids[order], firsts[order], ends[order], buckets[order]
+    joins = (kids[1:] == kids[:-1]) & (buckets[1:] == buckets[:-1]) & (firsts[1:] <= ends[:-1])
+    apart[batch.inverse[order[1:][joins]]] = False
+    return apart
+
+
+def _extend_last(state: SessionState, plan: MergePlan, target: np.ndarray, batch: BatchKeys, rows: np.ndarray,
+                 keys: list[GroupKey], firsts: np.ndarray, ends: np.ndarray, buckets: np.ndarray) -> np.ndarray:
+    """The next common case, for the whole batch at once: a key's only partial (of ``rows``) that
+    starts inside the latest session it holds, in its bucket, when every other session of the key
+    ends before that one starts (the sweep would join the two alone: the session keeps its start,
+    flag, stored start and accumulators, and takes the later end). Returns a mask of the rows
+    planned."""
+    planned = np.zeros(len(target), bool)
+    key_of = batch.inverse[rows]
+    rows, key_of = rows[batch.holds[key_of]], key_of[batch.holds[key_of]]
+    held = batch.last[key_of]
+    start, end = state.start[held], state.end[held]
+    fits = ((firsts[rows] >= start) & (firsts[rows] <= end) & (buckets[rows] == start // state.kind.cap)
+            & (batch.before_last_end[key_of] < start))
+    rows, held, start, end = rows[fits], held[fits], start[fits], end[fits]
+    if not len(rows):
+        return planned
+    target[rows] = plan.add_rows(state.kid[held], start, np.maximum(end, ends[rows]), state.emitted[held].tolist(),
+                                 state.stored[held].tolist(), [column[held].tolist() for column in state.accs])
+    plan.removed += held.tolist()
+    plan.moved += zip(map(keys.__getitem__, rows.tolist()), start.tolist())
+    planned[rows] = True
+    return planned
 
 
 def _plan_keys(state: SessionState, plan: MergePlan, target: np.ndarray, rows: np.ndarray, kids: np.ndarray,

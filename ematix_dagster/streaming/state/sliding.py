@@ -9,8 +9,8 @@ every window it reaches sees it.
 
 Partials are held as columns (``streaming.state.columns``) sorted by key id and event time: a
 batch is merged, its windows found and derived, evicted and committed as whole arrays
-(docs/decisions.md, "Columnar driver state"). One exception remains: an emission of additive
-windows builds the prefix sums over every retained partial, not only the emitted keys' runs.
+(docs/decisions.md, "Columnar driver state"); an emission of additive windows sums only the
+emitted keys' runs.
 
 Which windows exist and which were emitted is not stored either. Every retained partial at
 ``t >= W - retention`` has its window: it was accepted in a batch whose threshold
@@ -32,7 +32,7 @@ that may still be created or changed needs (``t < W - retention - D``) leave sta
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, NoReturn, Sequence
 
 import numpy as np
 
@@ -52,6 +52,7 @@ from ematix_dagster.streaming.state.columns import (
     fold_partials,
     ints,
     objects,
+    run_count,
     run_starts,
     search_pairs,
 )
@@ -121,7 +122,7 @@ class SlidingState(StateBase):
     @property
     def group_count(self) -> int:
         """Keys holding partials (what ``max_groups_per_window`` caps)."""
-        return len(run_starts(self.kid))
+        return run_count(self.kid)
 
     @property
     def window_count(self) -> int:
@@ -159,16 +160,22 @@ class SlidingState(StateBase):
             return
         keys = list(keys)
         kids, times = self.index.ids_of(keys), ints(starts, n)
-        at = search_pairs(self.kid, self.time, kids, times)
+        order = np.lexsort((times, kids))  # the batch's pairs sorted once: searched and inserted in that order
+        first = np.concatenate(([True], (np.diff(kids[order]) != 0) | (np.diff(times[order]) != 0)))
+        pair = np.empty(n, I64)
+        pair[order] = np.cumsum(first) - 1
+        rows = order[first]  # each distinct pair's first row in batch order (a stable sort)
+        at = search_pairs(self.kid, self.time, kids[rows], times[rows])
         found = at < len(self.kid)
-        found[found] = (self.kid[at[found]] == kids[found]) & (self.time[at[found]] == times[found])
+        found[found] = (self.kid[at[found]] == kids[rows[found]]) & (self.time[at[found]] == times[rows[found]])
         new = np.flatnonzero(~found)
         if len(new):
-            firsts = new[np.unique(_pair_ids(kids[new], times[new]), return_index=True)[1]]
-            self._check_caps(firsts, kids, keys, starts)
-            self._insert(kids[firsts], times[firsts])
-            at = search_pairs(self.kid, self.time, kids, times)
-        self._fold(at, keys, starts, partials)
+            self._check_caps(rows[new], kids, keys, starts)
+            where = at[new]
+            self._insert(where, kids[rows[new]], times[rows[new]])
+            at[found] += np.searchsorted(where, at[found], "right")  # np.insert puts new rows before ``where``
+            at[new] = where + np.arange(len(new))
+        self._fold(at[pair], keys, starts, partials)
 
     def _check_caps(self, firsts: np.ndarray, kids: np.ndarray, keys: list[GroupKey], starts: Sequence[int]) -> None:
         """Refuse the batch before changing anything when its new keys or new event times would
@@ -192,11 +199,8 @@ class SlidingState(StateBase):
             raise self.cap_hit(f"max_events_per_group={events_cap}",
                                "distinct event times are already retained for the group", keys[r], starts[r])
 
-    def _insert(self, kids: np.ndarray, times: np.ndarray) -> None:
-        """Empty partials for the new (key id, event time)s, where they sort."""
-        order = np.lexsort((times, kids))
-        kids, times = kids[order], times[order]
-        where = search_pairs(self.kid, self.time, kids, times)
+    def _insert(self, where: np.ndarray, kids: np.ndarray, times: np.ndarray) -> None:
+        """Empty partials for the new (key id, event time)s (sorted), before the rows ``where``."""
         m = len(kids)
         nones = objects((None for _ in range(m)), m)
         empty_parts = [objects([0] * m, m) for _ in self.parts]  # overwritten by the fold
@@ -257,15 +261,37 @@ class SlidingState(StateBase):
     def accumulators(self, report: Report, rows: Sequence[int]) -> list[Accumulators]:
         """Each window's accumulators, derived for all of ``rows`` at once (a row's handle is the
         partial its window ends at)."""
-        hi = ints(map(report.handles.__getitem__, rows), len(rows)) + 1
-        lo = search_pairs(self.kid, self.time, self.kid[hi - 1], self.time[hi - 1] - self.kind.duration)
+        lo, hi = self._bounds(report, rows)
         try:
             if self._additive:
-                return by_prefix_sums(self.aggregators, self.kid, self.parts, lo, hi)
+                return list(map(list, zip(*by_prefix_sums(self.aggregators, self.kid, self.parts, lo, hi))))
             return by_two_stacks(self.aggregators, self.kid, self.accs, lo, hi)
         except WindowFailed as failed:
-            end = int(hi[failed.window]) - 1
-            self.failed_merge(failed.error, None, self.index.keys[int(self.kid[end])], int(self.time[end]))
+            self._failed(failed, hi)
+
+    def values(self, report: Report, rows: Sequence[int]) -> list[list[Any]]:
+        """Additive windows' values straight from the columns of their prefix sums, without a list
+        of accumulators per window."""
+        if not self._additive:
+            return self.value_columns(self.accumulators(report, rows))
+        lo, hi = self._bounds(report, rows)
+        try:
+            return self.finished(by_prefix_sums(self.aggregators, self.kid, self.parts, lo, hi))
+        except WindowFailed as failed:
+            self._failed(failed, hi)
+
+    def _bounds(self, report: Report, rows: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The partials ``[lo, hi)`` of the windows of ``report``'s rows ``rows``."""
+        hi = ints(map(report.handles.__getitem__, rows), len(rows)) + 1
+        return search_pairs(self.kid, self.time, self.kid[hi - 1], self.time[hi - 1] - self.kind.duration), hi
+
+    def _failed(self, failed: WindowFailed, hi: np.ndarray) -> NoReturn:
+        end = int(hi[failed.window]) - 1
+        self.failed_merge(failed.error, None, self.index.keys[int(self.kid[end])], int(self.time[end]))
+
+    def set_marks(self, report: Report, rows: Sequence[int], marks: Sequence[Any]) -> None:
+        """Never called: no trigger that keeps a row count fires for sliding windows (they emit on
+        the watermark only), and their accumulators are derived, not held."""
 
     def mark_emitted(self, report: Report, rows: Sequence[int]) -> None:
         """Nothing to keep: a sliding window was emitted exactly when ``t`` was before the last W."""
@@ -317,11 +343,3 @@ class SlidingState(StateBase):
         self._set(self.index.ids_of(keys), times, np.zeros(n, bool), np.zeros(n, bool), accs, parts)
         self._take(np.lexsort((self.time, self.kid)))
 
-
-def _pair_ids(kids: np.ndarray, times: np.ndarray) -> np.ndarray:
-    """One int per distinct (key id, time) of a batch's new rows (their rank in pair order)."""
-    order = np.lexsort((times, kids))
-    step = np.concatenate(([True], (np.diff(kids[order]) != 0) | (np.diff(times[order]) != 0)))
-    ids = np.empty(len(kids), I64)
-    ids[order] = np.cumsum(step) - 1
-    return ids

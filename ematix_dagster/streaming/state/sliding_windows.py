@@ -13,19 +13,19 @@ sums stay exact and BIGINT checks (``from_parts``) see the true total.
 >>> from ematix_dagster.streaming.aggregators import Count
 >>> parts = [np.array([1, 2, 3], dtype=object)]
 >>> by_prefix_sums([Count()], np.array([0, 0, 0]), parts, np.array([0, 0, 1]), np.array([2, 3, 3]))
-[[3], [6], [5]]
+[[3, 6, 5]]
 """
 
 from __future__ import annotations
 
-from typing import Sequence, cast
+from typing import Any, Sequence, cast
 
 import numpy as np
 
 from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
 from ematix_dagster.streaming.aggregators import Aggregator
 from ematix_dagster.streaming.state.base import Accumulators
-from ematix_dagster.streaming.state.columns import accumulator_rows, objects, run_starts
+from ematix_dagster.streaming.state.columns import accumulator_rows, objects, run_rows, run_starts
 from ematix_dagster.streaming.two_stacks import TwoStacks
 
 #: what a merge or a window's total may raise (a cap, an overflow, a corrupt accumulator)
@@ -50,15 +50,23 @@ def parts_of(aggregators: Sequence[Aggregator], accs: Sequence[np.ndarray], rows
     beside the accumulators, so a batch sums columns instead of calling ``to_parts`` per partial)."""
     out = []
     for agg, column in zip(aggregators, accs):
-        parts = list(map(agg.to_parts, column[rows].tolist()))
-        out += [objects((p[j] for p in parts), len(rows)) for j in range(agg.additive_parts)]
+        columns = list(zip(*map(agg.to_parts, column[rows].tolist()))) or [()] * agg.additive_parts
+        out += [objects(part, len(rows)) for part in columns]  # transposed by zip, at C speed
     return out
 
 
 def by_prefix_sums(aggregators: Sequence[Aggregator], kids: np.ndarray, parts: Sequence[np.ndarray],
-                   lo: np.ndarray, hi: np.ndarray) -> list[Accumulators]:
+                   lo: np.ndarray, hi: np.ndarray) -> list[list[Any]]:
     """The accumulators of the windows over partials ``[lo, hi)`` of the columns ``parts`` (rows of
-    key ids ``kids``; a window's partials are one key's)."""
+    key ids ``kids``, sorted; a window's partials are one key's), one column per aggregator: what
+    an emission finishes them from.
+
+    The sums run over the whole runs of the windows' keys only: a batch emits a few keys' windows
+    while every key's partials are retained, and a run summed alone sums as it does among all.
+    """
+    rows, lo, hi = _runs_of(kids, lo, hi)
+    if rows is not None:
+        kids, parts = kids[rows], [column[rows] for column in parts]
     diffs = []
     for column in parts:
         through, before = _prefix_sums(column, kids)
@@ -67,7 +75,7 @@ def by_prefix_sums(aggregators: Sequence[Aggregator], kids: np.ndarray, parts: S
     for agg in aggregators:
         width = agg.additive_parts
         try:
-            windows.append(list(map(agg.from_parts, zip(*diffs[at:at + width]))))
+            windows.append(agg.from_parts_column(diffs[at:at + width]))
         except FAILURES:
             for w, parts in enumerate(zip(*diffs[at:at + width])):  # which window: only after a failure
                 try:
@@ -76,7 +84,22 @@ def by_prefix_sums(aggregators: Sequence[Aggregator], kids: np.ndarray, parts: S
                     raise WindowFailed(w, exc) from None
             raise
         at += width
-    return list(map(list, zip(*windows)))
+    return windows
+
+
+def _runs_of(kids: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    """The rows of the key runs that the windows ``[lo, hi)`` lie in (None: every row, nothing
+    to take), and the windows' bounds within those rows."""
+    if not len(hi):
+        return None, lo, hi
+    present = np.zeros(int(kids[-1]) + 1, bool)
+    present[kids[hi - 1]] = True
+    if present[kids].all():  # every key emits (each batch closes windows of every key): all rows
+        return None, lo, hi
+    wanted = np.flatnonzero(present)
+    rows, offset, _ = run_rows(kids, wanted)
+    shift = offset[np.searchsorted(wanted, kids[hi - 1])]
+    return rows, lo - shift, hi - shift
 
 
 def _prefix_sums(column: np.ndarray, kids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

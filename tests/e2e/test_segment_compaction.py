@@ -9,11 +9,11 @@ import random
 import uuid
 
 from ematix_dagster.streaming.durable import batch_commit, restore_engine
-from ematix_dagster.streaming.micro_batch import BatchInput, Engine, SourceStats
+from ematix_dagster.streaming.micro_batch import Engine
 from state_store.memory import InMemoryStateStore
 from state_store.segments import decode_segment
-from tests.e2e.test_sessions_reopen import INTEGRAL, S, params, window_of
-from tests.streaming.session_oracle import Oracle, canon, partials_of
+from tests.e2e.test_sessions_reopen import INTEGRAL, feed, params, window_of
+from tests.streaming.session_oracle import Oracle, canon
 
 
 def _batches(seed: int, n: int) -> list[list[tuple]]:
@@ -39,14 +39,7 @@ def test_segments_compact_and_the_restored_engine_continues_exactly():
             engine = Engine.for_window(name, window_of(), ("a",), INTEGRAL)
             rebases = 0
             for batch_id, rows in enumerate(batches):
-                plain = [((k,), s * S, v) for k, s, v in rows]
-                closed = engine.closed_before()
-                accepted = [r for r in plain if closed is None or r[1] >= closed]
-                keys, firsts, lasts, columns = partials_of(accepted, params(), rng)
-                result = engine.process(BatchInput(
-                    batch_id=batch_id, batch_time=batch_id * S, keys=keys, starts=firsts, lasts=lasts,
-                    partials=columns, sources={"a": SourceStats(rows=len(rows), max_event_ts=max(r[1] for r in plain))},
-                    late_rows=len(rows) - len(accepted)))
+                plain, result = feed(engine, batch_id, rows, rng)
                 want = oracle.batch(plain)
                 assert (canon([r for r in result.rows if r.kind == "retract"]),
                         canon([r for r in result.rows if r.kind != "retract"])) == want, (seed, batch_id)

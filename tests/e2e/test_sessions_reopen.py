@@ -31,7 +31,7 @@ import pytest
 from ematix_dagster.spark.convert import UTC_MICROS, rows_to_arrow
 from ematix_dagster.spec import Aggregation, Target, Window, load_pipeline_str
 from ematix_dagster.streaming.durable import batch_commit, restore_engine
-from ematix_dagster.streaming.micro_batch import BatchInput, Engine, SourceStats
+from ematix_dagster.streaming.micro_batch import BatchInput, BatchResult, Engine, SourceStats
 from ematix_dagster.targets import make_window_writer
 from state_store.base import StateStore
 from state_store.codec import encode_key
@@ -151,6 +151,19 @@ def window_of(**extra: Any) -> Window:
 INTEGRAL = tuple(a["agg"] == "sum" for a in AGGREGATIONS)
 
 
+def feed(engine: Engine, batch_id: int, rows: list[tuple], rng: random.Random) -> tuple[list[tuple], BatchResult]:
+    """One batch of rows (key, seconds, v) through ``engine`` as Spark sends it: the rows the late
+    rule accepts, sessionized per key and bucket into partials; returns the rows in µs and the result."""
+    plain = [((k,), s * S, v) for k, s, v in rows]
+    closed = engine.closed_before()
+    accepted = [r for r in plain if closed is None or r[1] >= closed]
+    keys, firsts, lasts, columns = partials_of(accepted, params(), rng)
+    return plain, engine.process(BatchInput(
+        batch_id=batch_id, batch_time=batch_id * S, keys=keys, starts=firsts, lasts=lasts, partials=columns,
+        sources={"a": SourceStats(rows=len(rows), max_event_ts=max(r[1] for r in plain))},
+        late_rows=len(rows) - len(accepted)))
+
+
 def run_engine(batches: list[list[tuple]], store: StateStore | None = None, drop_flags: bool = False) -> list[list]:
     """Each batch through an Engine, fed what Spark sends (the rows the late rule accepts, sessionized
     per key and bucket into partials); with a store, committed and restored after every batch
@@ -159,14 +172,7 @@ def run_engine(batches: list[list[tuple]], store: StateStore | None = None, drop
     engine = Engine.for_window("reopen-core", window_of(), ("a",), INTEGRAL)
     out = []
     for batch_id, rows in enumerate(batches):
-        plain = [((k,), s * S, v) for k, s, v in rows]
-        closed = engine.closed_before()
-        accepted = [r for r in plain if closed is None or r[1] >= closed]
-        keys, firsts, lasts, columns = partials_of(accepted, params(), rng)
-        result = engine.process(BatchInput(
-            batch_id=batch_id, batch_time=batch_id * S, keys=keys, starts=firsts, lasts=lasts, partials=columns,
-            sources={"a": SourceStats(rows=len(rows), max_event_ts=max(r[1] for r in plain))},
-            late_rows=len(rows) - len(accepted)))
+        _, result = feed(engine, batch_id, rows, rng)
         out.append((canon([r for r in result.rows if r.kind == "retract"]),
                     canon([r for r in result.rows if r.kind != "retract"])))
         assert [r.kind for r in result.rows] == sorted((r.kind for r in result.rows), key=lambda k: k != "retract")

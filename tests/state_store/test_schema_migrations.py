@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from ematix_dagster.errors import StateVersionError
 from state_store import codec, migrations
 from state_store.base import BatchCommit
 from tests.state_store.contract_stores import blob, key, record
+from tests.state_store.old_schemas import store_at_schema
 
 # ---- schema migrations (the stores: conftest.py's ``schema_store``) ------------------------------
 
@@ -76,24 +76,7 @@ def test_schema_step_5_adds_a_null_emitted_flag_to_existing_rows(schema_store):
     returns no flag for them, and the engine derives a session's from its end and the watermark."""
     kind, build, connect = schema_store
     conn = connect()
-    if kind == "sqlite":
-        conn.isolation_level = None
-        migrations.apply_sqlite(conn, "old", migrations.STEPS[:4])
-        conn.execute("INSERT INTO ematix_streaming_pipelines (pipeline_name, state_version, last_batch_id, updated_at) "
-                     "VALUES ('old', ?, 3, 'now')", (codec.STATE_VERSION,))
-        conn.execute("INSERT INTO ematix_streaming_state (pipeline_name, window_start, window_end, group_key, "
-                     "state_blob, state_version, updated_at) VALUES ('old', 0, 10, ?, ?, ?, 'now')",
-                     (key("a"), blob(1), codec.STATE_VERSION))
-    else:
-        schema = conn.execute("SELECT current_schema()").fetchone()[0]
-        with psycopg.connect(conn.info.dsn) as tx:
-            migrations.apply_postgres(tx, schema, "old", migrations.STEPS[:4])
-        names = migrations.postgres_names(schema)
-        conn.execute(sql.SQL("INSERT INTO {pipelines} (pipeline_name, state_version, last_batch_id) "
-                             "VALUES ('old', %s, 3)").format(**names), (codec.STATE_VERSION,))
-        conn.execute(sql.SQL("INSERT INTO {state} (pipeline_name, window_start, window_end, group_key, state_blob, "
-                             "state_version) VALUES ('old', 0, 10, %s, %s, %s)").format(**names),
-                     (key("a"), blob(1), codec.STATE_VERSION))
+    store_at_schema(kind, conn, 4, "old", [(0, 10, key("a"), blob(1), codec.STATE_VERSION)])
     conn.close()
     store = build()
     store.open()
@@ -112,31 +95,11 @@ def test_schema_step_6_adds_null_written_rows_and_trigger_timer_in_place(schema_
     neither table), after which they round-trip; a schema newer than the code is still refused."""
     kind, build, connect = schema_store
     conn = connect()
-    if kind == "sqlite":
-        conn.isolation_level = None
-        migrations.apply_sqlite(conn, "v5", migrations.STEPS[:5])
-        conn.execute("INSERT INTO ematix_streaming_pipelines (pipeline_name, state_version, last_batch_id, watermark, "
-                     "updated_at) VALUES ('v5', ?, 3, 77, 'now')", (codec.STATE_VERSION,))
-        conn.executemany("INSERT INTO ematix_streaming_state (pipeline_name, window_start, window_end, group_key, "
-                         "state_blob, state_version, updated_at, emitted) VALUES ('v5', ?, ?, ?, ?, ?, 'now', ?)",
-                         [(0, 10, key("a"), blob(1), codec.STATE_VERSION, 1),
-                          (60, 70, key("b"), blob(2), codec.STATE_VERSION, None)])
-        files = None
-    else:
-        schema = conn.execute("SELECT current_schema()").fetchone()[0]
-        with psycopg.connect(conn.info.dsn) as tx:
-            migrations.apply_postgres(tx, schema, "v5", migrations.STEPS[:5])
-        names = migrations.postgres_names(schema)
-        conn.execute(sql.SQL("INSERT INTO {pipelines} (pipeline_name, state_version, last_batch_id, watermark) "
-                             "VALUES ('v5', %s, 3, 77)").format(**names), (codec.STATE_VERSION,))
-        with conn.cursor() as cur:
-            cur.executemany(sql.SQL("INSERT INTO {state} (pipeline_name, window_start, window_end, group_key, "
-                                    "state_blob, state_version, emitted) VALUES ('v5', %s, %s, %s, %s, %s, %s)"
-                                    ).format(**names),
-                            [(0, 10, key("a"), blob(1), codec.STATE_VERSION, True),
-                             (60, 70, key("b"), blob(2), codec.STATE_VERSION, None)])
-        files = _FILENODES
-        before = conn.execute(files).fetchone()
+    flag = 1 if kind == "sqlite" else True
+    store_at_schema(kind, conn, 5, "v5", [(0, 10, key("a"), blob(1), codec.STATE_VERSION, flag),
+                                          (60, 70, key("b"), blob(2), codec.STATE_VERSION, None)], extra=("emitted",))
+    files = _FILENODES if kind == "postgres" else None
+    before = conn.execute(files).fetchone() if files else None
     conn.close()
     store = build()
     store.open()

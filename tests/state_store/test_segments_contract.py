@@ -4,13 +4,12 @@ with its rows as they were."""
 
 from __future__ import annotations
 
-import psycopg
 import pytest
-from psycopg import sql
 
-from state_store import codec, migrations
+from state_store import codec
 from state_store.base import BatchCommit
 from tests.state_store.contract_stores import blob, end, key, record, same_state
+from tests.state_store.old_schemas import store_at_schema
 
 
 def test_segments_are_appended_in_order_and_loaded_in_the_snapshot(make_store):
@@ -79,24 +78,7 @@ def test_a_schema_7_store_opens_at_8_with_its_rows(schema_store):
     kind, build, connect = schema_store
     conn = connect()
     rows = [(0, 10, key("a"), blob(1), codec.STATE_VERSION), (60, 70, key("b"), blob(2), codec.STATE_VERSION)]
-    if kind == "sqlite":
-        conn.isolation_level = None
-        migrations.apply_sqlite(conn, "v7", migrations.STEPS[:7])
-        conn.execute("INSERT INTO ematix_streaming_pipelines (pipeline_name, state_version, last_batch_id, watermark, "
-                     "updated_at) VALUES ('v7', ?, 3, 77, 'now')", (codec.STATE_VERSION,))
-        conn.executemany("INSERT INTO ematix_streaming_state (pipeline_name, window_start, window_end, group_key, "
-                         "state_blob, state_version, updated_at) VALUES ('v7', ?, ?, ?, ?, ?, 'now')", rows)
-    else:
-        schema = conn.execute("SELECT current_schema()").fetchone()[0]
-        with psycopg.connect(conn.info.dsn) as tx:
-            migrations.apply_postgres(tx, schema, "v7", migrations.STEPS[:7])
-        names = migrations.postgres_names(schema)
-        conn.execute(sql.SQL("INSERT INTO {pipelines} (pipeline_name, state_version, last_batch_id, watermark) "
-                             "VALUES ('v7', %s, 3, 77)").format(**names), (codec.STATE_VERSION,))
-        with conn.cursor() as cur:
-            cur.executemany(sql.SQL("INSERT INTO {state} (pipeline_name, window_start, window_end, group_key, "
-                                    "state_blob, state_version) VALUES ('v7', %s, %s, %s, %s, %s)").format(**names),
-                            rows)
+    store_at_schema(kind, conn, 7, "v7", rows)
     conn.close()
     store = build()
     store.open()

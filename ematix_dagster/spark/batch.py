@@ -315,11 +315,7 @@ class BatchStep:
         """
         store = self.store
         if store is None or not store.durable:
-            state = self.engine.state  # nothing keeps the changes: forget them (as columns where held so)
-            if state.stores_segments:
-                state.take_column_changes()
-            else:
-                state.take_changes()
+            self.engine.state.take_column_changes()  # nothing keeps the changes: forget them
             return
         commit = batch_commit(self.engine, self.spec.pipeline_name, self.provenance, offsets,
                               [*in_transaction, lambda _conn: faults.point("store_commit", label)])

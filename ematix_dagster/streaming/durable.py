@@ -9,16 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import chain
-from typing import Any, Callable, Iterable, Sequence, cast
+from typing import Any, Callable, Iterable, Sequence
 
-from ematix_dagster.streaming.aggregators import Aggregator
 from ematix_dagster.streaming.emitted import GroupKey
 from ematix_dagster.streaming.micro_batch import Engine
 from ematix_dagster.streaming.state.base import (
     ColumnChanges,
     KindState,
-    StoreChanges,
     StoredGroup,
     StoredSize,
     WrittenRow,
@@ -30,7 +27,6 @@ from state_store.errors import RESTORE_OR_RESET, CorruptState
 from state_store.loaded_groups import decode_groups
 from state_store.segment_replay import Live, replay, replayed
 from state_store.segments import Segment, encode_segment
-from state_store.whole_window import encode_window
 
 
 @dataclass(frozen=True)
@@ -59,28 +55,8 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
         counters=dict(engine.counters), offsets=dict(offsets or {}),
         trigger_fired_at=engine.clock.fired_at_us,
     )
-    if state.stores_segments:
-        segments, rebase = segment_commit(state)
-        return BatchCommit(record=record, in_transaction=list(in_transaction), segments=segments, rebase=rebase)
-    changes = state.take_changes()
-    upserts, whole = window_rows(state.aggregators, changes.windows, by_group=state.keeps_written)
-    flags: dict[tuple[int, bytes], bool] = {}
-    for start, end, key, accs, emitted in changes.upserts:
-        encoded = encoded_key(key)
-        upserts.append((start, cast(int, end), encoded, encode_state(accs)))  # take_changes sets every end
-        if emitted is not None:  # a session's flag is its own (schema step 5)
-            flags[(start, encoded)] = emitted
-    return BatchCommit(
-        record=record,
-        upserts=upserts,
-        deletes=[(start, encoded_key(key)) for start, key in changes.deletes],
-        deleted_windows=changes.deleted_windows,
-        deleted_before=changes.deleted_before,
-        in_transaction=list(in_transaction),
-        emitted=flags,
-        whole_windows=whole,
-        written=written_rows(state.written, changes) if state.keeps_written else {},
-    )
+    segments, rebase = segment_commit(state)
+    return BatchCommit(record=record, in_transaction=list(in_transaction), segments=segments, rebase=rebase)
 
 
 def segment_commit(state: KindState) -> tuple[list[bytes], bool]:
@@ -120,24 +96,6 @@ def _segment(state: KindState, changes: ColumnChanges, base: bool) -> bytes:
         deleted_before=changes.deleted_before))
 
 
-def written_rows(written: dict[int, dict[GroupKey, WrittenRow]], changes: StoreChanges) -> dict[tuple[int, bytes], bytes]:
-    """The written row of each upserted group that has one, encoded (schema step 6): it travels
-    with its group's row, so it is stored, restored and deleted with it. A state that keeps
-    written rows writes every changed group by itself (``window_rows``' ``by_group``), so the
-    upserted groups are ``changes``' upserts and its windows' changed keys: looked up one by one,
-    not a walk over every written row held."""
-    upserted = chain(((group.start, group.key) for group in changes.upserts),
-                     ((start, key) for start, _end, _groups, keys in changes.windows for key in keys))
-    out = {}
-    for start, key in upserted:
-        by_key = written.get(start)
-        row = by_key.get(key) if by_key is not None else None
-        if row is not None:
-            end, values = row
-            out[(start, encoded_key(key))] = encode_state([end, *values])
-    return out
-
-
 def decoded_written(recovered: RecoveredState) -> dict[int, dict[GroupKey, WrittenRow]]:
     """The stored written rows in the shape ``StateBase.written`` holds them."""
     out: dict[int, dict[GroupKey, WrittenRow]] = {}
@@ -149,42 +107,6 @@ def decoded_written(recovered: RecoveredState) -> dict[int, dict[GroupKey, Writt
 def _written_row(blob: bytes) -> WrittenRow:
     end, *values = decode_state(blob)
     return end, tuple(values)
-
-
-#: a window is written whole when at least this share of its groups changed: one row instead of one
-#: per group, at most twice the bytes of the changed groups alone
-WHOLE_WINDOW_SHARE = 0.5
-#: the most a whole-window row may hold: a row is written and read in one piece, so a window whose
-#: row would be larger (or one with exact distinct sets, which grow with their data) is written
-#: group by group
-WHOLE_WINDOW_MAX_BYTES = 64 << 20
-
-
-def window_rows(aggregators: Sequence[Aggregator],
-                windows: list[tuple[int, int, dict[GroupKey, list[Any]], set[GroupKey]]], by_group: bool = False
-                ) -> tuple[list[tuple[int, int, bytes, bytes]], list[tuple[int, int, bytes]]]:
-    """(group upserts, whole windows) for the changed groups of windows a store may write whole
-    (``by_group``: never whole, each group's row carries its written row).
-
-    A window most of whose groups changed (always so in the batch that opens it) is written as one
-    row: a row costs the store far more than the bytes in it. A few changed groups of a big window
-    are written one by one, over its stored whole row. The bound is the row's own size: sketches
-    are mostly far below their dense image (10,000 groups of lgK 14 sketches would count 165 MB at
-    their largest, and wrote 10,000 rows a batch while their row was a few MB).
-    """
-    upserts: list[tuple[int, int, bytes, bytes]] = []
-    whole: list[tuple[int, int, bytes]] = []
-    may_be_whole = not by_group and not any(a.bytes_per_value for a in aggregators)
-    for start, end, groups, keys in windows:
-        if may_be_whole and len(keys) >= WHOLE_WINDOW_SHARE * len(groups):
-            # encoded to learn its size: a window past the bound is encoded twice, which only a window
-            # of millions of groups is, where writing its rows one by one costs far more
-            blob = encode_window(list(map(encoded_key, groups)), list(groups.values()))
-            if len(blob) <= WHOLE_WINDOW_MAX_BYTES:
-                whole.append((start, end, blob))
-                continue
-        upserts += [(start, end, encoded_key(key), encode_state(groups[key])) for key in keys]
-    return upserts, whole
 
 
 #: A group's key is encoded again every batch that touches it (in every window it is in, and for a
@@ -216,8 +138,7 @@ def restore_engine(engine: Engine, recovered: RecoveredState, store: str | None 
                    {n: (p.max_event_ts, p.last_arrival) for n, p in record.sources.items()},
                    record.counters, groups, store=store, written=written,
                    trigger_fired_at_us=record.trigger_fired_at)
-    if state.stores_segments:
-        state.stored_size = StoredSize(base=sizes.base, deltas=sizes.deltas, from_rows=sizes.rows > 0)
+    state.stored_size = StoredSize(base=sizes.base, deltas=sizes.deltas, from_rows=sizes.rows > 0)
     return record
 
 

@@ -10,7 +10,7 @@ multiplying two caps gave warnings such as "894.1 GiB" for pipelines that hold a
 >>> w = Window(kind="tumbling", duration_ms=60_000, max_groups_per_window=100_000, group_by=("k",),
 ...            aggregations=(Aggregation("count", "n"),))
 >>> estimate_state(w).total_bytes
-25000000
+23800000
 """
 
 from __future__ import annotations

@@ -83,13 +83,13 @@ def test_valid_state_restores_and_continues(setup):
     """The shapes the engine writes pass (sets for exact distinct, None, empty sketches) and still merge."""
     setup.write()
     engine = setup.restore()
-    assert engine.state.windows[60 * S][("c",)][1:7] == [None] * 6
-    assert engine.state.windows[0][("a",)][6] == {"home", "cart"}
+    assert engine.state.groups[60 * S][("c",)][1:7] == [None] * 6
+    assert engine.state.groups[0][("a",)][6] == {"home", "cart"}
     engine.process(BatchInput(batch_id=1, batch_time=2_000 * S, sources={"a": SourceStats(rows=1)},
                               starts=[60 * S], keys=[("b",)],
                               partials=[[1], [1], [(1.0, 1)], [(61 * S, "a")], [(61 * S, "z")], [1], [["p"]],
                                         [_sketch(values=5)]]))
-    assert engine.state.windows[60 * S][("b",)][0] == 4
+    assert engine.state.groups[60 * S][("b",)][0] == 4
 
 
 def test_a_truncated_sketch_fails_terminally_when_it_is_merged(setup):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil
 import socket
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -142,10 +142,15 @@ def _target_login_refused(tmp, committed, spark):
 
 def _blob_wrong_shape(tmp, committed, spark):
     _copy(committed, tmp)
-    from state_store.codec import encode_state
+    from state_store.segments import decode_segment, encode_segment
 
-    blob = encode_state(["not a count", (1.0,)]).hex()  # decodes, but is no (count, avg) state
-    _sql(tmp, f"UPDATE ematix_streaming_state SET state_blob = X'{blob}'")
+    with sqlite3.connect(tmp / "state.db") as conn:
+        seq, blob = conn.execute("SELECT seq, blob FROM ematix_streaming_segments ORDER BY seq LIMIT 1").fetchone()
+        segment = decode_segment(blob, "the committed run's base segment")
+        assert len(segment.keys), "the committed run keeps an open window"
+        bad = replace(segment, accs=[["not a count"] * len(segment.keys), [(1.0,)] * len(segment.keys)])
+        conn.execute("UPDATE ematix_streaming_segments SET blob = ? WHERE seq = ?",  # decodes, but no (count, avg) state
+                     (encode_segment(bad), seq))
     # The shape depends on Spark's column types (integer or float sums): checked once the query is analysed.
     return lambda: _runner(load_pipeline_str(_toml(tmp)), spark=spark).run()
 

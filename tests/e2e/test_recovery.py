@@ -170,21 +170,25 @@ def test_reset_and_cli(ran, spark, tmp_path, capsys):
 
 
 def test_version_1_state_migrates_and_resumes(ran, spark, tmp_path, batch_files, capsys):
-    """State written in the version-1 format (by the real v1 encoder kept with the fixtures) resumes."""
+    """State written in the version-1 format (by the real v1 encoder kept with the fixtures) resumes.
+
+    Version-1 code wrote one row per group: the run's segments are replayed into those rows, each
+    blob in the version-1 format, and the segments removed, as such a store holds them.
+    """
     from ematix_dagster.spec import dump_pipeline
-    from state_store.codec import decode_state
-    from state_store.whole_window import WINDOW_KEY
+    from state_store.segment_replay import Live, replay
     from tests.fixtures.state_v1.make_fixtures import encode_state_v1
 
     db = tmp_path / "state.db"
     with sqlite3.connect(db) as conn:
-        rows = conn.execute("SELECT pipeline_name, window_start, group_key, state_blob FROM ematix_streaming_state").fetchall()
+        live: Live = {}
+        replay(live, [blob for (blob,) in conn.execute("SELECT blob FROM ematix_streaming_segments ORDER BY seq")], "test")
+        rows = [(ran.pipeline_name, start, end, key, encode_state_v1(list(accs)))
+                for (start, key), (end, accs, _, _) in live.items()]
         assert rows, "the first run kept an open window in the store"
-        # one row per group, as version-1 code wrote them (exact distinct sets are never stored whole)
-        assert all(key != WINDOW_KEY for _, _, key, _ in rows)
-        for pipeline, start, key, blob in rows:
-            conn.execute("UPDATE ematix_streaming_state SET state_blob = ?, state_version = 1 WHERE pipeline_name = ? "
-                         "AND window_start = ? AND group_key = ?", (encode_state_v1(decode_state(blob)), pipeline, start, key))
+        conn.execute("DELETE FROM ematix_streaming_segments")
+        conn.executemany("INSERT INTO ematix_streaming_state (pipeline_name, window_start, window_end, group_key, "
+                         "state_blob, state_version, updated_at) VALUES (?, ?, ?, ?, ?, 1, 'now')", rows)
     toml = tmp_path / "p.toml"
     toml.write_text(dump_pipeline(ran))
     assert main(["migrate", str(toml), "--dry-run"]) == 0

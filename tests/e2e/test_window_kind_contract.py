@@ -35,9 +35,10 @@ from ematix_dagster.spark.windows.base import Aggregates, WindowedFrames
 from ematix_dagster.spark.windows.fixed import FixedPlan
 from ematix_dagster.spec import Aggregation, Window
 from ematix_dagster.streaming.micro_batch import BatchInput, Engine, SourceStats
-from ematix_dagster.streaming.state.base import StoreChanges, StoredGroup
+from ematix_dagster.streaming.state.base import StoredGroup
 from ematix_dagster.streaming.windows import KINDS, FixedWindows, WindowBounds, WindowKind
 from tests.e2e.windows_helpers import at, parquet_target, pipeline, read_parquet_target, run, to_us
+from tests.streaming.store_changes import StoreChanges, take_changes
 
 MS = 1_000
 Key = tuple[Any, ...]
@@ -69,13 +70,9 @@ class Store:
     def apply(self, changes: StoreChanges, kind: WindowKind) -> None:
         for start, key in changes.deletes:
             del self.rows[(start, key)]
-        gone = set(changes.deleted_windows)
         bound = changes.deleted_before
-        self.rows = {sk: g for sk, g in self.rows.items() if sk[0] not in gone and (bound is None or sk[0] >= bound)}
-        upserts = list(changes.upserts)
-        for start, end, groups, keys in changes.windows:
-            upserts += [StoredGroup(start, end, key, groups[key]) for key in keys]
-        for group in upserts:
+        self.rows = {sk: g for sk, g in self.rows.items() if bound is None or sk[0] >= bound}
+        for group in changes.upserts:
             assert group.end is None or kind.valid_end(group.start, group.end), group
             self.rows[(group.start, group.key)] = group._replace(accs=copy.deepcopy(group.accs))
 
@@ -105,7 +102,7 @@ class Driven:
             batch_id=self.batch_id, batch_time=self.batch_id, sources={"s": SourceStats(len(rows), accepted_max)},
             starts=starts, keys=keys, partials=[counts, sums], lasts=lasts if starts_of is None else ()))
         self.batch_id += 1
-        self.store.apply(eng.state.take_changes(), kind)
+        self.store.apply(take_changes(eng.state), kind)
         return [(r.kind, r.start, r.end, r.key, r.values) for r in result.rows], result
 
     def restarted(self) -> "Driven":
@@ -148,11 +145,11 @@ def test_every_registered_kind_has_a_sample_and_a_spark_plan(name: str) -> None:
     assert (plan.last_column is None) == (SAMPLES[name][1] is not None)  # a state that takes lasts gets them
     assert isinstance(KINDS[name].fingerprint(window), dict)
     state = kind.make_state("p", [], [], 10)
-    for member in ("merge", "report", "accumulators", "values", "set_marks", "mark_emitted", "evict", "take_changes",
+    for member in ("merge", "report", "accumulators", "values", "set_marks", "mark_emitted", "evict", "take_column_changes",
                    "restore", "group_count", "window_count", "state_rows", "flush_watermark", "open_windows",
                    "describe"):
         assert hasattr(state, member), (name, member)
-    assert state.kind is kind and state.take_changes() == StoreChanges()
+    assert state.kind is kind and take_changes(state) == StoreChanges()
     if kind.id_column is None:
         with pytest.raises(TypeError):
             kind.row_ids("p", [b"k"], [0])

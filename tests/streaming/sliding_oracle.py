@@ -22,7 +22,7 @@ The engine side is fed what Spark will send: the late rule applied with ``Engine
 then one partial per (key, event time) of the batch's accepted rows, built per aggregator exactly as
 Spark's partial aggregates come out (the formats of ``tests/streaming/session_oracle.py``), in a shuffled
 order, merged by the real ``Engine`` with the real aggregator classes. After each batch the state's
-``take_changes`` is applied to a simulated store; the randomised runs restart once from it (a new
+``take_column_changes`` is applied to a simulated store; the randomised runs restart once from it (a new
 Engine restored from the store, the watermark and the source clock). No Spark is started.
 """
 
@@ -38,6 +38,7 @@ from typing import Any
 from ematix_dagster.spec import Aggregation, Window
 from ematix_dagster.streaming.micro_batch import BatchInput, Engine, SourceStats
 from ematix_dagster.streaming.state.base import StoredGroup
+from tests.streaming.store_changes import take_changes
 
 Key = tuple[Any, ...]
 Row = tuple[Key, int, Any]  # (group key, event time µs, value or None)
@@ -222,7 +223,7 @@ def partials_of(rows: list[Row], rng: random.Random) -> tuple[list[int], list[Ke
 
 class Harness:
     """Drives the real Engine batch by batch the way the Spark side will, and keeps a simulated store
-    (what ``take_changes`` wrote) to restart from."""
+    (what ``take_column_changes`` handed over) to restart from."""
 
     def __init__(self, p: Params, seed: int = 0) -> None:
         self.p, self.rng, self.n = p, random.Random(seed), 0
@@ -251,7 +252,7 @@ class Harness:
     def commit(self) -> None:
         """Apply the state's changes like a store: the range delete, then upserts (one row per (event
         time, key))."""
-        changes = self.engine.state.take_changes()
+        changes = take_changes(self.engine.state)
         upserts, evicted_before = changes.upserts, changes.deleted_before
         if evicted_before is not None:  # a range delete: every row of an older event time
             self.store = {tk: accs for tk, accs in self.store.items() if tk[0] >= evicted_before}

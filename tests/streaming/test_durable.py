@@ -16,6 +16,8 @@ import pytest
 from ematix_dagster.spec import Aggregation, Window
 from ematix_dagster.streaming.durable import batch_commit, restore_engine
 from ematix_dagster.streaming.micro_batch import BatchInput, Engine, SourceStats
+from state_store.codec import decode_key
+from state_store.segments import decode_segment
 from state_store.sqlite import SqliteStateStore
 
 S = 1_000_000
@@ -52,8 +54,8 @@ def _batches(seed: int = 3) -> list[BatchInput]:
     return out
 
 
-#: without the exact distinct count (whose growing sets keep a window's groups in rows of their own),
-#: windows are written whole and then group by group over that row
+#: without the exact distinct count, whose sets a segment stores as msgpack bytes, the count and
+#: sum are stored as typed int64 / float64 columns
 SCALARS = (0, 1, 3)
 
 
@@ -68,11 +70,8 @@ def _scalars(batch: BatchInput) -> BatchInput:
     return dataclasses.replace(batch, partials=[batch.partials[i] for i in SCALARS])
 
 
-def _commit(store: SqliteStateStore, engine: Engine, written: list[str] | None = None) -> None:
-    commit = batch_commit(engine, "replay")
-    if written is not None:
-        written += ["whole"] * len(commit.whole_windows) + ["group"] * len(commit.upserts)
-    store.commit(commit)
+def _commit(store: SqliteStateStore, engine: Engine) -> None:
+    store.commit(batch_commit(engine, "replay"))
 
 
 def _restore(store: SqliteStateStore, scalars_only: bool) -> Engine:
@@ -97,26 +96,26 @@ def test_restore_after_every_batch_matches_an_uninterrupted_run(tmp_path, seed, 
     store.open()
     store.acquire_lease("replay", "test")
     try:
-        got, written = [], []
+        got = []
         engine = _engine(scalars_only)
         for b in batches:
             if engine.last_batch_id is not None and b.batch_id <= engine.last_batch_id:
                 pytest.fail("a new batch id was taken for a replay")
             got.append(_rows(engine.process(b)))
-            _commit(store, engine, written)
+            _commit(store, engine)
             engine = _restore(store, scalars_only)  # "crash" and restart after every batch
             assert engine.last_batch_id == b.batch_id  # Spark's replay of b would be recognised and skipped
         assert got == expected
-        assert set(written) == ({"whole", "group"} if scalars_only else {"group"})
         assert engine.watermarks.global_wm == straight.watermarks.global_wm
         assert engine.counters == straight.counters
-        assert engine.state.windows == straight.state.windows
+        assert engine.state.groups == straight.state.groups
     finally:
         store.close()
 
 
-def test_a_window_is_written_whole_once_half_its_groups_changed(tmp_path):
-    """One row for a window most of whose groups changed, one row per group below half."""
+def test_a_commit_writes_the_changed_groups_and_an_eviction_as_a_range_delete(tmp_path):
+    """Each commit's segment holds the groups the batch changed, not the whole window; a closed
+    window leaves the store by one range delete; the deltas never hold more than their base."""
     window = Window(kind="tumbling", duration_ms=60_000, lateness_ms=0, group_by=("k",), max_groups_per_window=100,
                     aggregations=(Aggregation("count", "n"),))
     engine = Engine.for_window("replay", window, ("s",), integral=(False,))
@@ -124,57 +123,24 @@ def test_a_window_is_written_whole_once_half_its_groups_changed(tmp_path):
     store.open()
     try:
         written = []
-        for b, keys in enumerate([range(10), range(4), range(5, 10), [3]]):
+        batches = [(0, range(10), 0), (0, range(4), 0), (0, range(5, 8), 0), (60, [3], 61), (60, range(10), 61)]
+        for b, (start_s, keys, max_s) in enumerate(batches):
             keys = [(f"k{i}",) for i in keys]
-            engine.process(BatchInput(batch_id=b, batch_time=b * S, sources={"s": SourceStats(rows=len(keys))},
-                                      starts=[0] * len(keys), keys=keys, partials=[[b + 1] * len(keys)]))
+            engine.process(BatchInput(batch_id=b, batch_time=b * S, sources={"s": SourceStats(len(keys), max_s * S)},
+                                      starts=[start_s * S] * len(keys), keys=keys, partials=[[b + 1] * len(keys)]))
             commit = batch_commit(engine, "replay")
-            written.append((len(commit.whole_windows), len(commit.upserts)))
+            written += [(segment.base, sorted(decode_key(k)[0] for k in segment.keys), segment.deleted_before)
+                        for segment in (decode_segment(blob, "test") for blob in commit.segments)]
             store.commit(commit)
-        assert written == [(1, 0), (0, 4), (1, 0), (0, 1)]
+        k = [f"k{i}" for i in range(10)]
+        assert written == [(True, k, None), (False, k[:4], None), (False, k[5:8], None),
+                           (False, ["k3"], 1),  # W = 61 s: window 0 is final, then evicted (no retention)
+                           (True, k, None)]  # 10 more operations than the base's 10: a new base
         restored = Engine.for_window("replay", window, ("s",), integral=(False,))
         restore_engine(restored, store.load("replay"))
-        assert restored.state.windows == engine.state.windows
-        assert restored.state.windows[0][("k3",)] == [1 + 2 + 4] and restored.state.windows[0][("k9",)] == [1 + 3]
+        assert restored.state.groups == engine.state.groups == {60 * S: {(f"k{i}",): [5 + 4 * (i == 3)] for i in range(10)}}
     finally:
         store.close()
-
-
-@pytest.mark.parametrize("aggregation", [
-    Aggregation("count", "n"),
-    Aggregation("count_distinct", "d", column="v"),  # sketches: their own size, not their dense image
-    Aggregation("count_distinct", "d", column="v", mode="exact", max_distinct_values_per_group=5),
-])
-@pytest.mark.parametrize("slack", [0, -1])
-def test_a_window_too_big_for_one_row_is_written_group_by_group(monkeypatch, aggregation, slack):
-    """A whole-window row is bounded by its size; exact distinct sets, which grow with their data,
-    are always written group by group."""
-    from datasketches import hll_sketch
-
-    import ematix_dagster.streaming.durable as durable
-
-    window = Window(kind="tumbling", duration_ms=60_000, lateness_ms=0, group_by=("k",), max_groups_per_window=100,
-                    aggregations=(aggregation,))
-    keys = [(f"k{i}",) for i in range(10)]
-    sketch = hll_sketch(14)
-    sketch.update("x")
-    partial = [1] * 10 if aggregation.agg == "count" else [["x"]] * 10 if aggregation.mode == "exact" \
-        else [sketch.serialize_compact()] * 10
-
-    def commit_with(max_bytes: int):
-        monkeypatch.setattr(durable, "WHOLE_WINDOW_MAX_BYTES", max_bytes)
-        engine = Engine.for_window("replay", window, ("s",), integral=(False,))
-        engine.process(BatchInput(batch_id=0, batch_time=0, sources={"s": SourceStats(rows=10)},
-                                  starts=[0] * 10, keys=keys, partials=[partial]))
-        return batch_commit(engine, "replay")
-
-    if aggregation.mode == "exact":
-        commit, whole = commit_with(1 << 30), False
-    else:
-        size = len(commit_with(1 << 30).whole_windows[0][2])
-        assert size < 10 * (1 << 14)  # far below ten dense sketch images
-        commit, whole = commit_with(size + slack), slack == 0
-    assert (len(commit.whole_windows), len(commit.upserts)) == ((1, 0) if whole else (0, 10))
 
 
 @pytest.mark.parametrize(("trigger", "retractions"), [
@@ -207,6 +173,6 @@ def test_restore_continues_emit_triggers_and_retractions_exactly(tmp_path, trigg
         assert got == expected
         assert current.clock.fired_at_us == straight.clock.fired_at_us
         assert current.state.written == straight.state.written
-        assert current.state.windows == straight.state.windows
+        assert current.state.groups == straight.state.groups
     finally:
         store.close()

@@ -15,7 +15,7 @@ def test_fixed_state_direct_emit_and_retention() -> None:
     st = FixedState(pipeline="p", kind=FixedWindows(10, 10), aggregators=[Count()], aliases=["n"],
                     max_groups_per_window=5)
     st.merge([0, 0, 10, 0], [("a",), (None,), ("a",), ("a",)], [[1, 2, 3, 4]])
-    assert st.touched == {0: {("a",), (None,)}, 10: {("a",)}}
+    assert st.groups == {0: {("a",): [5], (None,): [2]}, 10: {("a",): [3]}}
     out = emit(st, before=None, watermark=9, retention=0).rows
     assert out == [] and st.open_windows(9) == 2
     out = emit(st, before=9, watermark=10, retention=3).rows
@@ -40,6 +40,6 @@ def test_fixed_state_merges_a_run_column_by_column_and_a_repeated_group_row_by_r
     st.merge([0, 0], [("a",), ("b",)], [[1, 2], [10, 20]])
     # old and new groups in one run, then one group twice in a run (not from Spark, still exact)
     st.merge([0, 0, 0, 0], [("c",), ("a",), ("a",), ("b",)], [[5, 1, 2, 3], [50, 1, None, 2]])
-    assert st.windows == {0: {("a",): [4, 11], ("b",): [5, 22], ("c",): [5, 50]}}
+    assert st.groups == {0: {("a",): [4, 11], ("b",): [5, 22], ("c",): [5, 50]}}
     with pytest.raises(StateCapExceeded, match="max_groups_per_window=3"):
         st.merge([0, 0], [("a",), ("d",)], [[1, 1], [1, 1]])

@@ -27,10 +27,11 @@ from ematix_dagster.errors import StateCapExceeded
 from ematix_dagster.streaming.aggregators import Aggregator, Avg, Count, ExactDistinct, First, Last, Max, Min, Sum
 from ematix_dagster.streaming.emission import emit
 from ematix_dagster.streaming.emitted import EmittedRow
-from ematix_dagster.streaming.state.base import StoreChanges, StoredGroup
+from ematix_dagster.streaming.state.base import StoredGroup
 from ematix_dagster.streaming.state.session import SessionState
 from ematix_dagster.streaming.windows.session import SessionWindows, session_id
 from tests.streaming.session_oracle import ALIASES, Key, Oracle, Out, Params, Partials, Row, canon, partials_of
+from tests.streaming.store_changes import StoreChanges, take_changes
 
 
 class Harness:
@@ -69,9 +70,9 @@ class Harness:
         return self.outputs[-1]
 
     def commit(self) -> None:
-        """Apply take_changes like a store (deletes, then upserts); it must mirror the state exactly
+        """Apply the state's changes like a store (deletes, then upserts); it must mirror the state exactly
         and write only sessions that differ from what the store holds."""
-        changes = self.state.take_changes()
+        changes = take_changes(self.state)
         upserts, deletes = changes.upserts, changes.deletes
         for start, key in deletes:
             del self.store[(start, key)]
@@ -252,16 +253,16 @@ def test_take_changes_and_two_merges_before_one_emit() -> None:
     state = h.state
     merge(state, partials_of([(A, 25, 5)], h.p, h.rng))  # [20, 25]
     merge(state, partials_of([(A, 33, 3), (A, 12, 1)], h.p, h.rng))  # [12, 40]: start moved, bridged
-    changes = state.take_changes()
+    changes = take_changes(state)
     upserts, deletes = changes.upserts, changes.deletes
     assert [(u[0], u[1], u[2], u[4]) for u in upserts] == [(12, 50, A, True)] and upserts[0][3][0] == 5
-    assert sorted(deletes) == [(20, A), (40, A)] and state.take_changes() == StoreChanges()
+    assert sorted(deletes) == [(20, A), (40, A)] and take_changes(state) == StoreChanges()
     retractions, out = split(emit(state, None, 100, retention=100).rows)  # retractions repeat the rows as emitted
     assert (canon(retractions), canon(out)) == (
         [("retract", 20, 30, A, vals(2)), ("retract", 40, 50, A, vals(4))],
         [("correction", 12, 50, A, vals(1, 2, 5, 3, 4))])
     emit(state, None, 200, retention=100)  # 50 + 100 < 200: evicted; z [100, 110) final, kept
-    changes = state.take_changes()
+    changes = take_changes(state)
     upserts, deletes = changes.upserts, changes.deletes
     assert deletes == [(12, A)] and [(u[0], u[2], u[4]) for u in upserts] == [(100, Z, True)]
 

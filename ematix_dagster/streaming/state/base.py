@@ -1,7 +1,7 @@
 """One state interface for every window kind: what a batch did, reported as columns.
 
-Each kind keeps its windows its own way (a dict of fixed windows, each key's sessions, each key's
-partials by event time), but the engine asks every kind the same things, in this order, once per
+Each kind keeps its windows its own way (each fixed window's groups, each key's sessions, each key's
+partials by event time, all as columns), but the engine asks every kind the same things, in this order, once per
 batch (``streaming.emission``):
 
 1. :meth:`KindState.merge` folds the batch's partials in;
@@ -21,9 +21,9 @@ batch (``streaming.emission``):
    have to repeat them (:attr:`StateBase.written`);
 4. :meth:`KindState.evict` drops what the kind's retention rule says no row can reach any more.
 
-What a store must write is asked separately, once per commit, in the store's own vocabulary
-(:class:`StoreChanges`; a kind held as columns hands over :class:`ColumnChanges`, which a commit
-writes as one segment), and a restart hands the stored rows back (:meth:`KindState.restore`).
+What a store must write is asked separately, once per commit: every kind holds its state as
+columns and hands its changes over as :class:`ColumnChanges`, which a commit writes as one
+segment; a restart hands the stored groups back (:meth:`KindState.restore`).
 Cap errors, failed merges and value columns are written once, in :class:`StateBase`.
 """
 
@@ -32,14 +32,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable, NamedTuple, NoReturn, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, NoReturn, Protocol, Sequence
 
 import numpy as np
 
 from ematix_dagster.errors import StateCapExceeded
 from ematix_dagster.streaming.aggregators import Aggregator
 from ematix_dagster.streaming.emitted import Emitted, GroupKey
-from ematix_dagster.streaming.state.columns import accumulator_rows
 
 if TYPE_CHECKING:
     from ematix_dagster.streaming.windows.base import WindowKind
@@ -124,21 +123,6 @@ class StoredGroup(NamedTuple):
 
 
 @dataclass
-class StoreChanges:
-    """What changed since the last commit, in the store's vocabulary.
-
-    ``windows``: changed groups of windows a store may write whole (one row per window when most of
-    its groups changed): (start, end, every group of the window, the changed keys).
-    """
-
-    upserts: list[StoredGroup] = field(default_factory=list)
-    deletes: list[tuple[int, GroupKey]] = field(default_factory=list)
-    deleted_windows: list[int] = field(default_factory=list)
-    deleted_before: int | None = None
-    windows: list[tuple[int, int, dict[GroupKey, Accumulators], set[GroupKey]]] = field(default_factory=list)
-
-
-@dataclass
 class ColumnChanges:
     """What changed since the last commit of a state held as columns (sessions, sliding partials),
     handed over as its columns: a commit encodes them into one segment (``state_store.segments``)
@@ -156,13 +140,6 @@ class ColumnChanges:
 
     def __len__(self) -> int:
         return len(self.keys) + len(self.deletes) + (self.deleted_before is not None)
-
-    def as_store_changes(self) -> StoreChanges:
-        """The same changes one :class:`StoredGroup` per row (what replays and tests apply)."""
-        flags = self.emitted.tolist() if self.emitted is not None else repeat(None)
-        upserts = list(map(StoredGroup, self.starts.tolist(), self.ends.tolist(), self.keys,
-                           accumulator_rows(self.accs), flags))
-        return StoreChanges(upserts=upserts, deletes=list(self.deletes), deleted_before=self.deleted_before)
 
 
 @dataclass
@@ -224,19 +201,15 @@ class KindState(Protocol):
         """Drop what no accepted row can reach any more (``retention``: how long ``reopen`` keeps
         emitted windows)."""
 
-    def take_changes(self) -> StoreChanges:
-        """What changed since the last call (a store writes it; without one it is forgotten)."""
-
-    #: True for a kind held as columns, whose commits are segments (:meth:`take_column_changes`)
-    stores_segments: ClassVar[bool]
     stored_size: StoredSize
 
     def take_column_changes(self, everything: bool = False) -> ColumnChanges:
         """What changed since the last call as columns (``everything``: every held row, for a base
-        segment); only kinds with :attr:`stores_segments` have it."""
+        segment); a store writes it as one segment, and without a store it is forgotten."""
 
     def restore(self, groups: Iterable[StoredGroup], watermark: int | None) -> None:
-        """Continue from a store's rows (as :meth:`take_changes` wrote them), into empty state."""
+        """Continue from the groups a store replayed (as :meth:`take_column_changes` handed them
+        over), into empty state."""
 
     @property
     def group_count(self) -> int:
@@ -282,13 +255,7 @@ class StateBase:
     #: retraction repeats (a session's early row, or any row under ``retractions``); stored with
     #: the group
     written: dict[int, dict[GroupKey, WrittenRow]] = field(default_factory=dict, repr=False)
-    stores_segments: ClassVar[bool] = False
     stored_size: StoredSize = field(default_factory=StoredSize, repr=False)
-
-    def take_column_changes(self, everything: bool = False) -> ColumnChanges:
-        """What changed since the last call as columns (``everything``: every held row, for a base
-        segment); only kinds with :attr:`stores_segments` have it."""
-        raise NotImplementedError(f"{type(self).__name__} commits rows, not segments")
 
     def remember(self, starts: Sequence[int], ends: Sequence[int], keys: Sequence[GroupKey],
                  values: Sequence[Sequence[Any]]) -> None:

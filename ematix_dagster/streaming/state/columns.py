@@ -1,4 +1,4 @@
-"""Window state held as columns: group keys as dense ints, per-row fields as NumPy arrays.
+"""Window state held as columns: group keys as ints (``streaming.state.keys``), per-row fields as NumPy arrays.
 
 A kind that holds hundreds of thousands of small windows (a session per key) spent most of its
 driver time on one Python object per window: created, indexed, walked by every report, eviction
@@ -10,11 +10,6 @@ decimals, sets and sketches are the aggregators' own) in NumPy *object* arrays, 
 aggregator, so a permutation or a selection moves them all at C speed
 (docs/decisions.md, "Columnar driver state").
 
->>> index = KeyIndex()
->>> index.ids_of([("a",), ("b",), ("a",)]).tolist()
-[0, 1, 0]
->>> index.keys_of(np.array([1, 0]))
-[('b',), ('a',)]
 >>> objects([(1, 2), None], 2)[0]
 (1, 2)
 """
@@ -26,7 +21,6 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import numpy as np
 
 from ematix_dagster.streaming.aggregators import Aggregator, PartialRowError
-from ematix_dagster.streaming.emitted import GroupKey
 
 I64 = np.int64
 #: a stored start of a row no commit has written yet
@@ -41,49 +35,6 @@ def objects(values: Iterable[Any], n: int) -> np.ndarray:
 
 def ints(values: Iterable[int], n: int) -> np.ndarray:
     return np.fromiter(values, dtype=I64, count=n)
-
-
-class KeyIndex:
-    """Group keys as dense ints: a column of key ids sorts, compares and groups at C speed.
-
-    Ids are handed out in order of first sight and kept until :meth:`compact` drops the keys no
-    row holds any more (what the state's eviction calls once they are most of the index).
-    """
-
-    __slots__ = ("ids", "keys")
-
-    def __init__(self) -> None:
-        self.ids: dict[GroupKey, int] = {}
-        self.keys: list[GroupKey] = []
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def ids_of(self, keys: Sequence[GroupKey]) -> np.ndarray:
-        """The id of each key, new keys getting the next ids."""
-        ids = self.ids
-        new = [key for key in dict.fromkeys(keys) if key not in ids]
-        if new:
-            ids.update(zip(new, range(len(self.keys), len(self.keys) + len(new))))
-            self.keys += new
-        return ints(map(ids.__getitem__, keys), len(keys))
-
-    def keys_of(self, kids: np.ndarray) -> list[GroupKey]:
-        return list(map(self.keys.__getitem__, kids.tolist()))
-
-    def compacted(self, kids: np.ndarray) -> np.ndarray:
-        """``kids`` (sorted) renumbered when the index mostly holds keys no row holds any more (an
-        index only grows as keys come); else ``kids`` as they are."""
-        if len(self) > 2 * run_count(kids) + 1024:
-            return self.compact(kids)
-        return kids
-
-    def compact(self, kids: np.ndarray) -> np.ndarray:
-        """Keep only the keys of ``kids`` (the ids rows still hold); returns ``kids`` renumbered."""
-        live, renumbered = np.unique(kids, return_inverse=True)
-        self.keys = self.keys_of(live)
-        self.ids = dict(zip(self.keys, range(len(self.keys))))
-        return renumbered.astype(I64, copy=False)
 
 
 def accumulator_rows(accs: Sequence[np.ndarray], at: Any = slice(None)) -> list[list[Any]]:

@@ -1,12 +1,14 @@
-"""Tumbling and hopping window state: accumulators per (window start, group key).
+"""Tumbling and hopping window state: accumulators per (window start, group key), held as columns.
 
-State is a dict of windows, each a dict of groups, so the per-window group cap and "every group
-of a window that closes" are both cheap. Whether a window was already emitted is not stored: for
-fixed-size windows it is exactly "final at the watermark before this batch" (the watermark never
-goes back, and every window that became final was emitted in that batch), so late rows reaching a
-retained window make corrections, not second finals, and a restart knows the same from the
-committed watermark alone. A commit writes the groups that changed, or the whole window when most
-of its groups did (``streaming.durable``).
+Each window is a few arrays sorted by key id (``streaming.state.keys``: the key itself for one
+integer column): the per-window group cap and "every group of a window that closes" stay cheap,
+a batch's run of one window merges by one search and one fold per aggregator, and a commit hands
+the changed rows over as columns (one segment, ``state_store.segments``). Whether a window was
+already emitted is not stored: for fixed-size windows it is exactly "final at the watermark
+before this batch" (the watermark never goes back, and every window that became final was emitted
+in that batch), so late rows reaching a retained window make corrections, not second finals, and
+a restart knows the same from the committed watermark alone. Windows end in start order, so an
+eviction is one range delete in the store (every start below the last evicted one).
 
 >>> from ematix_dagster.streaming.aggregators import Count
 >>> from ematix_dagster.streaming.windows import FixedWindows
@@ -22,30 +24,80 @@ of its groups did (``streaming.durable``).
 >>> report = state.report(before=10, watermark=10, retention=0, scope=OPEN)  # an interval trigger firing
 >>> list(zip(report.starts, report.keys, report.changed))
 [(10, ('a',), False), (10, ('b',), False)]
+>>> state.groups
+{0: {('a',): [1], ('b',): [2]}, 10: {('a',): [3], ('b',): [1]}}
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import compress, groupby, repeat
-from operator import is_, itemgetter, not_
-from typing import TYPE_CHECKING, Any, Iterable, Sequence, cast
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
-from ematix_dagster.streaming.aggregators import PartialRowError
+import numpy as np
+
+from ematix_dagster.streaming.aggregators import Aggregator
 from ematix_dagster.streaming.emitted import GroupKey
 from ematix_dagster.streaming.state.base import (
     CHANGED,
     CLOSING,
+    KEY_VALUE_BYTES,
     OPEN,
     Accumulators,
+    ColumnChanges,
     Report,
     StateBase,
-    StoreChanges,
     StoredGroup,
 )
+from ematix_dagster.streaming.state.columns import (
+    I64,
+    accumulator_rows,
+    fold_partials,
+    ints,
+    objects,
+    run_starts,
+)
+from ematix_dagster.streaming.state.keys import IntKeys, KeyCodes, KeyIndex
 
 if TYPE_CHECKING:
     from ematix_dagster.streaming.windows.fixed import FixedWindows
+
+#: one held group without its accumulators: its key id and two flags (measured by
+#: ``tests/streaming/test_state_size.py``), and a slot per aggregator
+FIXED_ROW_BYTES = 10
+ACC_SLOT_BYTES = 8
+#: a key's own cost where keys are not one integer column: its index entry and tuple
+FIXED_KEY_BYTES = 120
+
+
+@dataclass(eq=False)
+class HeldWindow:
+    """One window's groups as columns sorted by key id: ``changed`` since the last report,
+    ``dirty`` since the last commit, one object column of accumulators per aggregator."""
+
+    kid: np.ndarray
+    accs: list[np.ndarray]
+    changed: np.ndarray
+    dirty: np.ndarray
+
+    @classmethod
+    def empty(cls, width: int) -> HeldWindow:
+        return cls(np.zeros(0, I64), [objects((), 0) for _ in range(width)], np.zeros(0, bool), np.zeros(0, bool))
+
+    def __len__(self) -> int:
+        return len(self.kid)
+
+    def insert(self, kids: np.ndarray) -> None:
+        """New groups ``kids`` (distinct, sorted, none held) in where they sort, with no accumulators yet."""
+        where = np.searchsorted(self.kid, kids)
+        self.kid = np.insert(self.kid, where, kids)
+        self.accs = [np.insert(column, where, objects([None] * len(kids), len(kids))) for column in self.accs]
+        self.changed = np.insert(self.changed, where, False)
+        self.dirty = np.insert(self.dirty, where, False)
+
+    def take(self, rows: np.ndarray) -> None:
+        """Keep the rows ``rows`` (positions in order), as when its key ids were renumbered."""
+        self.kid, self.changed, self.dirty = self.kid[rows], self.changed[rows], self.dirty[rows]
+        self.accs = [column[rows] for column in self.accs]
 
 
 @dataclass
@@ -53,21 +105,36 @@ class FixedState(StateBase):
     """All open (and, under ``reopen``, retained) fixed-size windows of one pipeline."""
 
     kind: FixedWindows
-    windows: dict[int, dict[GroupKey, Accumulators]] = field(default_factory=dict)
-    # the groups the batch changed, per window (what the next report is about)
-    touched: dict[int, set[GroupKey]] = field(default_factory=dict, repr=False)
-    # since the last commit: groups to upsert (per window), windows evicted whole
-    dirty: dict[int, set[GroupKey]] = field(default_factory=dict, repr=False)
-    evicted: set[int] = field(default_factory=set, repr=False)
+    windows: dict[int, HeldWindow] = field(default_factory=dict, repr=False)
+    codes: KeyCodes = field(default_factory=IntKeys, repr=False)
+    # the windows with groups changed since the last report, and since the last commit
+    _changed: set[int] = field(default_factory=set, init=False, repr=False)
+    _dirty: set[int] = field(default_factory=set, init=False, repr=False)
+    # every window starting before this was evicted since the last commit
+    _evicted_before: int | None = field(default=None, init=False, repr=False)
+
+    @staticmethod
+    def bytes_per_group(aggregators: Sequence[Aggregator], key_width: int) -> int:
+        """One held group: its row in the columns plus its accumulators, and its key's cost where
+        keys are not one integer column (a key index entry; a key held in several windows is
+        counted in each)."""
+        return (FIXED_ROW_BYTES + FIXED_KEY_BYTES + KEY_VALUE_BYTES * key_width
+                + sum(ACC_SLOT_BYTES + a.state_bytes for a in aggregators))
+
+    @property
+    def groups(self) -> dict[int, dict[GroupKey, Accumulators]]:
+        """Each window's groups and their accumulators (a snapshot: for messages and tests)."""
+        return {start: dict(zip(self.codes.keys_of(held.kid), accumulator_rows(held.accs)))
+                for start, held in sorted(self.windows.items())}
 
     @property
     def flush_watermark(self) -> int | None:
         """The watermark at which every window is final (final is ``end <= W``)."""
-        return max(self.kind.bounds(s).end for s in self.windows) if self.windows else None
+        return self.kind.bounds(max(self.windows)).end if self.windows else None
 
     @property
     def group_count(self) -> int:
-        return sum(len(groups) for groups in self.windows.values())
+        return sum(map(len, self.windows.values()))
 
     @property
     def window_count(self) -> int:
@@ -75,7 +142,7 @@ class FixedState(StateBase):
 
     @property
     def state_rows(self) -> int:
-        """One per (window, group), though the store may keep a window's groups in one row."""
+        """One per (window, group)."""
         return self.group_count
 
     def open_windows(self, watermark: int | None) -> int:
@@ -89,147 +156,184 @@ class FixedState(StateBase):
               lasts: Sequence[int] = ()) -> None:
         """Fold one batch of partials in.
 
-        A batch from Spark holds one partial per (window start, group), in runs of one window start
-        (the batch sorts them). Each run is merged column by column: its groups' accumulators are
-        looked up at once, each aggregator folds its whole column (``Aggregator.merge_column``),
-        new groups enter in one dict update and held ones take their new accumulators in place.
+        A batch from Spark holds one partial per (window start, group), sorted by window start:
+        each run of one start is merged column by column (its groups found by one search, new ones
+        inserted where they sort, each aggregator folding its whole column). Several partials of
+        one group fold in batch order (``fold_partials``).
         """
-        touched: dict[int, set[GroupKey]] = {}
-        row = 0
-        for start, run in groupby(starts):
-            end = row + len(list(run))
-            self._merge_run(start, keys[row:end], [column[row:end] for column in partials], touched)
-            row = end
-        # A set may be shared by the report's and the commit's changes: both only ever grow by the
-        # same merges until the report or the commit takes them.
-        for changes in (self.touched, self.dirty):
-            for start, keys_ in touched.items():
-                held = changes.get(start)
-                if held is None:
-                    changes[start] = keys_
-                elif held is not keys_:
-                    held.update(keys_)
-
-    def _merge_run(self, start: int, keys: Sequence[GroupKey], partials: list[Sequence[Any]],
-                   touched: dict[int, set[GroupKey]]) -> None:
-        """Merge the partials of one window start."""
-        groups = self.windows.get(start)
-        if groups is None:
-            groups = self.windows[start] = {}
-        seen = touched.setdefault(start, set())
-        before = len(seen)
-        seen.update(keys)
-        if len(seen) - before != len(keys) and len(set(keys)) != len(keys):  # a group twice: row by row, in order
-            for row in range(len(keys)):
-                self._merge_run(start, keys[row:row + 1], [column[row:row + 1] for column in partials], touched)
+        n = len(keys)
+        if not n:
             return
-        olds = list(map(groups.get, keys))
-        new = olds.count(None)
-        if new and len(groups) + new > self.max_groups_per_window:
-            first_new = keys[olds.index(None)]
-            raise self.cap_hit(f"max_groups_per_window={self.max_groups_per_window}", "groups already in the window",
-                               first_new, start)
-        if 0 < new < len(olds):  # groups new to the window beside held ones: each part column by column
-            fresh = list(map(is_, olds, repeat(None)))
-            held = list(map(not_, fresh))
-            self._merge_columns(groups, start, list(compress(keys, fresh)),
-                                [list(compress(column, fresh)) for column in partials], None)
-            self._merge_columns(groups, start, list(compress(keys, held)),
-                                [list(compress(column, held)) for column in partials],
-                                cast("list[Accumulators]", list(compress(olds, held))))  # held: none is None
-        else:
-            self._merge_columns(groups, start, keys, partials, None if new else cast("list[Accumulators]", olds))
+        column = ints(starts, n)
+        order = np.argsort(column, kind="stable") if np.any(column[1:] < column[:-1]) else None
+        if order is not None:  # not sorted by start (never from Spark): sorted, batch order kept within a start
+            at = order.tolist()
+            keys = list(map(keys.__getitem__, at))
+            partials = [list(map(part.__getitem__, at)) for part in partials]
+            column = column[order]
+        kids = self._ids(keys)
+        bounds = [*run_starts(column).tolist(), n]
+        for lo, hi in zip(bounds, bounds[1:]):
+            self._merge_run(int(column[lo]), kids[lo:hi], keys[lo:hi], [part[lo:hi] for part in partials])
 
-    def _merge_columns(self, groups: dict[GroupKey, Accumulators], start: int, keys: Sequence[GroupKey],
-                       partials: Sequence[Sequence[Any]], olds: list[Accumulators] | None) -> None:
-        """Fold ``partials`` into the groups ``keys`` of one window: all of them held (``olds``, their
-        accumulators) or all new to it (None)."""
-        width = len(self.aggregators)
-        columns = [[None] * len(keys)] * width if olds is None else [list(map(itemgetter(i), olds)) for i in range(width)]
-        merged = []
-        for i, (agg, accs, column) in enumerate(zip(self.aggregators, columns, partials)):
-            try:
-                merged.append(agg.merge_column(accs, column))
-            except PartialRowError as failed:
-                self.failed_merge(failed.error, i, keys[failed.row], start)
-        if olds is None:
-            groups.update(zip(keys, map(list, zip(*merged))))
-        else:  # in place: no new lists, and no second lookup of keys arriving in random order
-            for i, column in enumerate(merged):
-                for accs, acc in zip(olds, column):
-                    accs[i] = acc
+    def _ids(self, keys: Sequence[GroupKey]) -> np.ndarray:
+        ids = self.codes.ids_of(keys)
+        if ids is None:  # a key that is not one integer: every held key moves to an index
+            index = KeyIndex()
+            for held in self.windows.values():
+                held.kid = index.ids_of(self.codes.keys_of(held.kid))
+                held.take(np.argsort(held.kid, kind="stable"))
+            self.codes = index
+            ids = index.ids_of(keys)
+        return ids
+
+    def _merge_run(self, start: int, kids: np.ndarray, keys: Sequence[GroupKey], partials: list[Sequence[Any]]) -> None:
+        """Merge the partials of one window start."""
+        held = self.windows.get(start)
+        if held is None:
+            held = self.windows[start] = HeldWindow.empty(len(self.aggregators))
+        at = np.searchsorted(held.kid, kids)
+        new = at >= len(held)
+        new[~new] = held.kid[at[~new]] != kids[~new]
+        if new.any():
+            fresh = np.unique(kids[new])
+            if len(held) + len(fresh) > self.max_groups_per_window:
+                if not len(held):
+                    del self.windows[start]
+                raise self.cap_hit(f"max_groups_per_window={self.max_groups_per_window}", "groups already in the window",
+                                   keys[int(np.argmax(new))], start)
+            held.insert(fresh)
+            at = np.searchsorted(held.kid, kids)
+        fold_partials(self.aggregators, held.accs, at, partials,
+                      failed=lambda error, i: self.failed_merge(error.error, i, keys[error.row], start))
+        held.changed[at] = True
+        held.dirty[at] = True
+        self._changed.add(start)
+        self._dirty.add(start)
 
     # -- emission -------------------------------------------------------------------------------
 
     def report(self, before: int | None, watermark: int | None, retention: int, scope: str = CLOSING) -> Report:
         """Every group of a window that closes at ``watermark``; the changed groups of windows
-        emitted before (final at ``before``); of open ones, as ``scope`` says."""
+        emitted before (final at ``before``); of open ones, as ``scope`` says. A row's handle is
+        its position in its window."""
         out = Report()
-        kind, touched = self.kind, self.touched
+        kind, touched = self.kind, self._changed
         for start in sorted(self.windows):
-            bounds = kind.bounds(start)
-            groups = self.windows[start]
-            changed = touched.get(start)
+            held, bounds = self.windows[start], self.kind.bounds(start)
+            changed = held.changed if start in touched else None
             if kind.is_final(bounds, before):
-                if changed:
-                    keys = list(changed)
-                    out.add(start, bounds.end, keys, list(map(groups.__getitem__, keys)), True, True, True)
+                if changed is not None:
+                    self._add(out, start, held, np.flatnonzero(changed), True, True, True)
             elif kind.is_final(bounds, watermark) or scope == OPEN:
-                keys = list(groups)
-                flags = True if changed is not None and len(changed) == len(keys) \
-                    else list(map((changed or set()).__contains__, keys))
-                out.add(start, bounds.end, keys, list(groups.values()), flags, False, kind.is_final(bounds, watermark))
-            elif changed and scope == CHANGED:
-                keys = list(changed)
-                out.add(start, bounds.end, keys, list(map(groups.__getitem__, keys)), True, False, False)
-        self.touched = {}
+                rows = np.arange(len(held))
+                flags = changed.tolist() if changed is not None else False
+                self._add(out, start, held, rows, flags, False, kind.is_final(bounds, watermark))
+            elif changed is not None and scope == CHANGED:
+                self._add(out, start, held, np.flatnonzero(changed), True, False, False)
+            if changed is not None:
+                changed[:] = False
+        self._changed = set()
+        return out
+
+    def _add(self, out: Report, start: int, held: HeldWindow, rows: np.ndarray, changed: bool | list[bool],
+             emitted: bool, closed: bool) -> None:
+        out.add(start, self.kind.bounds(start).end, self.codes.keys_of(held.kid[rows]), rows.tolist(), changed, emitted,
+                closed)
+
+    def _rows(self, report: Report, rows: Sequence[int]) -> Iterator[tuple[int, HeldWindow, np.ndarray, np.ndarray]]:
+        """``report``'s rows ``rows`` per window: its start, the window, the rows' positions in it
+        and their places in ``rows``."""
+        n = len(rows)
+        starts = ints(map(report.starts.__getitem__, rows), n)
+        positions = ints(map(report.handles.__getitem__, rows), n)
+        order = np.argsort(starts, kind="stable")
+        for run in np.split(order, run_starts(starts[order])[1:]) if n else ():
+            start = int(starts[run[0]])
+            yield start, self.windows[start], positions[run], run
+
+    def _gathered(self, report: Report, rows: Sequence[int], wanted: Iterable[int]) -> list[np.ndarray]:
+        """The accumulator columns ``wanted`` (aggregator indexes) of ``report``'s rows ``rows``, in that order."""
+        wanted = list(wanted)
+        out = [np.empty(len(rows), dtype=object) for _ in wanted]
+        for _, held, positions, places in self._rows(report, rows):
+            for column, i in zip(out, wanted):
+                column[places] = held.accs[i][positions]
         return out
 
     def accumulators(self, report: Report, rows: Sequence[int]) -> list[Accumulators]:
-        return list(map(report.handles.__getitem__, rows))
+        return accumulator_rows(self._gathered(report, rows, range(len(self.aggregators))))
 
     def values(self, report: Report, rows: Sequence[int]) -> list[list[Any]]:
-        return self.value_columns(self.accumulators(report, rows))
+        """Finished from the accumulator columns, without a list of accumulators per row."""
+        shown = [i for i, agg in enumerate(self.aggregators) if not agg.hidden]
+        gathered = iter(self._gathered(report, rows, shown))
+        return self.finished([next(gathered).tolist() if not agg.hidden else [] for agg in self.aggregators])
 
     def set_marks(self, report: Report, rows: Sequence[int], marks: Sequence[Any]) -> None:
-        handles = report.handles  # the held accumulator lists
-        for r, mark in zip(rows, marks):
-            handles[r][-1] = mark
+        column = objects(marks, len(rows))
+        for _, held, positions, places in self._rows(report, rows):
+            held.accs[-1][positions] = column[places]
 
     def mark_emitted(self, report: Report, rows: Sequence[int]) -> None:
         """Nothing to keep: a fixed window was emitted exactly when it was final at the last W."""
 
     def touch(self, report: Report, rows: Sequence[int]) -> None:
-        dirty, starts, keys = self.dirty, report.starts, report.keys
-        for r in rows:
-            held = dirty.get(starts[r])
-            if held is None:
-                dirty[starts[r]] = {keys[r]}
-            else:
-                held.add(keys[r])
+        for start, held, positions, _ in self._rows(report, rows):
+            held.dirty[positions] = True
+            self._dirty.add(start)
 
     def evict(self, watermark: int | None, retention: int) -> None:
         kind = self.kind
-        for start in [s for s in self.windows if kind.is_evicted(kind.bounds(s), watermark, retention)]:
+        gone = [s for s in self.windows if kind.is_evicted(kind.bounds(s), watermark, retention)]
+        if not gone:
+            return
+        for start in gone:
             del self.windows[start]
             self.written.pop(start, None)
-            self.evicted.add(start)
+        bound = max(gone) + 1
+        self._evicted_before = bound if self._evicted_before is None else max(self._evicted_before, bound)
+        kept = list(self.windows.values())
+        for held, kid in zip(kept, self.codes.compacted([held.kid for held in kept])):
+            held.kid = kid
 
     # -- durable state ----------------------------------------------------------------------------
 
-    def take_changes(self) -> StoreChanges:
-        """The changed groups of each held window (a store may write a window whole) and the
-        windows evicted whole."""
-        windows = [(start, self.kind.bounds(start).end, self.windows[start], keys)
-                   for start, keys in self.dirty.items() if start in self.windows]
-        evicted = sorted(self.evicted)
-        self.dirty, self.evicted = {}, set()
-        return StoreChanges(windows=windows, deleted_windows=evicted)
+    def take_column_changes(self, everything: bool = False) -> ColumnChanges:
+        """Groups changed (``everything``: every group) since the last call, and the range delete
+        of the windows evicted since (a store deletes first, then upserts)."""
+        starts = sorted(self.windows) if everything else sorted(self._dirty.intersection(self.windows))
+        parts = []
+        for start in starts:
+            held = self.windows[start]
+            rows = np.arange(len(held)) if everything else np.flatnonzero(held.dirty)
+            parts.append((start, held.kid[rows], [column[rows] for column in held.accs]))
+            held.dirty[:] = False
+        deleted_before = None if everything else self._evicted_before
+        self._dirty, self._evicted_before = set(), None
+        counts = [len(kids) for _, kids, _ in parts]
+        width = len(self.aggregators)
+        return ColumnChanges(
+            starts=np.repeat(ints((s for s, _, _ in parts), len(parts)), counts),
+            ends=np.repeat(ints((self.kind.bounds(s).end for s, _, _ in parts), len(parts)), counts),
+            keys=self.codes.keys_of(np.concatenate([kids for _, kids, _ in parts]) if parts else np.zeros(0, I64)),
+            accs=[np.concatenate([accs[i] for _, _, accs in parts]) if parts else objects((), 0) for i in range(width)],
+            deleted_before=deleted_before)
 
     def restore(self, groups: Iterable[StoredGroup], watermark: int | None) -> None:
-        windows = self.windows
-        for start, _end, key, accs, _emitted in groups:
-            group = windows.get(start)
-            if group is None:
-                group = windows[start] = {}
-            group[key] = accs
+        """Load groups a store returned into empty state."""
+        if self.windows:
+            raise RuntimeError("restore needs an empty FixedState")
+        by_start: dict[int, list[StoredGroup]] = {}
+        for group in groups:
+            by_start.setdefault(group.start, []).append(group)
+        keys = [group.key for held in by_start.values() for group in held]
+        kids = self._ids(keys)
+        width, row = len(self.aggregators), 0
+        for start, held in by_start.items():  # in the order their keys were coded
+            n = len(held)
+            window = HeldWindow(kids[row:row + n], [objects((g.accs[i] for g in held), n) for i in range(width)],
+                                np.zeros(n, bool), np.zeros(n, bool))
+            window.take(np.argsort(window.kid, kind="stable"))
+            self.windows[start] = window
+            row += n

@@ -35,7 +35,7 @@ and Python runs only over what the batch brings or emits.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -50,13 +50,11 @@ from ematix_dagster.streaming.state.base import (
     ColumnChanges,
     Report,
     StateBase,
-    StoreChanges,
     StoredGroup,
 )
 from ematix_dagster.streaming.state.columns import (
     I64,
     NOT_STORED,
-    KeyIndex,
     accumulator_rows,
     fold_partials,
     ints,
@@ -64,6 +62,7 @@ from ematix_dagster.streaming.state.columns import (
     run_count,
     search_pairs,
 )
+from ematix_dagster.streaming.state.keys import KeyIndex
 from ematix_dagster.streaming.state.session_merge import BatchKeys, MergePlan, batch_keys, plan_merge
 
 if TYPE_CHECKING:
@@ -102,7 +101,6 @@ class SessionState(StateBase):
 
     kind: SessionWindows
     keeps_written: bool = True
-    stores_segments: ClassVar[bool] = True
     index: KeyIndex = field(default_factory=KeyIndex, repr=False)
     kid: np.ndarray = field(init=False, repr=False)
     start: np.ndarray = field(init=False, repr=False)
@@ -310,13 +308,9 @@ class SessionState(StateBase):
             if by_key is not None and by_key.pop(key, None) is not None and not by_key:
                 del written[start]
         self._take(~gone)
-        self.kid = self.index.compacted(self.kid)
+        self.kid, = self.index.compacted([self.kid])
 
     # -- durable state ----------------------------------------------------------------------------
-
-    def take_changes(self) -> StoreChanges:
-        """:meth:`take_column_changes`, one :class:`StoredGroup` per session."""
-        return self.take_column_changes().as_store_changes()
 
     def take_column_changes(self, everything: bool = False) -> ColumnChanges:
         """Sessions changed (``everything``: every session) and (start, key) rows gone since the

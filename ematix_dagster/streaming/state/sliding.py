@@ -32,7 +32,7 @@ that may still be created or changed needs (``t < W - retention - D``) leave sta
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable, NoReturn, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, NoReturn, Sequence
 
 import numpy as np
 
@@ -43,12 +43,10 @@ from ematix_dagster.streaming.state.base import (
     ColumnChanges,
     Report,
     StateBase,
-    StoreChanges,
     StoredGroup,
 )
 from ematix_dagster.streaming.state.columns import (
     I64,
-    KeyIndex,
     fold_partials,
     ints,
     objects,
@@ -56,6 +54,7 @@ from ematix_dagster.streaming.state.columns import (
     run_starts,
     search_pairs,
 )
+from ematix_dagster.streaming.state.keys import KeyIndex
 from ematix_dagster.streaming.state.sliding_windows import (
     WindowFailed,
     additive,
@@ -88,7 +87,6 @@ class SlidingState(StateBase):
     """
 
     kind: SlidingWindows
-    stores_segments: ClassVar[bool] = True
     index: KeyIndex = field(default_factory=KeyIndex, repr=False)
     kid: np.ndarray = field(init=False, repr=False)
     time: np.ndarray = field(init=False, repr=False)
@@ -308,14 +306,10 @@ class SlidingState(StateBase):
         gone = self.time < needed_from
         if gone.any():
             self._take(~gone)
-            self.kid = self.index.compacted(self.kid)
+            self.kid, = self.index.compacted([self.kid])
         self._evicted_before = needed_from
 
     # -- durable state ----------------------------------------------------------------------------
-
-    def take_changes(self) -> StoreChanges:
-        """:meth:`take_column_changes`, one :class:`StoredGroup` per partial."""
-        return self.take_column_changes().as_store_changes()
 
     def take_column_changes(self, everything: bool = False) -> ColumnChanges:
         """Partials changed (``everything``: every partial) since the last call, one row per (event
@@ -329,7 +323,7 @@ class SlidingState(StateBase):
                              accs=[c[at] for c in self.accs], deleted_before=None if everything else evicted_before)
 
     def restore(self, groups: Iterable[StoredGroup], watermark: int | None) -> None:
-        """Load partials a store returned (as :meth:`take_changes` wrote them) into empty state."""
+        """Load partials a store returned (as :meth:`take_column_changes` handed them over) into empty state."""
         if len(self.kid):
             raise RuntimeError("restore needs an empty SlidingState")
         groups = list(groups)

@@ -1,0 +1,105 @@
+"""Group keys as int64 ids: a column of key ids sorts, compares and groups at C speed.
+
+Two codings. :class:`KeyIndex` hands out dense ids in order of first sight and keeps every key
+tuple it has seen (about 160 bytes a key: its tuple, its values and its dict entry). :class:`IntKeys`
+is the common case of one integer group-by column (a user or device id): each key is its own id,
+so a state of a million groups holds no key object at all (docs/decisions.md, "Columnar driver
+state"). A state starts with :class:`IntKeys` where it may, and moves to a :class:`KeyIndex` the
+first time a batch brings another key (a NULL, a string, a second column).
+
+>>> index = KeyIndex()
+>>> index.ids_of([("a",), ("b",), ("a",)]).tolist()
+[0, 1, 0]
+>>> index.keys_of(np.array([1, 0]))
+[('b',), ('a',)]
+>>> IntKeys().ids_of([(7,), (-3,)]).tolist(), IntKeys().keys_of(np.array([7]))
+([7, -3], [(7,)])
+>>> IntKeys().ids_of([(True,)]) is None, IntKeys().ids_of([(None,)]) is None, IntKeys().ids_of([(1, 2)]) is None
+(True, True, True)
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ematix_dagster.streaming.emitted import GroupKey
+from ematix_dagster.streaming.state.columns import I64, ints, run_count
+
+
+class KeyIndex:
+    """Any group keys as dense ints.
+
+    Ids are handed out in order of first sight and kept until :meth:`compacted` drops the keys no
+    row holds any more (what a state's eviction asks for once they are most of the index).
+    """
+
+    __slots__ = ("ids", "keys")
+
+    def __init__(self) -> None:
+        self.ids: dict[GroupKey, int] = {}
+        self.keys: list[GroupKey] = []
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def ids_of(self, keys: Sequence[GroupKey]) -> np.ndarray:
+        """The id of each key, new keys getting the next ids."""
+        ids = self.ids
+        new = [key for key in dict.fromkeys(keys) if key not in ids]
+        if new:
+            ids.update(zip(new, range(len(self.keys), len(self.keys) + len(new))))
+            self.keys += new
+        return ints(map(ids.__getitem__, keys), len(keys))
+
+    def keys_of(self, kids: np.ndarray) -> list[GroupKey]:
+        return list(map(self.keys.__getitem__, kids.tolist()))
+
+    def compacted(self, columns: list[np.ndarray]) -> list[np.ndarray]:
+        """``columns`` of key ids (each sorted) renumbered when the index mostly holds keys no row
+        holds any more (an index only grows as keys come); else ``columns`` as they are.
+        Renumbering keeps the ids' order, so a sorted column stays sorted."""
+        if len(self) <= 2 * sum(map(run_count, columns)) + 1024:
+            return columns
+        if not columns:
+            self.ids, self.keys = {}, []
+            return columns
+        live, renumbered = np.unique(np.concatenate(columns), return_inverse=True)
+        self.keys = self.keys_of(live)
+        self.ids = dict(zip(self.keys, range(len(self.keys))))
+        bounds = np.cumsum([len(column) for column in columns[:-1]], dtype=I64)
+        return np.split(renumbered.reshape(-1).astype(I64, copy=False), bounds)
+
+
+class IntKeys:
+    """Keys of one integer column (not bool), each its own id: no key object is kept."""
+
+    __slots__ = ()
+
+    def __len__(self) -> int:
+        return 0
+
+    def ids_of(self, keys: Sequence[GroupKey]) -> np.ndarray | None:
+        """The keys' integers; None when a key is not one int64 (the state then moves to a
+        :class:`KeyIndex`)."""
+        try:
+            values = [key for (key,) in keys]
+        except ValueError:  # a key of another width
+            return None
+        if set(map(type, values)) - {int}:  # bool is an int subclass, but its keys must stay bool
+            return None
+        try:
+            return np.array(values, dtype=I64).reshape(len(values))
+        except OverflowError:
+            return None
+
+    def keys_of(self, kids: np.ndarray) -> list[GroupKey]:
+        return [(kid,) for kid in kids.tolist()]
+
+    def compacted(self, columns: list[np.ndarray]) -> list[np.ndarray]:
+        return columns
+
+
+#: what a state codes its keys with
+KeyCodes = KeyIndex | IntKeys

@@ -1,0 +1,32 @@
+"""A state's changes one row per group, as the tests' simulated stores apply them.
+
+The engine hands its changes over as columns (``ColumnChanges``, one segment a commit); a test
+store keeps a plain dict of (start, key) -> group, so it takes them row by row: the deletes and
+the range delete first, then the upserts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import repeat
+from typing import Any
+
+from ematix_dagster.streaming.emitted import GroupKey
+from ematix_dagster.streaming.state.base import KindState, StoredGroup
+
+
+@dataclass
+class StoreChanges:
+    upserts: list[StoredGroup] = field(default_factory=list)
+    deletes: list[tuple[int, GroupKey]] = field(default_factory=list)
+    deleted_before: int | None = None
+
+
+def take_changes(state: KindState) -> StoreChanges:
+    """``state``'s changes since the last commit, one :class:`StoredGroup` per upserted row."""
+    changes = state.take_column_changes()
+    flags: Any = changes.emitted.tolist() if changes.emitted is not None else repeat(None)
+    accs = [column.tolist() for column in changes.accs]
+    rows = [list(row) for row in zip(*accs)] if accs else [[] for _ in changes.keys]
+    upserts = list(map(StoredGroup, changes.starts.tolist(), changes.ends.tolist(), changes.keys, rows, flags))
+    return StoreChanges(upserts=upserts, deletes=list(changes.deletes), deleted_before=changes.deleted_before)

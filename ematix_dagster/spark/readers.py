@@ -164,9 +164,13 @@ def kafka_options(source: Source) -> dict[str, str]:
 
 
 def redis_options(source: Source) -> dict[str, str]:
-    """Reader options for a redis_stream source: its URL as written (the reader expands ``${NAME}``)."""
-    options = {"url": source.url or "", "streams": json.dumps(list(source.streams)),
-               "start": source.start or "earliest", "on_trimmed": source.on_trimmed or "fail"}
+    """Reader options for a redis_stream source: its URL as written (the reader expands ``${NAME}``).
+    A key the spec leaves unset is left out: the reader owns the defaults of its options."""
+    options = {"url": source.url or "", "streams": json.dumps(list(source.streams))}
+    if source.start:
+        options["start"] = source.start
+    if source.on_trimmed:
+        options["on_trimmed"] = source.on_trimmed
     if source.max_entries_per_trigger:
         options["max_entries"] = str(source.max_entries_per_trigger)
     return options

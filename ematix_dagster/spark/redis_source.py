@@ -111,8 +111,9 @@ class StreamRange(InputPartition):
 
 
 class RedisStreamDataSource(DataSource):
-    """Options: ``url`` (as written), ``streams`` (a JSON list), ``start``, ``max_entries`` and
-    ``on_trimmed`` (docs/contract/redis-streams.md)."""
+    """Options: ``url`` (as written), ``streams`` (a JSON list), ``start`` (default ``earliest``),
+    ``max_entries`` (default none) and ``on_trimmed`` (default ``fail``), as
+    docs/contract/redis-streams.md says; the source owns these defaults, the spec leaves them unset."""
 
     @classmethod
     def name(cls) -> str:
@@ -133,7 +134,7 @@ class RedisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.streams: list[str] = json.loads(options["streams"])
         self.start = options.get("start", "earliest")
         self.max_entries = int(options["max_entries"]) if options.get("max_entries") else None
-        self.skip_trimmed = options.get("on_trimmed") == "skip"
+        self.skip_trimmed = options.get("on_trimmed", "fail") == "skip"
         self.target: dict[str, _Info] | None = None  # the end of an available_now run
         self._client: Any = None
 

@@ -1,8 +1,9 @@
 """``kind = "redis_stream"``: Redis Streams read through PySpark's Python Data Source API (no jar).
 
 Spark calls the reader's planning methods (``initialOffset``, ``latestOffset``, ``partitions``)
-and its ``read`` in Python worker processes, so this module imports nothing of the engine: it is
-shipped to those workers by reference and must stay light.
+and its ``read`` in Python worker processes, so this module imports nothing of the package but
+:func:`~ematix_dagster.spec.environment.public_url`: both are shipped to those workers by value
+(:func:`ematix_dagster.spark.readers.ship_redis_reader`) and must stay light.
 
 Offsets (docs/contract/redis-streams.md). A stream's offset is the id of the last entry a batch
 took (``id``) and that entry's ordinal ``n``, the stream's ``entries-added`` counter when it was
@@ -37,6 +38,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
+from ematix_dagster.spec.environment import public_url
+
 #: the name Spark knows the source by (``spark.readStream.format(...)``)
 FORMAT = "ematix_redis_stream"
 #: a Redis entry as a row: decoding into the source's DDL columns happens in Spark (:mod:`.payloads`)
@@ -48,8 +51,8 @@ local ids = {}
 for i, entry in ipairs(redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[2], 'COUNT', ARGV[3])) do ids[i] = entry[1] end
 return ids
 """
-# The twin of spec/environment.py's ${NAME} (and pg_url's userinfo) patterns: this module is shipped
-# to Spark's workers by value and imports nothing of the package, so keep the two in step.
+# The twin of spec/environment.py's ${NAME} pattern: this module is shipped to Spark's workers by
+# value with nothing of the package but public_url, so keep the two in step.
 _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SEQ_MAX = 2**64 - 1
 
@@ -82,11 +85,6 @@ def id_before(entry_id: str) -> str:
 def skipped_entries(offset: str) -> int:
     """How many trimmed entries ``on_trimmed = "skip"`` went past, from a source's offset line."""
     return sum(int(stream.get("skipped", 0)) for stream in json.loads(offset).values())
-
-
-def public_url(url: str) -> str:
-    """``url`` without its user and password, for messages."""
-    return re.sub(r"://[^/@]*@", "://", url)
 
 
 @dataclass(frozen=True)

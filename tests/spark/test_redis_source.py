@@ -5,12 +5,17 @@ Whole pipelines on it run in tests/e2e/test_redis_*.py."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import redis
+from pyspark import cloudpickle
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from ematix_dagster.spark.redis_source import RedisStreamReader, StreamTrimmed, id_before, public_url
+from ematix_dagster.spark.readers import ship_redis_reader
+from ematix_dagster.spark.redis_source import RedisStreamDataSource, RedisStreamReader, StreamTrimmed, id_before
+from ematix_dagster.spec.environment import public_url
 from tests.redis_server import stream_name
 
 
@@ -26,6 +31,17 @@ def entries(r: RedisStreamReader, start: dict, end: dict) -> list[tuple[str, str
 def test_ids_and_urls():
     assert id_before("5-3") == "5-2" and id_before("5-0") == f"4-{2**64 - 1}" and id_before("0-0") == "0-0"
     assert public_url("redis://user:secret@host:6379/0") == "redis://host:6379/0"
+
+
+def test_the_reader_reaches_spark_workers_without_the_package():
+    """Spark pickles the data source for its Python workers: unpickled in a fresh interpreter, it
+    must bring in nothing of ematix_dagster (a cluster's workers need not have it)."""
+    ship_redis_reader()
+    code = ("import pickle, sys; source = pickle.loads(sys.stdin.buffer.read()); "
+            "print(source.__name__, sorted(m for m in sys.modules if m.split('.')[0] == 'ematix_dagster'))")
+    out = subprocess.run([sys.executable, "-c", code], input=cloudpickle.dumps(RedisStreamDataSource),
+                         capture_output=True, check=True)
+    assert out.stdout.decode().strip() == "RedisStreamDataSource []", out.stdout + out.stderr
 
 
 def test_a_limit_takes_the_oldest_ids_of_all_streams_and_a_replay_reads_the_same(redis_url):

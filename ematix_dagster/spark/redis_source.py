@@ -134,6 +134,9 @@ class RedisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_entries = int(options["max_entries"]) if options.get("max_entries") else None
         self.skip_trimmed = options.get("on_trimmed", "fail") == "skip"
         self.target: dict[str, _Info] | None = None  # the end of an available_now run
+        #: per stream, what had left it (see _checked) when a check last found it holding every entry
+        #: after an offset, and that offset: the check is not repeated while nothing more has left
+        self._whole: dict[str, tuple[tuple[int, str], tuple[int, int]]] = {}
         self._client: Any = None
 
     # -- Redis ----------------------------------------------------------------------------------
@@ -241,13 +244,22 @@ class RedisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         All ``entries-added - n`` entries added after the offset must be there. Trimming removes
         the oldest entries, so when the first entry left is past the offset, all ``length`` are
-        after it; otherwise only an ``XDEL`` (``max-deleted-entry-id``) can have removed some.
+        after it; otherwise only an ``XDEL`` (``max-deleted-entry-id``) can have removed some, and
+        counting them scans the stream after the offset. That scan is not repeated each trigger
+        while the offset is still before the deleted id: ``entries-added - length`` counts every
+        entry that ever left the stream (an ``XDEL`` below the max deleted id too), so while it and
+        the max deleted id are what they were when a check found the stream whole after an
+        earlier offset, nothing has left it since.
         """
         info = self._info(stream)
         after = parse_id(offset["id"])
         front_gone = info.first_id is None or parse_id(info.first_id) > after
         recreated = info.added < offset["n"]  # deleted and created again: its count of entries restarted
         if not (front_gone or recreated or parse_id(info.max_deleted) > after):
+            return info, offset
+        removed = (info.added - info.length, info.max_deleted)
+        seen = self._whole.get(stream)
+        if not recreated and seen is not None and seen[0] == removed and seen[1] <= after:
             return info, offset
         present = info.length if front_gone else self._count_after(stream, offset["id"])
         if recreated:
@@ -260,16 +272,17 @@ class RedisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             rebased = offset.get("rebased", 0) + info.added - present - offset["n"]
             return info, {**offset, "n": info.added - present, "rebased": rebased}
         missing = info.added - offset["n"] - present
-        if missing <= 0:
-            return info, offset
-        if not self.skip_trimmed:
-            raise StreamTrimmed(
-                f"stream {stream!r} at {public_url(self.url)} no longer holds entries after the pipeline's offset "
-                f"{offset['id']}: {missing} entries it has not read were trimmed or deleted. Keep the stream longer "
-                '(trim only what the pipeline committed), or set on_trimmed = "skip" on the source to go on '
-                "without them (counted)")
-        gap = id_before(info.first_id) if info.first_id and parse_id(info.first_id) > after else offset["id"]
-        return info, {"id": gap, "n": offset["n"] + missing, "skipped": offset["skipped"] + missing}
+        if missing > 0:
+            if not self.skip_trimmed:
+                raise StreamTrimmed(
+                    f"stream {stream!r} at {public_url(self.url)} no longer holds entries after the pipeline's "
+                    f"offset {offset['id']}: {missing} entries it has not read were trimmed or deleted. Keep the "
+                    'stream longer (trim only what the pipeline committed), or set on_trimmed = "skip" on the '
+                    "source to go on without them (counted)")
+            gap = id_before(info.first_id) if info.first_id and parse_id(info.first_id) > after else offset["id"]
+            offset = {"id": gap, "n": offset["n"] + missing, "skipped": offset["skipped"] + missing}
+        self._whole[stream] = (removed, parse_id(offset["id"]))
+        return info, offset
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         parts = []

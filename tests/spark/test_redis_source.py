@@ -95,3 +95,36 @@ def test_trimmed_and_recreated_streams(redis_url):
         r.latestOffset(end, ReadAllAvailable())
     again = skipping.latestOffset(end, ReadAllAvailable())
     assert entries(skipping, end, again) == [(s, "9-0")]
+
+
+def triggers(r: RedisStreamReader, offset: dict, count: int) -> tuple[dict, list[tuple[str, str]]]:
+    """``count`` batches of at most 2 entries from ``offset``: the last offset, and what they read."""
+    read = []
+    for _ in range(count):
+        end = r.latestOffset(offset, ReadMaxRows(2))
+        read += entries(r, offset, end)
+        offset = end
+    return offset, read
+
+
+@pytest.mark.parametrize("on_trimmed", ["fail", "skip"])
+def test_an_xdel_is_looked_for_only_when_an_entry_left_the_stream_since(redis_url, monkeypatch, on_trimmed):
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    s = stream_name(f"xdel-{on_trimmed}")
+    for ms in range(1, 11):
+        client.xadd(s, {"v": str(ms)}, id=f"{ms}-0")
+    client.xdel(s, "8-0")  # before the pipeline began: no gap in what it reads, yet past its offset for a while
+    r = reader(redis_url, [s], max_entries="2", on_trimmed=on_trimmed)
+    scans: list[str] = []
+    count_after = r._count_after
+    monkeypatch.setattr(r, "_count_after", lambda stream, after: scans.append(after) or count_after(stream, after))
+    offset, read = triggers(r, r.initialOffset(), 2)
+    assert read == [(s, f"{ms}-0") for ms in range(1, 5)] and scans == []  # nothing left the stream since
+    client.xdel(s, "6-0")  # not read yet, and below the max deleted id (8-0), which does not change
+    if on_trimmed == "fail":
+        with pytest.raises(StreamTrimmed, match="1 entries it has not read"):
+            r.latestOffset(offset, ReadMaxRows(2))
+        return
+    offset, read = triggers(r, offset, 3)
+    assert read == [(s, "5-0"), (s, "7-0"), (s, "9-0"), (s, "10-0")] and offset[s]["skipped"] == 1
+    assert scans == ["4-0"]  # once, for the XDEL; not again while the offset was still before 8-0

@@ -11,8 +11,9 @@ path for rows and segments.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable, cast
+from typing import Any, Callable, Iterable, Iterator, cast
 
 from state_store.base import RecoveredState
 from state_store.codec import encode_state
@@ -37,23 +38,67 @@ def accumulator_rows(segment: Segment) -> Iterable[tuple]:
     return zip(*segment.accs) if segment.accs else (() for _ in segment.keys)
 
 
+class _Starts:
+    """The distinct window starts of a live map in a min-heap, each with its keys, so that a range
+    delete pops the starts below its bound rather than walking every live entry: fixed windows commit
+    one in nearly every delta, and a restore over many small deltas would otherwise be quadratic in
+    the state. Invariant: ``keys[start]`` is the set of keys live at ``start`` (possibly empty), and
+    ``heap`` holds each start of ``keys`` once."""
+
+    def __init__(self, live: Live) -> None:
+        self.keys: dict[int, set[bytes]] = {}
+        for start, key in live:
+            self.keys.setdefault(start, set()).add(key)
+        self.heap = list(self.keys)
+        heapq.heapify(self.heap)
+
+    def add(self, at: Iterable[tuple[int, bytes]]) -> None:
+        for start, key in at:
+            keys = self.keys.get(start)
+            if keys is None:
+                self.keys[start] = keys = set()
+                heapq.heappush(self.heap, start)
+            keys.add(key)
+
+    def discard(self, start: int, key: bytes) -> None:
+        keys = self.keys.get(start)
+        if keys is not None:  # an emptied start stays until a range delete pops it, not searched for now
+            keys.discard(key)
+
+    def pop_before(self, bound: int) -> Iterator[tuple[int, bytes]]:
+        while self.heap and self.heap[0] < bound:
+            start = heapq.heappop(self.heap)
+            for key in self.keys.pop(start):
+                yield start, key
+
+
 def replay(live: Live, segments: list[bytes], where: str,
            accumulators: Callable[[Segment], Iterable[Any]] = accumulator_rows) -> SegmentSizes:
     """Apply ``segments`` in order to ``live``: each one's range delete and deletes, then its upserts
     (an upsert without a flag or a written row stores none, as a row's upsert does). ``where``
-    names the pipeline and store in errors; each segment is named by its seq."""
+    names the pipeline and store in errors; each segment is named by its seq.
+
+    The starts index is built at the first range delete, so a replay without one (a base alone)
+    never pays for it; from then on each segment costs what it changes, times a log factor."""
     sizes = [0, 0]
+    starts: _Starts | None = None
     for seq, blob in enumerate(segments):
         segment = decode_segment(blob, f"{where}, state segment {seq}")
         sizes[0 if seq == 0 and segment.base else 1] += len(segment)
         if segment.deleted_before is not None:
-            bound = segment.deleted_before
-            for gone in [at for at in live if at[0] < bound]:
+            if starts is None:
+                starts = _Starts(live)
+            for gone in starts.pop_before(segment.deleted_before):
                 del live[gone]
         for gone in segment.deletes:
             live.pop(gone, None)
+            if starts is not None:
+                starts.discard(*gone)
         flags, written = cast(list, segment.emitted), cast(list, segment.written)  # decoded: always lists
-        live.update(zip(zip(segment.starts, segment.keys), zip(segment.ends, accumulators(segment), flags, written)))
+        upserted = list(zip(segment.starts, segment.keys))
+        live.update(zip(upserted, zip(segment.ends, accumulators(segment), flags, written)))
+        if starts is not None:
+            starts.add(upserted)
     return SegmentSizes(base=sizes[0], deltas=sizes[1])
 
 

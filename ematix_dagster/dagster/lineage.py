@@ -22,9 +22,8 @@ from typing import Any, Optional
 import dagster as dg
 
 from ematix_dagster.errors import PipelineConfigError
-from ematix_dagster.spark.redis_source import public_url
 from ematix_dagster.spec import Source, Target
-from ematix_dagster.spec.environment import resolve_env
+from ematix_dagster.spec.environment import public_url, resolve_env
 from state_store.pg_url import server_address
 
 

@@ -65,7 +65,7 @@ def _fields(df: DataFrame, schema: T.StructType, kept: list[Column], key: str) -
         if isinstance(f.dataType, (T.StructType, T.ArrayType, T.MapType, T.BinaryType)):
             raise PipelineConfigError(f"{key}.schema", f"column {f.name!r} is {f.dataType.simpleString()}, which a "
                                       "Redis field (text) cannot be cast to", 'use format = "json" for nested values')
-    cast = [fields[f.name].try_cast(f.dataType).alias(f.name) for f in schema.fields]
-    failed = [fields[f.name].isNotNull() & fields[f.name].try_cast(f.dataType).isNull() for f in schema.fields]
+    cast = [(f.name, fields[f.name].try_cast(f.dataType)) for f in schema.fields]
+    failed = [fields[name].isNotNull() & value.isNull() for name, value in cast]
     bad = reduce(lambda a, b: a | b, failed, F.lit(False))
-    return df.select(*kept, *cast, F.when(bad, F.to_json(fields)).alias(CORRUPT))
+    return df.select(*kept, *[value.alias(name) for name, value in cast], F.when(bad, F.to_json(fields)).alias(CORRUPT))

@@ -40,7 +40,7 @@ from ematix_dagster.spark import redis_source
 from ematix_dagster.spark.payloads import decoded
 from ematix_dagster.spark.redis_source import FORMAT as REDIS_FORMAT
 from ematix_dagster.spark.redis_source import RedisStreamDataSource
-from ematix_dagster.spec import PipelineSpec, Source
+from ematix_dagster.spec import PipelineSpec, Source, environment
 
 # Epoch seconds of 0001-01-01 and 9999-12-31T23:59:59: the range Spark timestamps can hold.
 _MIN_S, _MAX_S = -62_135_596_800, 253_402_300_799
@@ -164,9 +164,13 @@ def kafka_options(source: Source) -> dict[str, str]:
 
 
 def redis_options(source: Source) -> dict[str, str]:
-    """Reader options for a redis_stream source: its URL as written (the reader expands ``${NAME}``)."""
-    options = {"url": source.url or "", "streams": json.dumps(list(source.streams)),
-               "start": source.start or "earliest", "on_trimmed": source.on_trimmed or "fail"}
+    """Reader options for a redis_stream source: its URL as written (the reader expands ``${NAME}``).
+    A key the spec leaves unset is left out: the reader owns the defaults of its options."""
+    options = {"url": source.url or "", "streams": json.dumps(list(source.streams))}
+    if source.start:
+        options["start"] = source.start
+    if source.on_trimmed:
+        options["on_trimmed"] = source.on_trimmed
     if source.max_entries_per_trigger:
         options["max_entries"] = str(source.max_entries_per_trigger)
     return options
@@ -187,11 +191,17 @@ def _kafka(spark: SparkSession, source: Source, key: str) -> DataFrame:
     return kafka_columns(spark.readStream.format("kafka").options(**kafka_options(source)).load(), source, key)
 
 
+def ship_redis_reader() -> None:
+    """Have the Redis reader pickled by value, with the one helper of the package it uses: Spark's
+    Python workers then import redis-py, not this package (whose import costs each new worker most
+    of a second, and which a cluster's workers need not have)."""
+    for module in (redis_source, environment):
+        cloudpickle.register_pickle_by_value(module)
+
+
 def _redis(spark: SparkSession, source: Source, key: str) -> DataFrame:
     schema = parse_schema(source, key)  # before Spark hears of the source: a bad schema names its key
-    # Shipped by value: Spark's Python workers then import redis-py, not this package (whose import
-    # costs each new worker most of a second, and which a cluster's workers need not have).
-    cloudpickle.register_pickle_by_value(redis_source)
+    ship_redis_reader()
     spark.dataSource.register(RedisStreamDataSource)
     return decoded(spark.readStream.format(REDIS_FORMAT).options(**redis_options(source)).load(), source, schema, key)
 

@@ -1,8 +1,9 @@
 """``kind = "redis_stream"``: Redis Streams read through PySpark's Python Data Source API (no jar).
 
 Spark calls the reader's planning methods (``initialOffset``, ``latestOffset``, ``partitions``)
-and its ``read`` in Python worker processes, so this module imports nothing of the engine: it is
-shipped to those workers by reference and must stay light.
+and its ``read`` in Python worker processes, so this module imports nothing of the package but
+:func:`~ematix_dagster.spec.environment.public_url`: both are shipped to those workers by value
+(:func:`ematix_dagster.spark.readers.ship_redis_reader`) and must stay light.
 
 Offsets (docs/contract/redis-streams.md). A stream's offset is the id of the last entry a batch
 took (``id``) and that entry's ordinal ``n``, the stream's ``entries-added`` counter when it was
@@ -37,6 +38,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
+from ematix_dagster.spec.environment import public_url
+
 #: the name Spark knows the source by (``spark.readStream.format(...)``)
 FORMAT = "ematix_redis_stream"
 #: a Redis entry as a row: decoding into the source's DDL columns happens in Spark (:mod:`.payloads`)
@@ -48,8 +51,8 @@ local ids = {}
 for i, entry in ipairs(redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[2], 'COUNT', ARGV[3])) do ids[i] = entry[1] end
 return ids
 """
-# The twin of spec/environment.py's ${NAME} (and pg_url's userinfo) patterns: this module is shipped
-# to Spark's workers by value and imports nothing of the package, so keep the two in step.
+# The twin of spec/environment.py's ${NAME} pattern: this module is shipped to Spark's workers by
+# value with nothing of the package but public_url, so keep the two in step.
 _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SEQ_MAX = 2**64 - 1
 
@@ -84,11 +87,6 @@ def skipped_entries(offset: str) -> int:
     return sum(int(stream.get("skipped", 0)) for stream in json.loads(offset).values())
 
 
-def public_url(url: str) -> str:
-    """``url`` without its user and password, for messages."""
-    return re.sub(r"://[^/@]*@", "://", url)
-
-
 @dataclass(frozen=True)
 class _Info:
     """What ``XINFO STREAM`` says about the stream (zeros for a stream not created yet)."""
@@ -111,8 +109,9 @@ class StreamRange(InputPartition):
 
 
 class RedisStreamDataSource(DataSource):
-    """Options: ``url`` (as written), ``streams`` (a JSON list), ``start``, ``max_entries`` and
-    ``on_trimmed`` (docs/contract/redis-streams.md)."""
+    """Options: ``url`` (as written), ``streams`` (a JSON list), ``start`` (default ``earliest``),
+    ``max_entries`` (default none) and ``on_trimmed`` (default ``fail``), as
+    docs/contract/redis-streams.md says; the source owns these defaults, the spec leaves them unset."""
 
     @classmethod
     def name(cls) -> str:
@@ -133,8 +132,11 @@ class RedisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.streams: list[str] = json.loads(options["streams"])
         self.start = options.get("start", "earliest")
         self.max_entries = int(options["max_entries"]) if options.get("max_entries") else None
-        self.skip_trimmed = options.get("on_trimmed") == "skip"
+        self.skip_trimmed = options.get("on_trimmed", "fail") == "skip"
         self.target: dict[str, _Info] | None = None  # the end of an available_now run
+        #: per stream, what had left it (see _checked) when a check last found it holding every entry
+        #: after an offset, and that offset: the check is not repeated while nothing more has left
+        self._whole: dict[str, tuple[tuple[int, str], tuple[int, int]]] = {}
         self._client: Any = None
 
     # -- Redis ----------------------------------------------------------------------------------
@@ -242,13 +244,22 @@ class RedisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         All ``entries-added - n`` entries added after the offset must be there. Trimming removes
         the oldest entries, so when the first entry left is past the offset, all ``length`` are
-        after it; otherwise only an ``XDEL`` (``max-deleted-entry-id``) can have removed some.
+        after it; otherwise only an ``XDEL`` (``max-deleted-entry-id``) can have removed some, and
+        counting them scans the stream after the offset. That scan is not repeated each trigger
+        while the offset is still before the deleted id: ``entries-added - length`` counts every
+        entry that ever left the stream (an ``XDEL`` below the max deleted id too), so while it and
+        the max deleted id are what they were when a check found the stream whole after an
+        earlier offset, nothing has left it since.
         """
         info = self._info(stream)
         after = parse_id(offset["id"])
         front_gone = info.first_id is None or parse_id(info.first_id) > after
         recreated = info.added < offset["n"]  # deleted and created again: its count of entries restarted
         if not (front_gone or recreated or parse_id(info.max_deleted) > after):
+            return info, offset
+        removed = (info.added - info.length, info.max_deleted)
+        seen = self._whole.get(stream)
+        if not recreated and seen is not None and seen[0] == removed and seen[1] <= after:
             return info, offset
         present = info.length if front_gone else self._count_after(stream, offset["id"])
         if recreated:
@@ -261,16 +272,17 @@ class RedisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             rebased = offset.get("rebased", 0) + info.added - present - offset["n"]
             return info, {**offset, "n": info.added - present, "rebased": rebased}
         missing = info.added - offset["n"] - present
-        if missing <= 0:
-            return info, offset
-        if not self.skip_trimmed:
-            raise StreamTrimmed(
-                f"stream {stream!r} at {public_url(self.url)} no longer holds entries after the pipeline's offset "
-                f"{offset['id']}: {missing} entries it has not read were trimmed or deleted. Keep the stream longer "
-                '(trim only what the pipeline committed), or set on_trimmed = "skip" on the source to go on '
-                "without them (counted)")
-        gap = id_before(info.first_id) if info.first_id and parse_id(info.first_id) > after else offset["id"]
-        return info, {"id": gap, "n": offset["n"] + missing, "skipped": offset["skipped"] + missing}
+        if missing > 0:
+            if not self.skip_trimmed:
+                raise StreamTrimmed(
+                    f"stream {stream!r} at {public_url(self.url)} no longer holds entries after the pipeline's "
+                    f"offset {offset['id']}: {missing} entries it has not read were trimmed or deleted. Keep the "
+                    'stream longer (trim only what the pipeline committed), or set on_trimmed = "skip" on the '
+                    "source to go on without them (counted)")
+            gap = id_before(info.first_id) if info.first_id and parse_id(info.first_id) > after else offset["id"]
+            offset = {"id": gap, "n": offset["n"] + missing, "skipped": offset["skipped"] + missing}
+        self._whole[stream] = (removed, parse_id(offset["id"]))
+        return info, offset
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         parts = []

@@ -57,7 +57,7 @@ def resume_from_store(spec: PipelineSpec) -> str:
             if record is None or record.last_batch_id is None:
                 raise CheckpointDiverged(f"pipeline {name}: {store.description} holds no committed batch to resume "
                                          "from: run without --resume-from-store to start from the sources' start")
-            write_checkpoint(spec, record)
+            write_checkpoint(resolved, record)
         finally:
             store.release_lease(name)
     finally:
@@ -66,20 +66,21 @@ def resume_from_store(spec: PipelineSpec) -> str:
             f"continues with batch {record.last_batch_id + 1}, after the stored offsets")
 
 
-def write_checkpoint(spec: PipelineSpec, record: PipelineRecord) -> None:
+def write_checkpoint(resolved: PipelineSpec, record: PipelineRecord) -> None:
     """Spark's files for committed batch ``record.last_batch_id`` (and the offsets of the one before
-it) at the stored offsets."""
+it) at the stored offsets. ``resolved`` is the spec with ``${NAME}`` expanded, the one the store was
+opened with, so the checkpoint and the store are read from the same environment at the same time."""
     assert record.last_batch_id is not None
-    root = checkpoint.local_path(spec.resolved().run.checkpoint_location)
+    root = checkpoint.local_path(resolved.run.checkpoint_location)
     batch = str(record.last_batch_id)
     lines = []
-    for source in offset_names(spec):
+    for source in offset_names(resolved):
         if source == HEARTBEAT:
             lines.append("-")
         elif source in record.offsets:
             lines.append(record.offsets[source])
         else:
-            raise CheckpointDiverged(f"pipeline {spec.pipeline_name}: the store's batch {batch} records no offset "
+            raise CheckpointDiverged(f"pipeline {resolved.pipeline_name}: the store's batch {batch} records no offset "
                                      f"for source {source!r} (it was added since): it cannot be resumed")
     meta = {"batchWatermarkMs": 0, "batchTimestampMs": int(time.time() * 1000), "conf": {}}
     for sub in ("offsets", "commits"):

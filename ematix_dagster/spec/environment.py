@@ -31,6 +31,13 @@ def resolve_env(value: str | None) -> str | None:
     return _ENV_RE.sub(sub, value)
 
 
+def public_url(url: str) -> str:
+    """``url`` without its user and password: what messages and Dagster's metadata may show. Here,
+    below both, because the Redis reader's errors and the Dagster layer's lineage show the same
+    address, and the lineage must not import the reader (it imports Spark)."""
+    return re.sub(r"://[^/@]*@", "://", url)
+
+
 def resolved_spec(spec: _T) -> _T:
     """``spec`` with every ``${NAME}`` expanded. All unset variables are named in one error, each
     with the TOML key that uses it, so the user fixes them in one go rather than one per run."""

@@ -6,6 +6,7 @@ reader would hand it over. Redis decoding runs against a real server in tests/e2
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 
 import pytest
@@ -13,6 +14,7 @@ import tomli_w
 
 from ematix_dagster.errors import PipelineConfigError
 from ematix_dagster.spark.readers import kafka_columns, redis_options, with_engine_columns
+from ematix_dagster.spark.redis_source import RedisStreamReader
 from ematix_dagster.spec import load_pipeline_str
 
 KAFKA_SCHEMA = ("key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP, "
@@ -82,7 +84,17 @@ def test_redis_url_reaches_the_reader_as_written(monkeypatch):
                       "streams": ["a", "b"], "format": "fields", "schema": "k STRING", "max_entries_per_trigger": 9})
     options = redis_options(spec.resolved().sources[0])
     assert options == {"url": "redis://:${REDIS_PASSWORD}@127.0.0.1:6379/0", "streams": '["a", "b"]',
-                       "start": "earliest", "on_trimmed": "fail", "max_entries": "9"}
+                       "max_entries": "9"}
+
+
+def test_the_redis_reader_fills_the_documented_defaults_and_takes_what_the_spec_sets():
+    spec = spec_with({"kind": "redis_stream", "url": "redis://h/0", "streams": ["s"], "format": "fields",
+                      "schema": "k STRING"})
+    unset = RedisStreamReader(redis_options(spec.sources[0]))
+    assert (unset.start, unset.skip_trimmed, unset.max_entries) == ("earliest", False, None)  # the contract's defaults
+    source = dataclasses.replace(spec.sources[0], start="latest", on_trimmed="skip")
+    given = RedisStreamReader(redis_options(source))
+    assert (given.start, given.skip_trimmed) == ("latest", True)
 
 
 def test_a_password_typed_into_a_redis_url_is_warned_about():

@@ -5,12 +5,17 @@ Whole pipelines on it run in tests/e2e/test_redis_*.py."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import redis
+from pyspark import cloudpickle
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from ematix_dagster.spark.redis_source import RedisStreamReader, StreamTrimmed, id_before, public_url
+from ematix_dagster.spark.readers import ship_redis_reader
+from ematix_dagster.spark.redis_source import RedisStreamDataSource, RedisStreamReader, StreamTrimmed, id_before
+from ematix_dagster.spec.environment import public_url
 from tests.redis_server import stream_name
 
 
@@ -26,6 +31,17 @@ def entries(r: RedisStreamReader, start: dict, end: dict) -> list[tuple[str, str
 def test_ids_and_urls():
     assert id_before("5-3") == "5-2" and id_before("5-0") == f"4-{2**64 - 1}" and id_before("0-0") == "0-0"
     assert public_url("redis://user:secret@host:6379/0") == "redis://host:6379/0"
+
+
+def test_the_reader_reaches_spark_workers_without_the_package():
+    """Spark pickles the data source for its Python workers: unpickled in a fresh interpreter, it
+    must bring in nothing of ematix_dagster (a cluster's workers need not have it)."""
+    ship_redis_reader()
+    code = ("import pickle, sys; source = pickle.loads(sys.stdin.buffer.read()); "
+            "print(source.__name__, sorted(m for m in sys.modules if m.split('.')[0] == 'ematix_dagster'))")
+    out = subprocess.run([sys.executable, "-c", code], input=cloudpickle.dumps(RedisStreamDataSource),
+                         capture_output=True, check=True)
+    assert out.stdout.decode().strip() == "RedisStreamDataSource []", out.stdout + out.stderr
 
 
 def test_a_limit_takes_the_oldest_ids_of_all_streams_and_a_replay_reads_the_same(redis_url):
@@ -79,3 +95,36 @@ def test_trimmed_and_recreated_streams(redis_url):
         r.latestOffset(end, ReadAllAvailable())
     again = skipping.latestOffset(end, ReadAllAvailable())
     assert entries(skipping, end, again) == [(s, "9-0")]
+
+
+def triggers(r: RedisStreamReader, offset: dict, count: int) -> tuple[dict, list[tuple[str, str]]]:
+    """``count`` batches of at most 2 entries from ``offset``: the last offset, and what they read."""
+    read = []
+    for _ in range(count):
+        end = r.latestOffset(offset, ReadMaxRows(2))
+        read += entries(r, offset, end)
+        offset = end
+    return offset, read
+
+
+@pytest.mark.parametrize("on_trimmed", ["fail", "skip"])
+def test_an_xdel_is_looked_for_only_when_an_entry_left_the_stream_since(redis_url, monkeypatch, on_trimmed):
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    s = stream_name(f"xdel-{on_trimmed}")
+    for ms in range(1, 11):
+        client.xadd(s, {"v": str(ms)}, id=f"{ms}-0")
+    client.xdel(s, "8-0")  # before the pipeline began: no gap in what it reads, yet past its offset for a while
+    r = reader(redis_url, [s], max_entries="2", on_trimmed=on_trimmed)
+    scans: list[str] = []
+    count_after = r._count_after
+    monkeypatch.setattr(r, "_count_after", lambda stream, after: scans.append(after) or count_after(stream, after))
+    offset, read = triggers(r, r.initialOffset(), 2)
+    assert read == [(s, f"{ms}-0") for ms in range(1, 5)] and scans == []  # nothing left the stream since
+    client.xdel(s, "6-0")  # not read yet, and below the max deleted id (8-0), which does not change
+    if on_trimmed == "fail":
+        with pytest.raises(StreamTrimmed, match="1 entries it has not read"):
+            r.latestOffset(offset, ReadMaxRows(2))
+        return
+    offset, read = triggers(r, offset, 3)
+    assert read == [(s, "5-0"), (s, "7-0"), (s, "9-0"), (s, "10-0")] and offset[s]["skipped"] == 1
+    assert scans == ["4-0"]  # once, for the XDEL; not again while the offset was still before 8-0

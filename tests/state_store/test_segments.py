@@ -8,6 +8,7 @@ deletes leaves.
 
 from __future__ import annotations
 
+import random
 from decimal import Decimal
 
 import numpy as np
@@ -17,7 +18,7 @@ import pytest
 from ematix_dagster.errors import CorruptState, StateVersionError
 from state_store import codec
 from state_store.base import PipelineRecord, RecoveredState
-from state_store.segment_replay import replayed
+from state_store.segment_replay import replay, replayed
 from state_store.segments import FORMAT_VERSION, MAGIC, Segment, decode_segment, encode_segment
 from tests.fixtures.state_v1.make_fixtures import CASES
 from tests.state_store.test_codec import same
@@ -121,3 +122,65 @@ def test_replay_leaves_what_a_dict_of_upserts_and_deletes_leaves():
     assert out.written == {(40, key(("c",))): b"wc", (60, key(("d",))): b"wd"}
     assert (sizes.base, sizes.deltas, sizes.rows) == (1, 4, 3)
     assert replayed(RecoveredState(record=None), "p")[1].rows == 0
+
+
+def _applied(model: dict, segment: Segment) -> None:
+    """The ground truth replay: a plain dict, each range delete looking at every entry."""
+    if segment.deleted_before is not None:
+        for at in [at for at in model if at[0] < segment.deleted_before]:
+            del model[at]
+    for at in segment.deletes:
+        model.pop(at, None)
+    for i, at in enumerate(zip(segment.starts, segment.keys)):
+        model[at] = (segment.ends[i], tuple(column[i] for column in segment.accs), segment.emitted[i],
+                     segment.written[i])
+
+
+def _random_segment(rng: random.Random, model: dict, base: bool = False) -> Segment:
+    upserts = {(rng.randrange(-5, 40), codec.encode_key((rng.choice("abcd"),))): rng.randrange(100)
+               for _ in range(rng.randrange(6))}
+    gone = rng.sample(sorted(model), min(len(model), rng.randrange(3))) + [(rng.randrange(40), b"\x01z")]
+    gone += rng.sample(sorted(upserts), min(len(upserts), 1))  # deleted and upserted again in one segment
+    starts = [start for start, _ in upserts]
+    return Segment(base=base, starts=starts, ends=[start + 10 for start in starts], keys=[k for _, k in upserts],
+                   emitted=[rng.choice([True, False, None]) for _ in upserts],
+                   written=[rng.choice([b"w", None]) for _ in upserts], accs=[list(upserts.values())],
+                   deletes=[] if base else gone,
+                   deleted_before=rng.randrange(-5, 45) if not base and rng.random() < 0.6 else None)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_replay_of_range_deletes_among_upserts_below_earlier_bounds_leaves_what_a_dict_leaves(seed):
+    rng = random.Random(seed)
+    live: dict = {}
+    if seed % 2:  # rows loaded beside the segments
+        _applied(live, _random_segment(rng, {}))
+    model = dict(live)
+    segments = [_random_segment(rng, model, base=True)]
+    _applied(model, segments[0])
+    for _ in range(40):
+        segments.append(_random_segment(rng, model))
+        _applied(model, segments[-1])
+    replay(live, [encode_segment(s) for s in segments], "here")
+    assert live == model
+
+
+def test_many_small_deltas_each_with_a_range_delete_restore_the_same_rows():
+    key, deltas = codec.encode_key, []
+    recovered = RecoveredState(record=PipelineRecord("p", codec.STATE_VERSION),
+                               groups=[(s, s + 10, key((k,)), codec.encode_state([s])) for s in range(5) for k in "ab"])
+    model = {(s, k): (e, (s,), None, None) for s, e, k, _ in recovered.groups}
+    for t in range(5, 400):  # like a fixed window: the newest windows upserted, the closed ones deleted
+        deltas.append(Segment(starts=[t, t, t - 1], ends=[t + 10, t + 10, t + 9],
+                              keys=[key(("a",)), key(("b",)), key(("a",))], emitted=[None, True, False],
+                              written=[None, None, b"w"], accs=[[t, t, t - 1]], deleted_before=t - 3))
+    deltas.append(Segment(starts=[0], ends=[10], keys=[key(("late",))], emitted=[None], written=[None], accs=[[7]]))
+    for segment in deltas:
+        _applied(model, segment)
+    recovered.segments = [encode_segment(segment) for segment in deltas]
+    out, sizes = replayed(recovered, "pipeline 'p'")
+    assert sorted(out.groups) == sorted((s, e, k, codec.encode_state(list(accs))) for (s, k), (e, accs, _, _) in model.items())
+    assert out.emitted == {at: f for at, (_, _, f, _) in model.items() if f is not None}
+    assert out.written == {at: w for at, (_, _, _, w) in model.items() if w is not None}
+    assert (0, key(("late",))) in {(s, k) for s, _, k, _ in out.groups}  # below every earlier bound, upserted after
+    assert len(out.groups) == 9 and sizes.deltas == sum(map(len, deltas))  # starts 396 to 399 of a and b, late

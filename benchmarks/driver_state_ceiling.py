@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """How much window state one driver holds: RSS and commit time per 1,000,000 open groups.
 
-Window state lives in the driver process (one Python dict per window, one list of accumulators
-per group), so the driver's memory is the ceiling of a pipeline's open state. This script fills
-the engine's real ``FixedState`` (or, ``--kind session``, ``SessionState``: one open session
-per key, held as columns) with ``--groups`` groups (one BIGINT key column; count and sum,
+Window state lives in the driver process (as columns: key ids and one object array of
+accumulators per aggregator), so the driver's memory is the ceiling of a pipeline's open state.
+This script fills the engine's real ``FixedState`` (or, ``--kind session``, ``SessionState``:
+one open session per key) with ``--groups`` groups (one BIGINT key column; count and sum,
 or ``--aggs`` others) the way a batch does, measures the driver's RSS growth with psutil, then
 commits every group to a fresh SQLite (and, with ``--postgres URL``, PostgreSQL) state store
 through the same ``batch_commit`` a batch uses, and times it, and a restart's load and restore. It extrapolates the number of
@@ -93,8 +93,6 @@ def main(argv: list[str] | None = None) -> int:
             store.open()
             try:
                 store.acquire_lease("ceiling", make_holder("ceiling benchmark"))
-                if args.kind == "tumbling":  # sessions are dirty from their merge until a commit
-                    engine.state.dirty = {0: set(engine.state.windows[0])}
                 t0 = time.perf_counter()
                 commit = batch_commit(engine, "ceiling")
                 encode_s = time.perf_counter() - t0

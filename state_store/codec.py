@@ -39,11 +39,12 @@ from __future__ import annotations
 
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
-from typing import Any, Callable, Iterable
+from itertools import chain
+from typing import Any, Callable, Iterable, Sequence
 
 from state_store.codec_v1 import v1_values
 from state_store.errors import CorruptState, StateVersionError
-from state_store.msgpack_values import failure_reason, packb, unpackb, unpackb_values
+from state_store.msgpack_values import failure_reason, new_packer, packb, unpackb, unpackb_values
 
 KEY_FORMAT = 1
 STATE_VERSION = 2
@@ -77,6 +78,16 @@ def encode_key(key: tuple) -> bytes:
             raise TypeError(f"cannot use a value of type {type(v).__name__} in a group key")
         values.append(v)
     return _KEY_PREFIX + packb(values)
+
+
+def encode_keys(keys: Sequence[tuple]) -> list[bytes]:
+    """:func:`encode_key` of every key of a commit at once: keys of plain values (the common case,
+    checked once for all at C speed) are packed by one packer without a check per key, about
+    three times faster on a state's million keys (a tuple packs as the list would)."""
+    if set(map(type, chain.from_iterable(keys))) <= _PLAIN_KEY_TYPES:
+        pack, prefix = new_packer().pack, _KEY_PREFIX
+        return [prefix + pack(key) for key in keys]
+    return list(map(encode_key, keys))
 
 
 def decode_key(b: bytes) -> tuple:

@@ -22,7 +22,7 @@ from ematix_dagster.streaming.state.base import (
 )
 from ematix_dagster.streaming.windows import WindowKind
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, SourceProgress
-from state_store.codec import STATE_VERSION, decode_key, decode_state, encode_key, encode_state
+from state_store.codec import STATE_VERSION, decode_key, decode_state, encode_key, encode_keys, encode_state
 from state_store.errors import RESTORE_OR_RESET, CorruptState
 from state_store.loaded_groups import decode_groups
 from state_store.segment_replay import Live, replay, replayed
@@ -81,7 +81,7 @@ def segment_commit(state: KindState) -> tuple[list[bytes], bool]:
 
 
 def _segment(state: KindState, changes: ColumnChanges, base: bool) -> bytes:
-    keys = list(map(encoded_key, changes.keys))
+    keys = encode_keys(changes.keys)
     written: list[bytes | None] | None = None
     if state.keeps_written:  # the written row travels with its group (schema step 6)
         held = state.written

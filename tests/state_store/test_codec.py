@@ -59,6 +59,16 @@ def test_key_values_stay_distinct_and_decode_to_the_same_type():
     assert all(same(codec.decode_key(b), k) for b, k in zip(blobs, keys))
 
 
+@pytest.mark.parametrize("keys", [
+    [(v,) for v in DISTINCT_VALUES],  # some not plain: key by key
+    [(v,) for v in (None, True, 0, -1, 2**63, 2**64, -(2**63) - 1, 2**200, "x", b"y")],  # plain, big ints too
+    [(1, "a"), (None, b""), (True, -5), ()],
+    [],
+])
+def test_keys_encoded_at_once_are_the_keys_encoded_one_by_one(keys):
+    assert codec.encode_keys(keys) == [codec.encode_key(k) for k in keys]
+
+
 def test_keys_are_deterministic_and_canonical():
     key = (7, "x", Decimal("2.50"), datetime(2024, 5, 1, 1, 2, 3, 4, tzinfo=UTC), date(2020, 2, 29), b"\x00", None)
     assert codec.encode_key(key) == codec.encode_key(tuple(key)) == codec.encode_key(list(key))  # type: ignore[arg-type]

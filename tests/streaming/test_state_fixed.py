@@ -43,3 +43,27 @@ def test_fixed_state_merges_a_run_column_by_column_and_a_repeated_group_row_by_r
     assert st.groups == {0: {("a",): [4, 11], ("b",): [5, 22], ("c",): [5, 50]}}
     with pytest.raises(StateCapExceeded, match="max_groups_per_window=3"):
         st.merge([0, 0], [("a",), ("d",)], [[1, 1], [1, 1]])
+
+
+@pytest.mark.parametrize("odd_key", [(None,), (True,), (7, 1), (2**64,), (7.0,)])
+def test_integer_keys_move_to_an_index_when_another_key_arrives(odd_key: tuple) -> None:
+    """One-integer keys are their own ids until a key of another shape arrives: the groups held
+    then keep their accumulators, and a NULL, a bool, a float or a big int stays what it was."""
+    st = FixedState(pipeline="p", kind=FixedWindows(10, 10), aggregators=[Count(), Sum(integral=True)],
+                    aliases=["n", "s"], max_groups_per_window=10)
+    model: dict[int, dict[tuple, list[int]]] = {}
+
+    def merge(starts: list[int], keys: list[tuple], counts: list[int], sums: list[int]) -> None:
+        st.merge(starts, keys, [counts, sums])
+        for start, key, n, s in zip(starts, keys, counts, sums):
+            held = model.setdefault(start, {}).setdefault(key, [0, 0])
+            held[0] += n
+            held[1] += s
+
+    merge([0, 0, 10], [(7,), (-3,), (7,)], [1, 2, 3], [10, 20, 30])
+    merge([0, 0, 10], [odd_key, (7,), (5,)], [4, 5, 6], [40, 50, 60])
+    merge([10, 10], [odd_key, (-3,)], [7, 8], [70, 80])
+    assert st.groups == model
+    assert all(type(k[0]) is type(o[0]) for k, o in zip(sorted(st.groups[0], key=repr), sorted(model[0], key=repr)))
+    out = emit(st, before=None, watermark=20, retention=0).rows
+    assert {(r.start, r.key): r.values for r in out} == {(s, k): tuple(v) for s, ks in model.items() for k, v in ks.items()}

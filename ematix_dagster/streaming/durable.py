@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import repeat
 from typing import Any, Callable, Iterable, Sequence
 
 from ematix_dagster.streaming.emitted import GroupKey
@@ -16,6 +17,7 @@ from ematix_dagster.streaming.micro_batch import Engine
 from ematix_dagster.streaming.state.base import (
     ColumnChanges,
     KindState,
+    StoredColumns,
     StoredGroup,
     StoredSize,
     WrittenRow,
@@ -118,7 +120,9 @@ encoded_key = lru_cache(maxsize=1 << 17)(encode_key)
 def restore_engine(engine: Engine, recovered: RecoveredState, store: str | None = None) -> PipelineRecord | None:
     """Continue ``engine`` from what a store loaded; returns the record (None: nothing committed yet).
 
-    ``store`` names the store in the messages of state that does not decode or fit.
+    ``store`` names the store in the messages of state that does not decode or fit. The groups
+    reach the engine as columns (``StoredColumns``): segments are columns already, and an object
+    per group on the way was most of a large restore's time.
     """
     if recovered.record is None:
         return None
@@ -126,13 +130,13 @@ def restore_engine(engine: Engine, recovered: RecoveredState, store: str | None 
     if recovered.segments and not recovered.groups:  # segments alone: replayed decoded, no blob per group
         live: Live = {}
         sizes = replay(live, recovered.segments, where)
-        check_window_ends(state.pipeline, state.kind, [(start, end, key, None) for (start, key), (end, *_) in live.items()],
-                          store)
-        groups, written = _live_groups(where, live, state.kind.ends_stored)
+        groups, written = _live_columns(where, live)
+        check_window_ends(state.pipeline, state.kind, zip(groups.starts, groups.ends, repeat(None), repeat(None)), store)
     else:
         recovered, sizes = replayed(recovered, where)
         check_window_ends(state.pipeline, state.kind, recovered.groups, store)
-        groups = decoded_groups(state.pipeline, recovered, store, ends_stored=state.kind.ends_stored)
+        groups = StoredColumns.from_rows(decoded_groups(state.pipeline, recovered, store,
+                                                        ends_stored=state.kind.ends_stored))
         written = decoded_written(recovered)
     engine.restore(record.last_batch_id, record.watermark,
                    {n: (p.max_event_ts, p.last_arrival) for n, p in record.sources.items()},
@@ -142,9 +146,9 @@ def restore_engine(engine: Engine, recovered: RecoveredState, store: str | None 
     return record
 
 
-def _live_groups(where: str, live: Live, ends_stored: bool
-                 ) -> tuple[list[StoredGroup], dict[int, dict[GroupKey, WrittenRow]]]:
-    """Replayed segments (``state_store.segment_replay.replay``) in the shapes ``Engine.restore`` takes."""
+def _live_columns(where: str, live: Live) -> tuple[StoredColumns, dict[int, dict[GroupKey, WrittenRow]]]:
+    """Replayed segments (``state_store.segment_replay.replay``) in the shapes ``Engine.restore``
+    takes: each distinct key decoded once (a key is in each window it has groups in)."""
     keys: dict[bytes, GroupKey] = {}
     try:
         for key_bytes in {key_bytes for _, key_bytes in live}:
@@ -155,10 +159,11 @@ def _live_groups(where: str, live: Live, ends_stored: bool
                 written.setdefault(start, {})[keys[key_bytes]] = _written_row(blob)
     except CorruptState as exc:
         raise CorruptState(f"{where}: {exc}") from None
-    if not ends_stored:
-        return [StoredGroup(start, None, keys[key], list(accs)) for (start, key), (_, accs, _, _) in live.items()], written
-    return [StoredGroup(start, end, keys[key], list(accs), flag)
-            for (start, key), (end, accs, flag, _) in live.items()], written
+    if not live:
+        return StoredColumns([], [], [], []), written
+    starts, encoded = zip(*live)
+    ends, accs, flags, _ = zip(*live.values())
+    return StoredColumns.of(starts, ends, list(map(keys.__getitem__, encoded)), accs, flags), written
 
 
 def decoded_groups(pipeline: str, recovered: RecoveredState, store: str | None = None,

@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
-from operator import itemgetter
 from typing import Any, Iterable, NoReturn, Sequence
 
 from ematix_dagster.columns import CORRECTION, EARLY, FINAL, RETRACT
@@ -30,13 +29,11 @@ from ematix_dagster.spec import Window
 from ematix_dagster.streaming.aggregators import describe_value, window_aggregators, window_aliases
 from ematix_dagster.streaming.emission import emit
 from ematix_dagster.streaming.emitted import Emitted, EmittedRow, GroupKey
-from ematix_dagster.streaming.state.base import KindState, StoredGroup, WrittenRow
+from ematix_dagster.streaming.state.base import KindState, StoredColumns, StoredGroup, WrittenRow
 from ematix_dagster.streaming.triggers import TriggerClock
 from ematix_dagster.streaming.watermark import Watermarks
 from ematix_dagster.streaming.windows import MICROS_PER_MS, window_kind
 from state_store.errors import RESTORE_OR_RESET
-
-_KEY, _ACCS = itemgetter(2), itemgetter(3)
 
 
 @dataclass
@@ -139,22 +136,23 @@ class Engine:
 
     def restore(self, last_batch_id: int | None, watermark: int | None,
                 sources: dict[str, tuple[int | None, int | None]], counters: dict[str, int],
-                groups: Iterable[StoredGroup], store: str | None = None, thorough: bool = False,
+                groups: StoredColumns | Iterable[StoredGroup], store: str | None = None, thorough: bool = False,
                 written: dict[int, dict[GroupKey, WrittenRow]] | None = None,
                 trigger_fired_at_us: int | None = None) -> None:
         """Continue from durable state; ``sources`` maps name -> (max event time, last arrival);
         ``written``: the rows last written per (window start, key) the state keeps; the interval
         trigger's last firing.
 
-        The groups are checked against the window's group_by and aggregations first: state that
+        The groups (as columns, as a store's segments hold them; rows are turned into columns
+        once) are checked against the window's group_by and aggregations first: state that
         decodes but has another shape (another number of accumulators, a text where a count
         belongs, a pair of the wrong length, bytes that are not an HLL sketch) raises
         :class:`CorruptState` naming the pipeline, ``store``, the window, the group and what is
         wrong, and nothing is restored. The check is a few C-level scans per aggregation
         (see ``_check_groups``); ``thorough`` (``ematix-dagster check``) also opens every sketch.
         """
-        groups = groups if isinstance(groups, list) else list(groups)
-        self._check_groups(groups, store, thorough)
+        columns = groups if isinstance(groups, StoredColumns) else StoredColumns.from_rows(groups)
+        self._check_groups(columns, store, thorough)
         self.last_batch_id = last_batch_id
         self.watermarks.global_wm = watermark
         for name, (max_ts, last_arrival) in sources.items():
@@ -162,51 +160,46 @@ class Engine:
                 clock = self.watermarks.clocks[name]
                 clock.max_event_ts, clock.last_arrival = max_ts, last_arrival
         self.counters.update(counters)
-        self.state.restore(groups, watermark)
+        self.state.restore(columns, watermark)
         self.state.written = written or {}
         self.clock.fired_at_us = trigger_fired_at_us
 
-    def _check_groups(self, groups: list[StoredGroup], store: str | None, thorough: bool) -> None:
+    def _check_groups(self, groups: StoredColumns, store: str | None, thorough: bool) -> None:
         """Raise ``CorruptState`` for the first group whose key or accumulators do not fit the window.
 
         Cheap by construction (it runs on every start, for up to millions of groups): a few
-        C-level scans (``map``/``set``) per aggregation over all groups at once, types first, then
-        ``Aggregator.scan_contents`` for pairs and sketches. Only when a scan finds something are
-        the groups walked one by one, to name the first offender. ``thorough`` walks every group
-        with ``Aggregator.check_state`` (which also opens every HLL sketch).
+        C-level scans (``map``/``set``) over the key column and each accumulator column, types
+        first, then ``Aggregator.scan_contents`` for pairs and sketches. Only when a scan finds
+        something are the groups made rows and walked one by one, to name the first offender.
+        ``thorough`` walks every group with ``Aggregator.check_state`` (which also opens every
+        HLL sketch).
         """
         if thorough:
-            self._walk(groups, store, thorough)
+            self._walk(groups.rows(), store, thorough)
             return
-        aggs = self.state.aggregators
-        width, key_width = len(aggs), len(self.window.group_by)
-        keys, accs = list(map(_KEY, groups)), list(map(_ACCS, groups))
-        if not (set(map(type, accs)) <= {list} and set(map(len, accs)) <= {width}
-                and set(map(type, keys)) <= {tuple} and set(map(len, keys)) <= {key_width}):
-            self._walk(groups, store, thorough)
-        for i, agg in enumerate(aggs):
-            if not agg.scan_states(list(map(itemgetter(i), accs))):
-                self._walk(groups, store, thorough)
+        aggs, keys = self.state.aggregators, groups.keys
+        if not (not groups.ragged and len(groups.accs) == len(aggs) and set(map(type, keys)) <= {tuple}
+                and set(map(len, keys)) <= {len(self.window.group_by)}
+                and all(agg.scan_states(column) for agg, column in zip(aggs, groups.accs))):
+            self._walk(groups.rows(), store, thorough)
 
     def _walk(self, groups: list[StoredGroup], store: str | None, thorough: bool) -> None:
         """Group by group: raise for the first one that does not fit (returns when none is found)."""
         aggs = self.state.aggregators
         width, key_width = len(aggs), len(self.window.group_by)
         for start, _end, key, accs, _emitted in groups:
-            if type(accs) is not list or len(accs) != width or type(key) is not tuple or len(key) != key_width:
+            if len(accs) != width or type(key) is not tuple or len(key) != key_width:
                 self._reject(store, start, key, accs)
             for i, (agg, acc) in enumerate(zip(aggs, accs)):
                 if (agg.check_state(acc) is not None) if thorough else not agg.scan_states([acc]):
                     self._reject(store, start, key, accs, i)
 
-    def _reject(self, store: str | None, start: int, key: Any, accs: Any, index: int | None = None) -> NoReturn:
+    def _reject(self, store: str | None, start: int, key: Any, accs: list[Any], index: int | None = None) -> NoReturn:
         """Raise ``CorruptState`` for a restored group whose key or accumulators have the wrong shape."""
         names = list(self.state.aliases)
         group_by = list(self.window.group_by)
         if type(key) is not tuple or len(key) != len(group_by):
             problem = f"the group key does not have one value per group_by column {group_by}"
-        elif type(accs) is not list:
-            problem = f"expected a list of {len(names)} accumulators {names}, got {describe_value(accs)}"
         elif len(accs) != len(names):
             problem = f"{len(accs)} accumulators are stored, but the pipeline has {len(names)} aggregations {names}"
         else:
@@ -305,4 +298,4 @@ def check_groups(pipeline: str, window: Window, groups: Sequence[StoredGroup],
     """
     integral = integral if integral is not None else (None,) * len(window.aggregations)
     engine = Engine.for_window(pipeline, window, (), integral)
-    engine._check_groups(list(groups), store, thorough)
+    engine._check_groups(StoredColumns.from_rows(groups), store, thorough)

@@ -27,7 +27,7 @@ from ematix_dagster.errors import StateCapExceeded
 from ematix_dagster.streaming.aggregators import Aggregator, Avg, Count, ExactDistinct, First, Last, Max, Min, Sum
 from ematix_dagster.streaming.emission import emit
 from ematix_dagster.streaming.emitted import EmittedRow
-from ematix_dagster.streaming.state.base import StoredGroup
+from ematix_dagster.streaming.state.base import StoredColumns, StoredGroup
 from ematix_dagster.streaming.state.session import SessionState
 from ematix_dagster.streaming.windows.session import SessionWindows, session_id
 from tests.streaming.session_oracle import ALIASES, Key, Oracle, Out, Params, Partials, Row, canon, partials_of
@@ -89,8 +89,8 @@ class Harness:
     def restart(self) -> None:
         """A restart: a new SessionState from the store's rows."""
         self.state = self.fresh()
-        self.state.restore([StoredGroup(start, end, key, copy.deepcopy(accs), emitted)
-                            for (start, key), (end, accs, emitted, _) in self.store.items()], None)
+        self.state.restore(StoredColumns.from_rows(StoredGroup(start, end, key, copy.deepcopy(accs), emitted)
+                                                   for (start, key), (end, accs, emitted, _) in self.store.items()), None)
         for (start, key), (_, _, _, written) in self.store.items():
             if written is not None:
                 self.state.written.setdefault(start, {})[key] = written

@@ -46,7 +46,7 @@ from ematix_dagster.streaming.state.base import (
     ColumnChanges,
     Report,
     StateBase,
-    StoredGroup,
+    StoredColumns,
 )
 from ematix_dagster.streaming.state.columns import (
     I64,
@@ -320,20 +320,19 @@ class FixedState(StateBase):
             accs=[np.concatenate([accs[i] for _, _, accs in parts]) if parts else objects((), 0) for i in range(width)],
             deleted_before=deleted_before)
 
-    def restore(self, groups: Iterable[StoredGroup], watermark: int | None) -> None:
-        """Load groups a store returned into empty state."""
+    def restore(self, groups: StoredColumns, watermark: int | None) -> None:
+        """Load groups a store returned into empty state: ordered by (start, key id) in one sort,
+        each start's run of rows is its window."""
         if self.windows:
             raise RuntimeError("restore needs an empty FixedState")
-        by_start: dict[int, list[StoredGroup]] = {}
-        for group in groups:
-            by_start.setdefault(group.start, []).append(group)
-        keys = [group.key for held in by_start.values() for group in held]
-        kids = self._ids(keys)
-        width, row = len(self.aggregators), 0
-        for start, held in by_start.items():  # in the order their keys were coded
-            n = len(held)
-            window = HeldWindow(kids[row:row + n], [objects((g.accs[i] for g in held), n) for i in range(width)],
-                                np.zeros(n, bool), np.zeros(n, bool))
-            window.take(np.argsort(window.kid, kind="stable"))
-            self.windows[start] = window
-            row += n
+        n = len(groups)
+        if not n:
+            return
+        kids, starts = self._ids(groups.keys), ints(groups.starts, n)
+        order = np.lexsort((kids, starts))
+        kids, starts = kids[order], starts[order]
+        accs = [objects(column, n)[order] for column in groups.accs]
+        bounds = [*run_starts(starts).tolist(), n]
+        for lo, hi in zip(bounds, bounds[1:]):
+            self.windows[int(starts[lo])] = HeldWindow(kids[lo:hi].copy(), [column[lo:hi].copy() for column in accs],
+                                                       np.zeros(hi - lo, bool), np.zeros(hi - lo, bool))

@@ -35,7 +35,8 @@ and Python runs only over what the batch brings or emits.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
+from itertools import repeat
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -50,7 +51,7 @@ from ematix_dagster.streaming.state.base import (
     ColumnChanges,
     Report,
     StateBase,
-    StoredGroup,
+    StoredColumns,
 )
 from ematix_dagster.streaming.state.columns import (
     I64,
@@ -331,7 +332,7 @@ class SessionState(StateBase):
         return ColumnChanges(starts=starts, ends=self.end[at], keys=keys, accs=[c[at] for c in self.accs],
                              emitted=self.emitted[at], deletes=list(deletes))
 
-    def restore(self, groups: Iterable[StoredGroup], watermark: int | None) -> None:
+    def restore(self, groups: StoredColumns, watermark: int | None) -> None:
         """Load sessions a store returned into empty state.
 
         The stored flag decides: under reopen a session that absorbed an emitted one counts as
@@ -341,17 +342,16 @@ class SessionState(StateBase):
         """
         if len(self.kid):
             raise RuntimeError("restore needs an empty SessionState")
-        groups = list(groups)
         n = len(groups)
         if not n:
             return
-        starts, ends, keys, accs, flags = (list(column) for column in zip(*groups))
-        assert None not in ends, "sessions are stored with their ends"
-        end = ints(ends, n)
+        assert None not in groups.ends, "sessions are stored with their ends"
+        end = ints(groups.ends, n)  # type: ignore[arg-type]  # no None: asserted
         final = end < watermark if watermark is not None else np.zeros(n, bool)
+        flags = groups.emitted if groups.emitted is not None else repeat(None)
         emitted = np.array([bool(f) if f is not None else bool(c) for f, c in zip(flags, final.tolist())], bool)
-        start = ints(starts, n)
-        self._set({"kid": self.index.ids_of(keys), "start": start, "end": end, "stored": start.copy(),
+        start = ints(groups.starts, n)
+        self._set({"kid": self.index.ids_of(groups.keys), "start": start, "end": end, "stored": start.copy(),
                    "emitted": emitted, "changed": np.zeros(n, bool), "dirty": np.zeros(n, bool),
-                   "accs": [objects((group[i] for group in accs), n) for i in range(len(self.aggregators))]})
+                   "accs": [objects(column, n) for column in groups.accs]})
         self._take(np.lexsort((self.start, self.kid)))

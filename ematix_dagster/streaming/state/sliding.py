@@ -32,7 +32,7 @@ that may still be created or changed needs (``t < W - retention - D``) leave sta
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, NoReturn, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, Sequence
 
 import numpy as np
 
@@ -43,7 +43,7 @@ from ematix_dagster.streaming.state.base import (
     ColumnChanges,
     Report,
     StateBase,
-    StoredGroup,
+    StoredColumns,
 )
 from ematix_dagster.streaming.state.columns import (
     I64,
@@ -322,16 +322,15 @@ class SlidingState(StateBase):
         return ColumnChanges(starts=times, ends=times, keys=self.index.keys_of(self.kid[at]),
                              accs=[c[at] for c in self.accs], deleted_before=None if everything else evicted_before)
 
-    def restore(self, groups: Iterable[StoredGroup], watermark: int | None) -> None:
+    def restore(self, groups: StoredColumns, watermark: int | None) -> None:
         """Load partials a store returned (as :meth:`take_column_changes` handed them over) into empty state."""
         if len(self.kid):
             raise RuntimeError("restore needs an empty SlidingState")
-        groups = list(groups)
         n = len(groups)
         if not n:
             return
-        times, keys = ints((g.start for g in groups), n), [g.key for g in groups]
-        accs = [objects((g.accs[i] for g in groups), n) for i in range(len(self.aggregators))]
+        times, keys = ints(groups.starts, n), groups.keys
+        accs = [objects(column, n) for column in groups.accs]
         everything = np.arange(n)
         parts = parts_of(self.aggregators, accs, everything) if self._additive else []
         self._set(self.index.ids_of(keys), times, np.zeros(n, bool), np.zeros(n, bool), accs, parts)

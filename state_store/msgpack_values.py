@@ -21,7 +21,8 @@ import struct
 import threading
 from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
-from typing import Any
+from functools import partial
+from typing import Any, Callable
 
 import msgpack
 from msgpack import ExtType
@@ -111,9 +112,10 @@ def ext_hook(code: int, data: bytes) -> Any:
     raise ValueError(f"unknown extension type {code}")
 
 
-def unpackb(data: bytes | memoryview) -> Any:
-    return msgpack.unpackb(data, ext_hook=ext_hook, object_hook=set, use_list=False, raw=False,
-                           strict_map_key=False)
+#: a value from its bytes (bytes or a memoryview); a partial rather than a function, as a restore
+#: calls it once per key, up to millions of times
+unpackb: Callable[[bytes | memoryview], Any] = partial(msgpack.unpackb, ext_hook=ext_hook, object_hook=set,
+                                                       use_list=False, raw=False, strict_map_key=False)
 
 
 def unpackb_values(data: bytes | memoryview) -> Any:

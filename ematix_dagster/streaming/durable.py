@@ -24,10 +24,18 @@ from ematix_dagster.streaming.state.base import (
 )
 from ematix_dagster.streaming.windows import WindowKind
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, SourceProgress
-from state_store.codec import STATE_VERSION, decode_key, decode_state, encode_key, encode_keys, encode_state
+from state_store.codec import (
+    STATE_VERSION,
+    decode_key,
+    decode_keys,
+    decode_state,
+    encode_key,
+    encode_keys,
+    encode_state,
+)
 from state_store.errors import RESTORE_OR_RESET, CorruptState
-from state_store.loaded_groups import decode_groups
-from state_store.segment_replay import Live, replay, replayed
+from state_store.loaded_groups import decode_groups, gc_paused
+from state_store.segment_replay import Live, SegmentSizes, replay, replayed
 from state_store.segments import Segment, encode_segment
 
 
@@ -126,12 +134,20 @@ def restore_engine(engine: Engine, recovered: RecoveredState, store: str | None 
     """
     if recovered.record is None:
         return None
-    state, record, where = engine.state, recovered.record, _where(engine.state.pipeline, store)
+    with gc_paused():  # millions of small containers, none in a cycle: all gone again when it ends
+        sizes = _restore(engine, recovered, recovered.record, store)
+    engine.state.stored_size = StoredSize(base=sizes.base, deltas=sizes.deltas, from_rows=sizes.rows > 0)
+    return recovered.record
+
+
+def _restore(engine: Engine, recovered: RecoveredState, record: PipelineRecord, store: str | None) -> SegmentSizes:
+    state, where = engine.state, _where(engine.state.pipeline, store)
     if recovered.segments and not recovered.groups:  # segments alone: replayed decoded, no blob per group
         live: Live = {}
         sizes = replay(live, recovered.segments, where)
         groups, written = _live_columns(where, live)
-        check_window_ends(state.pipeline, state.kind, zip(groups.starts, groups.ends, repeat(None), repeat(None)), store)
+        check_window_ends(state.pipeline, state.kind, zip(groups.starts, groups.ends, repeat(None), repeat(None)),
+                          store)
     else:
         recovered, sizes = replayed(recovered, where)
         check_window_ends(state.pipeline, state.kind, recovered.groups, store)
@@ -142,28 +158,32 @@ def restore_engine(engine: Engine, recovered: RecoveredState, store: str | None 
                    {n: (p.max_event_ts, p.last_arrival) for n, p in record.sources.items()},
                    record.counters, groups, store=store, written=written,
                    trigger_fired_at_us=record.trigger_fired_at)
-    state.stored_size = StoredSize(base=sizes.base, deltas=sizes.deltas, from_rows=sizes.rows > 0)
-    return record
+    return sizes
 
 
 def _live_columns(where: str, live: Live) -> tuple[StoredColumns, dict[int, dict[GroupKey, WrittenRow]]]:
     """Replayed segments (``state_store.segment_replay.replay``) in the shapes ``Engine.restore``
-    takes: each distinct key decoded once (a key is in each window it has groups in)."""
-    keys: dict[bytes, GroupKey] = {}
+    takes. Each key is decoded once: where keys repeat (a key in several windows) through a dict
+    of the distinct ones, which costs more than it saves when none does."""
+    if not live:
+        return StoredColumns([], [], [], []), {}
+    starts, encoded = zip(*live)
+    ends, accs, flags, blobs = zip(*live.values())
+    written: dict[int, dict[GroupKey, WrittenRow]] = {}
     try:
-        for key_bytes in {key_bytes for _, key_bytes in live}:
-            keys[key_bytes] = decode_key(key_bytes)
-        written: dict[int, dict[GroupKey, WrittenRow]] = {}
-        for (start, key_bytes), (_, _, _, blob) in live.items():
-            if blob is not None:
-                written.setdefault(start, {})[keys[key_bytes]] = _written_row(blob)
+        distinct = set(encoded)
+        if len(distinct) == len(encoded):
+            keys = decode_keys(encoded)
+        else:
+            decoded = dict(zip(distinct, decode_keys(list(distinct))))
+            keys = list(map(decoded.__getitem__, encoded))
+        if blobs.count(None) < len(blobs):
+            for start, key, blob in zip(starts, keys, blobs):
+                if blob is not None:
+                    written.setdefault(start, {})[key] = _written_row(blob)
     except CorruptState as exc:
         raise CorruptState(f"{where}: {exc}") from None
-    if not live:
-        return StoredColumns([], [], [], []), written
-    starts, encoded = zip(*live)
-    ends, accs, flags, _ = zip(*live.values())
-    return StoredColumns.of(starts, ends, list(map(keys.__getitem__, encoded)), accs, flags), written
+    return StoredColumns.of(starts, ends, keys, accs, flags), written
 
 
 def decoded_groups(pipeline: str, recovered: RecoveredState, store: str | None = None,

@@ -20,6 +20,7 @@ first time a batch brings another key (a NULL, a string, a second column).
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import Sequence
 
 import numpy as np
@@ -83,10 +84,9 @@ class IntKeys:
     def ids_of(self, keys: Sequence[GroupKey]) -> np.ndarray | None:
         """The keys' integers; None when a key is not one int64 (the state then moves to a
         :class:`KeyIndex`)."""
-        try:
-            values = [key for (key,) in keys]
-        except ValueError:  # a key of another width
+        if set(map(len, keys)) - {1}:  # a key of another width
             return None
+        values = list(chain.from_iterable(keys))
         if set(map(type, values)) - {int}:  # bool is an int subclass, but its keys must stay bool
             return None
         try:

@@ -14,10 +14,13 @@ import random
 import pytest
 
 from ematix_dagster.spec import Aggregation, Window
-from ematix_dagster.streaming.durable import batch_commit, restore_engine
+from ematix_dagster.streaming.durable import batch_commit, decoded_groups, decoded_written, restore_engine
 from ematix_dagster.streaming.micro_batch import BatchInput, Engine, SourceStats
-from state_store.codec import decode_key
-from state_store.segments import decode_segment
+from state_store.base import BatchCommit
+from state_store.codec import decode_key, encode_key
+from state_store.errors import CorruptState
+from state_store.segment_replay import replayed
+from state_store.segments import Segment, decode_segment, encode_segment
 from state_store.sqlite import SqliteStateStore
 
 S = 1_000_000
@@ -174,5 +177,92 @@ def test_restore_continues_emit_triggers_and_retractions_exactly(tmp_path, trigg
         assert current.clock.fired_at_us == straight.clock.fired_at_us
         assert current.state.written == straight.state.written
         assert current.state.groups == straight.state.groups
+    finally:
+        store.close()
+
+
+SESSIONS = Window(kind="session", gap_ms=20_000, max_session_duration_ms=600_000, lateness_ms=5_000, late_data="reopen",
+                  allowed_lateness_ms=40_000, group_by=("k",), max_groups_per_window=100,
+                  aggregations=(Aggregation("count", "n"), Aggregation("sum", "v", column="v")))
+
+
+def _session_batches() -> list[BatchInput]:
+    """One-event partial sessions of a few keys, some late (so some sessions merge and some are emitted)."""
+    rng = random.Random(5)
+    out = []
+    for b in range(8):
+        events = sorted(dict.fromkeys(((b * 20 + rng.choice([-30, -10, 0, 10])) * S, (rng.choice(["a", "b", None]),))
+                                      for _ in range(6)), key=lambda event: event[0])
+        times = [t for t, _ in events if t >= 0]
+        keys = [key for t, key in events if t >= 0]
+        out.append(BatchInput(batch_id=b, batch_time=(1000 + b) * S,
+                              sources={"s": SourceStats(rows=len(times), max_event_ts=(b * 20 + 10) * S)},
+                              starts=times, keys=keys, partials=[[1] * len(times), [rng.randint(-5, 9) for _ in times]],
+                              lasts=times))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["fixed", "session"])
+def test_a_restore_from_segments_and_one_from_the_same_groups_as_rows_hold_the_same_state(tmp_path, kind):
+    """The segments' columns (``restore_engine``) and the rows a store of schema 7 would hold for
+    them (``replayed``, ``decoded_groups``) restore exactly the same state."""
+    if kind == "fixed":
+        def engine() -> Engine:
+            return _engine(scalars_only=True)
+        batches = [_scalars(b) for b in _batches(2)]
+    else:
+        def engine() -> Engine:
+            return Engine.for_window("replay", SESSIONS, ("s",), integral=(False, True))
+        batches = _session_batches()
+
+    def held(engine: Engine):
+        return engine.state.groups if kind == "fixed" else engine.state.sessions
+
+    store = SqliteStateStore(str(tmp_path / "state.db"))
+    store.open()
+    store.acquire_lease("replay", "test")
+    try:
+        running = engine()
+        for b in batches:
+            running.process(b)
+            store.commit(batch_commit(running, "replay"))
+            loaded = store.load("replay")
+            from_segments = engine()
+            restore_engine(from_segments, loaded)
+            rows, _ = replayed(loaded, "test")
+            from_rows = engine()
+            from_rows.restore(loaded.record.last_batch_id, loaded.record.watermark, {}, {},
+                              decoded_groups("replay", rows, ends_stored=from_rows.state.kind.ends_stored),
+                              written=decoded_written(rows))
+            assert held(from_segments) == held(from_rows) == held(running)
+            assert from_segments.state.written == from_rows.state.written == running.state.written
+        assert held(running), "the batches leave state to restore"
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(("segment", "fragments"), [
+    (Segment(starts=[60 * S], ends=[120 * S], keys=[encode_key(("b",))], emitted=None, written=None, accs=[[1]]),
+     ["window_start 60000000", "group ('b',)", "1 accumulators are stored, but the pipeline has 2 aggregations"]),
+    (Segment(starts=[60 * S], ends=[120 * S], keys=[b"\x01?"], emitted=None, written=None, accs=[[1], [2]]),
+     ["pipeline 'replay'", "group key is corrupt"]),
+])
+def test_a_restore_from_segments_names_the_group_that_does_not_fit(tmp_path, segment, fragments):
+    """Groups replayed from segments of different widths, or a key that does not decode among
+    keys that do, are reported as a restore from rows reports them."""
+    window = Window(kind="tumbling", duration_ms=60_000, group_by=("k",), max_groups_per_window=100,
+                    aggregations=(Aggregation("count", "n"), Aggregation("sum", "v", column="v")))
+    engine = Engine.for_window("replay", window, ("s",), integral=(False, True))
+    engine.process(BatchInput(batch_id=0, batch_time=0, sources={"s": SourceStats(2, 70 * S)}, starts=[0, 60 * S],
+                              keys=[("a",), ("a",)], partials=[[1, 2], [3, 4]]))
+    store = SqliteStateStore(str(tmp_path / "state.db"))
+    store.open()
+    try:
+        store.commit(batch_commit(engine, "replay"))
+        record = store.load("replay", groups=False).record
+        store.commit(BatchCommit(record=record, segments=[encode_segment(segment)]))
+        with pytest.raises(CorruptState) as raised:
+            restore_engine(Engine.for_window("replay", window, ("s",), integral=(False, True)), store.load("replay"))
+        assert all(fragment in str(raised.value) for fragment in fragments), str(raised.value)
     finally:
         store.close()

@@ -188,8 +188,9 @@ def _live_columns(where: str, live: Live) -> tuple[StoredColumns, dict[int, dict
 
 def decoded_groups(pipeline: str, recovered: RecoveredState, store: str | None = None,
                    ends_stored: bool = False) -> list[StoredGroup]:
-    """The loaded groups in the shape ``Engine.restore`` takes; with ``ends_stored`` (a kind whose
-    start names no end) each group's stored end and emitted flag (None: not stored) come along."""
+    """The loaded groups as rows (what ``check_groups`` vets; a restore makes them columns once);
+    with ``ends_stored`` (a kind whose start names no end) each group's stored end and emitted flag
+    (None: not stored) come along."""
     windows = decode_groups(pipeline, recovered.groups, store)
     if not ends_stored:
         return [StoredGroup(start, None, key, accs) for start, by_key in windows.items() for key, accs in by_key.items()]

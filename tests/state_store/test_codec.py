@@ -69,6 +69,28 @@ def test_keys_encoded_at_once_are_the_keys_encoded_one_by_one(keys):
     assert codec.encode_keys(keys) == [codec.encode_key(k) for k in keys]
 
 
+@pytest.mark.parametrize("keys", [
+    [(v,) for v in DISTINCT_VALUES],
+    [(1, "a"), (None, b""), (True, -5), ()],
+    [],
+])
+def test_keys_decoded_at_once_are_the_keys_decoded_one_by_one(keys):
+    blobs = codec.encode_keys(keys)
+    decoded = codec.decode_keys(blobs)
+    assert all(type(k) is tuple for k in decoded) and len(decoded) == len(keys)
+    assert codec.encode_keys(decoded) == blobs
+
+
+@pytest.mark.parametrize("bad", [b"", b"\x01", b"\x02\x91\x01", b"\x01\x01", b"\x01\x91\xc1", b"\x01\x91\x91\x01"])
+def test_a_bad_key_among_good_ones_is_reported_as_decode_key_reports_it(bad):
+    blobs = [codec.encode_key(("a",)), bad, codec.encode_key((1,))]
+    with pytest.raises(CorruptState) as one:
+        codec.decode_key(bad)
+    with pytest.raises(CorruptState) as all_at_once:
+        codec.decode_keys(blobs)
+    assert str(all_at_once.value) == str(one.value)
+
+
 def test_keys_are_deterministic_and_canonical():
     key = (7, "x", Decimal("2.50"), datetime(2024, 5, 1, 1, 2, 3, 4, tzinfo=UTC), date(2020, 2, 29), b"\x00", None)
     assert codec.encode_key(key) == codec.encode_key(tuple(key)) == codec.encode_key(list(key))  # type: ignore[arg-type]

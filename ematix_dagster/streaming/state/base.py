@@ -113,8 +113,9 @@ class Report:
 
 
 class StoredGroup(NamedTuple):
-    """One group as a store writes and returns it: a kind's window start, the window's end, the
-    group key, its accumulators and (sessions) whether it was emitted (None: follows from W)."""
+    """One restored group as a row (a row of schema 7, or the group a failed check names; a restore
+    takes them as :class:`StoredColumns`): a kind's window start, the window's end, the group key,
+    its accumulators and (sessions) whether it was emitted (None: follows from W)."""
 
     start: int
     end: int | None

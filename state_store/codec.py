@@ -242,5 +242,5 @@ def migrate(blob: bytes, from_version: int, to_version: int = STATE_VERSION) -> 
     return blob
 
 
-__all__ = ["KEY_FORMAT", "ROW_FORMAT", "STATE_VERSION", "encode_key", "decode_key", "decode_keys", "encode_state",
+__all__ = ["KEY_FORMAT", "ROW_FORMAT", "STATE_VERSION", "encode_key", "encode_keys", "decode_key", "decode_keys", "encode_state",
            "decode_state", "encode_row", "decode_row", "state_version", "migrate"]

@@ -31,13 +31,14 @@ from ematix_dagster.spark.plan import BatchPlan
 from ematix_dagster.spark.recovery import named_offsets, offset_names
 from ematix_dagster.spark.windows.fixed import late_windows
 from ematix_dagster.spec import PipelineSpec
-from ematix_dagster.streaming.durable import Provenance, batch_commit, encoded_key
+from ematix_dagster.streaming.durable import Provenance, batch_commit
 from ematix_dagster.streaming.emitted import Emitted
 from ematix_dagster.streaming.micro_batch import BatchInput, BatchResult, Engine, SourceStats
 from ematix_dagster.streaming.windows import format_us
 from ematix_dagster.targets import DeadLetterWriter, WindowWriter
 from ematix_dagster.targets.base import WritesInTransaction
 from state_store.base import PipelineRecord, StateStore
+from state_store.codec import encode_keys
 from state_store.loaded_groups import gc_paused
 
 InTransaction = list[Callable[[object], None]]
@@ -299,7 +300,7 @@ class BatchStep:
         ids = None
         kind = self.engine.state.kind
         if kind.id_column is not None:
-            ids = kind.row_ids(self.spec.pipeline_name, list(map(encoded_key, emitted.keys)), emitted.starts)
+            ids = kind.row_ids(self.spec.pipeline_name, encode_keys(emitted.keys), emitted.starts)
         return rows_to_arrow(self.schema, emitted, len(self.spec.window.group_by), ids, first_seq)
 
     @property

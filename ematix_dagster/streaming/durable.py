@@ -8,7 +8,6 @@ the replay tests use one mapping instead of two copies that could drift apart.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
 from itertools import repeat
 from typing import Any, Callable, Iterable, Sequence
 
@@ -102,7 +101,7 @@ def _segment(state: KindState, changes: ColumnChanges, base: bool) -> bytes:
             written.append(None if row is None else encode_state([row[0], *row[1]]))
     return encode_segment(Segment(
         base=base, starts=changes.starts, ends=changes.ends, keys=keys, emitted=changes.emitted, written=written,
-        accs=changes.accs, deletes=[(start, encoded_key(key)) for start, key in changes.deletes],
+        accs=changes.accs, deletes=list(zip([start for start, _ in changes.deletes], encode_keys([key for _, key in changes.deletes]))),
         deleted_before=changes.deleted_before))
 
 
@@ -119,10 +118,6 @@ def _written_row(blob: bytes) -> WrittenRow:
     return end, tuple(values)
 
 
-#: A group's key is encoded again every batch that touches it (in every window it is in, and for a
-#: session's ``session_id``): the encodings of the keys seen lately are kept (keys are tuples of
-#: scalars, so hashable).
-encoded_key = lru_cache(maxsize=1 << 17)(encode_key)
 
 
 def restore_engine(engine: Engine, recovered: RecoveredState, store: str | None = None) -> PipelineRecord | None:
@@ -199,7 +194,7 @@ def decoded_groups(pipeline: str, recovered: RecoveredState, store: str | None =
     out = []
     for start, by_key in windows.items():
         for key, accs in by_key.items():
-            encoded = encoded_key(key)
+            encoded = encode_key(key)
             out.append(StoredGroup(start, ends[(start, encoded)], key, accs, flags.get((start, encoded))))
     return out
 

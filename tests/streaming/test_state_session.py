@@ -247,6 +247,19 @@ def test_group_cap_counts_keys_holding_sessions() -> None:
     assert sorted(h.state.sessions) == [("b",), ("c",)] and h.state.sessions[("c",)][0].accs[0] == 1
 
 
+def test_a_session_kept_by_its_retention_to_the_microsecond_keeps_its_written_row() -> None:
+    """A final row is remembered unless this emission's eviction drops its session (end + retention
+    < W): a session whose end + retention is exactly W stays, and its row is retracted when a late
+    row moves its start."""
+    state = SessionState("p", [Count()], ["n"], 10, SessionWindows(gap=10, cap=100))
+    state.merge([10], [A], [[2]], lasts=[10])  # [10, 20)
+    rows = emit(state, None, 35, retention=15).rows  # 20 + 15 == 35: final, kept
+    assert [(r.kind, r.start, r.end) for r in rows] == [("final", 10, 20)] and state.written == {10: {A: (20, (2,))}}
+    state.merge([2], [A], [[1]], lasts=[2])  # late, under reopen: the session now starts at 2
+    rows = emit(state, 35, 35, retention=15).rows
+    assert [(r.kind, r.start, r.end, r.values) for r in rows] == [("retract", 10, 20, (2,)), ("correction", 2, 20, (3,))]
+
+
 def test_take_changes_and_two_merges_before_one_emit() -> None:
     h = Harness(Params(policy="reopen", allowed=100))
     h.batch([(A, 20, 2), (A, 40, 4), (Z, 100, 0)])  # store: a@20, a@40, z@100

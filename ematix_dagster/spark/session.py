@@ -10,9 +10,11 @@ settings (``SPARK_LOCAL_IP``, ``spark.driver.host`` in ``spark-defaults.conf`` o
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
+from pyspark.logger import PySparkLogger
 from pyspark.sql import SparkSession
 
 #: Only for ``local[...]`` masters: a driver bound to loopback is unreachable from remote executors.
@@ -32,6 +34,12 @@ DEFAULT_CONF: dict[str, str] = {
     # the per-batch plan makes ~1,000 such calls, so this halves the driver's planning CPU.
     "spark.python.sql.dataFrameDebugging.enabled": "false",
 }
+
+
+#: PySpark's loggers that print an analysis error with a query context (a user's SQL that does not
+#: analyse) as a JSON line with the whole JVM stack, before raising it: the engine reports that
+#: error itself, once and without the stack (``ematix-dagster validate``, a pipeline's start)
+QUERY_CONTEXT_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
 
 
 def get_spark(app_name: str = "ematix-dagster", master: str | None = None,
@@ -55,4 +63,6 @@ def get_spark(app_name: str = "ematix-dagster", master: str | None = None,
     # A session created elsewhere keeps its own settings; these two the engine relies on.
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     spark.conf.set("spark.sql.execution.arrow.pyspark.enabled", "true")
+    for name in QUERY_CONTEXT_LOGGERS:  # made as PySpark makes them: it logs to them with its own fields
+        PySparkLogger.getLogger(name).setLevel(logging.CRITICAL + 1)
     return spark

@@ -13,6 +13,7 @@ from typing import Any
 
 from ematix_dagster.streaming.emitted import GroupKey
 from ematix_dagster.streaming.state.base import KindState, StoredGroup
+from ematix_dagster.streaming.state.columns import accumulator_rows
 
 
 @dataclass
@@ -26,7 +27,6 @@ def take_changes(state: KindState) -> StoreChanges:
     """``state``'s changes since the last commit, one :class:`StoredGroup` per upserted row."""
     changes = state.take_column_changes()
     flags: Any = changes.emitted.tolist() if changes.emitted is not None else repeat(None)
-    accs = [column.tolist() for column in changes.accs]
-    rows = [list(row) for row in zip(*accs)] if accs else [[] for _ in changes.keys]
+    rows = accumulator_rows(changes.accs) if changes.accs else [[] for _ in changes.keys]
     upserts = list(map(StoredGroup, changes.starts.tolist(), changes.ends.tolist(), changes.keys, rows, flags))
     return StoreChanges(upserts=upserts, deletes=list(changes.deletes), deleted_before=changes.deleted_before)

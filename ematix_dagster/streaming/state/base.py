@@ -182,8 +182,8 @@ class StoredColumns:
 
 @dataclass
 class ColumnChanges:
-    """What changed since the last commit of a state held as columns (sessions, sliding partials),
-    handed over as its columns: a commit encodes them into one segment (``state_store.segments``)
+    """What changed since the last commit of a kind's state (fixed windows' groups, sessions,
+    sliding partials), handed over as its columns: a commit encodes them into one segment (``state_store.segments``)
     without an object per row. Upserts are row r of ``starts``, ``ends``, ``keys``, ``emitted``
     (None: the kind stores no flag) and ``accs`` (one object column per aggregator); a store applies
     ``deletes`` and ``deleted_before`` first."""

@@ -56,7 +56,7 @@ from ematix_dagster.streaming.state.columns import (
     objects,
     run_starts,
 )
-from ematix_dagster.streaming.state.keys import IntKeys, KeyCodes, KeyIndex
+from ematix_dagster.streaming.state.keys import INDEXED_KEY_BYTES, IntKeys, KeyCodes, KeyIndex
 
 if TYPE_CHECKING:
     from ematix_dagster.streaming.windows.fixed import FixedWindows
@@ -65,8 +65,6 @@ if TYPE_CHECKING:
 #: ``tests/streaming/test_state_size.py``), and a slot per aggregator
 FIXED_ROW_BYTES = 10
 ACC_SLOT_BYTES = 8
-#: a key's own cost where keys are not one integer column: its index entry and tuple
-FIXED_KEY_BYTES = 120
 
 
 @dataclass(eq=False)
@@ -118,7 +116,7 @@ class FixedState(StateBase):
         """One held group: its row in the columns plus its accumulators, and its key's cost where
         keys are not one integer column (a key index entry; a key held in several windows is
         counted in each)."""
-        return (FIXED_ROW_BYTES + FIXED_KEY_BYTES + KEY_VALUE_BYTES * key_width
+        return (FIXED_ROW_BYTES + INDEXED_KEY_BYTES + KEY_VALUE_BYTES * key_width
                 + sum(ACC_SLOT_BYTES + a.state_bytes for a in aggregators))
 
     @property

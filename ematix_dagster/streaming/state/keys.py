@@ -1,7 +1,7 @@
 """Group keys as int64 ids: a column of key ids sorts, compares and groups at C speed.
 
 Two codings. :class:`KeyIndex` hands out dense ids in order of first sight and keeps every key
-tuple it has seen (about 160 bytes a key: its tuple, its values and its dict entry). :class:`IntKeys`
+tuple it has seen (its tuple, its values and its dict entry: :data:`INDEXED_KEY_BYTES` and the values). :class:`IntKeys`
 is the common case of one integer group-by column (a user or device id): each key is its own id,
 so a state of a million groups holds no key object at all (docs/decisions.md, "Columnar driver
 state"). A state starts with :class:`IntKeys` where it may, and moves to a :class:`KeyIndex` the
@@ -27,6 +27,11 @@ import numpy as np
 
 from ematix_dagster.streaming.emitted import GroupKey
 from ematix_dagster.streaming.state.columns import I64, ints, run_count
+
+#: a key's own cost in a :class:`KeyIndex`, as a state's startup estimate counts it: its dict entry,
+#: its tuple and its slot in the key list (the values are ``KEY_VALUE_BYTES`` each, counted apart;
+#: measured by ``tests/streaming/test_state_size.py``)
+INDEXED_KEY_BYTES = 120
 
 
 class KeyIndex:

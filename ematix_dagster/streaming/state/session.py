@@ -63,7 +63,7 @@ from ematix_dagster.streaming.state.columns import (
     run_count,
     search_pairs,
 )
-from ematix_dagster.streaming.state.keys import KeyIndex
+from ematix_dagster.streaming.state.keys import INDEXED_KEY_BYTES, KeyIndex
 from ematix_dagster.streaming.state.session_merge import BatchKeys, MergePlan, batch_keys, plan_merge
 
 if TYPE_CHECKING:
@@ -72,8 +72,6 @@ if TYPE_CHECKING:
 #: one held session without its accumulators: key id, start, end, stored start (8 bytes each), the
 #: flags, and a slot per accumulator column (measured by ``tests/streaming/test_state_size.py``)
 SESSION_ROW_BYTES = 40
-#: a key's own cost while it holds a session: its index entry and tuple (shared by its sessions)
-SESSION_KEY_BYTES = 120
 
 
 class HeldSession(NamedTuple):
@@ -138,7 +136,7 @@ class SessionState(StateBase):
     def bytes_per_group(aggregators: Sequence[Aggregator], key_width: int) -> int:
         """One held session: its row in the columns plus its accumulators (the key's own bytes are
         shared by its sessions, counted once per key as one session's)."""
-        return (SESSION_ROW_BYTES + SESSION_KEY_BYTES + KEY_VALUE_BYTES * key_width
+        return (SESSION_ROW_BYTES + INDEXED_KEY_BYTES + KEY_VALUE_BYTES * key_width
                 + sum(a.state_bytes for a in aggregators))
 
     @property

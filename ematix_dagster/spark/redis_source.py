@@ -2,8 +2,9 @@
 
 Spark calls the reader's planning methods (``initialOffset``, ``latestOffset``, ``partitions``)
 and its ``read`` in Python worker processes, so this module imports nothing of the package but
-:func:`~ematix_dagster.spec.environment.public_url`: both are shipped to those workers by value
-(:func:`ematix_dagster.spark.readers.ship_redis_reader`) and must stay light.
+:func:`~ematix_dagster.spec.environment.public_url` and its ``${NAME}`` pattern: both modules are
+shipped to those workers by value (:func:`ematix_dagster.spark.readers.ship_redis_reader`) and
+must stay light.
 
 Offsets (docs/contract/redis-streams.md). A stream's offset is the id of the last entry a batch
 took (``id``) and that entry's ordinal ``n``, the stream's ``entries-added`` counter when it was
@@ -38,7 +39,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from ematix_dagster.spec.environment import public_url
+from ematix_dagster.spec.environment import ENV_PLACEHOLDER, public_url
 
 #: the name Spark knows the source by (``spark.readStream.format(...)``)
 FORMAT = "ematix_redis_stream"
@@ -51,9 +52,6 @@ local ids = {}
 for i, entry in ipairs(redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[2], 'COUNT', ARGV[3])) do ids[i] = entry[1] end
 return ids
 """
-# The twin of spec/environment.py's ${NAME} pattern: this module is shipped to Spark's workers by
-# value with nothing of the package but public_url, so keep the two in step.
-_ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SEQ_MAX = 2**64 - 1
 
 
@@ -151,7 +149,7 @@ class RedisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                        "environment Spark's Python workers inherited")
                 return os.environ[m.group(1)]
 
-            self._client = redis.Redis.from_url(_ENV_RE.sub(sub, self.url), socket_timeout=10,
+            self._client = redis.Redis.from_url(ENV_PLACEHOLDER.sub(sub, self.url), socket_timeout=10,
                                                 socket_connect_timeout=5, decode_responses=True)
         return self._client
 

@@ -13,7 +13,9 @@ from ematix_dagster.spec.rules import _child, _fail
 if TYPE_CHECKING:
     from ematix_dagster.spec.model import PipelineSpec
 
-_ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+#: a ``${NAME}`` placeholder (the Redis reader, shipped to Spark's workers with this module, expands
+#: its URL's with it too)
+ENV_PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _T = TypeVar("_T")
 
 
@@ -28,7 +30,7 @@ def resolve_env(value: str | None) -> str | None:
             raise PipelineConfigError(f"${{{name}}}", "environment variable is not set", f"export {name}=...")
         return os.environ[name]
 
-    return _ENV_RE.sub(sub, value)
+    return ENV_PLACEHOLDER.sub(sub, value)
 
 
 def public_url(url: str) -> str:
@@ -59,7 +61,7 @@ def resolved_spec(spec: _T) -> _T:
 def _unset(obj: object, key: str) -> Iterator[tuple[str, str]]:
     """(TOML key, variable) for each unset ``${NAME}`` in ``obj``, in the spec's order."""
     if isinstance(obj, str):
-        yield from ((key, name) for name in _ENV_RE.findall(obj) if name not in os.environ)
+        yield from ((key, name) for name in ENV_PLACEHOLDER.findall(obj) if name not in os.environ)
     elif isinstance(obj, tuple):
         for i, item in enumerate(obj):
             yield from _unset(item, f"{key}[{i}]")
@@ -91,7 +93,7 @@ def _literal_password(url: str) -> bool:
     """Whether ``url`` holds a password typed into the file (not only ``${NAME}`` placeholders)."""
     found = [m.group(1).partition(":")[2] for m in _URL_USERINFO.finditer(url)]
     found += [m.group(1) for m in _QUERY_PASSWORD.finditer(url)] + [m.group(1) for m in _KV_PASSWORD.finditer(url)]
-    return any(_ENV_RE.sub("", password).strip("'") for password in found)
+    return any(ENV_PLACEHOLDER.sub("", password).strip("'") for password in found)
 
 
 def spec_warnings(spec: PipelineSpec) -> list[str]:

@@ -64,23 +64,21 @@ class Segment:
 
 
 def encode_segment(segment: Segment) -> bytes:
-    """The blob of ``segment``; its columns may be lists or NumPy arrays (object ones for accumulators)."""
+    """The blob of ``segment``; its columns may be lists or NumPy arrays (object ones for accumulators).
+    NumPy columns go to Arrow without a Python object per value, where their type allows."""
     n, deletes = len(segment.keys), segment.deletes
-    m = len(deletes) + (segment.deleted_before is not None)
-    gone = [None] * m
     before = [] if segment.deleted_before is None else [segment.deleted_before]
-    starts = [*_plain(segment.starts), *(start for start, _ in deletes), *before]
-    columns = [pa.array([UPSERT] * n + [DELETE] * len(deletes) + [DELETE_BEFORE] * len(before), pa.int8()),
-               pa.array(starts, pa.int64()), pa.array(_plain(segment.ends) + gone, pa.int64()),
-               pa.array(list(segment.keys) + [key for _, key in deletes] + [b""] * len(before), pa.binary()),
-               pa.array(_plain(segment.emitted) + gone if segment.emitted is not None and len(segment.emitted)
-                        else [None] * (n + m), pa.bool_()),
-               pa.array(_plain(segment.written) + gone if segment.written is not None and len(segment.written)
-                        else [None] * (n + m), pa.binary())]
+    m = len(deletes) + len(before)
+    columns = [pa.array(np.repeat(np.array([UPSERT, DELETE, DELETE_BEFORE], np.int8), [n, len(deletes), len(before)])),
+               pa.concat_arrays([pa.array(segment.starts, pa.int64()),
+                                 pa.array([start for start, _ in deletes] + before, pa.int64())]),
+               _then_nulls(segment.ends, pa.int64(), n, m),
+               pa.array([*segment.keys, *(key for _, key in deletes), *(b"" for _ in before)], pa.binary()),
+               _then_nulls(segment.emitted, pa.bool_(), n, m), _then_nulls(segment.written, pa.binary(), n, m)]
     fields = [pa.field(name, kind) for name, kind in _FIXED]
     for i, column in enumerate(segment.accs):
-        array, codec = _accumulator_array(_plain(column) + gone)
-        columns.append(array)
+        array, codec = _accumulator_array(column)
+        columns.append(pa.concat_arrays([array, pa.nulls(m, array.type)]))
         fields.append(pa.field(f"acc{i}", array.type, metadata={b"codec": codec}))
     schema = pa.schema(fields, metadata={b"base": b"1" if segment.base else b"0"})
     sink = pa.BufferOutputStream()
@@ -89,13 +87,23 @@ def encode_segment(segment: Segment) -> bytes:
     return MAGIC + bytes([FORMAT_VERSION]) + sink.getvalue().to_pybytes()
 
 
-def _plain(column: Any) -> list:
-    return column.tolist() if hasattr(column, "tolist") else list(column)
+def _then_nulls(values: Any, kind: pa.DataType, n: int, m: int) -> pa.Array:
+    """The upserts' ``values`` (None or empty: all null), then the ``m`` deletes' nulls."""
+    if values is None or not len(values):
+        return pa.nulls(n + m, kind)
+    return pa.concat_arrays([pa.array(values, kind), pa.nulls(m, kind)])
 
 
-def _accumulator_array(values: list) -> tuple[pa.Array, bytes]:
+def _accumulator_array(values: Sequence[Any] | np.ndarray) -> tuple[pa.Array, bytes]:
     """A typed column when every value is an int in int64 range (or every one a float), nulls for None;
     else each value's msgpack bytes."""
+    dtype = getattr(values, "dtype", None)
+    if dtype == np.int64:
+        return pa.array(values, pa.int64()), _INT
+    if dtype == np.float64:
+        return pa.array(values, pa.float64(), from_pandas=False), _FLOAT
+    if dtype is not None:
+        values = values.tolist()  # type: ignore[union-attr]
     types = set(map(type, values)) - {type(None)}
     if types == {int}:
         try:

@@ -91,11 +91,13 @@ def segment_commit(state: KindState) -> tuple[list[bytes], bool]:
 
 def _segment(state: KindState, changes: ColumnChanges, base: bool) -> bytes:
     keys = encode_keys(changes.keys)
+    if changes.key_rows is not None:
+        keys = list(map(keys.__getitem__, changes.key_rows.tolist()))
     written: list[bytes | None] | None = None
     if state.keeps_written:  # the written row travels with its group (schema step 6)
         held = state.written
         written = []
-        for start, key in zip(changes.starts.tolist(), changes.keys):
+        for start, key in zip(changes.starts.tolist(), changes.row_keys()):
             by_key = held.get(start)
             row = by_key.get(key) if by_key is not None else None
             written.append(None if row is None else encode_state([row[0], *row[1]]))

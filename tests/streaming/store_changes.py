@@ -27,6 +27,7 @@ def take_changes(state: KindState) -> StoreChanges:
     """``state``'s changes since the last commit, one :class:`StoredGroup` per upserted row."""
     changes = state.take_column_changes()
     flags: Any = changes.emitted.tolist() if changes.emitted is not None else repeat(None)
-    rows = accumulator_rows(changes.accs) if changes.accs else [[] for _ in changes.keys]
-    upserts = list(map(StoredGroup, changes.starts.tolist(), changes.ends.tolist(), changes.keys, rows, flags))
+    keys = changes.row_keys()
+    rows = accumulator_rows(changes.accs) if changes.accs else [[] for _ in keys]
+    upserts = list(map(StoredGroup, changes.starts.tolist(), changes.ends.tolist(), keys, rows, flags))
     return StoreChanges(upserts=upserts, deletes=list(changes.deletes), deleted_before=changes.deleted_before)

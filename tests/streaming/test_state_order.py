@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -32,3 +33,13 @@ def test_emitted_keys_sort_as_spark_orders_them(keys) -> None:
 def test_rows_sort_by_start_then_key(keys) -> None:
     starts = [10, 0, 10, 0, 10]
     assert row_order(starts, keys) == sorted(range(len(keys)), key=lambda i: (starts[i], key_order(keys[i])))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_rows_already_by_start_with_a_few_ties_sort_the_ties_by_key(seed) -> None:
+    # a sliding window's rows come by end: only rows sharing a start are sorted, NULLs first
+    rng = random.Random(seed)
+    starts = sorted(rng.sample(range(1000), 60) + rng.sample(range(1000), 4))  # 4 starts twice at most
+    keys = [(rng.choice([None, "a", "b", "c"]), rng.randint(0, 3)) for _ in starts]
+    got = [(starts[i], keys[i]) for i in row_order(starts, keys)]
+    assert got == sorted(zip(starts, keys), key=lambda row: (row[0], [(v is not None, v or 0) for v in row[1]]))

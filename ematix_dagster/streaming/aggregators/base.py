@@ -207,6 +207,11 @@ class Aggregator:
         """The accumulator as ``additive_parts`` numbers (the empty accumulator as zeros)."""
         raise NotImplementedError
 
+    def to_parts_column(self, accs: list[Any]) -> list[list[Any]]:
+        """:meth:`to_parts` of a column of accumulators, one list per part (overrides return
+        ``accs`` itself where the accumulator is its own part)."""
+        return list(map(list, zip(*map(self.to_parts, accs)))) or [[] for _ in range(self.additive_parts)]
+
     def from_parts(self, parts: Sequence[Any]) -> Any:
         """The accumulator whose parts are ``parts`` (the inverse of :meth:`to_parts`)."""
         raise NotImplementedError

@@ -88,6 +88,9 @@ class Count(Aggregator):
     def to_parts(self, acc: Any) -> tuple[Any, ...]:
         return (acc or 0,)
 
+    def to_parts_column(self, accs: list[Any]) -> list[list[Any]]:
+        return [accs] if None not in accs else super().to_parts_column(accs)
+
     def from_parts(self, parts: Sequence[Any]) -> Any:
         return parts[0]
 
@@ -149,6 +152,9 @@ class Sum(Aggregator):
 
     def to_parts(self, acc: Any) -> tuple[Any, ...]:
         return (0, 0) if acc is None else (acc, 1)
+
+    def to_parts_column(self, accs: list[Any]) -> list[list[Any]]:
+        return [accs, [1] * len(accs)] if None not in accs else super().to_parts_column(accs)
 
     def from_parts(self, parts: Sequence[Any]) -> Any:
         total, summed = parts

@@ -186,7 +186,9 @@ class ColumnChanges:
     sliding partials), handed over as its columns: a commit encodes them into one segment (``state_store.segments``)
     without an object per row. Upserts are row r of ``starts``, ``ends``, ``keys``, ``emitted``
     (None: the kind stores no flag) and ``accs`` (one object column per aggregator); a store applies
-    ``deletes`` and ``deleted_before`` first."""
+    ``deletes`` and ``deleted_before`` first. With ``key_rows``, ``keys`` holds each key once and
+    row r's key is ``keys[key_rows[r]]``: a sliding state's partials share their keys, and a commit
+    then encodes each key once instead of once per partial."""
 
     starts: np.ndarray
     ends: np.ndarray
@@ -195,9 +197,14 @@ class ColumnChanges:
     emitted: np.ndarray | None = None
     deletes: list[tuple[int, GroupKey]] = field(default_factory=list)
     deleted_before: int | None = None
+    key_rows: np.ndarray | None = None
 
     def __len__(self) -> int:
-        return len(self.keys) + len(self.deletes) + (self.deleted_before is not None)
+        return len(self.starts) + len(self.deletes) + (self.deleted_before is not None)
+
+    def row_keys(self) -> list[GroupKey]:
+        """Each upserted row's key."""
+        return self.keys if self.key_rows is None else list(map(self.keys.__getitem__, self.key_rows.tolist()))
 
 
 @dataclass

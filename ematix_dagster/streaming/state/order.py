@@ -60,6 +60,11 @@ def row_order(starts: Sequence[int], keys: Sequence[GroupKey]) -> list[int]:
     (start, key) pairs, and a window emits tens of thousands of groups at once. Int keys (the
     common session or sliding key, a window's rows mostly of distinct starts) take one NumPy sort.
     """
+    if not len(starts):
+        return []
+    steps = np.diff(np.array(starts, dtype=np.int64))
+    if (steps >= 0).all() and np.count_nonzero(steps == 0) * 8 < len(starts):
+        return _ties_by_key(steps, keys)
     ints = _by_ints(starts, keys)
     if ints is not None:
         return ints
@@ -83,14 +88,29 @@ def _by_ints(starts: Sequence[int], keys: Sequence[GroupKey]) -> list[int] | Non
     """:func:`row_order` in one NumPy sort when every key is a tuple of one width of ints within
     int64 (a session's or a sliding window's user id): no Python comparison per row. None
     otherwise."""
-    if not keys or len(set(map(len, keys))) != 1 or set(map(type, chain.from_iterable(keys))) != {int}:
+    if not keys or len(set(map(len, keys))) != 1:
+        return None
+    flat = list(chain.from_iterable(keys))  # one list of every key's values: no column per width
+    if set(map(type, flat)) != {int}:
         return None
     try:
-        columns = [np.array(column, dtype=np.int64) for column in zip(*keys)]
+        columns = np.array(flat, dtype=np.int64).reshape(len(keys), -1).T
         first = np.array(starts, dtype=np.int64)
     except OverflowError:
         return None
     return np.lexsort([*columns[::-1], first]).tolist()  # the last column given sorts first
+
+
+def _ties_by_key(steps: np.ndarray, keys: Sequence[GroupKey]) -> list[int]:
+    """:func:`row_order` of rows already by start (``steps``: from each start to the next, none
+    negative) where few share one (a sliding window's rows come by end): only those are sorted."""
+    out = list(range(len(keys)))
+    ends = np.flatnonzero(np.diff(np.concatenate(([False], steps == 0, [False])).astype(np.int8)))
+    if len(ends):
+        plain = _plain(keys)
+        for first, last in zip(ends[::2].tolist(), ends[1::2].tolist()):  # a run of one start: rows first..last
+            out[first:last + 1] = _by_key(out[first:last + 1], keys, plain)
+    return out
 
 
 def _by_key(rows: list[int], keys: Sequence[GroupKey], plain: bool) -> list[int]:

@@ -61,6 +61,7 @@ from ematix_dagster.streaming.state.sliding_windows import (
     by_prefix_sums,
     by_two_stacks,
     parts_of,
+    put,
 )
 
 if TYPE_CHECKING:
@@ -200,8 +201,8 @@ class SlidingState(StateBase):
     def _insert(self, where: np.ndarray, kids: np.ndarray, times: np.ndarray) -> None:
         """Empty partials for the new (key id, event time)s (sorted), before the rows ``where``."""
         m = len(kids)
-        nones = objects((None for _ in range(m)), m)
-        empty_parts = [objects([0] * m, m) for _ in self.parts]  # overwritten by the fold
+        nones = np.full(m, None, dtype=object)
+        empty_parts = [np.zeros(m, c.dtype) for c in self.parts]  # overwritten by the fold
         self._set(np.insert(self.kid, where, kids), np.insert(self.time, where, times),
                   np.insert(self.touched, where, False), np.insert(self.dirty, where, False),
                   [np.insert(c, where, nones) for c in self.accs],
@@ -214,8 +215,8 @@ class SlidingState(StateBase):
                              failed=lambda error, i: self.failed_merge(error.error, i, keys[error.row],
                                                                        starts[error.row]))
         if self._additive:
-            for column, fresh in zip(self.parts, parts_of(self.aggregators, self.accs, rows)):
-                column[rows] = fresh
+            fresh = parts_of(self.aggregators, self.accs, rows)
+            self.parts = [put(column, rows, part) for column, part in zip(self.parts, fresh)]
         self.touched[rows] = True
         self.dirty[rows] = True
 
@@ -316,10 +317,12 @@ class SlidingState(StateBase):
         time, key) stored with start = end = its event time, and the event time before which every
         stored row is gone (eviction is by event time: one range delete)."""
         at = np.arange(len(self.kid)) if everything else np.flatnonzero(self.dirty)
-        times = self.time[at]
+        times, kids = self.time[at], self.kid[at]
         self.dirty[:] = False
         evicted_before, self._evicted_before = self._evicted_before, None
-        return ColumnChanges(starts=times, ends=times, keys=self.index.keys_of(self.kid[at]),
+        firsts = run_starts(kids)  # the rows are by key: each key once, its partials its run
+        return ColumnChanges(starts=times, ends=times, keys=self.index.keys_of(kids[firsts]),
+                             key_rows=np.repeat(np.arange(len(firsts)), np.diff(np.append(firsts, len(kids)))),
                              accs=[c[at] for c in self.accs], deleted_before=None if everything else evicted_before)
 
     def restore(self, groups: StoredColumns, watermark: int | None) -> None:

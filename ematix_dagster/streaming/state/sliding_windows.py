@@ -25,8 +25,11 @@ import numpy as np
 from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
 from ematix_dagster.streaming.aggregators import Aggregator
 from ematix_dagster.streaming.state.base import Accumulators
-from ematix_dagster.streaming.state.columns import accumulator_rows, objects, run_rows, run_starts
+from ematix_dagster.streaming.state.columns import I64, accumulator_rows, objects, run_rows, run_starts
 from ematix_dagster.streaming.two_stacks import TwoStacks
+
+#: the largest int a float64 holds exactly, with every int below it
+_EXACT_FLOAT_INT = 2**53
 
 #: what a merge or a window's total may raise (a cap, an overflow, a corrupt accumulator)
 FAILURES = (StateCapExceeded, AggregationOverflow, CorruptState)
@@ -46,13 +49,42 @@ def additive(aggregators: Sequence[Aggregator]) -> bool:
 
 
 def parts_of(aggregators: Sequence[Aggregator], accs: Sequence[np.ndarray], rows: np.ndarray) -> list[np.ndarray]:
-    """The additive parts of the accumulators at ``rows``, one object column per part (kept
-    beside the accumulators, so a batch sums columns instead of calling ``to_parts`` per partial)."""
-    out = []
-    for agg, column in zip(aggregators, accs):
-        columns = list(zip(*map(agg.to_parts, column[rows].tolist()))) or [()] * agg.additive_parts
-        out += [objects(part, len(rows)) for part in columns]  # transposed by zip, at C speed
-    return out
+    """The additive parts of the accumulators at ``rows``, one column per part (kept beside the
+    accumulators, so a batch sums columns instead of calling ``to_parts`` per partial), typed
+    where :func:`numbers` may."""
+    return [numbers(part) for agg, column in zip(aggregators, accs) for part in agg.to_parts_column(column[rows].tolist())]
+
+
+def numbers(values: list[Any]) -> np.ndarray:
+    """``values`` as int64 (ints in range) or float64 (floats, and ints a float holds exactly) when
+    that changes none of them, else as objects (decimals, bigger ints): then a batch's prefix sums
+    and its parts' updates run in C, and exactness never depends on it.
+
+    >>> [numbers(v).dtype.name for v in ([1, 2], [0, 1.5], [2**63], [True])]
+    ['int64', 'float64', 'object', 'object']
+    """
+    types = set(map(type, values))
+    if types <= {int}:
+        try:
+            return np.array(values, dtype=I64).reshape(len(values))
+        except OverflowError:  # an int beyond 64 bits
+            pass
+    elif types == {float} or (types == {int, float} and all(-_EXACT_FLOAT_INT <= v <= _EXACT_FLOAT_INT
+                                                            for v in values if type(v) is int)):
+        return np.array(values, dtype=np.float64).reshape(len(values))
+    return objects(values, len(values))
+
+
+def put(column: np.ndarray, rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``column`` with ``values`` at ``rows``: in place when their types agree, else the whole
+    column typed anew (:func:`numbers`), so a value never takes a type that changes it."""
+    if column.dtype == values.dtype:
+        column[rows] = values
+        return column
+    whole = column.tolist()
+    for row, value in zip(rows.tolist(), values.tolist()):
+        whole[row] = value
+    return numbers(whole)
 
 
 def by_prefix_sums(aggregators: Sequence[Aggregator], kids: np.ndarray, parts: Sequence[np.ndarray],
@@ -105,19 +137,21 @@ def _runs_of(kids: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarr
 def _prefix_sums(column: np.ndarray, kids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each row's running sum of its key's values through it and before it.
 
-    Integers (counts, BIGINT sums) run over every key at once: exact. Other values (floats,
-    decimals) restart at each key, so a window's rounding is that of its own key's magnitudes,
-    not of every key sorted before it: the keys' runs are laid out as the rows of a grid (padded
-    at their ends) and summed along them in one call, or one by one when a few long runs would
-    make the grid mostly padding. Floats are summed as float64: the same additions, in C.
+    Integers (counts, BIGINT sums) run over every key at once: exact, in int64 when no running
+    sum can leave it, else as Python ints. Other values (floats, decimals) restart at each key,
+    so a window's rounding is that of its own key's magnitudes, not of every key sorted before
+    it: the keys' runs are laid out as the rows of a grid (padded at their ends) and summed along
+    them in one call, or one by one when a few long runs would make the grid mostly padding.
+    Floats are summed as float64: the same additions, in C.
     """
-    values = column.tolist()
-    types = set(map(type, values))
-    if types <= {int}:
+    if column.dtype == object:
+        column = numbers(column.tolist())
+    integral = column.dtype == I64 or (column.dtype == object and set(map(type, column.tolist())) <= {int})
+    if integral:
+        if column.dtype == I64 and len(column) * max(-int(column.min(initial=0)), int(column.max(initial=0))) >= 2**63:
+            column = column.astype(object)  # a running sum could leave int64
         through = np.cumsum(column)
         return through, through - column
-    if types == {float}:
-        column = np.array(values, dtype=np.float64)
     n = len(column)
     starts = run_starts(kids)
     lengths = np.diff(np.append(starts, n))

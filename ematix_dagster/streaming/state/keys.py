@@ -21,7 +21,7 @@ first time a batch brings another key (a NULL, a string, a second column).
 from __future__ import annotations
 
 from itertools import chain
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -51,13 +51,16 @@ class KeyIndex:
         return len(self.keys)
 
     def ids_of(self, keys: Sequence[GroupKey]) -> np.ndarray:
-        """The id of each key, new keys getting the next ids."""
+        """The id of each key, new keys getting the next ids (one lookup per key when all are held,
+        the common batch)."""
         ids = self.ids
-        new = [key for key in dict.fromkeys(keys) if key not in ids]
-        if new:
+        found: list[Any] = list(map(ids.get, keys))
+        if None in found:
+            new = [key for key in dict.fromkeys(keys) if key not in ids]
             ids.update(zip(new, range(len(self.keys), len(self.keys) + len(new))))
             self.keys += new
-        return ints(map(ids.__getitem__, keys), len(keys))
+            found = list(map(ids.__getitem__, keys))
+        return ints(found, len(keys))
 
     def keys_of(self, kids: np.ndarray) -> list[GroupKey]:
         return list(map(self.keys.__getitem__, kids.tolist()))

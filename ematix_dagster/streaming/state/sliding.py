@@ -174,7 +174,7 @@ class SlidingState(StateBase):
             self._insert(where, kids[rows[new]], times[rows[new]])
             at[found] += np.searchsorted(where, at[found], "right")  # np.insert puts new rows before ``where``
             at[new] = where + np.arange(len(new))
-        self._fold(at[pair], keys, starts, partials)
+        self._fold(at[pair], keys, starts, partials, shared=len(rows) < n)
 
     def _check_caps(self, firsts: np.ndarray, kids: np.ndarray, keys: list[GroupKey], starts: Sequence[int]) -> None:
         """Refuse the batch before changing anything when its new keys or new event times would
@@ -199,21 +199,30 @@ class SlidingState(StateBase):
                                "distinct event times are already retained for the group", keys[r], starts[r])
 
     def _insert(self, where: np.ndarray, kids: np.ndarray, times: np.ndarray) -> None:
-        """Empty partials for the new (key id, event time)s (sorted), before the rows ``where``."""
+        """Empty partials for the new (key id, event time)s (sorted), before the rows ``where``:
+        every column widened by one placement of old and new rows (``np.insert`` would place them
+        anew for each column)."""
         m = len(kids)
-        nones = np.full(m, None, dtype=object)
-        empty_parts = [np.zeros(m, c.dtype) for c in self.parts]  # overwritten by the fold
-        self._set(np.insert(self.kid, where, kids), np.insert(self.time, where, times),
-                  np.insert(self.touched, where, False), np.insert(self.dirty, where, False),
-                  [np.insert(c, where, nones) for c in self.accs],
-                  [np.insert(c, where, e) for c, e in zip(self.parts, empty_parts)])
+        new = where + np.arange(m)
+        old = np.ones(len(self.kid) + m, bool)
+        old[new] = False
+
+        def widened(column: np.ndarray, fill: Any) -> np.ndarray:
+            out = np.empty(len(old), column.dtype)
+            out[old], out[new] = column, fill
+            return out
+
+        self._set(widened(self.kid, kids), widened(self.time, times), widened(self.touched, False),
+                  widened(self.dirty, False), [widened(c, None) for c in self.accs],
+                  [widened(c, 0) for c in self.parts])  # the parts are overwritten by the fold
 
     def _fold(self, targets: np.ndarray, keys: list[GroupKey], starts: Sequence[int],
-              partials: Sequence[Sequence[Any]]) -> None:
-        """Each aggregator folds its column of partials into the rows ``targets``."""
+              partials: Sequence[Sequence[Any]], shared: bool) -> None:
+        """Each aggregator folds its column of partials into the rows ``targets`` (``shared``: some
+        row takes several; Spark sends one partial per (key, event time) and source, so rarely)."""
         rows = fold_partials(self.aggregators, self.accs, targets, partials,
                              failed=lambda error, i: self.failed_merge(error.error, i, keys[error.row],
-                                                                       starts[error.row]))
+                                                                       starts[error.row]), shared=shared)
         if self._additive:
             fresh = parts_of(self.aggregators, self.accs, rows)
             self.parts = [put(column, rows, part) for column, part in zip(self.parts, fresh)]

@@ -1,6 +1,12 @@
-"""State store throughput: commit of dirty groups and load of a large state, PostgreSQL and SQLite.
+"""State store throughput of what a commit writes: segments (schema step 8), PostgreSQL and SQLite.
 
     .venv/bin/python benchmarks/state_store_bench.py [--groups 100000] [--load-groups 1000000]
+
+A commit of ``--groups`` changed groups is one delta segment (``state_store.segments``, encoded as
+the engine encodes one), first of new groups, then of the same keys with new values; encoding and
+committing are timed apart. A restart loads a state of ``--load-groups`` groups stored as the
+engine's compaction leaves it, one base segment, and replays it decoded as a restore does
+(``state_store.segment_replay.replay``). State rows are not measured: commits no longer write them.
 
 PostgreSQL: ``EMATIX_BENCH_STATE_URL`` if set, else the local test server (tests/pg.py) in a fresh
 schema that is dropped afterwards. Goals (SPEC/issue): >= 100,000 groups/s committed to
@@ -19,23 +25,25 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from state_store import codec, loaded_groups  # noqa: E402
+from state_store import codec  # noqa: E402
 from state_store.base import BatchCommit, PipelineRecord, SourceProgress, StateStore  # noqa: E402
 from state_store.postgres import PostgresStateStore  # noqa: E402
+from state_store.segment_replay import Live, replay  # noqa: E402
+from state_store.segments import Segment, encode_segment  # noqa: E402
 from state_store.sqlite import SqliteStateStore  # noqa: E402
 
 WINDOW_US = 60_000_000
 
 
-def make_groups(n: int, start_window: int = 0, version: int = 0) -> list[tuple[int, int, bytes, bytes]]:
-    rows = []
-    for i in range(n):
-        window = start_window + (i % 10) * WINDOW_US
-        key = codec.encode_key((i, f"user-{i % 977}"))
-        accs = [i % 13 + version, i * 7, (1_700_000_000_000_000 + i, f"page-{i % 50}"), (i * 0.5, 3),
-                {f"p{i % 5}", f"p{i % 7}"}]
-        rows.append((window, window + WINDOW_US, key, codec.encode_state(accs)))
-    return rows
+def make_segment(n: int, start_window: int = 0, version: int = 0, base: bool = False) -> Segment:
+    """``n`` groups over ten windows as one segment's columns, one column per accumulator."""
+    starts = [start_window + (i % 10) * WINDOW_US for i in range(n)]
+    accs = [[i % 13 + version for i in range(n)], [i * 7 for i in range(n)],
+            [(1_700_000_000_000_000 + i, f"page-{i % 50}") for i in range(n)], [(i * 0.5, 3) for i in range(n)],
+            [{f"p{i % 5}", f"p{i % 7}"} for i in range(n)]]
+    return Segment(base=base, starts=starts, ends=[start + WINDOW_US for start in starts],
+                   keys=[codec.encode_key((i, f"user-{i % 977}")) for i in range(n)], emitted=None, written=None,
+                   accs=accs)
 
 
 def record(pipeline: str, batch: int) -> PipelineRecord:
@@ -48,29 +56,29 @@ def bench(store: StateStore, groups: int, load_groups: int) -> dict[str, float]:
     out: dict[str, float] = {}
     store.open()
     store.acquire_lease("bench-commit", "bench")
-    rows = make_groups(groups)
-    t = time.perf_counter()
-    store.commit(BatchCommit(record("bench-commit", 0), upserts=rows))
-    out["commit_insert_s"] = time.perf_counter() - t
-    rows = make_groups(groups, version=1)  # same keys, new values: the steady state of a running window
-    t = time.perf_counter()
-    store.commit(BatchCommit(record("bench-commit", 1), upserts=rows))
-    out["commit_update_s"] = time.perf_counter() - t
+    for batch, kind in enumerate(("new", "updated")):  # updated: same keys, new values, a running window's delta
+        segment = make_segment(groups, version=batch)
+        t = time.perf_counter()
+        blob = encode_segment(segment)
+        out[f"encode_{kind}_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        store.commit(BatchCommit(record("bench-commit", batch), segments=[blob]))
+        out[f"commit_{kind}_s"] = time.perf_counter() - t
     store.release_lease("bench-commit")
 
     store.acquire_lease("bench-load", "bench")
-    chunk = 200_000
-    for batch, first in enumerate(range(0, load_groups, chunk)):
-        part = make_groups(min(chunk, load_groups - first), start_window=(first // chunk) * 100 * WINDOW_US)
-        store.commit(BatchCommit(record("bench-load", batch), upserts=part))
+    base = encode_segment(make_segment(load_groups, base=True))
+    out["base_bytes"] = len(base)
+    store.commit(BatchCommit(record("bench-load", 0), segments=[base], rebase=True))
     t = time.perf_counter()
     state = store.load("bench-load")
     out["load_s"] = time.perf_counter() - t
-    assert len(state.groups) == load_groups, len(state.groups)
+    assert state.segments == [base]
     t = time.perf_counter()
-    windows = loaded_groups.decode_groups("bench-load", state.groups)
-    out["decode_s"] = time.perf_counter() - t
-    assert sum(len(g) for g in windows.values()) == load_groups
+    live: Live = {}
+    replay(live, state.segments, "bench-load")
+    out["replay_s"] = time.perf_counter() - t
+    assert len(live) == load_groups, len(live)
     store.reset("bench-load")
     store.release_lease("bench-load")
     store.reset("bench-commit")
@@ -80,10 +88,14 @@ def bench(store: StateStore, groups: int, load_groups: int) -> dict[str, float]:
 
 def report(name: str, groups: int, load_groups: int, r: dict[str, float]) -> None:
     print(f"{name}:")
-    print(f"  commit {groups:,} new groups      {r['commit_insert_s']:7.2f} s  {groups / r['commit_insert_s']:>10,.0f} groups/s")
-    print(f"  commit {groups:,} updated groups  {r['commit_update_s']:7.2f} s  {groups / r['commit_update_s']:>10,.0f} groups/s")
-    print(f"  load {load_groups:,} groups           {r['load_s']:7.2f} s  {load_groups / r['load_s']:>10,.0f} groups/s")
-    print(f"  + decode them (loaded_groups.decode_groups) {r['decode_s']:5.2f} s  -> restart total {r['load_s'] + r['decode_s']:.2f} s")
+    for kind in ("new", "updated"):
+        encode, commit = r[f"encode_{kind}_s"], r[f"commit_{kind}_s"]
+        print(f"  commit {groups:,} {kind} groups: encode {encode:.2f} s + commit {commit:.2f} s  "
+              f"{groups / (encode + commit):>10,.0f} groups/s")
+    print(f"  load {load_groups:,} groups (one base segment, {r['base_bytes'] / 1e6:.1f} MB)  {r['load_s']:.2f} s  "
+          f"{load_groups / r['load_s']:>10,.0f} groups/s")
+    print(f"  + replay them decoded (segment_replay.replay)  {r['replay_s']:.2f} s  -> restart total "
+          f"{r['load_s'] + r['replay_s']:.2f} s")
 
 
 def main() -> None:
@@ -92,8 +104,10 @@ def main() -> None:
     parser.add_argument("--load-groups", type=int, default=1_000_000)
     parser.add_argument("--only", choices=["postgres", "sqlite"])
     args = parser.parse_args()
-    sample = make_groups(1)[0]
-    print(f"group: key {len(sample[1])} bytes, state blob {len(sample[2])} bytes (state version {codec.STATE_VERSION})")
+    sample = make_segment(1)
+    one = encode_segment(sample)  # also pays PyArrow's first-call setup before anything is timed
+    print(f"group: key {len(sample.keys[0])} bytes, {len(sample.accs)} accumulators; a one-group segment "
+          f"{len(one)} bytes")
 
     if args.only in (None, "postgres"):
         url = os.environ.get("EMATIX_BENCH_STATE_URL")

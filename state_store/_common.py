@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from operator import itemgetter
 from typing import Any, Callable, Iterable
 
 from state_store import codec, whole_window
@@ -175,40 +174,6 @@ def check_batch(batch: BatchCommit) -> None:
     if not _is_int_or_none(batch.record.trigger_fired_at):
         raise TypeError("record.trigger_fired_at must be an int batch time (µs) or None, "
                         f"got {batch.record.trigger_fired_at!r:.200}")
-    row: tuple[Any, ...]  # checked here: any shape until then
-    if not _plain_rows(batch.upserts, (int, int, bytes, bytes)):  # else name the first bad one
-        for row in batch.upserts:
-            start, end, key, blob = row if isinstance(row, tuple) and len(row) == 4 else (None, None, None, None)
-            if type(start) is not int or type(end) is not int or not isinstance(key, bytes) \
-                    or not isinstance(blob, bytes):
-                raise TypeError("an upsert must be (int window_start, int window_end, bytes key, bytes blob), "
-                                f"got {row!r:.200}")
-    if not all(map(itemgetter(2), batch.upserts)):  # at C speed, like _plain_rows
-        raise ValueError("an upsert's key is empty, the key of a whole-window row: write whole windows "
-                         "with BatchCommit.whole_windows")
-    for row in batch.whole_windows:
-        start, end, blob = row if isinstance(row, tuple) and len(row) == 3 else (None, None, None)
-        if type(start) is not int or type(end) is not int or not isinstance(blob, bytes) or not blob:
-            raise TypeError(f"a whole window must be (int window_start, int window_end, bytes blob), got {row!r:.200}")
-    if batch.emitted or batch.written:
-        upserted = {(start, key) for start, _, key, _ in batch.upserts}
-        for flag_key, flag in batch.emitted.items():
-            if flag_key not in upserted or type(flag) is not bool:
-                raise TypeError("an emitted flag must be a bool keyed by the (window_start, key) of an upsert "
-                                f"of the same batch, got {flag_key!r:.200}: {flag!r:.20}")
-        for row_key, kept in batch.written.items():
-            if row_key not in upserted or not isinstance(kept, bytes):
-                raise TypeError("a written row must be bytes keyed by the (window_start, key) of an upsert "
-                                f"of the same batch, got {row_key!r:.200}: {kept!r:.40}")
-    for row in batch.deletes:
-        start, key = row
-        if type(start) is not int or not isinstance(key, bytes):
-            raise TypeError(f"a delete must be (int window_start, bytes key), got {row!r:.200}")
-    for start in batch.deleted_windows:
-        if type(start) is not int:
-            raise TypeError(f"a deleted window must be an int window start, got {start!r:.200}")
-    if batch.deleted_before is not None and type(batch.deleted_before) is not int:
-        raise TypeError(f"deleted_before must be an int window start, got {batch.deleted_before!r:.200}")
     if type(batch.rebase) is not bool or set(map(type, batch.segments)) - {bytes} or not all(batch.segments):
         raise TypeError("BatchCommit.segments must be non-empty bytes blobs and rebase a bool")
     for name, offset in batch.record.offsets.items():
@@ -217,16 +182,6 @@ def check_batch(batch: BatchCommit) -> None:
     if batch.pending_inserts or batch.pending_released or batch.pending_released_up_to is not None \
             or type(batch.pending_inserts) is not list or type(batch.pending_released) is not list:
         check_pending(batch)
-
-
-def _plain_rows(rows: list, types: tuple[type, ...]) -> bool:
-    """Whether every row is a tuple of exactly ``types``, checked column by column at C speed (a
-    batch commits tens of thousands of rows)."""
-    if not rows:
-        return True
-    if set(map(type, rows)) != {tuple} or set(map(len, rows)) != {len(types)}:
-        return False
-    return all(set(map(type, column)) == {kind} for column, kind in zip(zip(*rows), types))
 
 
 def expand_windows(pipeline: str, store: str, rows: list[tuple[int, int | None, bytes, bytes]]

@@ -1,55 +1,47 @@
 """The StateStore contract: load a pipeline's state, commit one micro-batch atomically.
 
-A commit carries everything a restart needs (window state upserts and deletes, the batch's
-source offsets, the Spark query id and batch id, watermarks, per-source progress, counters), so
-that after a crash the store is either at batch N or at N-1, never in between. A Postgres
-store also runs ``in_transaction`` callbacks inside the same transaction, which is how a Postgres
-target and Postgres dead letters become exactly-once (``[target] same_transaction = true``).
+A commit carries everything a restart needs (the window state as segments, the batch's source
+offsets, the Spark query id and batch id, watermarks, per-source progress, counters, pending rows),
+so that after a crash the store is either at batch N or at N-1, never in between. A Postgres store
+also runs ``in_transaction`` callbacks inside the same transaction, which is how a Postgres target
+and Postgres dead letters become exactly-once (``[target] same_transaction = true``).
 
-Keys and blobs are opaque bytes here; ``state_store.codec`` makes them. A stored group is
-``(window_start, window_end, key, blob)``: the window is named by its bounds (µs, end exclusive
-as the window kind defines it), so kinds whose end is not ``start + duration`` (sessions) fit.
-Rows are unique on ``(window_start, key)`` per pipeline (see ``state_store.migrations``, step 3).
+Keys and blobs are opaque bytes here; ``state_store.codec`` makes them. Window state is committed
+as *segments* (schema step 8): an ordered list of opaque blobs per pipeline (``state_store.segments``
+makes and reads them), so a batch that changed 100,000 groups writes one row, not 100,000. A commit
+appends ``BatchCommit.segments`` in order, in its transaction; ``BatchCommit.rebase`` first deletes
+every stored segment and every state row of the pipeline (the engine's compaction, and its
+migration away from rows). A load returns them in order (``RecoveredState.segments``), in the
+snapshot of the record; ``load(groups=False)`` skips them and ``reset`` deletes them.
 
-A row may also carry an ``emitted`` flag (schema step 5): whether the window was written to the
-target. Session windows need it (under ``reopen`` a merged session counts as emitted before its
-end passes the watermark); fixed windows store NULL, their emission following from their bounds and
-the watermark. The flag travels beside the 4-tuples, keyed by ``(window_start, key)``, so every
-other reader and writer of groups is unaffected: ``BatchCommit.emitted`` for upserts (an upsert
-without an entry stores NULL) and ``RecoveredState.emitted`` for loaded rows (the non-NULL flags).
+State rows are what stores of schema 7 and older hold, and what a load still reads: commits never
+write one, stores only read them, rewrite their older-version blobs (``migrate_state``) and delete
+them (``reset``, a rebase). A row is ``(window_start, window_end, key, blob)``: the window is named
+by its bounds (µs, end exclusive as the window kind defines it), so kinds whose end is not ``start +
+duration`` (sessions) fit; rows are unique on ``(window_start, key)`` per pipeline (see
+``state_store.migrations``, step 3). A load returns them one tuple per group in
+``RecoveredState.groups``, before the segments that replay over them:
 
-Schema step 6 adds two more pieces of state for emission triggers and retractions. A row may carry
-its ``written`` row: the last row written to the target for that (window_start, key), an opaque
-blob the engine encodes (window end and values), kept only where the engine needs it. It travels
-like the flag: ``BatchCommit.written`` for upserts (an upsert without an entry stores NULL, so a
-delete or an upsert that drops it forgets it) and ``RecoveredState.written`` for loaded rows (the
-non-NULL blobs); whole-window rows never carry one. The record carries ``trigger_fired_at``, the
-batch time (µs) of the interval emit trigger's last firing (None before any), committed with the
-batch like the watermark.
+* A row may carry an ``emitted`` flag (schema step 5): whether a session window was written to the
+  target; fixed windows stored NULL, their emission following from their bounds and the watermark.
+  ``RecoveredState.emitted`` holds the non-NULL flags by ``(window_start, key)``.
+* A row may carry its ``written`` row (schema step 6): the last row written to the target for that
+  (window_start, key), an opaque engine blob; ``RecoveredState.written`` holds the non-NULL ones.
+* A window may be stored whole, as one row (key ``whole_window.WINDOW_KEY``, its blob holding every
+  group, ``state_store.whole_window``); a group's own row overlays its entry. Stores expand such
+  rows on ``load``, and they never carry a written row.
+
+The record carries ``trigger_fired_at`` (schema step 6), the batch time (µs) of the interval emit
+trigger's last firing (None before any), committed with the batch like the watermark.
 
 Schema step 7 adds pending rows (SPEC §11, ``WATERMARK_TS()``): output rows held back until the
 watermark reaches their release time, one :class:`PendingRow` each, keyed by ``(release_us,
 arrival_batch, seq)``, the release order. A commit inserts the batch's new ones
 (``BatchCommit.pending_inserts``) and deletes the ones it released (``BatchCommit.pending_released``
-by key, ``pending_released_up_to`` by release time) in its transaction; the engine reads only the rows due (``StateStore.load_pending``) and a
-:class:`PendingSummary` (count, bytes, next release, smallest event time), never the whole set.
-Payloads are not public yet: nothing here logs or prints them.
-
-A window may also be stored whole, as one row (``BatchCommit.whole_windows``, key
-``whole_window.WINDOW_KEY``, a blob of ``whole_window.encode_window``): a batch that changed most of
-a window's groups writes one row instead of thousands (measured: a SQLite row costs about 2 µs to
-write and as much to delete, a batch's whole commit cost in a plain counting pipeline). Groups upserted later
-one by one overlay it (a group's own row wins), so a batch touching a few groups of a big window
-still writes only those. Stores expand such rows on ``load``: ``RecoveredState.groups`` stays one
-tuple per group.
-
-Schema step 8 adds state *segments*: a pipeline's session or sliding state as an ordered list of
-opaque blobs (``state_store.segments`` makes and reads them), so a batch that changed 100,000
-sessions writes one row, not 100,000. A commit appends ``BatchCommit.segments`` in order, after its
-group writes and in its transaction; ``BatchCommit.rebase`` first deletes every stored segment and
-every state row of the pipeline (the engine's compaction, and its migration away from rows). A load
-returns them in order (``RecoveredState.segments``), in the snapshot of the record, after the rows
-they replay over; ``load(groups=False)`` skips them and ``reset`` deletes them.
+by key, ``pending_released_up_to`` by release time) in its transaction; the engine reads only the
+rows due (``StateStore.load_pending``) and a :class:`PendingSummary` (count, bytes, next release,
+smallest event time), never the whole set. Payloads are not public yet: nothing here logs or
+prints them.
 """
 
 from __future__ import annotations
@@ -91,8 +83,8 @@ class PipelineRecord:
 @dataclass
 class RecoveredState:
     record: PipelineRecord | None  # None: the pipeline never committed
-    #: (window_start, window_end, key, blob); window_end is None only for a row stored before schema step 3
-    #: whose pipeline record names no window duration
+    #: the stored state rows (schema 7 and older): (window_start, window_end, key, blob); window_end is None only
+    #: for a row stored before schema step 3 whose pipeline record names no window duration
     groups: list[tuple[int, int | None, bytes, bytes]] = field(default_factory=list)
     migrated: int = 0  # blobs of an older state version brought forward by this load (not written back)
     #: (window_start, key) -> the stored emitted flag, for the loaded rows whose flag is not NULL (sessions)
@@ -139,19 +131,7 @@ class BatchCommit:
     """One micro-batch's unit of work."""
 
     record: PipelineRecord  # the new per-pipeline row (last_batch_id = this batch)
-    upserts: list[tuple[int, int, bytes, bytes]] = field(default_factory=list)  # (start, end, key, blob)
-    deletes: list[tuple[int, bytes]] = field(default_factory=list)  # (window_start, key)
-    deleted_windows: list[int] = field(default_factory=list)  # every group of these windows
-    #: every group of every window starting before this (sliding windows evict by event time)
-    deleted_before: int | None = None
     in_transaction: list[Callable[[Any], None]] = field(default_factory=list)  # called with the DB connection
-    #: (window_start, key) -> emitted flag of an upsert of the same key; upserts without one store NULL
-    emitted: dict[tuple[int, bytes], bool] = field(default_factory=dict)
-    #: (window_start, key) -> last written row (an engine blob) of an upsert of the same key; upserts without
-    #: one store NULL
-    written: dict[tuple[int, bytes], bytes] = field(default_factory=dict)
-    #: (start, end, blob of every group): written first, replacing every stored row of the window
-    whole_windows: list[tuple[int, int, bytes]] = field(default_factory=list)
     #: rows this batch holds back (schema step 7); a re-insert of an identical stored row is a no-op
     pending_inserts: list[PendingRow] = field(default_factory=list)
     #: keys (release_us, arrival_batch, seq) of stored pending rows this batch released, deleted with it

@@ -3,7 +3,8 @@
 Data lives in a process-global dict keyed by the store's ``name``, so two store objects with the
 same name see the same data (that is how tests simulate a restart within one process) and the
 lease works between them. ``durable`` is False: the engine must refuse to resume a checkpoint
-with it (docs/contract/targets-and-guarantees.md).
+with it (docs/contract/targets-and-guarantees.md). Its window state is the committed segments
+only: state rows exist only in stores written at schema 7 or older, which this one never is.
 """
 
 from __future__ import annotations
@@ -15,16 +16,8 @@ import threading
 from dataclasses import dataclass, field
 
 from state_store import pending
-from state_store._common import (
-    bring_forward,
-    bring_forward_stored,
-    check_batch,
-    check_record_version,
-    expand_windows,
-    lease_held,
-)
+from state_store._common import check_batch, check_record_version, lease_held
 from state_store.base import BatchCommit, PendingRow, PendingSummary, PipelineRecord, RecoveredState, StateStore
-from state_store.whole_window import WINDOW_KEY
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +25,6 @@ log = logging.getLogger(__name__)
 @dataclass
 class _Pipeline:
     record: PipelineRecord | None = None
-    #: window start -> key -> (window end, blob, emitted flag or None, last written row or None)
-    windows: dict[int, dict[bytes, tuple[int | None, bytes, bool | None, bytes | None]]] = field(default_factory=dict)
     #: pending rows (schema step 7): (release_us, arrival_batch, seq) -> (event_ts, payload)
     pending: dict[tuple[int, int, int], tuple[int | None, bytes]] = field(default_factory=dict)
     #: state segments (schema step 8), in append order
@@ -123,17 +114,9 @@ class InMemoryStateStore(StateStore):
             if data is None or data.record is None:
                 return RecoveredState(record=None)
             record = copy.deepcopy(data.record)
-            rows = [(start, end, key, blob) for start, by_key in data.windows.items()
-                    for key, (end, blob, _, _) in by_key.items()] if groups else []
-            flags = {(start, key): flag for start, by_key in data.windows.items()
-                     for key, (_, _, flag, _) in by_key.items() if flag is not None} if groups else {}
-            written = {(start, key): kept for start, by_key in data.windows.items()
-                       for key, (_, _, _, kept) in by_key.items() if kept is not None} if groups else {}
             segments = list(data.segments) if groups else []
         check_record_version(record, self.description)
-        rows, migrated = bring_forward(pipeline, self.description, expand_windows(pipeline, self.description, rows))
-        return RecoveredState(record=record, groups=rows, migrated=migrated, emitted=flags, written=written,
-                              segments=segments)
+        return RecoveredState(record=record, segments=segments)
 
     def commit(self, batch: BatchCommit) -> None:
         check_batch(batch)
@@ -153,27 +136,7 @@ class InMemoryStateStore(StateStore):
                 callback(None)
             data = space.pipelines.setdefault(pipeline, _Pipeline())
             if batch.rebase:
-                data.windows, data.segments = {}, []
-            windows = data.windows
-            flag, kept = batch.emitted.get, batch.written.get
-            for start, end, blob in batch.whole_windows:
-                windows[start] = {WINDOW_KEY: (end, blob, None, None)}
-            for start, end, key, blob in batch.upserts:
-                groups = windows.get(start)
-                if groups is None:
-                    groups = windows[start] = {}
-                groups[key] = (end, blob, flag((start, key)), kept((start, key)))
-            for start, key in batch.deletes:
-                groups = windows.get(start)
-                if groups is not None:
-                    groups.pop(key, None)
-                    if not groups:
-                        del windows[start]
-            for start in batch.deleted_windows:
-                windows.pop(start, None)
-            if batch.deleted_before is not None:
-                for start in [s for s in windows if s < batch.deleted_before]:
-                    del windows[start]
+                data.segments = []
             data.segments += batch.segments
             for row in batch.pending_inserts:
                 data.pending[row.key] = (row.event_ts, row.payload)
@@ -208,20 +171,10 @@ class InMemoryStateStore(StateStore):
             return len(data.pending) if data else 0
 
     def migrate_state(self, pipeline: str) -> int:
+        """Nothing to rewrite: only state rows are migrated in place, and this store never holds any."""
         with _LOCK:
-            space = self._space()
             self._check_writer(pipeline)
-            data = space.pipelines.get(pipeline)
-            if data is None:
-                return 0
-            rows = [(start, end, key, blob) for start, by_key in data.windows.items()
-                    for key, (end, blob, _, _) in by_key.items()]
-            rows, migrated = bring_forward_stored(pipeline, self.description, rows)
-            if migrated:  # the emitted flag and the written row stay as they are
-                for start, end, key, blob in rows:
-                    _, _, flag, kept = data.windows[start][key]
-                    data.windows[start][key] = (end, blob, flag, kept)
-            return migrated
+            return 0
 
     def close(self) -> None:
         with _LOCK:

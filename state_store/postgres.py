@@ -2,11 +2,11 @@
 
 * Tables live in a configurable schema (default ``ematix``), created and migrated on first use
   (``state_store.migrations``); every identifier goes through ``psycopg.sql.Identifier``.
-* A commit is one transaction: COPY of the dirty groups into a temp table + one
-  ``INSERT ... ON CONFLICT DO UPDATE``; deletes by key and by whole window (``state_store.pg_rows``);
-  pending rows inserted and released (``state_store.pending``); the batch's offsets;
-  the pipeline row; then each ``in_transaction`` callback with the connection; then COMMIT.
-  Upserts are applied before deletes, so a group both updated and deleted in a batch ends deleted.
+* A commit is one transaction: a rebase's deletes, then the segments appended
+  (``state_store.segment_rows``); pending rows inserted and released (``state_store.pending``);
+  the batch's offsets; the pipeline row; then each ``in_transaction`` callback with the
+  connection; then COMMIT. State rows (stores of schema 7 and older) are read on load and
+  rewritten by ``migrate_state`` (``state_store.pg_rows``), never written by a commit.
 * Lease: a session-level ``pg_try_advisory_lock(<64-bit hash of schema + pipeline>)`` on a
   dedicated connection (not from the pool), held until ``release_lease`` / ``close`` or until
   the process (and so its connection) dies. The holder text is written to the pipeline row.
@@ -52,7 +52,7 @@ from state_store._common import (
 from state_store.base import BatchCommit, PendingRow, PendingSummary, PipelineRecord, RecoveredState, StateStore
 from state_store.errors import EmatixError, StoreConfigError, StoreUnavailable
 from state_store.names import lease_key
-from state_store.pg_rows import read_beside, select_groups, upsert_groups, write_groups
+from state_store.pg_rows import read_beside, rewrite_blobs, select_groups
 from state_store.pg_url import describe, parse_url, store_error
 
 log = logging.getLogger(__name__)
@@ -287,7 +287,7 @@ class PostgresStateStore(StateStore):
                 cur.execute(select_groups(n), (pipeline,))
                 with loaded_groups.gc_paused():
                     groups = cur.fetchall()
-                flags, written = read_beside(cur, n, (pipeline,))
+                flags, written = read_beside(cur, n, pipeline)
                 segments = segment_rows.pg_load(conn, n, pipeline)
         record = record_from_row(pipeline, row, offsets, self.description)
         check_record_version(record, self.description)
@@ -305,7 +305,8 @@ class PostgresStateStore(StateStore):
         pipeline = record.pipeline
         with self._connection() as conn, conn.transaction():
             self._check_writer(conn, pipeline)
-            write_groups(conn, n, batch)
+            segment_rows.pg_rebase(conn, n, batch)
+            segment_rows.pg_append(conn, n, batch)
             pending.pg_commit(conn, n, batch, self.description)
             conn.execute(sql.SQL("DELETE FROM {offsets} WHERE pipeline_name = %s").format(**n), (pipeline,))
             if record.offsets:
@@ -371,9 +372,8 @@ class PostgresStateStore(StateStore):
             cur = conn.cursor(binary=True)
             cur.execute(select_groups(self._names, stale_only=True), (pipeline, codec.STATE_VERSION))
             rows, migrated = bring_forward_stored(pipeline, self.description, cur.fetchall())
-            if rows:  # the flags and the written rows are written back as they are
-                flags, written = read_beside(cur, self._names, (pipeline, codec.STATE_VERSION), stale_only=True)
-                upsert_groups(conn, self._names, pipeline, rows, flags, written)
+            if rows:
+                rewrite_blobs(conn, self._names, pipeline, rows)
             return migrated
 
     def close(self) -> None:

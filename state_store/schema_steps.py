@@ -32,9 +32,9 @@ Session windows under ``late_data = "reopen"`` (docs/contract/windows.md) need i
 emitted session with one still open, and the merged session counts as emitted although its end
 is after the watermark, so a restart cannot derive the flag. Layout decision:
 
-* Every upsert writes the column (``BatchCommit.emitted``, by (window_start, key)): true or false
-  for a session, NULL for a fixed window, whose emission follows from its bounds and the committed
-  watermark (step 4) and for which a stored flag could only drift from that rule. NULL therefore
+* Every upsert wrote the column (by (window_start, key); from step 8 segments carry it): true or
+  false for a session, NULL for a fixed window, whose emission follows from its bounds and the
+  committed watermark (step 4) and for which a stored flag could only drift from that rule. NULL therefore
   means "the window kind decides", never "unknown": a load returns the non-NULL flags only
   (``RecoveredState.emitted``).
 * Nullable and without a default, so the step is a catalog change on both databases (no table
@@ -53,8 +53,8 @@ with the state"). Layout decision:
   that (window_start, key), its window end and values, an opaque blob the engine encodes (a
   ``retract`` row repeats it exactly). It is kept only where the engine needs it (retractions,
   session windows); NULL means nothing kept. Like ``emitted`` it travels beside the groups, keyed
-  by (window_start, key): every upsert writes the column (``BatchCommit.written``, NULL without an
-  entry) and a load returns the non-NULL blobs (``RecoveredState.written``), in the same snapshot.
+  by (window_start, key): every upsert wrote the column (NULL without an entry; segments carry it
+  from step 8) and a load returns the non-NULL blobs (``RecoveredState.written``), in the same snapshot.
   Whole-window rows never carry one: the engine writes groups one by one when it keeps written
   rows. A delete removes it with its row; ``migrate_state`` (which rewrites older state blobs)
   leaves it as it is.
@@ -101,6 +101,8 @@ Step 8 (``ematix_streaming_segments``): session and sliding window state as colu
 * Not in the state table: its key is ``(window_start, group_key)``, which a segment has none of,
   and keeping the rows' table as it is leaves fixed windows (rows and whole-window rows) and
   every older store readable as they were. A new table: the step rewrites and locks nothing.
+  Every window kind has committed segments since, so commits write no state row: the state table
+  is read on load, rewritten by ``migrate_state`` and emptied by a rebase or ``reset``.
 """
 
 from __future__ import annotations

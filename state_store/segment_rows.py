@@ -4,10 +4,11 @@ A segment is an opaque blob (``state_store.segments`` makes and reads them); the
 pipeline's segments in append order, numbered by ``seq``. Decisions shared by the three stores:
 
 * A rebase (``BatchCommit.rebase``) deletes the pipeline's segments and state rows before any
-  other write of the commit; the commit's own group writes and segments then land on empty state.
-* Segments are appended after the commit's group writes, numbered from the largest stored ``seq``
-  plus one (from 0 after a rebase), so a load replays them in the order they were committed.
-* A load reads them in its snapshot, after the rows; ``reset`` deletes them with the rows.
+  other write of the commit; the commit's segments then land on empty state.
+* Segments are appended numbered from the largest stored ``seq`` plus one (from 0 after a
+  rebase), so a load replays them in the order they were committed.
+* A load reads them in its snapshot, after the state rows of an older store (commits write none);
+  ``reset`` deletes them with the rows.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator
 
 from state_store import codec, migrations, pending, segment_rows
 from state_store._common import (
@@ -47,18 +47,11 @@ from state_store.base import BatchCommit, PendingRow, PendingSummary, RecoveredS
 from state_store.errors import CorruptState, StorePermissionError, StoreUnavailable
 from state_store.loaded_groups import gc_paused
 from state_store.private_files import PRIVATE, create_private, warn_if_shared
-from state_store.whole_window import WINDOW_KEY
 
 _NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
 _HOLDER_WAIT_S = 1.0  # a lock that is held but has no holder text yet is re-checked for this long
 
 _N = migrations.sqlite_names()
-_UPSERT = (f"INSERT INTO {_N['state']} (pipeline_name, window_start, window_end, group_key, state_blob, state_version, "
-           "updated_at, emitted, written_row) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
-           "ON CONFLICT (pipeline_name, window_start, group_key) "
-           "DO UPDATE SET window_end = excluded.window_end, state_blob = excluded.state_blob, "
-           "state_version = excluded.state_version, updated_at = excluded.updated_at, emitted = excluded.emitted, "
-           "written_row = excluded.written_row")
 _GROUPS = f"SELECT window_start, window_end, group_key, state_blob FROM {_N['state']} WHERE pipeline_name = ?"
 #: the non-NULL emitted flags (sessions; a fixed window's is NULL), beside the groups in the same snapshot
 _FLAGS = (f"SELECT window_start, group_key, emitted FROM {_N['state']} "
@@ -66,9 +59,9 @@ _FLAGS = (f"SELECT window_start, group_key, emitted FROM {_N['state']} "
 #: the kept last written rows (schema step 6), likewise
 _WRITTEN = (f"SELECT window_start, group_key, written_row FROM {_N['state']} "
             "WHERE pipeline_name = ? AND written_row IS NOT NULL")
-_DELETE_KEY = f"DELETE FROM {_N['state']} WHERE pipeline_name = ? AND window_start = ? AND group_key = ?"
-_DELETE_WINDOW = f"DELETE FROM {_N['state']} WHERE pipeline_name = ? AND window_start = ?"
-_DELETE_BEFORE = f"DELETE FROM {_N['state']} WHERE pipeline_name = ? AND window_start < ?"
+#: ``migrate_state``'s rewrite of one row's blob, its flag and written row left as they are
+_REWRITE = (f"UPDATE {_N['state']} SET state_blob = ?, state_version = ?, updated_at = ? "
+            "WHERE pipeline_name = ? AND window_start = ? AND group_key = ?")
 _PIPELINE_COLUMNS = ", ".join(PIPELINE_COLUMNS)
 #: the pipeline row of a commit: its name, ``PIPELINE_COLUMNS`` in order, updated_at
 _PIPELINE_UPSERT = (f"INSERT INTO {_N['pipelines']} (pipeline_name, {_PIPELINE_COLUMNS}, updated_at) "
@@ -270,8 +263,8 @@ class SqliteStateStore(StateStore):
                 if groups:
                     with gc_paused():
                         rows = conn.execute(_GROUPS, (pipeline,)).fetchall()
-                    flags = _flags(conn, _FLAGS, (pipeline,))
-                    written = _written(conn, _WRITTEN, (pipeline,))
+                    flags = {(start, key): bool(flag) for start, key, flag in conn.execute(_FLAGS, (pipeline,))}
+                    written = {(start, key): kept for start, key, kept in conn.execute(_WRITTEN, (pipeline,))}
                     segments = segment_rows.sqlite_load(conn, pipeline)
             finally:
                 conn.execute("COMMIT")
@@ -290,18 +283,6 @@ class SqliteStateStore(StateStore):
             with self._transaction() as conn:
                 now = conn.execute(f"SELECT {_NOW}").fetchone()[0]
                 segment_rows.sqlite_rebase(conn, batch)
-                if batch.whole_windows:
-                    conn.executemany(_DELETE_WINDOW, ((pipeline, start) for start, _, _ in batch.whole_windows))
-                    conn.executemany(_UPSERT, _upsert_rows(pipeline, now, [(start, end, WINDOW_KEY, blob)
-                                                                           for start, end, blob in batch.whole_windows]))
-                if batch.upserts:
-                    conn.executemany(_UPSERT, _upsert_rows(pipeline, now, batch.upserts, batch.emitted, batch.written))
-                if batch.deletes:
-                    conn.executemany(_DELETE_KEY, ((pipeline, start, key) for start, key in batch.deletes))
-                if batch.deleted_windows:
-                    conn.executemany(_DELETE_WINDOW, ((pipeline, start) for start in batch.deleted_windows))
-                if batch.deleted_before is not None:
-                    conn.execute(_DELETE_BEFORE, (pipeline, batch.deleted_before))
                 segment_rows.sqlite_append(conn, batch)
                 pending.sqlite_commit(conn, batch, self.description)
                 conn.execute(f"DELETE FROM {_N['offsets']} WHERE pipeline_name = ?", (pipeline,))
@@ -345,13 +326,10 @@ class SqliteStateStore(StateStore):
     def migrate_state(self, pipeline: str) -> int:
         with self._lock, self._errors("migrating state", pipeline), self._writer(pipeline):
             with self._transaction() as conn:
-                stale = " AND state_version <> ?"
-                rows = conn.execute(_GROUPS + stale, (pipeline, codec.STATE_VERSION)).fetchall()
-                flags = _flags(conn, _FLAGS + stale, (pipeline, codec.STATE_VERSION))  # kept as they are
-                written = _written(conn, _WRITTEN + stale, (pipeline, codec.STATE_VERSION))  # likewise
+                rows = conn.execute(_GROUPS + " AND state_version <> ?", (pipeline, codec.STATE_VERSION)).fetchall()
                 rows, migrated = bring_forward_stored(pipeline, self.description, rows)
                 now = conn.execute(f"SELECT {_NOW}").fetchone()[0]
-                conn.executemany(_UPSERT, _upsert_rows(pipeline, now, rows, flags, written))
+                conn.executemany(_REWRITE, [(blob, blob[0], now, pipeline, start, key) for start, _, key, blob in rows])
                 return migrated
 
     def close(self) -> None:
@@ -364,31 +342,6 @@ class SqliteStateStore(StateStore):
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
-
-
-def _upsert_rows(pipeline: str, now: str, upserts: Sequence[tuple[int, int | None, bytes, bytes]],
-                 emitted: dict[tuple[int, bytes], bool] | None = None,
-                 written: dict[tuple[int, bytes], bytes] | None = None) -> Iterator[tuple]:
-    """``_UPSERT``'s parameters; the emitted flag as 0/1, NULL for an upsert without one (fixed windows),
-    and the written row, NULL for an upsert without one."""
-    if not emitted and not written:
-        return ((pipeline, start, end, key, blob, blob[0] if blob else 0, now, None, None)
-                for start, end, key, blob in upserts)
-    flag, kept = (emitted or {}).get, (written or {}).get
-    return ((pipeline, start, end, key, blob, blob[0] if blob else 0, now, _as_int(flag((start, key))),
-             kept((start, key))) for start, end, key, blob in upserts)
-
-
-def _as_int(flag: bool | None) -> int | None:
-    return None if flag is None else int(flag)
-
-
-def _flags(conn: sqlite3.Connection, query: str, params: tuple) -> dict[tuple[int, bytes], bool]:
-    return {(start, key): bool(flag) for start, key, flag in conn.execute(query, params)}
-
-
-def _written(conn: sqlite3.Connection, query: str, params: tuple) -> dict[tuple[int, bytes], bytes]:
-    return {(start, key): kept for start, key, kept in conn.execute(query, params)}
 
 
 __all__ = ["SqliteStateStore"]

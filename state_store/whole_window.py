@@ -1,7 +1,9 @@
-"""Whole windows: a window stored as one row (``BatchCommit.whole_windows``).
+"""Whole windows: a window stored as one row, in stores of schema 7 and older.
 
-A window whose groups mostly changed in a batch is stored as one row instead of one per group:
-its key is ``WINDOW_KEY`` and its blob holds every group. The blob is the state version byte and
+A batch that changed most of a window's groups used to store it as one row instead of one per
+group: its key is ``WINDOW_KEY`` and its blob holds every group. Commits no longer write such rows
+(they append segments), but a load still expands them into their groups and ``migrate_state``
+rewrites an older-version one whole (:func:`window_blob`). The blob is the state version byte and
 a msgpack array ``[keys, states]`` (the groups' encoded keys, their accumulator lists): msgpack
 concatenates, so each state's bytes are exactly a group blob's body (``state_store.codec``), and a
 reader cuts the groups out without decoding a value (:func:`window_groups`).
@@ -9,27 +11,14 @@ reader cuts the groups out without decoding a value (:func:`window_groups`).
 
 from __future__ import annotations
 
-from itertools import chain
-
 import msgpack
 
-from state_store.codec import PLAIN_STATE_TYPES, STATE_PREFIX, check_accumulators, describe, state_version
+from state_store.codec import describe, state_version
 from state_store.errors import CorruptState
-from state_store.msgpack_values import failure_reason, packb
+from state_store.msgpack_values import failure_reason
 
 #: the group key of a whole-window row (an encoded key is never empty: it starts with ``KEY_FORMAT``)
 WINDOW_KEY = b""
-
-
-def encode_window(keys: list[bytes], states: list[list]) -> bytes:
-    """Every group of one window (encoded keys and their accumulator lists) as one blob, in one
-    msgpack call: a batch that changed most of a window writes it this way."""
-    if not set(map(type, chain.from_iterable(states))) <= PLAIN_STATE_TYPES:
-        for accs in states:
-            check_accumulators(accs)
-    if type(states) is not list or not set(map(type, states)) <= {list}:
-        states = [list(accs) for accs in states]
-    return STATE_PREFIX + packb([keys, states])
 
 
 def window_blob(version: int, keys: list[bytes], blobs: list[bytes]) -> bytes:
@@ -67,4 +56,4 @@ def window_groups(blob: bytes) -> list[tuple[bytes, bytes]]:
     return [(key, prefix + body[a:b]) for key, a, b in zip(keys, bounds, bounds[1:])]
 
 
-__all__ = ["WINDOW_KEY", "encode_window", "window_blob", "window_groups"]
+__all__ = ["WINDOW_KEY", "window_blob", "window_groups"]

@@ -21,6 +21,7 @@ from ematix_dagster.spec import Aggregation, PipelineSpec, Run, Source, StateSto
 from ematix_dagster.stores import make_store
 from state_store.base import BatchCommit, PipelineRecord, SourceProgress, make_holder
 from state_store.codec import STATE_VERSION
+from tests.state_store.legacy_rows import write_rows
 
 
 def small_spec(tmp_path: Path, name: str = "tiny-clicks", *, target: Target | None = None,
@@ -41,9 +42,10 @@ def small_spec(tmp_path: Path, name: str = "tiny-clicks", *, target: Target | No
 
 
 def commit_state(spec: PipelineSpec, *, batch_id: int = 3, watermark_us: int | None = None,
-                 counters: dict[str, int] | None = None, upserts: list[tuple[int, int, bytes, bytes]] | None = None,
+                 counters: dict[str, int] | None = None, rows: list[tuple[int, int, bytes, bytes]] | None = None,
                  state_version: int = STATE_VERSION) -> None:
-    """Write one committed batch for ``spec`` straight into its store (no Spark)."""
+    """Write one committed batch for ``spec`` straight into its store (no Spark), with ``rows`` as the
+    state rows of a store written at schema 7 (``tests.state_store.legacy_rows``)."""
     doc = fingerprint_doc(spec)
     record = PipelineRecord(
         pipeline=spec.pipeline_name, state_version=state_version, query_id="query-0", last_batch_id=batch_id,
@@ -54,7 +56,9 @@ def commit_state(spec: PipelineSpec, *, batch_id: int = 3, watermark_us: int | N
     store.open()
     try:
         store.acquire_lease(spec.pipeline_name, make_holder("test setup"))
-        store.commit(BatchCommit(record=record, upserts=list(upserts or [])))
+        store.commit(BatchCommit(record=record))
+        if rows:
+            write_rows(store, spec.pipeline_name, rows)
         store.release_lease(spec.pipeline_name)
     finally:
         store.close()

@@ -205,7 +205,7 @@ def test_migrate_state_op_migrates_free_pipelines_records_pending_for_running_on
     assert v1[0] < codec.STATE_VERSION
     for p in (old, running):
         commit_state(p.spec, batch_id=1,
-                     upserts=[(0, p.spec.window.duration_ms * 1_000, codec.encode_key(("counts",)), v1)])
+                     rows=[(0, p.spec.window.duration_ms * 1_000, codec.encode_key(("counts",)), v1)])
     job = state_migration_job([old, running])
     resources = {"state_store": StateStoreResource()}
 
@@ -253,7 +253,7 @@ def test_migrate_state_with_restart_running_terminates_the_run_waits_for_the_lea
     p = EmatixPipeline.load(small_spec(tmp_path, "busy-clicks"))
     v1 = (FIXTURES / "counts.state.bin").read_bytes()
     commit_state(p.spec, batch_id=1,
-                 upserts=[(0, p.spec.window.duration_ms * 1_000, codec.encode_key(("counts",)), v1)])
+                 rows=[(0, p.spec.window.duration_ms * 1_000, codec.encode_key(("counts",)), v1)])
     instance = dg.DagsterInstance.ephemeral()
     _INSTANCES.append(instance)
     active = create_run_for_test(instance, job_name=p.job_name, status=dg.DagsterRunStatus.STARTED,

@@ -1,4 +1,5 @@
-"""A real pipeline's state written with the real store (SQLite and PostgreSQL), for the corrupt-input tests
+"""A real pipeline's state in the real store (SQLite and PostgreSQL; its groups as the state rows of a store of
+schema 7, ``tests/state_store/legacy_rows.py``), for the corrupt-input tests
 (tests/e2e/test_corrupt_state.py, test_corrupt_checkpoint.py, issue 7): ``Setup`` and the ``setup`` fixture (one per
 store kind), the valid state it writes, and the checks of an error's message.
 """
@@ -25,6 +26,7 @@ from state_store import migrations
 from state_store.base import BatchCommit, PipelineRecord, SourceProgress, StateStore
 from state_store.codec import STATE_VERSION, encode_key, encode_state
 from tests.pipeline_toml import postgres_store, sqlite_store, windowed_pipeline_toml
+from tests.state_store.legacy_rows import write_rows
 
 S = 1_000_000
 PIPELINE = "corrupt-inputs"
@@ -105,8 +107,10 @@ class Setup:
             counters=counters if counters is not None else {"rows_consumed:a": 9, "late_rows_dropped": 0},
             offsets={"a": OFFSET})
         size = self.spec.window.duration_ms * 1_000
-        self.store().commit(BatchCommit(record=record, upserts=[
-            (start, start + size, encode_key(key), encode_state(accs)) for (start, key), accs in groups.items()]))
+        store = self.store()
+        store.commit(BatchCommit(record=record))
+        write_rows(store, PIPELINE, [(start, start + size, encode_key(key), encode_state(accs))
+                                     for (start, key), accs in groups.items()])
         self.write_checkpoint()
 
     def write_checkpoint(self) -> Path:

@@ -1,4 +1,5 @@
-"""Keys, blobs and records the state-store contract tests commit (the stores: conftest.py's ``make_store``)."""
+"""Keys, blobs, segments and records the state-store contract tests commit (the stores: conftest.py's
+``make_store``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from pathlib import Path
 
 from state_store import codec
 from state_store.base import PipelineRecord, SourceProgress
+from state_store.segments import Segment, encode_segment
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "state_v1"
@@ -23,6 +25,13 @@ def blob(*accs) -> bytes:
 def end(start: int) -> int:
     """A window end for a stored group (stores keep it as given; one minute here)."""
     return start + 60_000_000
+
+
+def segment(start: int, **counts: int) -> bytes:
+    """A delta segment setting each key's one accumulator in window ``start``, encoded as the engine
+    encodes one (a store keeps segments as opaque blobs)."""
+    return encode_segment(Segment(starts=[start] * len(counts), ends=[end(start)] * len(counts),
+                                  keys=[key(k) for k in counts], emitted=None, written=None, accs=[list(counts.values())]))
 
 
 def record(pipeline: str, batch_id: int, **extra) -> PipelineRecord:

@@ -9,6 +9,7 @@ import psycopg
 from psycopg import sql
 
 from state_store import codec, migrations
+from tests.state_store.legacy_rows import insert_rows
 
 #: a state row's columns every schema version has had (``window_end`` since step 3)
 STATE_COLUMNS = ("window_start", "window_end", "group_key", "state_blob", "state_version")
@@ -20,14 +21,12 @@ def store_at_schema(kind: str, conn: Any, version: int, pipeline: str, rows: Seq
     write ``pipeline``'s record (batch 3, watermark 77) and its state rows, each
     ``(*STATE_COLUMNS, *extra)``."""
     columns = (*STATE_COLUMNS, *extra)
-    values = [(pipeline, *row) for row in rows]
     if kind == "sqlite":
         conn.isolation_level = None
         migrations.apply_sqlite(conn, pipeline, migrations.STEPS[:version])
         conn.execute("INSERT INTO ematix_streaming_pipelines (pipeline_name, state_version, last_batch_id, watermark, "
                      "updated_at) VALUES (?, ?, 3, 77, 'now')", (pipeline, codec.STATE_VERSION))
-        conn.executemany(f"INSERT INTO ematix_streaming_state (pipeline_name, {', '.join(columns)}, updated_at) "
-                         f"VALUES (?, {', '.join('?' * len(columns))}, 'now')", values)
+        insert_rows(kind, conn, migrations.sqlite_names(), pipeline, columns, rows)
         return
     schema = conn.execute("SELECT current_schema()").fetchone()[0]
     with psycopg.connect(conn.info.dsn) as tx:
@@ -35,7 +34,4 @@ def store_at_schema(kind: str, conn: Any, version: int, pipeline: str, rows: Seq
     names = migrations.postgres_names(schema)
     conn.execute(sql.SQL("INSERT INTO {pipelines} (pipeline_name, state_version, last_batch_id, watermark) "
                          "VALUES (%s, %s, 3, 77)").format(**names), (pipeline, codec.STATE_VERSION))
-    with conn.cursor() as cur:
-        cur.executemany(sql.SQL("INSERT INTO {state} (pipeline_name, {columns}) VALUES (%s, {values})").format(
-            columns=sql.SQL(", ").join(map(sql.Identifier, columns)),
-            values=sql.SQL(", ").join([sql.Placeholder()] * len(columns)), **names), values)
+    insert_rows(kind, conn, names, pipeline, columns, rows)

@@ -21,7 +21,9 @@ from ematix_dagster.errors import CorruptState
 from state_store import codec, migrations, pending
 from state_store.base import BatchCommit, PendingRow, PendingSummary
 from state_store.sqlite import SqliteStateStore
-from tests.state_store.contract_stores import blob, groups_of, key, record
+from tests.state_store.contract_stores import blob, groups_of, key, record, segment
+from tests.state_store.legacy_rows import insert_rows
+from tests.state_store.old_schemas import STATE_COLUMNS
 
 P = "delayed"
 ALL = 2**63 - 1  # a bound past every release time
@@ -99,20 +101,20 @@ def test_a_commit_that_fails_leaves_the_pending_rows_as_they_were(make_store):
     callback (the target's write) undoes them with everything else."""
     store = make_store()
     a, b = row(100, 0, 0, 5, n=1), row(200, 0, 1, 6, n=2)
-    store.commit(BatchCommit(record(P, 0), upserts=[(0, 10, key("k"), blob(1))], pending_inserts=[a, b]))
+    store.commit(BatchCommit(record(P, 0), segments=[segment(0, k=1)], pending_inserts=[a, b]))
     before = store.pending_summary(P)
 
     def target_fails(conn) -> None:
         raise RuntimeError("the target write failed")
 
     with pytest.raises(RuntimeError, match="target write failed"):
-        store.commit(BatchCommit(record(P, 1), upserts=[(0, 10, key("k"), blob(2))],
+        store.commit(BatchCommit(record(P, 1), segments=[segment(0, k=2)],
                                  pending_inserts=[row(50, 1, 0, 1, n=3)], pending_released=[a.key],
                                  in_transaction=[target_fails]))
     for s in (store, make_store()):
         assert s.load_pending(P, ALL) == [a, b] and s.pending_summary(P) == before
         state = s.load(P)
-        assert state.record.last_batch_id == 0 and groups_of(state) == {(0, key("k")): blob(1)}
+        assert state.record.last_batch_id == 0 and state.segments == [segment(0, k=1)]
 
 
 def test_replaying_a_batch_inserts_nothing_twice(make_store):
@@ -135,7 +137,7 @@ def test_a_key_stored_with_another_row_fails_the_commit_and_writes_nothing(make_
     a, b = row(100, 0, 0, 7, n=1), row(200, 0, 1, 7, n=2)
     store.commit(BatchCommit(record(P, 0), pending_inserts=[a, b]))
     with pytest.raises(CorruptState) as info:
-        store.commit(BatchCommit(record(P, 1), upserts=[(0, 10, key("k"), blob(1))],
+        store.commit(BatchCommit(record(P, 1), segments=[segment(0, k=1)],
                                  pending_inserts=[row(50, 1, 0, n=3), b._replace(**change)], pending_released=[a.key]))
     text = str(info.value)
     assert f"pipeline {P!r}" in text and store.description in text
@@ -143,7 +145,7 @@ def test_a_key_stored_with_another_row_fails_the_commit_and_writes_nothing(make_
     assert "secret" not in text and "another payload" not in text  # payloads are not public
     for s in (store, make_store()):
         assert s.load_pending(P, ALL) == [a, b]
-        assert s.load(P).record.last_batch_id == 0 and groups_of(s.load(P)) == {}
+        assert s.load(P).record.last_batch_id == 0 and s.load(P).segments == []
 
 
 def test_the_summary_counts_rows_and_bytes_and_names_the_next_release_and_smallest_event_time(make_store):
@@ -213,7 +215,7 @@ def test_malformed_pending_lists_are_refused_before_anything_is_written(make_sto
     stored = row(5, 0, 9, n=1)
     store.commit(BatchCommit(record(P, 0), pending_inserts=[stored]))
     with pytest.raises(TypeError, match=match) as info:
-        store.commit(BatchCommit(record(P, 1), upserts=[(0, 10, key("k"), blob(1))], **batch))
+        store.commit(BatchCommit(record(P, 1), segments=[segment(0, k=1)], **batch))
     assert "secret" not in str(info.value)
     assert store.load_pending(P, ALL) == [stored] and store.load(P).record.last_batch_id == 0
 
@@ -243,8 +245,7 @@ def test_schema_step_7_adds_the_pending_table_and_keeps_everything(schema_store)
     conn = connect()
     rows = [(0, 10, key("a"), blob(1), codec.STATE_VERSION, 1, b"\x00written"),
             (60, 70, key("b"), blob(2), codec.STATE_VERSION, None, None)]
-    state = ("INSERT INTO ematix_streaming_state (pipeline_name, window_start, window_end, group_key, state_blob, "
-             "state_version, updated_at, emitted, written_row) VALUES ('v6', %s, %s, %s, %s, %s, 'now', %s, %s)")
+    columns = (*STATE_COLUMNS, "emitted", "written_row")
     pipelines = ("INSERT INTO ematix_streaming_pipelines (pipeline_name, state_version, last_batch_id, watermark, "
                  "trigger_fired_at, updated_at) VALUES ('v6', %s, 3, 77, 5000, 'now')")
     offsets = ("INSERT INTO ematix_streaming_offsets (pipeline_name, source_id, batch_id, offset_json, state_version, "
@@ -252,7 +253,7 @@ def test_schema_step_7_adds_the_pending_table_and_keeps_everything(schema_store)
     if kind == "sqlite":
         conn.isolation_level = None
         migrations.apply_sqlite(conn, "v6", migrations.STEPS[:6])
-        conn.executemany(state.replace("%s", "?"), [(*r[:5], r[5], r[6]) for r in rows])
+        insert_rows(kind, conn, migrations.sqlite_names(), "v6", columns, rows)
         conn.execute(pipelines.replace("%s", "?"), (codec.STATE_VERSION,))
         conn.execute(offsets.replace("%s", "?"), (codec.STATE_VERSION,))
         before = None
@@ -260,8 +261,8 @@ def test_schema_step_7_adds_the_pending_table_and_keeps_everything(schema_store)
         schema = conn.execute("SELECT current_schema()").fetchone()[0]
         with psycopg.connect(conn.info.dsn) as tx:
             migrations.apply_postgres(tx, schema, "v6", migrations.STEPS[:6])
-        with conn.cursor() as cur:
-            cur.executemany(state, [(*r[:5], None if r[5] is None else bool(r[5]), r[6]) for r in rows])
+        insert_rows(kind, conn, migrations.postgres_names(schema), "v6", columns,
+                    [(*r[:5], None if r[5] is None else bool(r[5]), r[6]) for r in rows])
         conn.execute(pipelines, (codec.STATE_VERSION,))
         conn.execute(offsets, (codec.STATE_VERSION,))
         before = conn.execute(_FILENODES).fetchone()

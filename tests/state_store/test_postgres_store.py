@@ -15,7 +15,7 @@ from psycopg import sql
 from ematix_dagster.errors import StoreAccessDenied, StorePermissionError, StoreUnavailable
 from state_store.base import BatchCommit, make_holder
 from state_store.postgres import PostgresStateStore
-from tests.state_store.contract_stores import blob, end, key, record
+from tests.state_store.contract_stores import record, segment
 
 # ---- PostgreSQL only -------------------------------------------------------------------------
 
@@ -93,7 +93,7 @@ def test_postgres_missing_privileges(pg_dsn, pg_schema, limited_role):
     # an administrator created the tables: a role with read access only can open and load...
     admin = PostgresStateStore(pg_dsn, pg_schema)
     admin.open()
-    admin.commit(BatchCommit(record("shared", 1), upserts=[(0, end(0), key(1), blob(1))]))
+    admin.commit(BatchCommit(record("shared", 1), segments=[segment(0, a=1)]))
     admin.close()
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(pg_schema), sql.Identifier(role)))

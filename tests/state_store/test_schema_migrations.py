@@ -10,6 +10,7 @@ from ematix_dagster.errors import StateVersionError
 from state_store import codec, migrations
 from state_store.base import BatchCommit
 from tests.state_store.contract_stores import blob, key, record
+from tests.state_store.legacy_rows import write_rows
 from tests.state_store.old_schemas import store_at_schema
 
 # ---- schema migrations (the stores: conftest.py's ``schema_store``) ------------------------------
@@ -83,7 +84,7 @@ def test_schema_step_5_adds_a_null_emitted_flag_to_existing_rows(schema_store):
     try:
         state = store.load("old")
         assert state.groups == [(0, 10, key("a"), blob(1))] and state.emitted == {}
-        store.commit(BatchCommit(record("old", 4), upserts=[(0, 10, key("a"), blob(2))], emitted={(0, key("a")): True}))
+        write_rows(store, "old", [(0, 10, key("a"), blob(2), True)])  # as schema 7 wrote a session's row
         assert store.load("old").emitted == {(0, key("a")): True}
     finally:
         store.close()
@@ -115,8 +116,8 @@ def test_schema_step_6_adds_null_written_rows_and_trigger_timer_in_place(schema_
         assert sorted(state.groups) == [(0, 10, key("a"), blob(1)), (60, 70, key("b"), blob(2))]
         assert state.emitted == {(0, key("a")): True} and state.written == {}
         assert state.record.trigger_fired_at is None and state.record.watermark == 77
-        store.commit(BatchCommit(record("v5", 4, trigger_fired_at=5_000_000),
-                                 upserts=[(60, 70, key("b"), blob(3))], written={(60, key("b")): b"\x00row"}))
+        store.commit(BatchCommit(record("v5", 4, trigger_fired_at=5_000_000)))
+        write_rows(store, "v5", [(60, 70, key("b"), blob(3), None, b"\x00row")])  # as schema 7 wrote one
         again = store.load("v5")
         assert again.written == {(60, key("b")): b"\x00row"} and again.record.trigger_fired_at == 5_000_000
     finally:

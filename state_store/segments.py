@@ -9,9 +9,10 @@ because it is a documented, versioned columnar format both written and read at C
 code in it (pickle, NumPy's ``allow_pickle``, is never used). An accumulator column is typed
 (``int64`` or ``float64``, nulls for None) when every value is exactly an int in range, or a float;
 else each value is its msgpack bytes (``state_store.msgpack_values``, the codec's value encoding),
-null for None.
-Each field's ``codec`` metadata says which, so a decoded value has exactly the type the row codec
-would give (ints stay ints, Decimals, sets, sketches and tuples come back as they were).
+null for None. Each field's ``codec`` metadata says which, so a decoded value has exactly the type the row codec
+would give (ints stay ints, Decimals, sets, sketches and tuples come back as they were). Buffers
+are LZ4-compressed (Arrow IPC's own buffer compression, which a reader undoes by itself: blobs
+written uncompressed, as the first code of this format did, read the same).
 
 Upserts of a segment replace their ``(window_start, key)``; a reader applies a segment's deletes
 before its upserts. A *base* segment (schema metadata ``base``) holds the whole state; the ones
@@ -37,6 +38,8 @@ UPSERT, DELETE, DELETE_BEFORE = 0, 1, 2
 _INT, _FLOAT, _PACKED = b"int64", b"float64", b"msgpack"
 _FIXED = [("op", pa.int8()), ("window_start", pa.int64()), ("window_end", pa.int64()), ("group_key", pa.binary()),
           ("emitted", pa.bool_()), ("written", pa.binary())]
+#: LZ4 buffer compression (docs/decisions.md, "Columnar driver state"), on the committing thread
+_WRITE_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)
 _unpack = partial(msgpack.unpackb, ext_hook=ext_hook, object_hook=set, use_list=False, raw=False,
                   strict_map_key=False)
 
@@ -82,7 +85,7 @@ def encode_segment(segment: Segment) -> bytes:
         fields.append(pa.field(f"acc{i}", array.type, metadata={b"codec": codec}))
     schema = pa.schema(fields, metadata={b"base": b"1" if segment.base else b"0"})
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, schema) as writer:
+    with pa.ipc.new_stream(sink, schema, options=_WRITE_OPTIONS) as writer:
         writer.write_batch(pa.record_batch(columns, schema=schema))
     return MAGIC + bytes([FORMAT_VERSION]) + sink.getvalue().to_pybytes()
 

@@ -90,6 +90,19 @@ def test_a_blob_that_is_no_segment_is_refused_with_its_reason(blob, error, text)
         decode_segment(blob, "pipeline 'p', state segment 3")
 
 
+def test_buffers_are_compressed_and_an_uncompressed_blob_reads_the_same():
+    rows = [[n, n * 0.5] for n in range(1000)]
+    blob = encode_segment(_upserts(rows))
+    body = pa.py_buffer(blob[len(MAGIC) + 1:])
+    table = pa.ipc.open_stream(body).read_all()
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:  # as the first code of format 1 wrote it
+        writer.write_table(table)
+    plain = sink.getvalue()
+    assert len(body) < len(plain) * 0.8
+    assert decode_segment(MAGIC + bytes([FORMAT_VERSION]) + plain.to_pybytes(), "here") == decode_segment(blob, "here")
+
+
 def test_a_segment_whose_columns_lie_is_corrupt():
     other = pa.schema([("op", pa.int8()), ("window_start", pa.int64())])
     sink = pa.BufferOutputStream()

@@ -91,3 +91,17 @@ def test_console_target_prints_each_batch(capsys):
     assert lines[1].split() == ["window_start", "window_end", "user_id", "page", "n", "amount_sum", "_emit_kind"]
     assert "home" in lines[2] and "2024-05-01 12:00:00+00:00" in lines[2] and "final" in lines[2]
     assert len(lines) == 4  # nothing for the empty batch
+
+
+def test_parquet_dictionary_encodes_strings_only(tmp_path):
+    # group keys and kinds repeat; window bounds, counts and sums mostly do not
+    w = make_window_writer(Target(kind="parquet", path=str(tmp_path)), PIPE, SIMPLE, SIMPLE_KEY)
+    w.open()
+    rows = [(ts(i), ts(i + 1), i % 3, "abc"[i % 3], i, i / 2, "final") for i in range(50)]
+    w.write(0, batch(SIMPLE, rows))
+    meta = pq.ParquetFile(tmp_path / "batch_id=0" / "part-0.parquet").metadata.row_group(0)
+    dictionary = {meta.column(i).path_in_schema for i in range(meta.num_columns)
+                  if any("DICTIONARY" in e for e in meta.column(i).encodings)}
+    strings = {f.name for f in SIMPLE if str(f.type) == "string"}
+    assert strings and dictionary == strings
+    assert read_batch_dir(tmp_path / "batch_id=0").to_dict("records") == batch(SIMPLE, rows).to_pandas().to_dict("records")

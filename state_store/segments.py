@@ -51,7 +51,7 @@ class Segment:
     base: bool = False
     starts: Sequence[int] | np.ndarray = field(default_factory=list)
     ends: Sequence[int] | np.ndarray = field(default_factory=list)
-    keys: Sequence[bytes] = field(default_factory=list)
+    keys: Sequence[bytes] | pa.Array = field(default_factory=list)  # encoding: an Arrow binary array too
     #: None (encoding only): no flags stored
     emitted: Sequence[bool | None] | np.ndarray | None = field(default_factory=list)
     #: None (encoding only): no written rows stored
@@ -76,7 +76,8 @@ def encode_segment(segment: Segment) -> bytes:
                pa.concat_arrays([pa.array(segment.starts, pa.int64()),
                                  pa.array([start for start, _ in deletes] + before, pa.int64())]),
                _then_nulls(segment.ends, pa.int64(), n, m),
-               pa.array([*segment.keys, *(key for _, key in deletes), *(b"" for _ in before)], pa.binary()),
+               pa.concat_arrays([segment.keys if isinstance(segment.keys, pa.Array) else pa.array(segment.keys, pa.binary()),
+                                 pa.array([*(key for _, key in deletes), *(b"" for _ in before)], pa.binary())]),
                _then_nulls(segment.emitted, pa.bool_(), n, m), _then_nulls(segment.written, pa.binary(), n, m)]
     fields = [pa.field(name, kind) for name, kind in _FIXED]
     for i, column in enumerate(segment.accs):

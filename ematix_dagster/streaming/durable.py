@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, Callable, Iterable, Sequence
 
+import pyarrow as pa
+
 from ematix_dagster.streaming.emitted import GroupKey
 from ematix_dagster.streaming.micro_batch import Engine
 from ematix_dagster.streaming.state.base import (
@@ -90,9 +92,9 @@ def segment_commit(state: KindState) -> tuple[list[bytes], bool]:
 
 
 def _segment(state: KindState, changes: ColumnChanges, base: bool) -> bytes:
-    keys = encode_keys(changes.keys)
-    if changes.key_rows is not None:
-        keys = list(map(keys.__getitem__, changes.key_rows.tolist()))
+    keys: list[bytes] | pa.Array = encode_keys(changes.keys)
+    if changes.key_rows is not None:  # each key encoded once, repeated by Arrow
+        keys = pa.array(keys, pa.binary()).take(pa.array(changes.key_rows))
     written: list[bytes | None] | None = None
     if state.keeps_written:  # the written row travels with its group (schema step 6)
         held = state.written

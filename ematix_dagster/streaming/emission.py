@@ -16,7 +16,8 @@ Rows written before whose (window start, key) no longer exists (a session merged
 are retracted first, repeating what was written; with ``retractions``, so is every row a new one
 supersedes. Retractions come first, then the rows, each part ordered by window start and group key
 whatever the kind, so the same input always writes the same files. Eviction follows, by the kind's
-retention rule.
+retention rule (``WindowKind.evicted_before``); the written rows are kept for a later retraction
+only where that rule keeps their window, judged once here for every kind.
 
 >>> from ematix_dagster.streaming.aggregators import Count
 >>> from ematix_dagster.streaming.state.fixed import FixedState
@@ -33,11 +34,14 @@ retention rule.
 from __future__ import annotations
 
 from itertools import compress, product
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
 
 from ematix_dagster.columns import CORRECTION, EARLY, FINAL, RETRACT
-from ematix_dagster.streaming.emitted import Emitted, EmittedRow
+from ematix_dagster.streaming.emitted import Emitted, EmittedRow, GroupKey
 from ematix_dagster.streaming.state.base import CLOSING, OPEN
+from ematix_dagster.streaming.state.columns import ints
 from ematix_dagster.streaming.state.order import row_order
 
 if TYPE_CHECKING:
@@ -96,7 +100,7 @@ def emit(state: KindState, before: int | None, watermark: int | None, retention:
     if retractions:
         retracts += _superseded(state, starts, keys)
     if state.keeps_written and rows:
-        state.remember(starts, ends, keys, values)
+        state.remember(*_kept(state, watermark, retention, starts, ends, keys, values))
         state.touch(report, rows)
     state.evict(watermark, retention)
     out = Emitted()
@@ -104,6 +108,19 @@ def emit(state: KindState, before: int | None, watermark: int | None, retention:
         out.add_rows([retracts[i] for i in row_order([r.start for r in retracts], [r.key for r in retracts])])
     out.add_columns(starts, ends, keys, values, written_kinds)
     return out
+
+
+def _kept(state: KindState, watermark: int | None, retention: int, starts: list[int], ends: list[int],
+          keys: list[GroupKey], values: list[list[Any]]) -> tuple[list[int], list[int], list[GroupKey], list[list[Any]]]:
+    """The written rows whose windows this emission's eviction keeps: a row of an evicted window
+    can never be retracted or superseded, so remembering it would make a ``written`` entry only to
+    drop it again in the same batch (under ``drop``, every final session row)."""
+    evicted = state.kind.evicted(ints(ends, len(ends)), watermark, retention)
+    if not evicted.any():
+        return starts, ends, keys, values
+    kept = np.flatnonzero(~evicted).tolist()
+    return (list(map(starts.__getitem__, kept)), list(map(ends.__getitem__, kept)), list(map(keys.__getitem__, kept)),
+            [list(map(column.__getitem__, kept)) for column in values])
 
 
 def _early(state: KindState, report: Report, kinds: list[str | None], clock: TriggerClock, firing: bool) -> None:

@@ -34,6 +34,28 @@ def test_fixed_state_direct_emit_and_retention() -> None:
     assert st.flush_watermark == 20 and st.group_count == 1
 
 
+def test_retractions_keep_the_written_rows_of_windows_their_emission_keeps_to_the_microsecond(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``[target] retractions`` a written row is remembered only if its window outlives the
+    emission's eviction (``end + retention <= W`` evicts): the one ending at exactly ``W -
+    retention`` is not, the one a microsecond later is, and its row is retracted when a late row
+    reaches it."""
+    st = FixedState("p", [Count()], ["n"], 5, FixedWindows(duration=10, hop=1), keeps_written=True)
+    remembered: list[list[tuple]] = []
+    remember = st.remember
+    monkeypatch.setattr(st, "remember", lambda starts, ends, keys, values: (
+        remembered.append(list(zip(starts, ends, keys, *values))), remember(starts, ends, keys, values)))
+    st.merge([0, 1, 1], [("a",), ("a",), ("b",)], [[1, 2, 3]])  # [0, 10) and [1, 11)
+    out = emit(st, before=None, watermark=15, retention=5, retractions=True).rows
+    assert [(r.start, r.key, r.values, r.kind) for r in out] == [
+        (0, ("a",), (1,), "final"), (1, ("a",), (2,), "final"), (1, ("b",), (3,), "final")]
+    assert remembered == [[(1, 11, ("a",), 2), (1, 11, ("b",), 3)]]  # 10 + 5 <= 15: [0, 10) goes; 11 + 5 > 15
+    assert set(st.windows) == {1} and st.written == {1: {("a",): (11, (2,)), ("b",): (11, (3,))}}
+    st.merge([1], [("a",)], [[1]])  # late, under reopen: reaches the retained [1, 11)
+    out = emit(st, before=15, watermark=15, retention=5, retractions=True).rows
+    assert [(r.start, r.key, r.values, r.kind) for r in out] == [(1, ("a",), (2,), "retract"), (1, ("a",), (3,), "correction")]
+
+
 def test_fixed_state_merges_a_run_column_by_column_and_a_repeated_group_row_by_row() -> None:
     st = FixedState(pipeline="p", kind=FixedWindows(10, 10), aggregators=[Count(), Sum(integral=True)],
                     aliases=["n", "s"], max_groups_per_window=3)

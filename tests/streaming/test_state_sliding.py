@@ -13,6 +13,10 @@ from typing import Any
 import pytest
 
 from ematix_dagster.errors import StateCapExceeded
+from ematix_dagster.streaming.aggregators import Count
+from ematix_dagster.streaming.emission import emit
+from ematix_dagster.streaming.state.sliding import SlidingState
+from ematix_dagster.streaming.windows import SlidingWindows
 from tests.streaming.sliding_oracle import (
     ADDITIVE,
     ALIASES,
@@ -299,3 +303,16 @@ def test_split_invariance_without_late_rows(seed: int) -> None:
     assert len(whole) > 100 and len({(r[2], r[3]) for r in whole}) == len(whole)
     for n in (2, 7, 30, 120):
         assert finals(random_split(rng, rows, n)) == whole, f"{n} batches"
+
+
+def test_retractions_keep_no_written_row_of_a_window_its_emission_evicts() -> None:
+    """Under ``drop`` and ``dlq`` (``retractions`` is refused under ``reopen``) a sliding window is
+    written once, final, and evicted by the same emission (``t + 0 < W``): nothing can supersede
+    its row, so none is kept (the state's eviction drops partials, never ``written``)."""
+    state = SlidingState("p", [Count()], ["n"], 10, SlidingWindows(duration=10, max_events=100), keeps_written=True)
+    before = None
+    for t in (0, 100, 200):
+        state.merge([t], [("a",)], [[1]])
+        rows = emit(state, before, t + 1, retention=0, retractions=True).rows
+        assert [(r.start, r.end, r.kind) for r in rows] == [(t - 10, t, "final")] and state.written == {}
+        before = t + 1

@@ -7,10 +7,21 @@ calling the code under test a second time.
 from __future__ import annotations
 
 import random
+from typing import Callable
 
+import numpy as np
 import pytest
 
-from ematix_dagster.streaming.windows import FixedWindows, WindowBounds, format_us, format_window, window_starts
+from ematix_dagster.streaming.windows import (
+    FixedWindows,
+    SessionWindows,
+    SlidingWindows,
+    WindowBounds,
+    WindowKind,
+    format_us,
+    format_window,
+    window_starts,
+)
 from tests.streaming.reference import MS, brute_starts
 
 # ---------------------------------------------------------------------------------------------
@@ -93,6 +104,28 @@ def test_fixed_final_and_eviction_follow_the_exclusive_end() -> None:
     assert w == WindowBounds(20, 30)
     assert not kind.is_final(w, None) and not kind.is_final(w, 29) and kind.is_final(w, 30)
     assert not kind.is_evicted(w, 34, retention=5) and kind.is_evicted(w, 35, retention=5)
+
+
+@pytest.mark.parametrize("kind, rule", [
+    (FixedWindows(10, 10), lambda end, w, r: end + r <= w),  # the end is exclusive
+    (SessionWindows(gap=10, cap=100), lambda end, w, r: end + r < w),
+    (SlidingWindows(duration=10, max_events=100), lambda end, w, r: end + r < w),  # the end is inclusive
+], ids=["fixed", "session", "sliding"])
+def test_each_kind_evicts_a_column_of_windows_as_it_evicts_each_one(
+        kind: WindowKind, rule: Callable[[int, int, int], bool]) -> None:
+    """The emission judges a batch's written rows as one column (``evicted``) and a state may judge
+    its windows one by one (``is_evicted``): both give the kind's documented rule
+    (docs/contract/windows.md), to the microsecond around ``W - retention``."""
+    rng = random.Random(3)
+    for _ in range(300):
+        w, r = rng.randint(-10**15, 10**15), rng.choice([0, 1, rng.randint(0, 10**10)])
+        ends = [w - r - 1, w - r, w - r + 1, *(rng.randint(w - r - 50, w - r + 50) for _ in range(20))]
+        expected = [rule(end, w, r) for end in ends]
+        assert [kind.is_evicted(WindowBounds(end - 10, end), w, r) for end in ends] == expected, (w, r)
+        assert kind.evicted(np.array(ends, dtype=np.int64), w, r).tolist() == expected, (w, r)
+        assert expected[:3] in ([True, True, False], [True, False, False])  # the boundary was crossed
+    assert not kind.is_evicted(WindowBounds(0, 10), None, 0)
+    assert kind.evicted(np.array([-10**15, 0], dtype=np.int64), None, 0).tolist() == [False, False]
 
 
 def test_each_kind_says_its_windows_in_words() -> None:

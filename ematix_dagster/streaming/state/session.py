@@ -113,8 +113,6 @@ class SessionState(StateBase):
     # since the last report: the (key, start) of sessions rebuilt; since the last commit: rows to delete
     _moved: dict[tuple[GroupKey, int], None] = field(default_factory=dict, init=False, repr=False)
     _dropped: dict[tuple[int, GroupKey], None] = field(default_factory=dict, init=False, repr=False)
-    # the end below which this emission's eviction drops sessions (W - retention, as its report saw W)
-    _dropped_below: int | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._set(_empty(len(self.aggregators)))
@@ -238,7 +236,6 @@ class SessionState(StateBase):
         :data:`OPEN`, every one not emitted); the rows written for sessions whose (start, key) no
         longer exists."""
         changed, emitted = self.changed, self.emitted
-        self._dropped_below = None if watermark is None else watermark - retention
         closed = self.end < watermark if watermark is not None else np.zeros(len(changed), bool)
         pick = changed & (emitted | closed) if scope == CLOSING else changed.copy()
         pick |= ~changed & ~emitted & (closed if scope != OPEN else True)
@@ -294,26 +291,8 @@ class SessionState(StateBase):
     def touch(self, report: Report, rows: Sequence[int]) -> None:
         self.dirty[ints(map(report.handles.__getitem__, rows), len(rows))] = True
 
-    def remember(self, starts: Sequence[int], ends: Sequence[int], keys: Sequence[GroupKey],
-                 values: Sequence[Sequence[Any]]) -> None:
-        """As every kind does, less the rows of sessions this emission's eviction drops (their end
-        before W - retention, W as the report saw it): no later row can retract or supersede them,
-        and under ``drop`` every final row is one (a dict entry made and removed again in one batch
-        was most of the written rows' cost)."""
-        bound = self._dropped_below
-        n = len(ends)
-        if bound is not None and n:
-            kept = np.flatnonzero(ints(ends, n) >= bound).tolist()
-            if len(kept) < n:
-                starts, ends = list(map(starts.__getitem__, kept)), list(map(ends.__getitem__, kept))
-                keys = list(map(keys.__getitem__, kept))
-                values = [list(map(column.__getitem__, kept)) for column in values]
-        super().remember(starts, ends, keys, values)
-
     def evict(self, watermark: int | None, retention: int) -> None:
-        if watermark is None:
-            return
-        gone = self.end + retention < watermark
+        gone = self.kind.evicted(self.end, watermark, retention)
         if not gone.any():
             return
         at = np.flatnonzero(gone)

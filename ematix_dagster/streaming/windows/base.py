@@ -11,6 +11,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, Sequence
 
+import numpy as np
+
 from ematix_dagster.streaming.bounds import WindowBounds
 from ematix_dagster.streaming.windows.units import format_window
 
@@ -82,8 +84,22 @@ class WindowKind(ABC):
         """``window`` is complete at ``watermark`` and is emitted as ``final``."""
 
     @abstractmethod
+    def evicted_before(self, watermark: int | None, retention: int) -> int | None:
+        """The window end below which an emitted window is dropped from state (``retention``: how
+        long ``reopen`` keeps it; None: nothing is). The kind's one eviction rule: a window, a
+        column of written rows (:meth:`evicted`) and the state's own eviction are all judged by it,
+        so a row the emission remembers is never one its eviction drops."""
+
     def is_evicted(self, window: WindowBounds, watermark: int | None, retention: int) -> bool:
-        """An emitted ``window`` is dropped from state (``retention``: how long ``reopen`` keeps it)."""
+        """An emitted ``window`` is dropped from state."""
+        bound = self.evicted_before(watermark, retention)
+        return bound is not None and window.end < bound
+
+    def evicted(self, ends: np.ndarray, watermark: int | None, retention: int) -> np.ndarray:
+        """Which of the windows ending at ``ends`` are dropped from state, as :meth:`is_evicted`
+        says of each: one comparison over a whole column, for an emission of many rows."""
+        bound = self.evicted_before(watermark, retention)
+        return np.zeros(len(ends), bool) if bound is None else ends < bound
 
     @abstractmethod
     def expected_open_windows(self, lateness: int, retention: int) -> int:

@@ -85,8 +85,10 @@ class FixedWindows(KeyedByStart):
     def is_final(self, window: WindowBounds, watermark: int | None) -> bool:
         return watermark is not None and window.end <= watermark
 
-    def is_evicted(self, window: WindowBounds, watermark: int | None, retention: int) -> bool:
-        return watermark is not None and window.end + retention <= watermark
+    def evicted_before(self, watermark: int | None, retention: int) -> int | None:
+        """Evicted once ``end + retention <= W``: a later batch accepts no row for a window ending
+        at ``W - retention`` (its end is exclusive)."""
+        return None if watermark is None else watermark - retention + 1
 
     def expected_open_windows(self, lateness: int, retention: int) -> int:
         return -(-(self.duration + lateness + retention) // self.hop)

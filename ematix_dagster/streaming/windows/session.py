@@ -172,8 +172,10 @@ class SessionWindows(WindowKind):
     def is_final(self, window: WindowBounds, watermark: int | None) -> bool:
         return watermark is not None and window.end < watermark
 
-    def is_evicted(self, window: WindowBounds, watermark: int | None, retention: int) -> bool:
-        return watermark is not None and window.end + retention < watermark
+    def evicted_before(self, watermark: int | None, retention: int) -> int | None:
+        """Evicted once ``end + retention < W``: a later batch still accepts a row at ``W -
+        retention``, which joins a session ending there."""
+        return None if watermark is None else watermark - retention
 
     def expected_open_windows(self, lateness: int, retention: int) -> int:
         """At most this many sessions of one key are held at once in steady state.

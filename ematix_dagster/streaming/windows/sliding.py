@@ -91,7 +91,8 @@ class SlidingWindows(KeyedByStart):
     def needed_from(self, watermark: int | None, retention: int) -> int | None:
         """The oldest event time a window that may still be created or changed can contain; older
         partials leave state (None: keep everything)."""
-        return None if watermark is None else watermark - retention - self.duration
+        evicted_before = self.evicted_before(watermark, retention)
+        return None if evicted_before is None else evicted_before - self.duration
 
     # -- the WindowKind interface -----------------------------------------------------------------
 
@@ -109,8 +110,10 @@ class SlidingWindows(KeyedByStart):
     def is_final(self, window: WindowBounds, watermark: int | None) -> bool:
         return watermark is not None and window.end < watermark
 
-    def is_evicted(self, window: WindowBounds, watermark: int | None, retention: int) -> bool:
-        return watermark is not None and window.end + retention < watermark
+    def evicted_before(self, watermark: int | None, retention: int) -> int | None:
+        """Evicted once ``end + retention < W``: a later batch still accepts rows that count in a
+        window ending at ``W - retention`` (its end is inclusive)."""
+        return None if watermark is None else watermark - retention
 
     def expected_open_windows(self, lateness: int, retention: int) -> int:
         """A key holds at most ``max_events`` partials (one per retained event time); windows are

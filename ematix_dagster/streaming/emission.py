@@ -34,7 +34,7 @@ only where that rule keeps their window, judged once here for every kind.
 from __future__ import annotations
 
 from itertools import compress, product
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Sequence, cast
 
 import numpy as np
 
@@ -81,21 +81,25 @@ def emit(state: KindState, before: int | None, watermark: int | None, retention:
         _early(state, report, kinds, cast("TriggerClock", clock), scope == OPEN)
         if scope == OPEN:
             cast("TriggerClock", clock).fired(batch_time_us)
-    rows = list(compress(range(len(kinds)), kinds))
-    if len(rows) == len(kinds):  # every reported row is written (a closing fixed window, sliding windows)
+    rows: Sequence[int] = list(compress(range(len(kinds)), kinds))
+    every = len(rows) == len(kinds)  # every reported row is written (a closing fixed window, sliding windows)
+    if every:
         starts, keys = report.starts, report.keys
         order = rows = row_order(starts, keys)
     else:
         starts = list(map(report.starts.__getitem__, rows))
         keys = list(map(report.keys.__getitem__, rows))
         order = row_order(starts, keys)
-        rows = list(map(rows.__getitem__, order))
+        if not isinstance(order, range):
+            rows = list(map(rows.__getitem__, order))
     values = state.values(report, rows)
-    written_kinds = cast("list[str]", list(map(kinds.__getitem__, rows)))  # rows: those with a kind
+    written_kinds = cast("list[str]", kinds if every and isinstance(rows, range)  # rows: those with a kind
+                         else list(map(kinds.__getitem__, rows)))
     state.mark_emitted(report, [r for r, kind in zip(rows, written_kinds) if kind != EARLY]
                        if EARLY in written_kinds else rows)
-    starts, ends = list(map(starts.__getitem__, order)), list(map(report.ends.__getitem__, rows))
-    keys = list(map(keys.__getitem__, order))
+    if not isinstance(order, range):  # a range: the rows were in order already (sliding windows, sessions mostly)
+        starts, keys = list(map(starts.__getitem__, order)), list(map(keys.__getitem__, order))
+    ends = report.ends if isinstance(rows, range) else list(map(report.ends.__getitem__, rows))
     retracts = report.gone.rows
     if retractions:
         retracts += _superseded(state, starts, keys)

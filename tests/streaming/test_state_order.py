@@ -43,3 +43,10 @@ def test_rows_already_by_start_with_a_few_ties_sort_the_ties_by_key(seed) -> Non
     keys = [(rng.choice([None, "a", "b", "c"]), rng.randint(0, 3)) for _ in starts]
     got = [(starts[i], keys[i]) for i in row_order(starts, keys)]
     assert got == sorted(zip(starts, keys), key=lambda row: (row[0], [(v is not None, v or 0) for v in row[1]]))
+
+
+def test_rows_in_order_already_come_back_as_a_range() -> None:
+    # the emission then reorders nothing
+    assert row_order([1, 2, 3, 5], [(9,), (1,), (3,), (0,)]) == range(4)
+    assert row_order([], []) == range(0)
+    assert row_order([1, 2, 2], [(9,), (3,), (1,)]) == [0, 2, 1]

@@ -51,7 +51,7 @@ def sorted_keys(keys: Iterable[GroupKey]) -> list[GroupKey]:
     return sorted(keys, key=key_order)
 
 
-def row_order(starts: Sequence[int], keys: Sequence[GroupKey]) -> list[int]:
+def row_order(starts: Sequence[int], keys: Sequence[GroupKey]) -> Sequence[int]:
     """The positions of rows ``(starts[i], keys[i])`` sorted by window start, then key (no two rows
     share both: a kind emits one row per window and group).
 
@@ -59,9 +59,10 @@ def row_order(starts: Sequence[int], keys: Sequence[GroupKey]) -> list[int]:
     one start), then each run of one start by key: comparing keys alone costs a third of comparing
     (start, key) pairs, and a window emits tens of thousands of groups at once. Int keys (the
     common session or sliding key, a window's rows mostly of distinct starts) take one NumPy sort.
+    Rows in order already come back as a ``range``, so a caller can skip reordering them.
     """
     if not len(starts):
-        return []
+        return range(0)
     steps = np.diff(np.array(starts, dtype=np.int64))
     if (steps >= 0).all() and np.count_nonzero(steps == 0) * 8 < len(starts):
         return _ties_by_key(steps, keys)
@@ -101,15 +102,16 @@ def _by_ints(starts: Sequence[int], keys: Sequence[GroupKey]) -> list[int] | Non
     return np.lexsort([*columns[::-1], first]).tolist()  # the last column given sorts first
 
 
-def _ties_by_key(steps: np.ndarray, keys: Sequence[GroupKey]) -> list[int]:
+def _ties_by_key(steps: np.ndarray, keys: Sequence[GroupKey]) -> Sequence[int]:
     """:func:`row_order` of rows already by start (``steps``: from each start to the next, none
     negative) where few share one (a sliding window's rows come by end): only those are sorted."""
-    out = list(range(len(keys)))
     ends = np.flatnonzero(np.diff(np.concatenate(([False], steps == 0, [False])).astype(np.int8)))
-    if len(ends):
-        plain = _plain(keys)
-        for first, last in zip(ends[::2].tolist(), ends[1::2].tolist()):  # a run of one start: rows first..last
-            out[first:last + 1] = _by_key(out[first:last + 1], keys, plain)
+    if not len(ends):
+        return range(len(keys))
+    out = list(range(len(keys)))
+    plain = _plain(keys)
+    for first, last in zip(ends[::2].tolist(), ends[1::2].tolist()):  # a run of one start: rows first..last
+        out[first:last + 1] = _by_key(out[first:last + 1], keys, plain)
     return out
 
 

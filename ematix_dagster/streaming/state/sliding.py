@@ -246,7 +246,7 @@ class SlidingState(StateBase):
             corrected = np.zeros(len(time), bool)
         self.touched[:] = False
         rows = np.flatnonzero(final | corrected)
-        rows = rows[np.argsort(time[rows], kind="stable")]  # by start, as rows are written: that sort is then linear
+        rows = rows[np.argsort(time[rows])]  # by start, as rows are written (the emission orders ties by key)
         ends = time[rows]
         emitted = corrected[rows].tolist()
         n = len(rows)

@@ -11,8 +11,10 @@ end-of-input flush write a key the batch's own file wrote, so readers order a ke
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import Any, Sequence
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_type
@@ -63,16 +65,18 @@ def rows_to_arrow(schema: pa.Schema, emitted: Emitted, group_width: int,
     """The emitted rows as the output schema's columns, in their order (``row_ids``: one per row,
     for a kind with an id column). ``_emit_seq`` numbers the rows ``first_seq``, ``first_seq + 1``,
     ... as given: the end-of-input flush continues the numbers of the last batch's rows."""
-    columns: list[Sequence[Any]] = [()] * len(schema)
+    columns: list[Sequence[Any] | np.ndarray] = [()] * len(schema)
     first_key = 2 if row_ids is None else 3
-    if emitted:  # the group keys transposed at C speed; everything else is a column already
-        columns[0], columns[1] = emitted.starts, emitted.ends
+    n = len(emitted)
+    if emitted:  # window bounds through int64 (Arrow converts a list of ints to timestamps ten times slower)
+        columns[0], columns[1] = np.fromiter(emitted.starts, np.int64, n), np.fromiter(emitted.ends, np.int64, n)
         columns[schema.get_field_index(EMIT_KIND)] = emitted.kinds
-        for i, column in enumerate(zip(*emitted.keys)):
-            columns[first_key + i] = column
+        flat = list(chain.from_iterable(emitted.keys))  # the keys' columns by slicing: ``zip(*keys)`` passes
+        for i in range(group_width):                    # every key as an argument, five times slower
+            columns[first_key + i] = flat[i::group_width]
         for j, values in enumerate(emitted.values):
             columns[first_key + group_width + j] = values
     if row_ids is not None:
         columns[2] = list(row_ids)
-    columns[schema.get_field_index(EMIT_SEQ)] = range(first_seq, first_seq + len(emitted))
+    columns[schema.get_field_index(EMIT_SEQ)] = np.arange(first_seq, first_seq + n, dtype=np.int64)
     return pa.table([pa.array(c, type=f.type) for c, f in zip(columns, schema)], schema=schema)

@@ -222,6 +222,21 @@ def test_event_cap_in_one_batch() -> None:
         h.batch([(("k0",), 0, 1), (("k1",), 0, 1), (("k1",), 3 * T, 1), (("k1",), 6 * T, 1)])
 
 
+def test_caps_hold_exactly_at_their_bounds_across_batches() -> None:
+    # a key holding 2 times takes a 3rd (cap 3) but not a 4th; a state of 1 key takes a 2nd (cap 2)
+    # but not a 3rd, whether the rows come one batch at a time or together
+    h = Harness(Params(max_events=3))
+    h.batch([(A, 0, 1), (A, T, 1)])
+    with pytest.raises(StateCapExceeded, match="max_events_per_group"):
+        h.batch([(A, 2 * T, 1), (A, 3 * T, 1)])
+    h.batch([(A, 2 * T, 1)])
+    h = Harness(Params(max_groups=2))
+    h.batch([(A, 0, 1)])
+    with pytest.raises(StateCapExceeded, match="max_groups_per_window"):
+        h.batch([(("b",), T, 1), (("c",), T, 1)])
+    h.batch([(("b",), T, 1)])
+
+
 def test_group_cap_counts_keys_holding_retained_rows() -> None:
     b = Both(Params(max_groups=2))
     b.batch([(A, 0, 1), (("b",), 100 * T, 2)])  # W = 100: a's row is needed no more

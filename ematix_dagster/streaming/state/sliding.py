@@ -179,6 +179,9 @@ class SlidingState(StateBase):
     def _check_caps(self, firsts: np.ndarray, kids: np.ndarray, keys: list[GroupKey], starts: Sequence[int]) -> None:
         """Refuse the batch before changing anything when its new keys or new event times would
         pass a cap, naming the first row (in batch order) that does."""
+        key_cap, events_cap = self.max_groups_per_window, self.kind.max_events
+        if len(self.kid) + len(firsts) <= events_cap and self.group_count + len(firsts) <= key_cap:
+            return  # no key can pass either cap even if every new row were its
         firsts = np.sort(firsts)
         held = np.bincount(self.kid, minlength=len(self.index))
         new_kids = kids[firsts]
@@ -186,7 +189,6 @@ class SlidingState(StateBase):
         rank = np.empty(len(firsts), I64)
         runs = run_starts(new_kids[by_kid])
         rank[by_kid] = np.arange(len(firsts)) - np.repeat(runs, np.diff(np.append(runs, len(firsts))))
-        key_cap, events_cap = self.max_groups_per_window, self.kind.max_events
         opening = (held[new_kids] == 0) & (rank == 0)
         over_keys = np.flatnonzero(opening & (np.cumsum(opening) + self.group_count > key_cap))
         over_events = np.flatnonzero(held[new_kids] + rank >= events_cap)

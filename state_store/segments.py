@@ -108,10 +108,11 @@ def _accumulator_array(values: Sequence[Any] | np.ndarray) -> tuple[pa.Array, by
         return pa.array(values, pa.float64(), from_pandas=False), _FLOAT
     if dtype is not None:
         values = values.tolist()  # type: ignore[union-attr]
-    types = set(map(type, values)) - {type(None)}
+    present = set(map(type, values))
+    types = present - {type(None)}
     if types == {int}:
-        try:
-            return pa.array(values, pa.int64()), _INT
+        try:  # without a None through NumPy: Arrow converts a list of ints three times slower
+            return pa.array(np.array(values, dtype=np.int64) if types == present else values, pa.int64()), _INT
         except (pa.ArrowInvalid, OverflowError):  # an int beyond 64 bits
             pass
     elif types == {float}:

@@ -90,6 +90,16 @@ def test_a_blob_that_is_no_segment_is_refused_with_its_reason(blob, error, text)
         decode_segment(blob, "pipeline 'p', state segment 3")
 
 
+@pytest.mark.parametrize("column, codec_name", [([1, 2**63 - 1, -(2**63)], b"int64"), ([1, 2**63], b"msgpack"),
+                                                ([1, True], b"msgpack"), ([1, None], b"int64")])
+def test_an_int_column_is_int64_only_when_every_value_fits(column, codec_name):
+    blob = encode_segment(_upserts([[v] for v in column]))
+    table = pa.ipc.open_stream(pa.py_buffer(blob[len(MAGIC) + 1:])).read_all()
+    assert table.schema.field("acc0").metadata[b"codec"] == codec_name
+    got = decode_segment(blob, "here").accs[0]
+    assert got == column and list(map(type, got)) == list(map(type, column))
+
+
 def test_buffers_are_compressed_and_an_uncompressed_blob_reads_the_same():
     rows = [[n, n * 0.5] for n in range(1000)]
     blob = encode_segment(_upserts(rows))

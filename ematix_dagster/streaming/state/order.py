@@ -109,9 +109,8 @@ def _ties_by_key(steps: np.ndarray, keys: Sequence[GroupKey]) -> Sequence[int]:
     if not len(ends):
         return range(len(keys))
     out = list(range(len(keys)))
-    plain = _plain(keys)
     for first, last in zip(ends[::2].tolist(), ends[1::2].tolist()):  # a run of one start: rows first..last
-        out[first:last + 1] = _by_key(out[first:last + 1], keys, plain)
+        out[first:last + 1] = _by_key(out[first:last + 1], keys, _plain(keys[first:last + 1]))
     return out
 
 

@@ -41,26 +41,31 @@ class KeyIndex:
     row holds any more (what a state's eviction asks for once they are most of the index).
     """
 
-    __slots__ = ("ids", "keys")
+    __slots__ = ("ids", "keys", "_grew")
 
     def __init__(self) -> None:
         self.ids: dict[GroupKey, int] = {}
         self.keys: list[GroupKey] = []
+        self._grew = True  # whether the last batch brought a new key
 
     def __len__(self) -> int:
         return len(self.keys)
 
     def ids_of(self, keys: Sequence[GroupKey]) -> np.ndarray:
-        """The id of each key, new keys getting the next ids (one lookup per key when all are held,
-        the common batch)."""
+        """The id of each key, new keys getting the next ids. A state whose batches bring no new
+        key (sliding windows' steady keys) looks each up once; one whose batches do (sessions of
+        keys that come and go) first finds the new ones, as a first lookup would find them only
+        to look every key up again."""
         ids = self.ids
-        found: list[Any] = list(map(ids.get, keys))
-        if None in found:
-            new = [key for key in dict.fromkeys(keys) if key not in ids]
-            ids.update(zip(new, range(len(self.keys), len(self.keys) + len(new))))
-            self.keys += new
-            found = list(map(ids.__getitem__, keys))
-        return ints(found, len(keys))
+        if not self._grew:
+            found: list[Any] = list(map(ids.get, keys))
+            if None not in found:
+                return ints(found, len(keys))
+        new = [key for key in dict.fromkeys(keys) if key not in ids]
+        ids.update(zip(new, range(len(self.keys), len(self.keys) + len(new))))
+        self.keys += new
+        self._grew = bool(new)
+        return ints(map(ids.__getitem__, keys), len(keys))
 
     def keys_of(self, kids: np.ndarray) -> list[GroupKey]:
         return list(map(self.keys.__getitem__, kids.tolist()))

@@ -90,16 +90,18 @@ def emit(state: KindState, before: int | None, watermark: int | None, retention:
         starts = list(map(report.starts.__getitem__, rows))
         keys = list(map(report.keys.__getitem__, rows))
         order = row_order(starts, keys)
-        if not isinstance(order, range):
-            rows = list(map(rows.__getitem__, order))
+    in_order = isinstance(order, range)  # the rows were in order already (sliding windows, sessions mostly)
+    as_reported = every and in_order  # the report's own rows, in its order: nothing to copy
+    if not every and not in_order:
+        rows = list(map(rows.__getitem__, order))
     values = state.values(report, rows)
-    written_kinds = cast("list[str]", kinds if every and isinstance(rows, range)  # rows: those with a kind
+    written_kinds = cast("list[str]", kinds if as_reported  # rows: those with a kind
                          else list(map(kinds.__getitem__, rows)))
     state.mark_emitted(report, [r for r, kind in zip(rows, written_kinds) if kind != EARLY]
                        if EARLY in written_kinds else rows)
-    if not isinstance(order, range):  # a range: the rows were in order already (sliding windows, sessions mostly)
+    if not in_order:
         starts, keys = list(map(starts.__getitem__, order)), list(map(keys.__getitem__, order))
-    ends = report.ends if isinstance(rows, range) else list(map(report.ends.__getitem__, rows))
+    ends = report.ends if as_reported else list(map(report.ends.__getitem__, rows))
     retracts = report.gone.rows
     if retractions:
         retracts += _superseded(state, starts, keys)

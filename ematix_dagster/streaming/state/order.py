@@ -63,10 +63,11 @@ def row_order(starts: Sequence[int], keys: Sequence[GroupKey]) -> Sequence[int]:
     """
     if not len(starts):
         return range(0)
-    steps = np.diff(np.array(starts, dtype=np.int64))
+    first = np.array(starts, dtype=np.int64)  # window starts are µs: always in int64
+    steps = np.diff(first)
     if (steps >= 0).all() and np.count_nonzero(steps == 0) * 8 < len(starts):
         return _ties_by_key(steps, keys)
-    ints = _by_ints(starts, keys)
+    ints = _by_ints(first, keys)
     if ints is not None:
         return ints
     distinct = len(set(starts))
@@ -85,10 +86,10 @@ def row_order(starts: Sequence[int], keys: Sequence[GroupKey]) -> Sequence[int]:
     return out
 
 
-def _by_ints(starts: Sequence[int], keys: Sequence[GroupKey]) -> list[int] | None:
-    """:func:`row_order` in one NumPy sort when every key is a tuple of one width of ints within
-    int64 (a session's or a sliding window's user id): no Python comparison per row. None
-    otherwise."""
+def _by_ints(first: np.ndarray, keys: Sequence[GroupKey]) -> list[int] | None:
+    """:func:`row_order` (``first``: the starts as int64) in one NumPy sort when every key is a
+    tuple of one width of ints within int64 (a session's or a sliding window's user id): no
+    Python comparison per row. None otherwise."""
     if not keys or len(set(map(len, keys))) != 1:
         return None
     flat = list(chain.from_iterable(keys))  # one list of every key's values: no column per width
@@ -96,7 +97,6 @@ def _by_ints(starts: Sequence[int], keys: Sequence[GroupKey]) -> list[int] | Non
         return None
     try:
         columns = np.array(flat, dtype=np.int64).reshape(len(keys), -1).T
-        first = np.array(starts, dtype=np.int64)
     except OverflowError:
         return None
     return np.lexsort([*columns[::-1], first]).tolist()  # the last column given sorts first

@@ -145,10 +145,10 @@ def _prefix_sums(column: np.ndarray, kids: np.ndarray) -> tuple[np.ndarray, np.n
     so a window's rounding is that of its own key's magnitudes, not of every key sorted before
     it: the keys' runs are laid out as the rows of a grid (padded at their ends) and summed along
     them in one call, or one by one when a few long runs would make the grid mostly padding.
-    Floats are summed as float64: the same additions, in C.
+    Floats are summed as float64: the same additions, in C. ``column`` is as typed as
+    :func:`numbers` makes it (:func:`parts_of`, :func:`put`): an object column holds ints past
+    int64, decimals, or a mix.
     """
-    if column.dtype == object:
-        column = numbers(column.tolist())
     integral = column.dtype == I64 or (column.dtype == object and set(map(type, column.tolist())) <= {int})
     if integral:
         if column.dtype == I64 and len(column) * max(-int(column.min(initial=0)), int(column.max(initial=0))) >= 2**63:

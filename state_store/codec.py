@@ -43,8 +43,11 @@ from itertools import chain
 from operator import itemgetter
 from typing import Any, Callable, Iterable, Sequence
 
+import numpy as np
+
 from state_store.codec_v1 import v1_values
 from state_store.errors import CorruptState, StateVersionError
+from state_store.msgpack_columns import packed_int_keys
 from state_store.msgpack_values import failure_reason, new_packer, packb, unpackb, unpackb_values
 
 KEY_FORMAT = 1
@@ -85,8 +88,15 @@ def encode_key(key: tuple) -> bytes:
 def encode_keys(keys: Sequence[tuple]) -> list[bytes]:
     """:func:`encode_key` of every key of a commit at once: keys of plain values (the common case,
     checked once for all at C speed) are packed by one packer without a check per key, about
-    three times faster on a state's million keys (a tuple packs as the list would)."""
-    if set(map(type, chain.from_iterable(keys))) <= _PLAIN_KEY_TYPES:
+    three times faster on a state's million keys (a tuple packs as the list would); keys of one
+    int64 are laid out by NumPy (``state_store.msgpack_columns``), three times faster again."""
+    types = set(map(type, chain.from_iterable(keys)))
+    if types == {int} and set(map(len, keys)) == {1}:
+        try:
+            return packed_int_keys(np.fromiter(chain.from_iterable(keys), np.int64, len(keys)), KEY_FORMAT)
+        except OverflowError:  # an int past int64: msgpack's own packer below
+            pass
+    if types <= _PLAIN_KEY_TYPES:
         pack, prefix = new_packer().pack, _KEY_PREFIX
         return [prefix + pack(key) for key in keys]
     return list(map(encode_key, keys))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import struct
 from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
@@ -67,6 +68,22 @@ def test_key_values_stay_distinct_and_decode_to_the_same_type():
 ])
 def test_keys_encoded_at_once_are_the_keys_encoded_one_by_one(keys):
     assert codec.encode_keys(keys) == [codec.encode_key(k) for k in keys]
+
+
+#: each msgpack int format's bounds (fixints, uint8..64, int8..64)
+_INT_FORMAT_BOUNDS = (0, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**63 - 1,
+                      -1, -32, -33, -128, -129, -32768, -32769, -(2**31), -(2**31) - 1, -(2**63))
+
+
+def test_one_int_keys_laid_out_at_once_are_msgpacks_bytes():
+    """Keys of one int64 take NumPy's path (``state_store.msgpack_columns``): every msgpack int format's
+    bounds and their neighbours, and random ints of every width, give msgpack's own bytes."""
+    rng = random.Random(5)
+    values = sorted({v + d for v in _INT_FORMAT_BOUNDS for d in (-1, 0, 1) if -(2**63) <= v + d < 2**63})
+    values += [rng.randrange(-(2**bits), 2**bits) for bits in (5, 7, 8, 15, 16, 31, 32, 62, 63) for _ in range(50)]
+    keys = [(v,) for v in values]
+    assert codec.encode_keys(keys) == [codec.encode_key(k) for k in keys] == [b"\x01" + msgpack.packb([v]) for v in values]
+    assert codec.encode_keys([(2**63,), (1,)]) == [codec.encode_key((2**63,)), codec.encode_key((1,))]  # past int64
 
 
 @pytest.mark.parametrize("keys", [

@@ -276,7 +276,12 @@ def test_merge_batch_names_the_failing_row() -> None:
     (Sum(integral=True), [1, 2**63 - 5], [Decimal(4), Decimal(4)], [5, 2**63 - 1]),
     (Sum(integral=False), [0.5, 1.0], [0.25, 2.0], [0.75, 3.0]),
     (Sum(integral=False), [Decimal("1.5"), None], [Decimal("0.5"), Decimal("2")], [Decimal("2.0"), Decimal("2")]),
-    # the rest row by row: new and old groups mixed, all-NULL partials
+    # new and old groups mixed in one window: added as object arrays (a new group's -0.0 kept)
+    (Count(), [None, 2, None], [3, 4, 1], [3, 6, 1]),
+    (Sum(integral=True), [None, 2**63 - 5, 7], [Decimal(4), Decimal(4), Decimal(-9)], [4, 2**63 - 1, -2]),
+    (Sum(integral=False), [None, 1.0, None], [-0.0, 2.0, 0.5], [-0.0, 3.0, 0.5]),
+    (Sum(integral=False), [Decimal("1.5"), None], [Decimal("0.25"), Decimal("2.50")], [Decimal("1.75"), Decimal("2.50")]),
+    # the rest row by row: all-NULL partials, other aggregators
     (Count(), [None, 2], [3, None], [3, 2]),
     (Sum(integral=True), [None, 3], [Decimal(1), None], [1, 3]),
     (Avg(), [None, (1.0, 1)], [(2.0, 2), (3.0, 1)], [(2.0, 2), (4.0, 2)]),
@@ -286,12 +291,12 @@ def test_merge_batch_names_the_failing_row() -> None:
 def test_merge_column_folds_each_row_into_its_group(agg, accs, partials, expected) -> None:
     before = list(accs)
     merged = agg.merge_column(accs, partials)
-    assert merged == expected and [type(v) for v in merged] == [type(v) for v in expected]
+    assert merged == expected and list(map(repr, merged)) == list(map(repr, expected))  # types, -0.0, decimal places
     assert merged == [agg.merge(a, p) for a, p in zip(accs, partials)]
     assert accs == before  # the state's lists are replaced, never changed in place
 
 
-@pytest.mark.parametrize("accs", [[0, 2**63 - 2], [None, None]])
+@pytest.mark.parametrize("accs", [[0, 2**63 - 2], [None, None], [None, 2**63 - 2]])
 def test_merge_column_names_the_row_that_overflows(accs) -> None:
     partials = [Decimal(1), Decimal(2**63 + 3 if accs[1] is None else 5)]
     with pytest.raises(PartialRowError) as exc:

@@ -29,7 +29,7 @@ from ematix_dagster.streaming.emission import emit
 from ematix_dagster.streaming.emitted import EmittedRow
 from ematix_dagster.streaming.state.base import StoredColumns, StoredGroup
 from ematix_dagster.streaming.state.session import SessionState
-from ematix_dagster.streaming.windows.session import SessionWindows, session_id
+from ematix_dagster.streaming.windows.session import SessionWindows, session_id, session_ids
 from tests.streaming.session_oracle import ALIASES, Key, Oracle, Out, Params, Partials, Row, canon, partials_of
 from tests.streaming.store_changes import StoreChanges, take_changes
 
@@ -158,6 +158,18 @@ def test_session_id_is_sha256_of_msgpack_pipeline_key_start() -> None:
     expected = int.from_bytes(hashlib.sha256(packed).digest()[:8], "big", signed=True)
     assert session_id("pipe", key, 300) == expected == -5191747666912893704
     assert session_id("pipe", key, 301) != expected and session_id("pipf", key, 300) != expected
+
+
+def test_session_ids_of_a_batch_are_each_rows_own() -> None:
+    """A batch's ids are laid out a column at a time: keys whose msgpack header is bin 8 or bin 16,
+    starts in every int format (before the epoch too), each as msgpack and SHA-256 give it."""
+    keys = [b"\x01\x91" + bytes([n % 256]) * n for n in (0, 1, 253, 254, 255, 256, 300, 70000)]
+    starts = [0, 127, 128, -1, -33, 65536, 2**32, -(2**40), 1_700_000_000_000_000]
+    rows = [(k, t) for k in keys for t in starts]
+    expected = [int.from_bytes(hashlib.sha256(msgpack.packb(["pipe", k, t], use_bin_type=True)).digest()[:8], "big",
+                               signed=True) for k, t in rows]
+    assert session_ids("pipe", [k for k, _ in rows], [t for _, t in rows]) == expected
+    assert session_ids("pipe", [], []) == []
 
 
 # -- scenarios with exact values -------------------------------------------------------------------

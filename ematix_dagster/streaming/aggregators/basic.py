@@ -11,6 +11,7 @@ from decimal import Decimal
 from operator import add, itemgetter
 from typing import TYPE_CHECKING, Any, Sequence, cast
 
+import numpy as np
 import pyarrow as pa
 
 from ematix_dagster.columns import TS
@@ -40,14 +41,22 @@ def _column(spark: SparkInput) -> Column:
     return cast("Column", spark.column)
 
 
-def _added(accs: Sequence[Any], partials: Sequence[Any]) -> list[Any] | None:
-    """``accs[r] + partials[r]`` at C speed where every group is held (no None) or every one is new
-    to the window (all None: the partials themselves); None for a mix, which merges row by row."""
+def _added(accs: Sequence[Any], partials: Sequence[Any]) -> list[Any]:
+    """``accs[r] + partials[r]`` at C speed, a new group's accumulator (None) taking its partial as
+    it is. A window still open takes held groups and new ones in one batch: NumPy's object arrays
+    add the held ones and place the new ones without a Python call per row (0 + partial would
+    turn a partial of -0.0 into 0.0)."""
     if None not in accs:
         return list(map(add, accs, partials))
-    if accs.count(None) == len(accs):
+    n = len(accs)
+    if accs.count(None) == n:
         return list(partials)
-    return None
+    totals, column = np.fromiter(accs, dtype=object, count=n), np.fromiter(partials, dtype=object, count=n)
+    new = totals == None  # noqa: E711 (elementwise on an object array)
+    held = ~new
+    totals[held] += column[held]
+    totals[new] = column[new]
+    return cast(list, totals.tolist())
 
 
 def _needs_number(spec: Aggregation, spark: SparkInput) -> tuple[str, str] | None:
@@ -72,9 +81,7 @@ class Count(Aggregator):
 
     def merge_column(self, accs: Sequence[Any], partials: Sequence[Any]) -> list[Any]:
         if None not in partials:  # Spark's counts are never NULL
-            totals = _added(accs, partials)
-            if totals is not None:
-                return totals
+            return _added(accs, partials)
         return super().merge_column(accs, partials)
 
     def result(self, acc: Any) -> Any:
@@ -143,8 +150,7 @@ class Sum(Aggregator):
             if self.integral:
                 partials = list(map(int, partials))  # Spark's DECIMAL(38,0) partial sums
             totals = _added(accs, partials)
-            if totals is not None and (not self.integral or not totals
-                                       or (BIGINT_MIN <= min(totals) and max(totals) <= BIGINT_MAX)):
+            if not self.integral or not totals or (BIGINT_MIN <= min(totals) and max(totals) <= BIGINT_MAX):
                 return totals
         return super().merge_column(accs, partials)  # row by row: also names a row that overflows
 

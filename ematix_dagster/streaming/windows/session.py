@@ -30,11 +30,14 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import msgpack
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from ematix_dagster.spec.rules import _fail, _positive
 from ematix_dagster.streaming.state.session import SessionState
 from ematix_dagster.streaming.windows.base import WindowBounds, WindowKind
 from ematix_dagster.streaming.windows.units import MICROS_PER_MS, format_span_ms, format_us
+from state_store.msgpack_columns import bin_headers, joined, msgpack_ints
 
 if TYPE_CHECKING:
     from ematix_dagster.spec import Window
@@ -61,12 +64,18 @@ def session_id(pipeline: str, encoded_key: bytes, window_start: int) -> int:
 
 
 def session_ids(pipeline: str, encoded_keys: Sequence[bytes], starts: Sequence[int]) -> list[int]:
-    """:func:`session_id` of every emitted row at once: the array header and the pipeline name are
-    packed once, and each row only packs its key and start (a batch emits a row per session). The
-    digests are read as big-endian int64s in one NumPy view, not sliced and converted row by row."""
+    """:func:`session_id` of every emitted row at once (a batch emits a row per session): the array
+    header and the pipeline name are packed once, the keys' headers and the starts are msgpack's
+    bytes laid out a column at a time (``state_store.msgpack_columns``), so Python only hashes
+    each row. The digests are read as big-endian int64s in one NumPy view."""
+    if not len(encoded_keys):
+        return []
     head = b"\x93" + msgpack.packb(pipeline, use_bin_type=True)  # a 3-element msgpack array, then the name
-    pack, sha256 = msgpack.Packer(use_bin_type=True).pack, hashlib.sha256
-    digests = b"".join([sha256(head + pack(key) + pack(start)).digest() for key, start in zip(encoded_keys, starts)])
+    keys = pa.array(encoded_keys, pa.binary())
+    messages = joined([head, bin_headers(pc.binary_length(keys).to_numpy()), keys,
+                       msgpack_ints(np.fromiter(starts, np.int64, len(keys)))])
+    sha256 = hashlib.sha256
+    digests = b"".join([sha256(message).digest() for message in messages.to_pylist()])
     return np.frombuffer(digests, ">i8")[::4].tolist()  # a SHA-256 digest is 4 int64s: its first 8 bytes
 
 

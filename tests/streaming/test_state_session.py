@@ -297,12 +297,12 @@ def test_take_changes_and_two_merges_before_one_emit() -> None:
 RANDOM_KEYS: list[Key] = [("a",), ("b",), (None,), ("c",)]
 
 
-def random_rows(rng: random.Random, n: int, disorder: int) -> list[Row]:
+def random_rows(rng: random.Random, n: int, disorder: int, keys: list[Key] = RANDOM_KEYS) -> list[Row]:
     """Rows in arrival order: event times increase by 0..9 with up to ``disorder`` of jitter."""
     rows, t = [], 0
     for _ in range(n):
         t += rng.randint(0, 9)
-        rows.append((rng.choice(RANDOM_KEYS), t + rng.randint(-disorder, 0), rng.choice([None, *range(-5, 6)])))
+        rows.append((rng.choice(keys), t + rng.randint(-disorder, 0), rng.choice([None, *range(-5, 6)])))
     return rows
 
 
@@ -320,6 +320,26 @@ def test_random_late_data_matches_the_oracle() -> None:
         batches = random_split(rng, random_rows(rng, 300, disorder=60), 12)
         kinds |= run_both(p, batches, restart_after=rng.randrange(12), seed=seed).kinds
     assert kinds == {"final", "correction", "retract"}
+
+
+#: keys that are their own ids (``IntKeys``): small, negative, past what a (key, time) pair holds, int64's ends
+INT_KEYS: list[Key] = [(7,), (-3,), (10**15,), (2**63 - 1,), (-(2**63),)]
+
+
+@pytest.mark.parametrize("later", [None, (None,)], ids=["ints throughout", "then a NULL"])
+def test_integer_keys_match_the_oracle_and_move_to_an_index_when_a_null_comes(later: Key | None) -> None:
+    """Sessions of one-integer keys hold no key objects; a later batch bringing a NULL key (which
+    no int64 id stands for) moves every held session to a key index mid-stream. Both match the
+    oracle, across a restart."""
+    for seed in range(4):
+        rng = random.Random(seed)
+        p = Params(gap=10, cap=100, lateness=10, policy=rng.choice(["drop", "reopen"]), allowed=80)
+        rows = random_rows(rng, 300, disorder=60, keys=INT_KEYS)
+        if later is not None:
+            rows[200:] = [(later if rng.random() < 0.3 else key, t, v) for key, t, v in rows[200:]]
+        batches = random_split(rng, rows, 12)
+        harness = run_both(p, batches, restart_after=rng.randrange(12), seed=seed)
+        assert type(harness.state.codes).__name__ == ("IntKeys" if later is None else "KeyIndex")
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -128,14 +128,20 @@ def search_pairs(kids: np.ndarray, times: np.ndarray, qkids: np.ndarray, qtimes:
     ``np.searchsorted`` does for one column: one search for every query instead of a bisection
     per key.
 
-    The pair is searched as one int64 (``kid * span + time``) when that cannot overflow, else each
-    query key's run is searched on its own.
+    The pair is searched as one int64 (``kid * span + time``) when that cannot overflow. Ids that
+    are keys' own integers (``IntKeys``: a user id of ten digits) are ranked first: a held id is
+    twice its rank among the held ids, another one falls between them, so the pair keeps its
+    order in a few bits. Times whose span leaves no room even then: each query key's run is
+    searched on its own.
 
     >>> kids, times = np.array([0, 0, 1, 1]), np.array([5, 9, 2, 7])
     >>> search_pairs(kids, times, np.array([0, 1, 1, 2]), np.array([9, 0, 7, -1])).tolist()
     [1, 2, 3, 4]
     >>> search_pairs(kids, times, np.array([0, 1]), np.array([9, 7]), side="right").tolist()
     [2, 4]
+    >>> big = np.array([10**15, 10**15, 10**17, 10**17])  # ids past what a pair holds: ranked
+    >>> search_pairs(big, times, np.array([10**15, 10**16, 10**17, 10**18]), np.array([9, 0, 7, -1])).tolist()
+    [1, 2, 3, 4]
     >>> far = np.array([-2**62, 9, 2, 2**62])  # a span no int64 pair holds: run by run
     >>> search_pairs(kids, far, np.array([0, 1, 1]), np.array([9, 2**62, 3])).tolist()
     [1, 3, 3]
@@ -144,8 +150,11 @@ def search_pairs(kids: np.ndarray, times: np.ndarray, qkids: np.ndarray, qtimes:
         return np.full(len(qkids), 0, dtype=I64)
     low = min(int(times.min()), int(qtimes.min()))
     span = max(int(times.max()), int(qtimes.max())) - low + 1
-    top = max(int(kids[-1]), int(qkids.max())) + 1
-    if top * span < 1 << 62:
+    top = max(abs(int(kids[0])), abs(int(kids[-1])), abs(int(qkids.min())), abs(int(qkids.max()))) + 1
+    if 2 * top * span < 1 << 62:
+        return _searched(kids * span + (times - low), qkids * span + (qtimes - low), side)
+    if (2 * len(kids) + 2) * span < 1 << 62:
+        kids, qkids = _ranked(kids, qkids)
         return _searched(kids * span + (times - low), qkids * span + (qtimes - low), side)
     out = np.searchsorted(kids, qkids, side="left").astype(I64)
     ends = np.searchsorted(kids, qkids, side="right")
@@ -154,8 +163,23 @@ def search_pairs(kids: np.ndarray, times: np.ndarray, qkids: np.ndarray, qtimes:
     return out
 
 
+def _ranked(kids: np.ndarray, qkids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ids coded small with their order kept: a held id is twice its rank among the distinct held
+    ids (``kids`` sorted), a query id no key holds is odd, between its neighbours."""
+    firsts = run_starts(kids)
+    distinct = kids[firsts]
+    ranks = np.zeros(len(kids), dtype=I64)
+    ranks[firsts[1:]] = 2
+    at = np.searchsorted(distinct, qkids)
+    held = distinct[np.minimum(at, len(distinct) - 1)] == qkids
+    return np.cumsum(ranks), 2 * at - (~held)
+
+
 def _query_runs(starts: np.ndarray, ends: np.ndarray) -> Iterable[tuple[int, int, np.ndarray]]:
-    """Per distinct run ``[start, end)`` the queries that fall in it."""
-    order = np.argsort(starts, kind="stable")
-    for at in np.split(order, run_starts(starts[order])[1:]):
+    """Per distinct non-empty run ``[start, end)`` the queries that fall in it. A query whose key
+    no row holds (an empty run) sorts where its run would begin, and may share that place with
+    the run of the next key held: it is left out."""
+    held = np.flatnonzero(ends > starts)
+    order = held[np.argsort(starts[held], kind="stable")]
+    for at in np.split(order, run_starts(starts[order])[1:]) if len(order) else ():
         yield int(starts[at[0]]), int(ends[at[0]]), at

@@ -56,7 +56,7 @@ from ematix_dagster.streaming.state.columns import (
     objects,
     run_starts,
 )
-from ematix_dagster.streaming.state.keys import INDEXED_KEY_BYTES, IntKeys, KeyCodes, KeyIndex
+from ematix_dagster.streaming.state.keys import INDEXED_KEY_BYTES, IntKeys, KeyCodes, to_index
 
 if TYPE_CHECKING:
     from ematix_dagster.streaming.windows.fixed import FixedWindows
@@ -177,10 +177,11 @@ class FixedState(StateBase):
     def _ids(self, keys: Sequence[GroupKey]) -> np.ndarray:
         ids = self.codes.ids_of(keys)
         if ids is None:  # a key that is not one integer: every held key moves to an index
-            index = KeyIndex()
-            for held in self.windows.values():
-                held.kid = index.ids_of(self.codes.keys_of(held.kid))
-                held.take(np.argsort(held.kid, kind="stable"))
+            kept = list(self.windows.values())
+            index, columns = to_index(self.codes, [held.kid for held in kept])
+            for held, kid in zip(kept, columns):
+                held.kid = kid
+                held.take(np.argsort(kid, kind="stable"))
             self.codes = index
             ids = index.ids_of(keys)
         return ids

@@ -70,6 +70,10 @@ class KeyIndex:
     def keys_of(self, kids: np.ndarray) -> list[GroupKey]:
         return list(map(self.keys.__getitem__, kids.tolist()))
 
+    def id_of(self, key: GroupKey) -> int | None:
+        """The key's id; None for a key never seen."""
+        return self.ids.get(key)
+
     def compacted(self, columns: list[np.ndarray]) -> list[np.ndarray]:
         """``columns`` of key ids (each sorted) renumbered when the index mostly holds keys no row
         holds any more (an index only grows as keys come); else ``columns`` as they are.
@@ -110,9 +114,23 @@ class IntKeys:
     def keys_of(self, kids: np.ndarray) -> list[GroupKey]:
         return [(kid,) for kid in kids.tolist()]
 
+    def id_of(self, key: GroupKey) -> int | None:
+        """The key's id; None for a key this coding cannot hold (none such is held)."""
+        ids = self.ids_of([key])
+        return None if ids is None else int(ids[0])
+
     def compacted(self, columns: list[np.ndarray]) -> list[np.ndarray]:
         return columns
 
 
 #: what a state codes its keys with
 KeyCodes = KeyIndex | IntKeys
+
+
+def to_index(codes: KeyCodes, columns: Sequence[np.ndarray]) -> tuple[KeyIndex, list[np.ndarray]]:
+    """A :class:`KeyIndex` of the keys ``columns`` hold (ids of ``codes``), and the columns in its
+    ids: where a state moves the first time a batch brings a key :class:`IntKeys` cannot hold. The
+    new ids are in order of first sight, column after column: one sorted column stays sorted, the
+    second and later ones may not (the caller sorts them again)."""
+    index = KeyIndex()
+    return index, [index.ids_of(codes.keys_of(column)) for column in columns]

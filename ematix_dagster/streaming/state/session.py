@@ -63,7 +63,7 @@ from ematix_dagster.streaming.state.columns import (
     run_count,
     search_pairs,
 )
-from ematix_dagster.streaming.state.keys import INDEXED_KEY_BYTES, KeyIndex
+from ematix_dagster.streaming.state.keys import INDEXED_KEY_BYTES, IntKeys, KeyCodes, to_index
 from ematix_dagster.streaming.state.session_merge import BatchKeys, MergePlan, batch_keys, plan_merge
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ class SessionState(StateBase):
 
     kind: SessionWindows
     keeps_written: bool = True
-    index: KeyIndex = field(default_factory=KeyIndex, repr=False)
+    codes: KeyCodes = field(default_factory=IntKeys, repr=False)
     kid: np.ndarray = field(init=False, repr=False)
     start: np.ndarray = field(init=False, repr=False)
     end: np.ndarray = field(init=False, repr=False)
@@ -141,7 +141,7 @@ class SessionState(StateBase):
     def sessions(self) -> dict[GroupKey, list[HeldSession]]:
         """Each key's sessions by start, as rows (a snapshot: for messages and tests)."""
         out: dict[GroupKey, list[HeldSession]] = {}
-        rows = zip(self.index.keys_of(self.kid), self.start.tolist(), self.end.tolist(),
+        rows = zip(self.codes.keys_of(self.kid), self.start.tolist(), self.end.tolist(),
                    accumulator_rows(self.accs), self.emitted.tolist())
         for key, start, end, accs, emitted in rows:
             out.setdefault(key, []).append(HeldSession(start, end, accs, emitted))
@@ -184,7 +184,7 @@ class SessionState(StateBase):
         if not n:
             return
         keys = list(keys)
-        kids = self.index.ids_of(keys)
+        kids = self._ids(keys)
         batch = batch_keys(self.kid, self.end, kids)
         self._check_cap(batch, keys, starts)
         plan = plan_merge(self, batch, kids, keys, ints(starts, n), ints(lasts, n))
@@ -194,6 +194,16 @@ class SessionState(StateBase):
                       failed=lambda error, i: self.failed_merge(error.error, i, keys[error.row], starts[error.row]))
         self.changed[targets] = True
         self.dirty[targets] = True
+
+    def _ids(self, keys: Sequence[GroupKey]) -> np.ndarray:
+        """The keys' ids; the first key that is not one integer moves every held key to an index
+        (whose ids, handed out along the sorted column, keep its order)."""
+        ids = self.codes.ids_of(keys)
+        if ids is None:
+            index, (self.kid,) = to_index(self.codes, [self.kid])
+            self.codes = index
+            ids = index.ids_of(keys)
+        return ids
 
     def _check_cap(self, batch: BatchKeys, keys: list[GroupKey], starts: Sequence[int]) -> None:
         """Refuse the batch before changing anything when its new keys would pass the cap."""
@@ -241,7 +251,7 @@ class SessionState(StateBase):
         pick |= ~changed & ~emitted & (closed if scope != OPEN else True)
         rows = np.flatnonzero(pick)
         out = Report(starts=self.start[rows].tolist(), ends=self.end[rows].tolist(),
-                     keys=self.index.keys_of(self.kid[rows]), changed=changed[rows].tolist(),
+                     keys=self.codes.keys_of(self.kid[rows]), changed=changed[rows].tolist(),
                      emitted=emitted[rows].tolist(), closed=closed[rows].tolist(), handles=rows.tolist())
         changed[:] = False
         out.gone.add_rows(self._gone())
@@ -261,10 +271,10 @@ class SessionState(StateBase):
         return rows
 
     def _holds(self, key: GroupKey, start: int) -> bool:
-        kid = self.index.ids.get(key)
+        kid = self.codes.id_of(key)
         if kid is None:
             return False
-        lo, hi = np.searchsorted(self.kid, [kid, kid + 1])
+        lo, hi = np.searchsorted(self.kid, kid, "left"), np.searchsorted(self.kid, kid, "right")
         return bool(np.any(self.start[lo:hi] == start))
 
     def accumulators(self, report: Report, rows: Sequence[int]) -> list[Accumulators]:
@@ -296,7 +306,7 @@ class SessionState(StateBase):
         if not gone.any():
             return
         at = np.flatnonzero(gone)
-        keys, stored = self.index.keys_of(self.kid[at]), self.stored[at]
+        keys, stored = self.codes.keys_of(self.kid[at]), self.stored[at]
         was = np.flatnonzero(stored != NOT_STORED)
         self._dropped.update(dict.fromkeys(zip(stored[was].tolist(), map(keys.__getitem__, was.tolist()))))
         written = self.written
@@ -305,7 +315,7 @@ class SessionState(StateBase):
             if by_key is not None and by_key.pop(key, None) is not None and not by_key:
                 del written[start]
         self._take(~gone)
-        self.kid, = self.index.compacted([self.kid])
+        self.kid, = self.codes.compacted([self.kid])
 
     # -- durable state ----------------------------------------------------------------------------
 
@@ -315,7 +325,7 @@ class SessionState(StateBase):
         under its old start."""
         at = np.arange(len(self.kid)) if everything else np.flatnonzero(self.dirty)
         starts, stored = self.start[at], self.stored[at]
-        keys = self.index.keys_of(self.kid[at])
+        keys = self.codes.keys_of(self.kid[at])
         deletes = {} if everything else dict(self._dropped)
         moved = np.flatnonzero((stored != NOT_STORED) & (stored != starts)) if not everything else at[:0]
         deletes.update(dict.fromkeys(zip(stored[moved].tolist(), map(keys.__getitem__, moved.tolist()))))
@@ -347,7 +357,7 @@ class SessionState(StateBase):
         flags = groups.emitted if groups.emitted is not None else repeat(None)
         emitted = np.array([bool(f) if f is not None else bool(c) for f, c in zip(flags, final.tolist())], bool)
         start = ints(groups.starts, n)
-        self._set({"kid": self.index.ids_of(groups.keys), "start": start, "end": end, "stored": start.copy(),
+        self._set({"kid": self._ids(groups.keys), "start": start, "end": end, "stored": start.copy(),
                    "emitted": emitted, "changed": np.zeros(n, bool), "dirty": np.zeros(n, bool),
                    "accs": [objects(column, n) for column in groups.accs]})
         self._take(np.lexsort((self.start, self.kid)))

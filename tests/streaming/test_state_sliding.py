@@ -253,10 +253,11 @@ RANDOM_KEYS: list[Key] = [("a",), (None,), ("b",), ("c",)]
 BASE = 1_700_000_000_000_000  # a realistic epoch time in µs
 
 
-def random_rows(rng: random.Random, n: int, disorder_ms: int, step_ms: int = 3, keys: int = 4) -> list[Row]:
+def random_rows(rng: random.Random, n: int, disorder_ms: int, step_ms: int = 3, keys: int = 4,
+                pool: list[Key] = RANDOM_KEYS) -> list[Row]:
     """Rows in arrival order: event times advance by 0..step ms, up to ``disorder_ms`` behind, on whole
     ms mostly (so rows land exactly D apart and exactly on thresholds) and now and then 1 µs off."""
-    rows, t, choices = [], BASE, RANDOM_KEYS[:keys]
+    rows, t, choices = [], BASE, pool[:keys]
     for _ in range(n):
         t += rng.randint(0, step_ms) * MS
         x = t - rng.randint(0, disorder_ms) * MS + rng.choice([0, 0, 0, 0, 0, -1, 1])
@@ -292,6 +293,27 @@ def test_random_late_data_matches_the_oracle(policy: str, aliases: tuple[str, ..
         assert stats["created_behind"] > 0 and stats["changed_retained"] > 0
     else:
         assert kinds == {"final"}
+
+
+#: keys that are their own ids (``IntKeys``): small, negative, past what a (key, time) pair holds, int64's ends
+INT_KEYS: list[Key] = [(7,), (-3,), (10**15,), (2**63 - 1,), (-(2**63),)]
+
+
+@pytest.mark.parametrize("later", [None, (None,)], ids=["ints throughout", "then a NULL"])
+@pytest.mark.parametrize("aliases", [tuple(ALIASES), ADDITIVE], ids=["two-stacks", "prefix-sums"])
+def test_integer_keys_match_the_oracle_and_move_to_an_index_when_a_null_comes(later: Key | None,
+                                                                              aliases: tuple[str, ...]) -> None:
+    """Partials of one-integer keys hold no key objects; a later batch bringing a NULL key (which
+    no int64 id stands for) moves every held partial to a key index mid-stream. Both match the
+    oracle, across a restart."""
+    for seed in range(4):
+        rng = random.Random(seed)
+        p = Params(duration_ms=10, lateness_ms=3, policy="reopen", allowed_ms=15, aliases=aliases)
+        rows = random_rows(rng, 220, disorder_ms=30, keys=len(INT_KEYS), pool=INT_KEYS)
+        if later is not None:
+            rows[150:] = [(later if rng.random() < 0.3 else key, t, v) for key, t, v in rows[150:]]
+        both = run_both(p, random_split(rng, rows, 12), seed=seed, flush=True, restart_after=rng.randrange(12))
+        assert type(both.harness.engine.state.codes).__name__ == ("IntKeys" if later is None else "KeyIndex")
 
 
 @pytest.mark.parametrize("seed", range(6))

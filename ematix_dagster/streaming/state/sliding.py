@@ -54,7 +54,7 @@ from ematix_dagster.streaming.state.columns import (
     run_starts,
     search_pairs,
 )
-from ematix_dagster.streaming.state.keys import KeyIndex
+from ematix_dagster.streaming.state.keys import IntKeys, KeyCodes, to_index
 from ematix_dagster.streaming.state.sliding_windows import (
     WindowFailed,
     additive,
@@ -83,12 +83,12 @@ class SlidingState(StateBase):
     """Every key's retained partials, by key id and event time, for one pipeline.
 
     ``max_groups_per_window`` caps the keys holding retained partials at once. Row r of the
-    columns is the partial of key ``index.keys[kid[r]]`` at event time ``time[r]``; ``touched``:
+    columns is the partial of the key of id ``kid[r]`` at event time ``time[r]``; ``touched``:
     it took partials since the last report, ``dirty``: since the last commit.
     """
 
     kind: SlidingWindows
-    index: KeyIndex = field(default_factory=KeyIndex, repr=False)
+    codes: KeyCodes = field(default_factory=IntKeys, repr=False)
     kid: np.ndarray = field(init=False, repr=False)
     time: np.ndarray = field(init=False, repr=False)
     touched: np.ndarray = field(init=False, repr=False)
@@ -158,7 +158,7 @@ class SlidingState(StateBase):
         if not n:
             return
         keys = list(keys)
-        kids, times = self.index.ids_of(keys), ints(starts, n)
+        kids, times = self._ids(keys), ints(starts, n)
         order = np.lexsort((times, kids))  # the batch's pairs sorted once: searched and inserted in that order
         first = np.concatenate(([True], (np.diff(kids[order]) != 0) | (np.diff(times[order]) != 0)))
         pair = np.empty(n, I64)
@@ -176,6 +176,16 @@ class SlidingState(StateBase):
             at[new] = where + np.arange(len(new))
         self._fold(at[pair], keys, starts, partials, shared=len(rows) < n)
 
+    def _ids(self, keys: Sequence[GroupKey]) -> np.ndarray:
+        """The keys' ids; the first key that is not one integer moves every held key to an index
+        (whose ids, handed out along the sorted column, keep its order)."""
+        ids = self.codes.ids_of(keys)
+        if ids is None:
+            index, (self.kid,) = to_index(self.codes, [self.kid])
+            self.codes = index
+            ids = index.ids_of(keys)
+        return ids
+
     def _check_caps(self, firsts: np.ndarray, kids: np.ndarray, keys: list[GroupKey], starts: Sequence[int]) -> None:
         """Refuse the batch before changing anything when its new keys or new event times would
         pass a cap, naming the first row (in batch order) that does."""
@@ -183,15 +193,15 @@ class SlidingState(StateBase):
         if len(self.kid) + len(firsts) <= events_cap and self.group_count + len(firsts) <= key_cap:
             return  # no key can pass either cap even if every new row were its
         firsts = np.sort(firsts)
-        held = np.bincount(self.kid, minlength=len(self.index))
         new_kids = kids[firsts]
+        held = np.searchsorted(self.kid, new_kids, "right") - np.searchsorted(self.kid, new_kids, "left")
         by_kid = np.argsort(new_kids, kind="stable")
         rank = np.empty(len(firsts), I64)
         runs = run_starts(new_kids[by_kid])
         rank[by_kid] = np.arange(len(firsts)) - np.repeat(runs, np.diff(np.append(runs, len(firsts))))
-        opening = (held[new_kids] == 0) & (rank == 0)
+        opening = (held == 0) & (rank == 0)
         over_keys = np.flatnonzero(opening & (np.cumsum(opening) + self.group_count > key_cap))
-        over_events = np.flatnonzero(held[new_kids] + rank >= events_cap)
+        over_events = np.flatnonzero(held + rank >= events_cap)
         if len(over_keys) and (not len(over_events) or over_keys[0] <= over_events[0]):
             r = int(firsts[over_keys[0]])
             raise self.cap_hit(f"max_groups_per_window={key_cap}", "keys already hold rows", keys[r], starts[r])
@@ -253,7 +263,7 @@ class SlidingState(StateBase):
         emitted = corrected[rows].tolist()
         n = len(rows)
         return Report(starts=(ends - self.kind.duration).tolist(), ends=ends.tolist(),
-                      keys=self.index.keys_of(self.kid[rows]), changed=emitted, emitted=list(emitted),
+                      keys=self.codes.keys_of(self.kid[rows]), changed=emitted, emitted=list(emitted),
                       closed=[True] * n, handles=rows.tolist())
 
     def _corrections(self, held_from: int, before: int) -> np.ndarray:
@@ -297,7 +307,7 @@ class SlidingState(StateBase):
 
     def _failed(self, failed: WindowFailed, hi: np.ndarray) -> NoReturn:
         end = int(hi[failed.window]) - 1
-        self.failed_merge(failed.error, None, self.index.keys[int(self.kid[end])], int(self.time[end]))
+        self.failed_merge(failed.error, None, self.codes.keys_of(self.kid[end:end + 1])[0], int(self.time[end]))
 
     def set_marks(self, report: Report, rows: Sequence[int], marks: Sequence[Any]) -> None:
         """Never called: no trigger that keeps a row count fires for sliding windows (they emit on
@@ -318,7 +328,7 @@ class SlidingState(StateBase):
         gone = self.time < needed_from
         if gone.any():
             self._take(~gone)
-            self.kid, = self.index.compacted([self.kid])
+            self.kid, = self.codes.compacted([self.kid])
         self._evicted_before = needed_from
 
     # -- durable state ----------------------------------------------------------------------------
@@ -332,7 +342,7 @@ class SlidingState(StateBase):
         self.dirty[:] = False
         evicted_before, self._evicted_before = self._evicted_before, None
         firsts = run_starts(kids)  # the rows are by key: each key once, its partials its run
-        return ColumnChanges(starts=times, ends=times, keys=self.index.keys_of(kids[firsts]),
+        return ColumnChanges(starts=times, ends=times, keys=self.codes.keys_of(kids[firsts]),
                              key_rows=np.repeat(np.arange(len(firsts)), np.diff(np.append(firsts, len(kids)))),
                              accs=[c[at] for c in self.accs], deleted_before=None if everything else evicted_before)
 
@@ -347,6 +357,6 @@ class SlidingState(StateBase):
         accs = [objects(column, n) for column in groups.accs]
         everything = np.arange(n)
         parts = parts_of(self.aggregators, accs, everything) if self._additive else []
-        self._set(self.index.ids_of(keys), times, np.zeros(n, bool), np.zeros(n, bool), accs, parts)
+        self._set(self._ids(keys), times, np.zeros(n, bool), np.zeros(n, bool), accs, parts)
         self._take(np.lexsort((self.time, self.kid)))
 

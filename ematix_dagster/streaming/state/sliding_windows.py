@@ -25,7 +25,7 @@ import numpy as np
 from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
 from ematix_dagster.streaming.aggregators import Aggregator
 from ematix_dagster.streaming.state.base import Accumulators
-from ematix_dagster.streaming.state.columns import I64, accumulator_rows, objects, run_rows, run_starts
+from ematix_dagster.streaming.state.columns import I64, accumulator_rows, objects, run_count, run_rows, run_starts
 from ematix_dagster.streaming.two_stacks import TwoStacks
 
 #: the largest int a float64 holds exactly, with every int below it
@@ -127,11 +127,9 @@ def _runs_of(kids: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarr
     to take), and the windows' bounds within those rows."""
     if not len(hi):
         return None, lo, hi
-    present = np.zeros(int(kids[-1]) + 1, bool)
-    present[kids[hi - 1]] = True
-    if present[kids].all():  # every key emits (each batch closes windows of every key): all rows
+    wanted = np.unique(kids[hi - 1])  # ids may be keys' own integers: no array indexed by id
+    if len(wanted) == run_count(kids):  # every key emits (each batch closes windows of every key): all rows
         return None, lo, hi
-    wanted = np.flatnonzero(present)
     rows, offset, _ = run_rows(kids, wanted)
     shift = offset[np.searchsorted(wanted, kids[hi - 1])]
     return rows, lo - shift, hi - shift

@@ -176,6 +176,9 @@ def check_batch(batch: BatchCommit) -> None:
                         f"got {batch.record.trigger_fired_at!r:.200}")
     if type(batch.rebase) is not bool or set(map(type, batch.segments)) - {bytes} or not all(batch.segments):
         raise TypeError("BatchCommit.segments must be non-empty bytes blobs and rebase a bool")
+    if type(batch.dropped_segments) is not int or batch.dropped_segments < 0 or (batch.dropped_segments and batch.rebase):
+        raise TypeError("BatchCommit.dropped_segments must be an int >= 0, and 0 with rebase (which deletes every "
+                        "segment itself)")
     for name, offset in batch.record.offsets.items():
         if not isinstance(name, str) or not isinstance(offset, str):
             raise TypeError("record.offsets must map source names to offset JSON text")

@@ -11,8 +11,10 @@ as *segments* (schema step 8): an ordered list of opaque blobs per pipeline (``s
 makes and reads them), so a batch that changed 100,000 groups writes one row, not 100,000. A commit
 appends ``BatchCommit.segments`` in order, in its transaction; ``BatchCommit.rebase`` first deletes
 every stored segment and every state row of the pipeline (the engine's compaction, and its
-migration away from rows). A load returns them in order (``RecoveredState.segments``), in the
-snapshot of the record; ``load(groups=False)`` skips them and ``reset`` deletes them.
+migration away from rows), and ``BatchCommit.dropped_segments`` the oldest N segments only (the
+engine's drop of a prefix that later range deletes made dead). A load returns them in order
+(``RecoveredState.segments``), in the snapshot of the record; ``load(groups=False)`` skips them and
+``reset`` deletes them.
 
 State rows are what stores of schema 7 and older hold, and what a load still reads: commits never
 write one, stores only read them, rewrite their older-version blobs (``migrate_state``) and delete
@@ -143,6 +145,10 @@ class BatchCommit:
     segments: list[bytes] = field(default_factory=list)
     #: delete every stored segment and state row of the pipeline before anything else of the commit
     rebase: bool = False
+    #: delete the pipeline's oldest N stored segments (by seq; all of them if fewer are stored) before
+    #: appending ``segments``, in the commit's transaction: the engine's drop of a prefix no replay
+    #: needs any more. Refused with ``rebase``, which deletes every segment anyway
+    dropped_segments: int = 0
 
 
 class StateStore(ABC):

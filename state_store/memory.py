@@ -137,6 +137,7 @@ class InMemoryStateStore(StateStore):
             data = space.pipelines.setdefault(pipeline, _Pipeline())
             if batch.rebase:
                 data.segments = []
+            del data.segments[:batch.dropped_segments]
             data.segments += batch.segments
             for row in batch.pending_inserts:
                 data.pending[row.key] = (row.event_ts, row.payload)

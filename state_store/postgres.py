@@ -305,7 +305,7 @@ class PostgresStateStore(StateStore):
         pipeline = record.pipeline
         with self._connection() as conn, conn.transaction():
             self._check_writer(conn, pipeline)
-            segment_rows.pg_rebase(conn, n, batch)
+            segment_rows.pg_drop(conn, n, batch)
             segment_rows.pg_append(conn, n, batch)
             pending.pg_commit(conn, n, batch, self.description)
             conn.execute(sql.SQL("DELETE FROM {offsets} WHERE pipeline_name = %s").format(**n), (pipeline,))

@@ -94,10 +94,12 @@ Step 8 (``ematix_streaming_segments``): session and sliding window state as colu
   however many sessions or partials it changed, instead of one per group (measured: the per-row
   upserts were most of a 100,000-session pipeline's driver commit).
 * ``BatchCommit.rebase`` deletes the pipeline's segments and state rows first: the engine's
-  compaction writes the whole state as one base segment when the deltas since the last base hold
-  more rows than it, which bounds the stored bytes and a restore's reading to about twice the
-  state; the first commit after loading state rows does the same, which is the migration away
-  from rows (in the commit's transaction: a crash leaves the rows or the segment, never neither).
+  compaction writes the whole state as one base segment when the stored segments would hold more
+  than twice the state's rows, which bounds the stored bytes and a restore's reading to about
+  twice the state; the first commit after loading state rows does the same, which is the
+  migration away from rows (in the commit's transaction: a crash leaves the rows or the segment,
+  never neither). ``BatchCommit.dropped_segments`` deletes only the oldest segments, those later
+  range deletes emptied (no step of its own: ``seq`` need not start at 0).
 * Not in the state table: its key is ``(window_start, group_key)``, which a segment has none of,
   and keeping the rows' table as it is leaves fixed windows (rows and whole-window rows) and
   every older store readable as they were. A new table: the step rewrites and locks nothing.

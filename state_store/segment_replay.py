@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable, Iterator, cast
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence, cast
 
 from state_store.base import RecoveredState
 from state_store.codec import encode_state
@@ -23,14 +23,53 @@ from state_store.segments import Segment, decode_segment
 Live = dict[tuple[int, bytes], tuple[int | None, Any, bool | None, bytes | None]]
 
 
+class SegmentFacts(NamedTuple):
+    """What the compaction rule (``streaming.durable.segment_commit``) needs to know of one stored
+    segment without reading it again: its operations (``len(segment)``), the largest window start
+    it upserts (None: it upserts nothing) and its range delete's bound."""
+
+    ops: int
+    max_start: int | None
+    deleted_before: int | None
+
+
 @dataclass(frozen=True)
 class SegmentSizes:
-    """Operations stored in the base segment and in the deltas after it (the compaction rule's
-    inputs), and how many state rows were loaded with them."""
+    """The facts of each stored segment in order (the compaction rule's inputs), and how many state
+    rows were loaded with them."""
 
-    base: int = 0
-    deltas: int = 0
+    segments: tuple[SegmentFacts, ...] = ()
     rows: int = 0
+
+
+def dead_prefix(stored: Sequence[SegmentFacts], new: SegmentFacts | None = None) -> int:
+    """How many of the oldest ``stored`` segments a replay no longer needs once ``new`` (a segment
+    about to be appended after them; None: none) is stored too: the longest prefix in which each
+    segment upserts nothing, or only starts below the largest range-delete bound of a segment after
+    it.
+
+    Why dropping them changes nothing: a segment's range delete and point deletes only remove rows
+    that segments before it upserted (within a segment they apply before its upserts), and an
+    upsert replaces a whole row. Each upsert of a dead segment is followed by a range delete that
+    removes it (the bound is exclusive: a row at ``start == bound`` stays, so such a segment is not
+    dead), and nothing after that range delete can see it again; the deletes of a dead segment only
+    remove rows of segments before it, all dropped too since they are a prefix. So replaying the
+    kept suffix from empty state leaves exactly the live rows that replaying everything leaves.
+    """
+    facts = [*stored, new] if new is not None else list(stored)
+    bounds_after: list[int | None] = [None] * len(facts)  # the largest bound of the segments after i
+    bound: int | None = None
+    for i in range(len(facts) - 1, -1, -1):
+        bounds_after[i] = bound
+        own = facts[i].deleted_before
+        if own is not None and (bound is None or own > bound):
+            bound = own
+    dead = 0
+    for segment, after in zip(stored, bounds_after):
+        if segment.max_start is not None and (after is None or segment.max_start >= after):
+            break
+        dead += 1
+    return dead
 
 
 def accumulator_rows(segment: Segment) -> Iterable[tuple]:
@@ -76,15 +115,16 @@ def replay(live: Live, segments: list[bytes], where: str,
            accumulators: Callable[[Segment], Iterable[Any]] = accumulator_rows) -> SegmentSizes:
     """Apply ``segments`` in order to ``live``: each one's range delete and deletes, then its upserts
     (an upsert without a flag or a written row stores none, as a row's upsert does). ``where``
-    names the pipeline and store in errors; each segment is named by its seq.
+    names the pipeline and store in errors; each segment is named by its place in the load (0: the
+    oldest stored, which after a dropped prefix is not seq 0).
 
     The starts index is built at the first range delete, so a replay without one (a base alone)
     never pays for it; from then on each segment costs what it changes, times a log factor."""
-    sizes = [0, 0]
+    facts = []
     starts: _Starts | None = None
-    for seq, blob in enumerate(segments):
-        segment = decode_segment(blob, f"{where}, state segment {seq}")
-        sizes[0 if seq == 0 and segment.base else 1] += len(segment)
+    for place, blob in enumerate(segments):
+        segment = decode_segment(blob, f"{where}, state segment {place}")
+        facts.append(SegmentFacts(len(segment), max(segment.starts, default=None), segment.deleted_before))
         if segment.deleted_before is not None:
             if starts is None:
                 starts = _Starts(live)
@@ -99,7 +139,7 @@ def replay(live: Live, segments: list[bytes], where: str,
         live.update(zip(upserted, zip(segment.ends, accumulators(segment), flags, written)))
         if starts is not None:
             starts.add(upserted)
-    return SegmentSizes(base=sizes[0], deltas=sizes[1])
+    return SegmentSizes(segments=tuple(facts))
 
 
 def replayed(recovered: RecoveredState, where: str) -> tuple[RecoveredState, SegmentSizes]:
@@ -117,4 +157,4 @@ def replayed(recovered: RecoveredState, where: str) -> tuple[RecoveredState, Seg
     return out, replace(sizes, rows=rows)
 
 
-__all__ = ["Live", "SegmentSizes", "accumulator_rows", "replay", "replayed"]
+__all__ = ["Live", "SegmentFacts", "SegmentSizes", "accumulator_rows", "dead_prefix", "replay", "replayed"]

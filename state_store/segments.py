@@ -16,7 +16,9 @@ written uncompressed, as the first code of this format did, read the same).
 
 Upserts of a segment replace their ``(window_start, key)``; a reader applies a segment's deletes
 before its upserts. A *base* segment (schema metadata ``base``) holds the whole state; the ones
-after it are deltas. Every decoding failure is :class:`CorruptState` naming where it was read.
+after it are deltas. A store need not begin with a base: once the engine drops a dead prefix
+(``segment_replay.dead_prefix``) the oldest stored segment may be a delta, replayed from empty
+state like any other. Every decoding failure is :class:`CorruptState` naming where it was read.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ class Segment:
     deleted_before: int | None = None
 
     def __len__(self) -> int:
-        """Operations held: what the compaction rule weighs against the base."""
+        """Operations held: what the compaction rule weighs against twice the state's rows."""
         return len(self.keys) + len(self.deletes) + (self.deleted_before is not None)
 
 

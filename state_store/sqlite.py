@@ -282,7 +282,7 @@ class SqliteStateStore(StateStore):
         with self._lock, self._errors("committing a batch", pipeline), self._writer(pipeline):
             with self._transaction() as conn:
                 now = conn.execute(f"SELECT {_NOW}").fetchone()[0]
-                segment_rows.sqlite_rebase(conn, batch)
+                segment_rows.sqlite_drop(conn, batch)
                 segment_rows.sqlite_append(conn, batch)
                 pending.sqlite_commit(conn, batch, self.description)
                 conn.execute(f"DELETE FROM {_N['offsets']} WHERE pipeline_name = ?", (pipeline,))

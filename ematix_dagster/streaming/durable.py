@@ -36,7 +36,7 @@ from state_store.codec import (
 )
 from state_store.errors import RESTORE_OR_RESET, CorruptState
 from state_store.loaded_groups import decode_groups, gc_paused
-from state_store.segment_replay import Live, SegmentSizes, replay, replayed
+from state_store.segment_replay import Live, SegmentFacts, SegmentSizes, dead_prefix, replay, replayed
 from state_store.segments import Segment, encode_segment
 
 
@@ -66,29 +66,44 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
         counters=dict(engine.counters), offsets=dict(offsets or {}),
         trigger_fired_at=engine.clock.fired_at_us,
     )
-    segments, rebase = segment_commit(state)
-    return BatchCommit(record=record, in_transaction=list(in_transaction), segments=segments, rebase=rebase)
+    segments, rebase, dropped = segment_commit(state)
+    return BatchCommit(record=record, in_transaction=list(in_transaction), segments=segments, rebase=rebase,
+                       dropped_segments=dropped)
 
 
-def segment_commit(state: KindState) -> tuple[list[bytes], bool]:
-    """(segments, rebase) of a state held as columns: its changes as one delta segment, or the whole
-    state as one base segment replacing everything stored (``BatchCommit.rebase``).
+def segment_commit(state: KindState) -> tuple[list[bytes], bool, int]:
+    """(segments, rebase, dropped_segments) of a state held as columns: its changes as one delta
+    segment appended after dropping the stored prefix it makes dead, or the whole state as one base
+    segment replacing everything stored (``BatchCommit.rebase``).
 
-    The rule (docs/decisions.md, "Columnar driver state"): rebase when the deltas since the base
-    would hold more operations than the base, so the store holds at most about twice the state and
-    a restore reads at most that; and always on the first commit after a restore from rows of
-    schema 7, which replaces them (the migration from rows, in one transaction).
+    The rule (docs/decisions.md, "Compaction:"): drop the longest stored prefix that
+    ``dead_prefix`` finds dead once this delta is stored, so that windows closed by a range delete
+    (fixed and sliding ones) leave the store by themselves, not through a rewrite of the whole
+    state; then rebase only when what stays stored and this delta would hold more operations than
+    twice the state's rows (dead rows no prefix drop reaches: sessions, evicted by point deletes),
+    so the store holds, and a restore reads, at most about twice the state; and always on the first
+    commit after a restore from rows of schema 7, which replaces them (the migration from rows, in
+    one transaction).
     """
     changes = state.take_column_changes()
     size = state.stored_size
-    if size.from_rows or size.deltas + len(changes) > size.base:
+    new = _facts(changes) if len(changes) else None
+    dropped = dead_prefix(size.segments, new)
+    kept = size.segments[dropped:]
+    if size.from_rows or sum(stored.ops for stored in kept) + len(changes) > 2 * state.state_rows:
         whole = state.take_column_changes(everything=True)
-        state.stored_size = StoredSize(base=len(whole))
-        return [_segment(state, whole, base=True)], True
-    if not len(changes):
-        return [], False
-    size.deltas += len(changes)
-    return [_segment(state, changes, base=False)], False
+        state.stored_size = StoredSize([_facts(whole)])
+        return [_segment(state, whole, base=True)], True, 0
+    if new is None:
+        size.segments = kept
+        return [], False, dropped
+    size.segments = [*kept, new]
+    return [_segment(state, changes, base=False)], False, dropped
+
+
+def _facts(changes: ColumnChanges) -> SegmentFacts:
+    starts = changes.starts
+    return SegmentFacts(len(changes), int(starts.max()) if len(starts) else None, changes.deleted_before)
 
 
 def _segment(state: KindState, changes: ColumnChanges, base: bool) -> bytes:
@@ -135,7 +150,7 @@ def restore_engine(engine: Engine, recovered: RecoveredState, store: str | None 
         return None
     with gc_paused():  # millions of small containers, none in a cycle: all gone again when it ends
         sizes = _restore(engine, recovered, recovered.record, store)
-    engine.state.stored_size = StoredSize(base=sizes.base, deltas=sizes.deltas, from_rows=sizes.rows > 0)
+    engine.state.stored_size = StoredSize(list(sizes.segments), from_rows=sizes.rows > 0)
     return recovered.record
 
 

@@ -18,7 +18,7 @@ import pytest
 from ematix_dagster.errors import CorruptState, StateVersionError
 from state_store import codec
 from state_store.base import PipelineRecord, RecoveredState
-from state_store.segment_replay import replay, replayed
+from state_store.segment_replay import SegmentFacts, SegmentSizes, replay, replayed
 from state_store.segments import FORMAT_VERSION, MAGIC, Segment, decode_segment, encode_segment
 from tests.fixtures.state_v1.make_fixtures import CASES
 from tests.state_store.test_codec import same
@@ -143,7 +143,7 @@ def test_replay_leaves_what_a_dict_of_upserts_and_deletes_leaves():
     assert sorted(out.groups) == sorted((s, e, k, b) for (s, k), (e, b) in model.items())
     assert out.emitted == {(40, key(("c",))): False, (60, key(("d",))): True}  # a's upsert stored none
     assert out.written == {(40, key(("c",))): b"wc", (60, key(("d",))): b"wd"}
-    assert (sizes.base, sizes.deltas, sizes.rows) == (1, 4, 3)
+    assert sizes == SegmentSizes(segments=(SegmentFacts(1, 40, None), SegmentFacts(4, 60, 5)), rows=3)
     assert replayed(RecoveredState(record=None), "p")[1].rows == 0
 
 
@@ -206,4 +206,5 @@ def test_many_small_deltas_each_with_a_range_delete_restore_the_same_rows():
     assert out.emitted == {at: f for at, (_, _, f, _) in model.items() if f is not None}
     assert out.written == {at: w for at, (_, _, _, w) in model.items() if w is not None}
     assert (0, key(("late",))) in {(s, k) for s, _, k, _ in out.groups}  # below every earlier bound, upserted after
-    assert len(out.groups) == 9 and sizes.deltas == sum(map(len, deltas))  # starts 396 to 399 of a and b, late
+    assert len(out.groups) == 9  # starts 396 to 399 of a and b, late
+    assert sizes.segments == tuple(SegmentFacts(len(s), max(s.starts), s.deleted_before) for s in deltas)

@@ -1,6 +1,6 @@
 """State segments (schema step 8) on every store: appended in order within the commit's
-transaction, a rebase that replaces segments and rows, reset, and a schema-7 store opening at 8
-with its rows as they were."""
+transaction, a rebase that replaces segments and rows, a dropped prefix of the oldest ones (in the
+same transaction), reset, and a schema-7 store opening at 8 with its rows as they were."""
 
 from __future__ import annotations
 
@@ -67,6 +67,46 @@ def test_segments_commit_with_the_rest_of_the_batch_or_not_at_all(make_store):
         with pytest.raises(TypeError, match="segments"):
             store.commit(BatchCommit(record(p, 1), segments=bad))  # type: ignore[arg-type]
     assert same_state(store.load(p), expected)
+
+
+def test_a_dropped_prefix_deletes_the_oldest_segments_and_the_rest_stay_in_order(make_store):
+    store = make_store()
+    p = "prefix"
+    store.commit(BatchCommit(record(p, 0), segments=[b"s0", b"s1", b"s2"]))
+    store.commit(BatchCommit(record(p, 1), segments=[b"s3"]))
+    store.commit(BatchCommit(record("other", 0), segments=[b"o0", b"o1"]))
+    store.commit(BatchCommit(record(p, 2), segments=[b"s4"], dropped_segments=2))  # the drop first, then the append
+    for s in (store, make_store()):
+        assert s.load(p).segments == [b"s2", b"s3", b"s4"] and s.load("other").segments == [b"o0", b"o1"]
+    store.commit(BatchCommit(record(p, 3), dropped_segments=1))  # a drop with nothing appended
+    assert store.load(p).segments == [b"s3", b"s4"] and store.load(p).record.last_batch_id == 3
+    store.commit(BatchCommit(record(p, 4), segments=[b"s5", b"s6"]))  # numbered after the largest seq left
+    assert make_store().load(p).segments == [b"s3", b"s4", b"s5", b"s6"]
+    store.commit(BatchCommit(record(p, 5), segments=[b"s7"], dropped_segments=9))  # more than stored: all of them
+    store.commit(BatchCommit(record(p, 6), segments=[b"s8"], dropped_segments=0))
+    assert make_store().load(p).segments == [b"s7", b"s8"] and store.load("other").segments == [b"o0", b"o1"]
+    for bad in (-1, True, 1.0, "1"):  # refused before anything is written, as is a drop beside a rebase
+        with pytest.raises(TypeError, match="dropped_segments"):
+            store.commit(BatchCommit(record(p, 7), segments=[b"s9"], dropped_segments=bad))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="dropped_segments"):
+        store.commit(BatchCommit(record(p, 7), segments=[b"s9"], rebase=True, dropped_segments=1))
+    assert make_store().load(p).segments == [b"s7", b"s8"] and store.load(p).record.last_batch_id == 6
+
+
+def test_a_dropped_prefix_commits_with_the_rest_of_the_batch_or_not_at_all(make_store):
+    store = make_store()
+    p = "prefix-atomic"
+    store.commit(BatchCommit(record(p, 0), segments=[b"s0", b"s1"]))
+    expected = store.load(p)
+
+    def boom(_conn):
+        raise RuntimeError("target write failed")
+
+    for appended in ([], [b"s2"]):
+        with pytest.raises(RuntimeError, match="target write failed"):
+            store.commit(BatchCommit(record(p, 1), segments=appended, dropped_segments=1, in_transaction=[boom]))
+        assert same_state(store.load(p), expected) and same_state(make_store().load(p), expected)
+    assert make_store().load(p).segments == [b"s0", b"s1"]
 
 
 def test_reset_deletes_the_segments(make_store):

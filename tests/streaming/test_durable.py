@@ -118,7 +118,8 @@ def test_restore_after_every_batch_matches_an_uninterrupted_run(tmp_path, seed, 
 
 def test_a_commit_writes_the_changed_groups_and_an_eviction_as_a_range_delete(tmp_path):
     """Each commit's segment holds the groups the batch changed, not the whole window; a closed
-    window leaves the store by one range delete; the deltas never hold more than their base."""
+    window leaves the store by one range delete, and the segments holding only its groups with it
+    (a dead prefix), so the state is never rewritten as a base."""
     window = Window(kind="tumbling", duration_ms=60_000, lateness_ms=0, group_by=("k",), max_groups_per_window=100,
                     aggregations=(Aggregation("count", "n"),))
     engine = Engine.for_window("replay", window, ("s",), integral=(False,))
@@ -132,13 +133,15 @@ def test_a_commit_writes_the_changed_groups_and_an_eviction_as_a_range_delete(tm
             engine.process(BatchInput(batch_id=b, batch_time=b * S, sources={"s": SourceStats(len(keys), max_s * S)},
                                       starts=[start_s * S] * len(keys), keys=keys, partials=[[b + 1] * len(keys)]))
             commit = batch_commit(engine, "replay")
-            written += [(segment.base, sorted(decode_key(k)[0] for k in segment.keys), segment.deleted_before)
+            written += [(segment.base, sorted(decode_key(k)[0] for k in segment.keys), segment.deleted_before,
+                         commit.dropped_segments)
                         for segment in (decode_segment(blob, "test") for blob in commit.segments)]
             store.commit(commit)
         k = [f"k{i}" for i in range(10)]
-        assert written == [(True, k, None), (False, k[:4], None), (False, k[5:8], None),
-                           (False, ["k3"], 1),  # W = 61 s: window 0 is final, then evicted (no retention)
-                           (True, k, None)]  # 10 more operations than the base's 10: a new base
+        assert written == [(False, k, None, 0), (False, k[:4], None, 0), (False, k[5:8], None, 0),
+                           (False, ["k3"], 1, 3),  # W = 61 s: window 0 is final, then evicted (no retention)
+                           (False, k, None, 0)]  # 12 operations stored for 10 rows: no base
+        assert len(store.load("replay").segments) == 2
         restored = Engine.for_window("replay", window, ("s",), integral=(False,))
         restore_engine(restored, store.load("replay"))
         assert restored.state.groups == engine.state.groups == {60 * S: {(f"k{i}",): [5 + 4 * (i == 3)] for i in range(10)}}

@@ -40,6 +40,7 @@ import numpy as np
 from ematix_dagster.errors import StateCapExceeded
 from ematix_dagster.streaming.aggregators import Aggregator
 from ematix_dagster.streaming.emitted import Emitted, GroupKey
+from state_store.segment_replay import SegmentFacts
 
 if TYPE_CHECKING:
     from ematix_dagster.streaming.windows.base import WindowKind
@@ -210,11 +211,11 @@ class ColumnChanges:
 @dataclass
 class StoredSize:
     """What the store holds of a columnar state (schema step 8), for the compaction rule
-    (``streaming.durable``): operations in the base segment and in the deltas after it, and whether
-    the state was restored from rows of schema 7 (the next commit replaces them with a base)."""
+    (``streaming.durable``): the facts of each stored segment in order, so that a commit can tell
+    which prefix of them is dead without reading them back, and whether the state was restored
+    from rows of schema 7 (the next commit replaces them with a base)."""
 
-    base: int = 0
-    deltas: int = 0
+    segments: list[SegmentFacts] = field(default_factory=list)
     from_rows: bool = False
 
 

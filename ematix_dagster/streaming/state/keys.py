@@ -127,6 +127,17 @@ class IntKeys:
 KeyCodes = KeyIndex | IntKeys
 
 
+def coded(codes: KeyCodes, column: np.ndarray, keys: Sequence[GroupKey]) -> tuple[KeyCodes, np.ndarray, np.ndarray]:
+    """(codes, column, ids): the ids of ``keys`` for a state holding one key-id column sorted by id
+    (sessions, sliding windows). The first key :class:`IntKeys` cannot hold moves every id of
+    ``column`` to a :class:`KeyIndex`, whose ids, handed out along the sorted column, keep its order."""
+    ids = codes.ids_of(keys)
+    if ids is not None:
+        return codes, column, ids
+    index, (column,) = to_index(codes, [column])
+    return index, column, index.ids_of(keys)
+
+
 def to_index(codes: KeyCodes, columns: Sequence[np.ndarray]) -> tuple[KeyIndex, list[np.ndarray]]:
     """A :class:`KeyIndex` of the keys ``columns`` hold (ids of ``codes``), and the columns in its
     ids: where a state moves the first time a batch brings a key :class:`IntKeys` cannot hold. The

@@ -63,7 +63,7 @@ from ematix_dagster.streaming.state.columns import (
     run_count,
     search_pairs,
 )
-from ematix_dagster.streaming.state.keys import INDEXED_KEY_BYTES, IntKeys, KeyCodes, to_index
+from ematix_dagster.streaming.state.keys import INDEXED_KEY_BYTES, IntKeys, KeyCodes, coded
 from ematix_dagster.streaming.state.session_merge import BatchKeys, MergePlan, batch_keys, plan_merge
 
 if TYPE_CHECKING:
@@ -196,13 +196,7 @@ class SessionState(StateBase):
         self.dirty[targets] = True
 
     def _ids(self, keys: Sequence[GroupKey]) -> np.ndarray:
-        """The keys' ids; the first key that is not one integer moves every held key to an index
-        (whose ids, handed out along the sorted column, keep its order)."""
-        ids = self.codes.ids_of(keys)
-        if ids is None:
-            index, (self.kid,) = to_index(self.codes, [self.kid])
-            self.codes = index
-            ids = index.ids_of(keys)
+        self.codes, self.kid, ids = coded(self.codes, self.kid, keys)
         return ids
 
     def _check_cap(self, batch: BatchKeys, keys: list[GroupKey], starts: Sequence[int]) -> None:

@@ -54,7 +54,7 @@ from ematix_dagster.streaming.state.columns import (
     run_starts,
     search_pairs,
 )
-from ematix_dagster.streaming.state.keys import IntKeys, KeyCodes, to_index
+from ematix_dagster.streaming.state.keys import IntKeys, KeyCodes, coded
 from ematix_dagster.streaming.state.sliding_windows import (
     WindowFailed,
     additive,
@@ -177,13 +177,7 @@ class SlidingState(StateBase):
         self._fold(at[pair], keys, starts, partials, shared=len(rows) < n)
 
     def _ids(self, keys: Sequence[GroupKey]) -> np.ndarray:
-        """The keys' ids; the first key that is not one integer moves every held key to an index
-        (whose ids, handed out along the sorted column, keep its order)."""
-        ids = self.codes.ids_of(keys)
-        if ids is None:
-            index, (self.kid,) = to_index(self.codes, [self.kid])
-            self.codes = index
-            ids = index.ids_of(keys)
+        self.codes, self.kid, ids = coded(self.codes, self.kid, keys)
         return ids
 
     def _check_caps(self, firsts: np.ndarray, kids: np.ndarray, keys: list[GroupKey], starts: Sequence[int]) -> None:

@@ -9,7 +9,7 @@ msgpack's (tests compare them at every format's bounds).
 
 >>> msgpack_ints(np.array([1, 300, -40])).to_pylist()
 [b'\\x01', b'\\xcd\\x01,', b'\\xd0\\xd8']
->>> packed_int_keys(np.array([7]), 1), bin_headers(np.array([3, 256])).to_pylist()
+>>> packed_int_keys(np.array([7]), 1).to_pylist(), bin_headers(np.array([3, 256])).to_pylist()
 ([b'\\x01\\x91\\x07'], [b'\\xc4\\x03', b'\\xc5\\x01\\x00'])
 """
 
@@ -48,10 +48,10 @@ def bin_headers(lengths: np.ndarray) -> pa.BinaryArray:
     return _cut(rows, sizes)
 
 
-def packed_int_keys(values: np.ndarray, key_format: int) -> list[bytes]:
+def packed_int_keys(values: np.ndarray, key_format: int) -> pa.BinaryArray:
     """``key_format`` + msgpack of ``[v]`` for each int64 ``v``, as ``codec.encode_key`` gives them."""
     prefix = bytes([key_format, _ONE_ELEMENT_ARRAY])
-    return joined([prefix, msgpack_ints(values)]).to_pylist()
+    return joined([prefix, msgpack_ints(values)])
 
 
 def joined(parts: Sequence[bytes | pa.Array]) -> pa.BinaryArray:

@@ -21,8 +21,9 @@ from pyspark.sql.pandas.types import to_arrow_type
 
 from ematix_dagster.columns import EMIT_KIND, EMIT_SEQ, PARTIAL_PREFIX, WINDOW_START
 from ematix_dagster.spark.plan import BatchPlan
-from ematix_dagster.streaming.emitted import Emitted
+from ematix_dagster.streaming.emitted import Emitted, GroupKey
 from ematix_dagster.streaming.windows import window_kind
+from state_store.int_key_column import IntKeyColumn
 
 UTC_MICROS = pa.timestamp("us", tz="UTC")
 
@@ -49,12 +50,17 @@ def arrow_type(dtype: T.DataType) -> pa.DataType:
 
 
 def partial_lists(plan: BatchPlan, table: pa.Table,
-                  start_column: str = WINDOW_START) -> tuple[list[int], list[tuple[Any, ...]], list[list[Any]]]:
-    """Columns of the partials table as the plain lists the window state's ``merge`` takes."""
+                  start_column: str = WINDOW_START) -> tuple[list[int], Sequence[GroupKey], list[list[Any]]]:
+    """Columns of the partials table as the plain lists the window state's ``merge`` takes; keys
+    of one integer column without a NULL stay that column (``state_store.int_key_column``)."""
     window = plan.spec.window
     starts = table.column(start_column).to_pylist()
-    group_cols = [table.column(g).to_pylist() for g in window.group_by]
-    keys = list(zip(*group_cols)) if group_cols else [()] * len(starts)
+    keys: Sequence[GroupKey] | None = None
+    if len(window.group_by) == 1:
+        keys = IntKeyColumn.of_arrow(table.column(window.group_by[0]))
+    if keys is None:
+        group_cols = [table.column(g).to_pylist() for g in window.group_by]
+        keys = list(zip(*group_cols)) if group_cols else [()] * len(starts)
     partials = [agg.from_arrow([table.column(name).to_pylist() for name in agg.partial_names(f"{PARTIAL_PREFIX}{i}")])
                 for i, agg in enumerate(plan.aggregators)]
     return starts, keys, partials
@@ -71,9 +77,13 @@ def rows_to_arrow(schema: pa.Schema, emitted: Emitted, group_width: int,
     if emitted:  # window bounds through int64 (Arrow converts a list of ints to timestamps ten times slower)
         columns[0], columns[1] = np.fromiter(emitted.starts, np.int64, n), np.fromiter(emitted.ends, np.int64, n)
         columns[schema.get_field_index(EMIT_KIND)] = emitted.kinds
-        flat = list(chain.from_iterable(emitted.keys))  # the keys' columns by slicing: ``zip(*keys)`` passes
-        for i in range(group_width):                    # every key as an argument, five times slower
-            columns[first_key + i] = flat[i::group_width]
+        keys = emitted.keys
+        if isinstance(keys, IntKeyColumn):
+            columns[first_key] = keys.ids
+        else:
+            flat = list(chain.from_iterable(keys))  # the keys' columns by slicing: ``zip(*keys)`` passes
+            for i in range(group_width):            # every key as an argument, five times slower
+                columns[first_key + i] = flat[i::group_width]
         for j, values in enumerate(emitted.values):
             columns[first_key + group_width + j] = values
     if row_ids is not None:

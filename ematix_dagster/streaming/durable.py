@@ -33,6 +33,7 @@ from state_store.codec import (
     encode_key,
     encode_keys,
     encode_state,
+    encoded_key_array,
 )
 from state_store.errors import RESTORE_OR_RESET, CorruptState
 from state_store.loaded_groups import decode_groups, gc_paused
@@ -107,9 +108,9 @@ def _facts(changes: ColumnChanges) -> SegmentFacts:
 
 
 def _segment(state: KindState, changes: ColumnChanges, base: bool) -> bytes:
-    keys: list[bytes] | pa.Array = encode_keys(changes.keys)
+    keys = encoded_key_array(changes.keys)
     if changes.key_rows is not None:  # each key encoded once, repeated by Arrow
-        keys = pa.array(keys, pa.binary()).take(pa.array(changes.key_rows))
+        keys = keys.take(pa.array(changes.key_rows))
     written: list[bytes | None] | None = None
     if state.keeps_written:  # the written row travels with its group (schema step 6)
         held = state.written

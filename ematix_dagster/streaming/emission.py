@@ -43,6 +43,7 @@ from ematix_dagster.streaming.emitted import Emitted, EmittedRow, GroupKey
 from ematix_dagster.streaming.state.base import CLOSING, OPEN
 from ematix_dagster.streaming.state.columns import ints
 from ematix_dagster.streaming.state.order import row_order
+from state_store.int_key_column import taken
 
 if TYPE_CHECKING:
     from ematix_dagster.streaming.state.base import KindState, Report
@@ -88,7 +89,7 @@ def emit(state: KindState, before: int | None, watermark: int | None, retention:
         order = rows = row_order(starts, keys)
     else:
         starts = list(map(report.starts.__getitem__, rows))
-        keys = list(map(report.keys.__getitem__, rows))
+        keys = taken(report.keys, rows)
         order = row_order(starts, keys)
     in_order = isinstance(order, range)  # the rows were in order already (sliding windows, sessions mostly)
     as_reported = every and in_order  # the report's own rows, in its order: nothing to copy
@@ -100,7 +101,7 @@ def emit(state: KindState, before: int | None, watermark: int | None, retention:
     state.mark_emitted(report, [r for r, kind in zip(rows, written_kinds) if kind != EARLY]
                        if EARLY in written_kinds else rows)
     if not in_order:
-        starts, keys = list(map(starts.__getitem__, order)), list(map(keys.__getitem__, order))
+        starts, keys = list(map(starts.__getitem__, order)), taken(keys, order)
     ends = report.ends if as_reported else list(map(report.ends.__getitem__, rows))
     retracts = report.gone.rows
     if retractions:
@@ -117,7 +118,8 @@ def emit(state: KindState, before: int | None, watermark: int | None, retention:
 
 
 def _kept(state: KindState, watermark: int | None, retention: int, starts: list[int], ends: list[int],
-          keys: list[GroupKey], values: list[list[Any]]) -> tuple[list[int], list[int], list[GroupKey], list[list[Any]]]:
+          keys: Sequence[GroupKey], values: list[list[Any]]
+          ) -> tuple[list[int], list[int], Sequence[GroupKey], list[list[Any]]]:
     """The written rows whose windows this emission's eviction keeps: a row of an evicted window
     can never be retracted or superseded, so remembering it would make a ``written`` entry only to
     drop it again in the same batch (under ``drop``, every final session row)."""
@@ -125,7 +127,7 @@ def _kept(state: KindState, watermark: int | None, retention: int, starts: list[
     if not evicted.any():
         return starts, ends, keys, values
     kept = np.flatnonzero(~evicted).tolist()
-    return (list(map(starts.__getitem__, kept)), list(map(ends.__getitem__, kept)), list(map(keys.__getitem__, kept)),
+    return (list(map(starts.__getitem__, kept)), list(map(ends.__getitem__, kept)), taken(keys, kept),
             [list(map(column.__getitem__, kept)) for column in values])
 
 
@@ -151,7 +153,7 @@ def _early(state: KindState, report: Report, kinds: list[str | None], clock: Tri
             kinds[r] = EARLY
 
 
-def _superseded(state: KindState, starts: list[int], keys: list[tuple]) -> list[EmittedRow]:
+def _superseded(state: KindState, starts: list[int], keys: Sequence[GroupKey]) -> list[EmittedRow]:
     """The written rows the batch's rows replace, as retractions (``[target] retractions``)."""
     written = state.written
     out = []

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, Iterable, NamedTuple, Sequence
 
+from state_store.int_key_column import chained, taken
+
 GroupKey = tuple[Any, ...]
 
 
@@ -37,7 +39,8 @@ class Emitted:
 
     starts: list[int] = field(default_factory=list)
     ends: list[int] = field(default_factory=list)
-    keys: list[GroupKey] = field(default_factory=list)
+    #: a list, or a column of int keys (``state_store.int_key_column``: to Arrow without a tuple per row)
+    keys: Sequence[GroupKey] = field(default_factory=list)
     values: list[list[Any]] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)
 
@@ -46,7 +49,7 @@ class Emitted:
         """Rows given as columns (``values``: one column per aggregation)."""
         self.starts.extend(starts)
         self.ends.extend(ends)
-        self.keys.extend(keys)
+        self.keys = chained(self.keys, keys)
         self.kinds.extend(kinds)
         if not self.values:
             self.values = [[] for _ in values]
@@ -58,7 +61,7 @@ class Emitted:
         out = Emitted()
         if rows:
             out.add_columns(list(map(self.starts.__getitem__, rows)), list(map(self.ends.__getitem__, rows)),
-                            list(map(self.keys.__getitem__, rows)),
+                            taken(self.keys, rows),
                             [list(map(column.__getitem__, rows)) for column in self.values],
                             list(map(self.kinds.__getitem__, rows)))
         return out
@@ -70,7 +73,7 @@ class Emitted:
         starts, ends, keys, values, kinds = zip(*rows)
         self.starts.extend(starts)
         self.ends.extend(ends)
-        self.keys.extend(keys)
+        self.keys = chained(self.keys, keys)
         self.kinds.extend(kinds)
         if not self.values:
             self.values = [[] for _ in values[0]]

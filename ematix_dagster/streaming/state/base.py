@@ -40,6 +40,7 @@ import numpy as np
 from ematix_dagster.errors import StateCapExceeded
 from ematix_dagster.streaming.aggregators import Aggregator
 from ematix_dagster.streaming.emitted import Emitted, GroupKey
+from state_store.int_key_column import IntKeyColumn
 from state_store.segment_replay import SegmentFacts
 
 if TYPE_CHECKING:
@@ -78,7 +79,8 @@ class Report:
 
     starts: list[int] = field(default_factory=list)
     ends: list[int] = field(default_factory=list)
-    keys: list[GroupKey] = field(default_factory=list)
+    #: a list, or a column of int keys (``state_store.int_key_column``)
+    keys: Sequence[GroupKey] = field(default_factory=list)
     changed: list[bool] = field(default_factory=list)
     emitted: list[bool] = field(default_factory=list)
     closed: list[bool] = field(default_factory=list)
@@ -87,30 +89,21 @@ class Report:
     #: ``retract``)
     gone: Emitted = field(default_factory=Emitted)
 
-    def add(self, start: int, end: int, keys: Sequence[GroupKey], handles: Sequence[Any],
-            changed: bool | Sequence[bool], emitted: bool, closed: bool) -> None:
-        """The rows of one window's groups ``keys`` (``changed``: one flag for all, or one per key)."""
-        n = len(keys)
+    def add_window(self, start: int, end: int, handles: Sequence[Any], changed: bool | Sequence[bool],
+                   emitted: bool, closed: bool) -> None:
+        """The rows of some of one window's groups (``changed``: one flag for all, or one per row),
+        all but their keys: the caller sets :attr:`keys` once for every window's rows, a column
+        joined from the windows' key ids rather than a tuple per row."""
+        n = len(handles)
         self.starts.extend(repeat(start, n))
         self.ends.extend(repeat(end, n))
-        self.keys.extend(keys)
         self.handles.extend(handles)
         self.changed.extend(repeat(changed, n) if isinstance(changed, bool) else changed)
         self.emitted.extend(repeat(emitted, n))
         self.closed.extend(repeat(closed, n))
 
-    def add_row(self, start: int, end: int, key: GroupKey, handle: Any, changed: bool, emitted: bool,
-                closed: bool) -> None:
-        self.starts.append(start)
-        self.ends.append(end)
-        self.keys.append(key)
-        self.handles.append(handle)
-        self.changed.append(changed)
-        self.emitted.append(emitted)
-        self.closed.append(closed)
-
     def __len__(self) -> int:
-        return len(self.keys)
+        return len(self.handles)
 
 
 class StoredGroup(NamedTuple):
@@ -193,7 +186,7 @@ class ColumnChanges:
 
     starts: np.ndarray
     ends: np.ndarray
-    keys: list[GroupKey]
+    keys: Sequence[GroupKey]  # a list, or a column of int keys (``state_store.int_key_column``)
     accs: list[np.ndarray]
     emitted: np.ndarray | None = None
     deletes: list[tuple[int, GroupKey]] = field(default_factory=list)
@@ -203,9 +196,13 @@ class ColumnChanges:
     def __len__(self) -> int:
         return len(self.starts) + len(self.deletes) + (self.deleted_before is not None)
 
-    def row_keys(self) -> list[GroupKey]:
+    def row_keys(self) -> Sequence[GroupKey]:
         """Each upserted row's key."""
-        return self.keys if self.key_rows is None else list(map(self.keys.__getitem__, self.key_rows.tolist()))
+        if self.key_rows is None:
+            return self.keys
+        if isinstance(self.keys, IntKeyColumn):
+            return self.keys.take(self.key_rows)
+        return list(map(self.keys.__getitem__, self.key_rows.tolist()))
 
 
 @dataclass

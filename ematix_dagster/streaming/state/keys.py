@@ -27,6 +27,7 @@ import numpy as np
 
 from ematix_dagster.streaming.emitted import GroupKey
 from ematix_dagster.streaming.state.columns import I64, ints, run_count
+from state_store.int_key_column import IntKeyColumn
 
 #: a key's own cost in a :class:`KeyIndex`, as a state's startup estimate counts it: its dict entry,
 #: its tuple and its slot in the key list (the values are ``KEY_VALUE_BYTES`` each, counted apart;
@@ -70,6 +71,10 @@ class KeyIndex:
     def keys_of(self, kids: np.ndarray) -> list[GroupKey]:
         return list(map(self.keys.__getitem__, kids.tolist()))
 
+    def key_column(self, kids: np.ndarray) -> Sequence[GroupKey]:
+        """The keys of ``kids`` for code that hands them on whole (a commit, a report)."""
+        return self.keys_of(kids)
+
     def id_of(self, key: GroupKey) -> int | None:
         """The key's id; None for a key never seen."""
         return self.ids.get(key)
@@ -101,6 +106,8 @@ class IntKeys:
     def ids_of(self, keys: Sequence[GroupKey]) -> np.ndarray | None:
         """The keys' integers; None when a key is not one int64 (the state then moves to a
         :class:`KeyIndex`)."""
+        if isinstance(keys, IntKeyColumn):  # a batch's keys straight from Arrow
+            return keys.ids
         if set(map(len, keys)) - {1}:  # a key of another width
             return None
         values = list(chain.from_iterable(keys))
@@ -112,7 +119,11 @@ class IntKeys:
             return None
 
     def keys_of(self, kids: np.ndarray) -> list[GroupKey]:
-        return [(kid,) for kid in kids.tolist()]
+        return list(zip(kids.tolist()))
+
+    def key_column(self, kids: np.ndarray) -> Sequence[GroupKey]:
+        """The keys of ``kids`` as one column, no tuple per key (``state_store.int_key_column``)."""
+        return IntKeyColumn(kids)
 
     def id_of(self, key: GroupKey) -> int | None:
         """The key's id; None for a key this coding cannot hold (none such is held)."""

@@ -20,6 +20,7 @@ import numpy as np
 
 from ematix_dagster.streaming.aggregators import order_key
 from ematix_dagster.streaming.emitted import GroupKey
+from state_store.int_key_column import IntKeyColumn
 
 
 def key_order(key: GroupKey) -> tuple[Any, ...]:
@@ -90,6 +91,8 @@ def _by_ints(first: np.ndarray, keys: Sequence[GroupKey]) -> list[int] | None:
     """:func:`row_order` (``first``: the starts as int64) in one NumPy sort when every key is a
     tuple of one width of ints within int64 (a session's or a sliding window's user id): no
     Python comparison per row. None otherwise."""
+    if isinstance(keys, IntKeyColumn):
+        return np.lexsort([keys.ids, first]).tolist()
     if not keys or len(set(map(len, keys))) != 1:
         return None
     flat = list(chain.from_iterable(keys))  # one list of every key's values: no column per width

@@ -245,7 +245,7 @@ class SessionState(StateBase):
         pick |= ~changed & ~emitted & (closed if scope != OPEN else True)
         rows = np.flatnonzero(pick)
         out = Report(starts=self.start[rows].tolist(), ends=self.end[rows].tolist(),
-                     keys=self.codes.keys_of(self.kid[rows]), changed=changed[rows].tolist(),
+                     keys=self.codes.key_column(self.kid[rows]), changed=changed[rows].tolist(),
                      emitted=emitted[rows].tolist(), closed=closed[rows].tolist(), handles=rows.tolist())
         changed[:] = False
         out.gone.add_rows(self._gone())
@@ -319,10 +319,10 @@ class SessionState(StateBase):
         under its old start."""
         at = np.arange(len(self.kid)) if everything else np.flatnonzero(self.dirty)
         starts, stored = self.start[at], self.stored[at]
-        keys = self.codes.keys_of(self.kid[at])
+        keys = self.codes.key_column(self.kid[at])
         deletes = {} if everything else dict(self._dropped)
         moved = np.flatnonzero((stored != NOT_STORED) & (stored != starts)) if not everything else at[:0]
-        deletes.update(dict.fromkeys(zip(stored[moved].tolist(), map(keys.__getitem__, moved.tolist()))))
+        deletes.update(dict.fromkeys(zip(stored[moved].tolist(), self.codes.keys_of(self.kid[at[moved]]))))
         if deletes:
             for upserted in zip(starts.tolist(), keys):
                 deletes.pop(upserted, None)

@@ -257,7 +257,7 @@ class SlidingState(StateBase):
         emitted = corrected[rows].tolist()
         n = len(rows)
         return Report(starts=(ends - self.kind.duration).tolist(), ends=ends.tolist(),
-                      keys=self.codes.keys_of(self.kid[rows]), changed=emitted, emitted=list(emitted),
+                      keys=self.codes.key_column(self.kid[rows]), changed=emitted, emitted=list(emitted),
                       closed=[True] * n, handles=rows.tolist())
 
     def _corrections(self, held_from: int, before: int) -> np.ndarray:
@@ -336,7 +336,7 @@ class SlidingState(StateBase):
         self.dirty[:] = False
         evicted_before, self._evicted_before = self._evicted_before, None
         firsts = run_starts(kids)  # the rows are by key: each key once, its partials its run
-        return ColumnChanges(starts=times, ends=times, keys=self.codes.keys_of(kids[firsts]),
+        return ColumnChanges(starts=times, ends=times, keys=self.codes.key_column(kids[firsts]),
                              key_rows=np.repeat(np.arange(len(firsts)), np.diff(np.append(firsts, len(kids)))),
                              accs=[c[at] for c in self.accs], deleted_before=None if everything else evicted_before)
 

@@ -183,8 +183,8 @@ class SessionState(StateBase):
         n = len(keys)
         if not n:
             return
+        kids = self._ids(keys)  # before the keys become a list: a column of int keys is its own ids
         keys = list(keys)
-        kids = self._ids(keys)
         batch = batch_keys(self.kid, self.end, kids)
         self._check_cap(batch, keys, starts)
         plan = plan_merge(self, batch, kids, keys, ints(starts, n), ints(lasts, n))

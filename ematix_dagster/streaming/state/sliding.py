@@ -157,8 +157,7 @@ class SlidingState(StateBase):
         n = len(keys)
         if not n:
             return
-        keys = list(keys)
-        kids, times = self._ids(keys), ints(starts, n)
+        kids, times = self._ids(keys), ints(starts, n)  # keys themselves only name a row in an error
         order = np.lexsort((times, kids))  # the batch's pairs sorted once: searched and inserted in that order
         first = np.concatenate(([True], (np.diff(kids[order]) != 0) | (np.diff(times[order]) != 0)))
         pair = np.empty(n, I64)
@@ -180,7 +179,7 @@ class SlidingState(StateBase):
         self.codes, self.kid, ids = coded(self.codes, self.kid, keys)
         return ids
 
-    def _check_caps(self, firsts: np.ndarray, kids: np.ndarray, keys: list[GroupKey], starts: Sequence[int]) -> None:
+    def _check_caps(self, firsts: np.ndarray, kids: np.ndarray, keys: Sequence[GroupKey], starts: Sequence[int]) -> None:
         """Refuse the batch before changing anything when its new keys or new event times would
         pass a cap, naming the first row (in batch order) that does."""
         key_cap, events_cap = self.max_groups_per_window, self.kind.max_events
@@ -188,10 +187,12 @@ class SlidingState(StateBase):
             return  # no key can pass either cap even if every new row were its
         firsts = np.sort(firsts)
         new_kids = kids[firsts]
-        held = np.searchsorted(self.kid, new_kids, "right") - np.searchsorted(self.kid, new_kids, "left")
         by_kid = np.argsort(new_kids, kind="stable")
+        in_order = new_kids[by_kid]  # searched in order: several times faster than in batch order
+        held = np.empty(len(firsts), I64)
+        held[by_kid] = np.searchsorted(self.kid, in_order, "right") - np.searchsorted(self.kid, in_order, "left")
         rank = np.empty(len(firsts), I64)
-        runs = run_starts(new_kids[by_kid])
+        runs = run_starts(in_order)
         rank[by_kid] = np.arange(len(firsts)) - np.repeat(runs, np.diff(np.append(runs, len(firsts))))
         opening = (held == 0) & (rank == 0)
         over_keys = np.flatnonzero(opening & (np.cumsum(opening) + self.group_count > key_cap))
@@ -222,7 +223,7 @@ class SlidingState(StateBase):
                   widened(self.dirty, False), [widened(c, None) for c in self.accs],
                   [widened(c, 0) for c in self.parts])  # the parts are overwritten by the fold
 
-    def _fold(self, targets: np.ndarray, keys: list[GroupKey], starts: Sequence[int],
+    def _fold(self, targets: np.ndarray, keys: Sequence[GroupKey], starts: Sequence[int],
               partials: Sequence[Sequence[Any]], shared: bool) -> None:
         """Each aggregator folds its column of partials into the rows ``targets`` (``shared``: some
         row takes several; Spark sends one partial per (key, event time) and source, so rarely)."""

@@ -14,6 +14,7 @@ batch. :class:`EmittedRow` is for the few rows built one by one (a session's ret
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, Iterable, NamedTuple, Sequence
@@ -43,6 +44,8 @@ class Emitted:
     keys: Sequence[GroupKey] = field(default_factory=list)
     values: list[list[Any]] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)
+    #: rows by kind, counted once (a batch's report and metrics ask for each kind)
+    _counts: Counter[str] | None = field(default=None, init=False, repr=False, compare=False)
 
     def add_columns(self, starts: Sequence[int], ends: Sequence[int], keys: Sequence[GroupKey],
                     values: Sequence[Sequence[Any]], kinds: Sequence[str]) -> None:
@@ -51,6 +54,7 @@ class Emitted:
         self.ends.extend(ends)
         self.keys = chained(self.keys, keys)
         self.kinds.extend(kinds)
+        self._counts = None
         if not self.values:
             self.values = [[] for _ in values]
         for column, more in zip(self.values, values):
@@ -75,6 +79,7 @@ class Emitted:
         self.ends.extend(ends)
         self.keys = chained(self.keys, keys)
         self.kinds.extend(kinds)
+        self._counts = None
         if not self.values:
             self.values = [[] for _ in values[0]]
         for column, more in zip(self.values, zip(*values)):
@@ -84,7 +89,9 @@ class Emitted:
         return len(self.kinds)
 
     def count(self, kind: str) -> int:
-        return self.kinds.count(kind)
+        if self._counts is None:
+            self._counts = Counter(self.kinds)
+        return self._counts[kind]
 
     @property
     def rows(self) -> list[EmittedRow]:

@@ -57,6 +57,7 @@ from ematix_dagster.streaming.state.columns import (
     run_starts,
 )
 from ematix_dagster.streaming.state.keys import INDEXED_KEY_BYTES, IntKeys, KeyCodes, to_index
+from state_store.int_key_column import taken
 
 if TYPE_CHECKING:
     from ematix_dagster.streaming.windows.fixed import FixedWindows
@@ -166,7 +167,7 @@ class FixedState(StateBase):
         order = np.argsort(column, kind="stable") if np.any(column[1:] < column[:-1]) else None
         if order is not None:  # not sorted by start (never from Spark): sorted, batch order kept within a start
             at = order.tolist()
-            keys = list(map(keys.__getitem__, at))
+            keys = taken(keys, at)
             partials = [list(map(part.__getitem__, at)) for part in partials]
             column = column[order]
         kids = self._ids(keys)

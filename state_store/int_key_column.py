@@ -61,15 +61,15 @@ class IntKeyColumn(Sequence[tuple[int]]):
         return f"IntKeyColumn({self.ids.tolist()!r})"
 
 
-def taken(keys: Sequence[tuple], rows: Sequence[int]) -> Sequence[tuple]:
+def taken(keys: Sequence[tuple], rows: Sequence[int] | np.ndarray) -> Sequence[tuple]:
     """The keys at positions ``rows``, in that order: a column stays a column.
 
-    >>> taken(IntKeyColumn(np.array([5, 6])), [1, 0]), taken([("a",), ("b",)], [1])
+    >>> taken(IntKeyColumn(np.array([5, 6])), [1, 0]), taken([("a",), ("b",)], np.array([1]))
     (IntKeyColumn([6, 5]), [('b',)])
     """
     if isinstance(keys, IntKeyColumn):
         return keys.take(rows)
-    return list(map(keys.__getitem__, rows))
+    return list(map(keys.__getitem__, rows.tolist() if isinstance(rows, np.ndarray) else rows))
 
 
 def chained(held: Sequence[tuple], more: Sequence[tuple]) -> Sequence[tuple]:

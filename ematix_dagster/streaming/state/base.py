@@ -40,7 +40,7 @@ import numpy as np
 from ematix_dagster.errors import StateCapExceeded
 from ematix_dagster.streaming.aggregators import Aggregator
 from ematix_dagster.streaming.emitted import Emitted, GroupKey
-from state_store.int_key_column import IntKeyColumn
+from state_store.int_key_column import taken
 from state_store.segment_replay import SegmentFacts
 
 if TYPE_CHECKING:
@@ -198,11 +198,7 @@ class ColumnChanges:
 
     def row_keys(self) -> Sequence[GroupKey]:
         """Each upserted row's key."""
-        if self.key_rows is None:
-            return self.keys
-        if isinstance(self.keys, IntKeyColumn):
-            return self.keys.take(self.key_rows)
-        return list(map(self.keys.__getitem__, self.key_rows.tolist()))
+        return self.keys if self.key_rows is None else taken(self.keys, self.key_rows)
 
 
 @dataclass

@@ -3,6 +3,7 @@ list of one-element key tuples it stands for, and encodes to the same bytes (``c
 
 from __future__ import annotations
 
+import msgpack
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -32,6 +33,7 @@ def test_it_encodes_to_the_bytes_of_the_tuples() -> None:
     values = np.array([*EDGES, 5, 5, -5], dtype=np.int64)
     column, tuples = IntKeyColumn(values), [(int(v),) for v in values]
     want = [codec.encode_key(key) for key in tuples]
+    assert want == [bytes([codec.KEY_FORMAT]) + msgpack.packb([int(v)]) for v in values]  # msgpack's own bytes
     assert codec.encode_keys(column) == codec.encode_keys(tuples) == want
     assert codec.encoded_key_array(column).to_pylist() == codec.encoded_key_array(tuples).to_pylist() == want
     assert codec.decode_keys(want) == tuples

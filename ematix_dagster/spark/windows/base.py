@@ -4,7 +4,12 @@ A batch is one Spark job: one aggregation whose result carries the partials *and
 counters. Rows that update no window (late rows, and without ``[transform] sql`` the rows with a
 bad event time) are not filtered out but grouped by their class into a few extra result rows
 (``CLASS`` set, window and group columns NULL), so counting them costs a hash-aggregate slot
-instead of a separate observation pass over every row. ``PRIMARY`` marks one copy of each input
+instead of a separate observation pass over every row. A fixed window's class shares one grouping
+column with its start (``class_slot``): a grouping column of its own made every batch's
+aggregation cost a sixth more in the executors (measured: task CPU 0.73 against 0.62 s per
+2,000,000 rows). Sessions and sliding windows keep a ``CLASS`` grouping column: a sliding start is
+a raw event time, which leaves no int64 free for a code, and a session's grouping is dominated by
+its window function. ``PRIMARY`` marks one copy of each input
 row (a hopping row is copied into each of its windows), so counters count rows, not copies.
 """
 
@@ -16,8 +21,37 @@ from typing import Callable, Protocol, Sequence
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from ematix_dagster.columns import BATCH_ID, BATCH_VALUES, CLASS, CORRUPT, REASON
+from ematix_dagster.columns import BATCH_ID, BATCH_VALUES, CLASS, CORRUPT, REASON, SLOT
+from ematix_dagster.spark.rejects import REJECT_REASONS
 from ematix_dagster.spec import Window
+
+#: every class of a row that updates no window: ``late``, the pre-SQL reasons, the rejections'
+CLASSES = ("late", "invalid_event_time", "future", "malformed", *REJECT_REASONS)
+#: the slot of class ``CLASSES[i]`` is ``CLASS_SLOT_BASE + i``: int64s no window start or session
+#: bucket reaches (a start is a multiple of a whole millisecond, a bucket a time divided by one)
+CLASS_SLOT_BASE = -(2 ** 63)
+
+
+def class_slot(cls: Column, start: Column) -> Column:
+    """A row's grouping slot: its window's ``start`` when ``cls`` is NULL, else its class's code.
+
+    A class outside :data:`CLASSES` fails the batch's job loudly rather than pass for a window.
+    """
+    slot = F.when(cls.isNull(), start)
+    for i, name in enumerate(CLASSES):
+        slot = slot.when(cls == F.lit(name), F.lit(CLASS_SLOT_BASE + i))
+    return slot.otherwise(F.raise_error(F.concat(F.lit("a row of an unknown class: "), cls)))
+
+
+def slot_outputs(start_name: str) -> list[Column]:
+    """The partials' ``CLASS`` and start (named ``start_name``) read back from the ``SLOT``
+    grouping column: aggregate-list entries, evaluated once per result row."""
+    slot = F.col(SLOT)
+    cls = F.when(slot == F.lit(CLASS_SLOT_BASE), F.lit(CLASSES[0]))
+    for i, name in enumerate(CLASSES[1:], start=1):
+        cls = cls.when(slot == F.lit(CLASS_SLOT_BASE + i), F.lit(name))
+    is_window = slot >= F.lit(CLASS_SLOT_BASE + len(CLASSES))
+    return [cls.alias(CLASS), F.when(is_window, slot).alias(start_name)]
 
 
 @dataclass(frozen=True)

@@ -29,16 +29,24 @@ from ematix_dagster.columns import (
     REASON,
     REOPENED,
     ROWS,
+    SLOT,
     TS,
     WINDOW_START,
 )
-from ematix_dagster.spark.windows.base import Aggregates, WindowedFrames, dead_letter_rows, with_inputs
+from ematix_dagster.spark.windows.base import (
+    Aggregates,
+    WindowedFrames,
+    class_slot,
+    dead_letter_rows,
+    slot_outputs,
+    with_inputs,
+)
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.windows import FixedWindows
 from ematix_dagster.streaming.windows.fixed import first_start
 
 #: the plan's own columns, dropped from dead-letter rows
-HELPERS = (TS, LAST, FIRST, FIRST_OPEN, PRIMARY, WINDOW_START)
+HELPERS = (TS, LAST, FIRST, FIRST_OPEN, PRIMARY, WINDOW_START, SLOT)
 
 
 class FixedPlan:
@@ -81,22 +89,22 @@ class FixedPlan:
         self.assigned.append(cls.alias(CLASS))
         windowed = F.col(CLASS).isNull()
         if self.tumbling:  # a row is its only copy: assigned in the same projection
-            self.assigned += [F.lit(True).alias(PRIMARY), F.when(cls.isNull(), last).alias(WINDOW_START)]
+            self.assigned += [F.lit(True).alias(PRIMARY), class_slot(cls, last).alias(SLOT)]
         else:
             starts = F.when(windowed, F.sequence(F.col(FIRST_OPEN), F.col(LAST), F.lit(hop).cast("bigint"))) \
                 .otherwise(F.array(F.lit(None).cast("bigint")))
             self.copies = [F.posexplode(starts).alias(COPY_INDEX, WINDOW_START)]
-            self.primary = F.col(COPY_INDEX) == 0
+            self.copied = {PRIMARY: F.col(COPY_INDEX) == 0, SLOT: class_slot(F.col(CLASS), F.col(WINDOW_START))}
         counted = F.col(PRIMARY) & windowed
         hidden = [F.count_if(F.col(PRIMARY)).alias(ROWS)]
         if not self.tumbling:
             hidden.append(F.sum(F.when(counted, F.expr(f"({FIRST_OPEN} - {FIRST}) div {hop}"))).alias(LATE_ASSIGNMENTS))
         if window.late_data == "reopen" and late_in_spark:
             hidden.append(F.count_if(counted & (F.col(FIRST_OPEN) + duration <= F.col(EMITTED_BEFORE))).alias(REOPENED))
-        self.keys = [F.col(CLASS), F.col(WINDOW_START)] + [F.when(windowed, F.col(g)).alias(g) for g in window.group_by]
+        self.keys = [F.col(SLOT)] + [F.when(windowed, F.col(g)).alias(g) for g in window.group_by]
         found = aggregates(windowed)
         self.inputs = found.inputs
-        self.aggregates = [*found.columns, *hidden]
+        self.aggregates = [*slot_outputs(WINDOW_START), *found.columns, *hidden]
 
     def frames(self, out: DataFrame, batch_id: int) -> WindowedFrames:
         # As few steps as can be: each DataFrame step is analysed on the driver, every batch.
@@ -104,7 +112,7 @@ class FixedPlan:
         if self.tumbling:
             rows = with_inputs(rows, self.inputs)
         else:
-            rows = out.select("*", *self.copies, *self.inputs).withColumn(PRIMARY, self.primary)
+            rows = out.select("*", *self.copies, *self.inputs).withColumns(self.copied)
         partials = rows.groupBy(*self.keys).agg(*self.aggregates)
 
         def class_rows(classes: Sequence[str]) -> DataFrame:

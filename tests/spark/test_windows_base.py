@@ -1,0 +1,40 @@
+"""The class slot (``spark.windows.base``): a row's class and window start share one grouping column.
+
+The ground truth is the rows themselves: grouped by their slot, each (class, start) pair must come
+back exactly once, as it went in, with its rows counted; the window starts include the extremes a
+start of whole milliseconds can take next to the class codes.
+"""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from ematix_dagster.columns import CLASS, SLOT, WINDOW_START
+from ematix_dagster.spark.windows.base import CLASSES, class_slot, slot_outputs
+
+INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+#: window starts of whole milliseconds nearest int64's two ends, and around 0
+STARTS = [INT64_MIN - INT64_MIN % 1_000 + 1_000, -1_000, 0, 1_000, INT64_MAX - INT64_MAX % 1_000]
+
+
+def test_every_class_and_start_comes_back_from_its_slot(spark: SparkSession) -> None:
+    rows = [(None, s) for s in STARTS for _ in range(2)] + [(c, None) for c in CLASSES for _ in range(3)]
+    rows.append(("late", None))
+    df = spark.createDataFrame(rows, "cls string, start bigint")
+    out = (df.select(class_slot(F.col("cls"), F.col("start")).alias(SLOT))
+           .groupBy(SLOT).agg(*slot_outputs(WINDOW_START), F.count(F.lit(1)).alias("n")).toArrow())
+    got = sorted(zip(out.column(CLASS).to_pylist(), out.column(WINDOW_START).to_pylist(), out.column("n").to_pylist()),
+                 key=repr)
+    expected: dict[tuple[str | None, int | None], int] = {}
+    for pair in rows:
+        expected[pair] = expected.get(pair, 0) + 1
+    assert got == sorted(((c, s, n) for (c, s), n in expected.items()), key=repr)
+    assert len(set(CLASSES)) == len(CLASSES) == 7
+
+
+def test_a_class_the_slot_does_not_know_fails_the_job(spark: SparkSession) -> None:
+    df = spark.createDataFrame([("late",), ("no_such_class",)], "cls string")
+    with pytest.raises(Exception, match="a row of an unknown class: no_such_class"):
+        df.select(class_slot(F.col("cls"), F.lit(0)).alias(SLOT)).groupBy(SLOT).count().collect()

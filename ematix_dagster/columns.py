@@ -84,8 +84,8 @@ FIRST = "_first"
 LAST = "_last"
 #: the row's first window start not yet closed (µs), fixed plan
 FIRST_OPEN = "_first_open"
-#: the one grouping column of a row's window start (a session's bucket) or, for a row that updates no
-#: window, a code of its class (spark/windows/base.py: ``class_slot``)
+#: the one grouping column of a row's window start or, for a row that updates no window, a code of
+#: its class, fixed plan (spark/windows/base.py: ``class_slot``)
 SLOT = "_slot"
 #: the event time's bucket (``t // cap``) a session is found in, session plan
 BUCKET = "_bucket"

@@ -4,12 +4,14 @@ A batch is one Spark job: one aggregation whose result carries the partials *and
 counters. Rows that update no window (late rows, and without ``[transform] sql`` the rows with a
 bad event time) are not filtered out but grouped by their class into a few extra result rows
 (``CLASS`` set, window and group columns NULL), so counting them costs a hash-aggregate slot
-instead of a separate observation pass over every row. A fixed window's class shares one grouping
-column with its start (``class_slot``): a grouping column of its own made every batch's
-aggregation cost a sixth more in the executors (measured: task CPU 0.73 against 0.62 s per
-2,000,000 rows). Sessions and sliding windows keep a ``CLASS`` grouping column: a sliding start is
-a raw event time, which leaves no int64 free for a code; for sessions the change is not measured. ``PRIMARY`` marks one copy of each input
+instead of a separate observation pass over every row. ``PRIMARY`` marks one copy of each input
 row (a hopping row is copied into each of its windows), so counters count rows, not copies.
+
+A fixed window's class shares one grouping column with its start (``class_slot``): a grouping
+column of its own made every batch's aggregation cost a sixth more in the executors (measured:
+task CPU 0.73 against 0.62 s per 2,000,000 rows). Sliding windows keep a ``CLASS`` grouping
+column, as their start is a raw event time, which leaves no int64 free for a code; sessions keep
+it too (not measured there).
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from ematix_dagster.spec import Window
 
 #: every class of a row that updates no window: ``late``, the pre-SQL reasons, the rejections'
 CLASSES = ("late", "invalid_event_time", "future", "malformed", *REJECT_REASONS)
-#: the slot of class ``CLASSES[i]`` is ``CLASS_SLOT_BASE + i``: int64s no window start or session
-#: bucket reaches (a start is a multiple of a whole millisecond, a bucket a time divided by one)
+#: the slot of class ``CLASSES[i]`` is ``CLASS_SLOT_BASE + i``: int64s no fixed window's start
+#: reaches (a start is a multiple of a whole number of milliseconds: the nearest is MIN + 808 µs)
 CLASS_SLOT_BASE = -(2 ** 63)
 
 

@@ -226,7 +226,7 @@ class BatchStep:
         kind_plan = self.plan.columns.windows
         if kind_plan.sort_by_start:  # the kind's state then merges runs of one window (FixedState.merge)
             windowed = windowed.sort_by(kind_plan.start_column)
-        starts, keys, values = partial_lists(self.plan, windowed, kind_plan.start_column)
+        starts, keys, values = partial_lists(self.plan, windowed, kind_plan.start_column, engine.state.typed_partials)
         lasts = windowed.column(kind_plan.last_column).to_pylist() if kind_plan.last_column else []
         return BatchInput(batch_id=batch_id, batch_time=batch_time, sources=stats, starts=starts, keys=keys,
                           partials=values, lasts=lasts, late_rows=late["late_rows"],

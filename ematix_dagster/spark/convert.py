@@ -49,20 +49,29 @@ def arrow_type(dtype: T.DataType) -> pa.DataType:
     return to_arrow_type(dtype)
 
 
-def partial_lists(plan: BatchPlan, table: pa.Table,
-                  start_column: str = WINDOW_START) -> tuple[list[int], Sequence[GroupKey], list[list[Any]]]:
+def partial_lists(plan: BatchPlan, table: pa.Table, start_column: str = WINDOW_START, typed: bool = False
+                  ) -> tuple[Sequence[int], Sequence[GroupKey], list[Any]]:
     """Columns of the partials table as the plain lists the window state's ``merge`` takes; keys
-    of one integer column without a NULL stay that column (``state_store.int_key_column``)."""
+    of one integer column without a NULL stay that column (``state_store.int_key_column``).
+
+    ``typed`` (a state holding typed accumulator columns: fixed windows) hands over the starts,
+    and each partial an aggregator can fold as an array (``Aggregator.array_partials``), as NumPy
+    arrays instead: no Python value per row on either side of the merge.
+    """
     window = plan.spec.window
-    starts = table.column(start_column).to_pylist()
+    starts: Sequence[int] = (table.column(start_column).to_numpy() if typed
+                             else table.column(start_column).to_pylist())
     keys: Sequence[GroupKey] | None = None
     if len(window.group_by) == 1:
         keys = IntKeyColumn.of_arrow(table.column(window.group_by[0]))
     if keys is None:
         group_cols = [table.column(g).to_pylist() for g in window.group_by]
         keys = list(zip(*group_cols)) if group_cols else [()] * len(starts)
-    partials = [agg.from_arrow([table.column(name).to_pylist() for name in agg.partial_names(f"{PARTIAL_PREFIX}{i}")])
-                for i, agg in enumerate(plan.aggregators)]
+    partials: list[Any] = []  # per aggregator: a list, or a NumPy array (typed)
+    for i, agg in enumerate(plan.aggregators):
+        names = agg.partial_names(f"{PARTIAL_PREFIX}{i}")
+        array = agg.array_partials(table.column(names[0])) if typed and len(names) == 1 else None
+        partials.append(array if array is not None else agg.from_arrow([table.column(n).to_pylist() for n in names]))
     return starts, keys, partials
 
 

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 
 from ematix_dagster.errors import StateCapExceeded
 from ematix_dagster.streaming.aggregators import Count, Sum
 from ematix_dagster.streaming.emission import emit
+from ematix_dagster.streaming.state.base import StoredColumns
 from ematix_dagster.streaming.state.fixed import FixedState
 from ematix_dagster.streaming.windows import FixedWindows
+from state_store.int_key_column import IntKeyColumn
 
 
 def test_fixed_state_direct_emit_and_retention() -> None:
@@ -89,3 +94,39 @@ def test_integer_keys_move_to_an_index_when_another_key_arrives(odd_key: tuple) 
     assert all(type(k[0]) is type(o[0]) for k, o in zip(sorted(st.groups[0], key=repr), sorted(model[0], key=repr)))
     out = emit(st, before=None, watermark=20, retention=0).rows
     assert {(r.start, r.key): r.values for r in out} == {(s, k): tuple(v) for s, ks in model.items() for k, v in ks.items()}
+
+
+def test_typed_partials_fold_into_typed_columns_exactly_as_python_values_would() -> None:
+    """Counts and float sums that arrive as NumPy arrays (as ``spark.convert.partial_lists`` hands
+    them to fixed windows) are held in typed columns; a batch whose float partials hold a NULL
+    (Python values) turns that column to objects. Ground truth: the partials added up in batch
+    order by plain Python, a group with only NULL sums keeping None, a first partial of -0.0 kept."""
+    st = FixedState("p", [Count(), Sum(integral=False)], ["n", "s"], 10, FixedWindows(duration=10, hop=10))
+    model: dict[tuple[int, tuple], list] = {}
+
+    def merge(starts: list[int], keys: list[int], counts: list[int], sums: list[float | None],
+              typed: tuple[bool, bool] = (True, True)) -> None:
+        partials = [np.array(counts, np.int64) if typed[0] else counts, np.array(sums, np.float64) if typed[1] else sums]
+        st.merge(np.array(starts, np.int64), IntKeyColumn(np.array(keys, np.int64)), partials)
+        for start, key, n, s in zip(starts, keys, counts, sums):
+            held = model.setdefault((start, (key,)), [0, None])
+            held[0] += n
+            held[1] = held[1] if s is None else s if held[1] is None else held[1] + s
+
+    merge([0, 0, 10, 0, 10], [7, 3, 7, 9, 4], [1, 2, 3, 4, 1], [0.1, -0.0, 2.5, 1e300, -0.0])
+    merge([10, 0, 0, 0, 10], [8, 7, 7, 5, 7], [5, 6, 7, 8, 9], [1.0, 0.2, 0.3, float("inf"), -2.5])  # starts out of order, (0, 7) twice
+    assert [column.dtype for column in st.windows[0].accs] == [np.int64, np.float64]
+    merge([0, 0, 20], [3, 11, 11], [1, 1, 1], [1.5, None, None], (True, False))  # a NULL sum: objects
+    assert [column.dtype for column in st.windows[0].accs] == [np.int64, object]
+    merge([20, 20, 10], [11, 12, 8], [2, 3, 4], [3.0, -0.0, 0.5])  # an object column takes arrays too
+    groups = {(start, key): accs for start, by_key in st.groups.items() for key, accs in by_key.items()}
+    assert groups == model and [type(v) for v in groups[(20, (11,))]] == [int, float]
+    assert groups[(0, (9,))][1] == 1e300 and all(math.copysign(1.0, groups[k][1]) == -1.0 for k in [(10, (4,)), (20, (12,))])
+    assert groups[(0, (11,))] == [1, None]
+    changes = st.take_column_changes(everything=True)
+    again = FixedState("p", [Count(), Sum(integral=False)], ["n", "s"], 10, FixedWindows(duration=10, hop=10))
+    again.restore(StoredColumns(changes.starts.tolist(), changes.ends.tolist(), changes.keys,
+                                [column.tolist() for column in changes.accs]), None)
+    assert again.groups == st.groups
+    out = emit(st, before=None, watermark=30, retention=0).rows
+    assert {(r.start, r.key): r.values for r in out} == {k: tuple(v) for k, v in model.items()}

@@ -18,6 +18,7 @@ from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
+import numpy as np
 import pyarrow as pa
 
 from ematix_dagster.errors import AggregationOverflow, CorruptState, StateCapExceeded
@@ -188,6 +189,23 @@ class Aggregator:
         :class:`PartialRowError` naming the row.
         """
         return merged_rows(self.merge, accs, partials)
+
+    # -- a typed accumulator column (fixed windows) ---------------------------------------------
+
+    #: a new group's accumulator in a typed column, the identity of :meth:`fold_array` (None: this
+    #: aggregator's accumulators are always Python values)
+    array_empty: Any = None
+
+    def array_partials(self, column: pa.ChunkedArray) -> np.ndarray | None:
+        """A batch's partials (one Arrow column) as a NumPy array a typed accumulator column folds
+        at C speed, when they are of a type such a column holds and none is NULL; None: the
+        partials come as Python values (:meth:`from_arrow`) and the column holds objects."""
+        return None
+
+    def fold_array(self, column: np.ndarray, rows: np.ndarray, partials: np.ndarray) -> None:
+        """Fold ``partials[r]`` into ``column[rows[r]]`` in place, a row given several times
+        taking its partials in order (``column``: typed, as :meth:`array_partials` gave)."""
+        raise NotImplementedError
 
     def result(self, acc: Any) -> Any:
         return acc

@@ -59,6 +59,11 @@ def _added(accs: Sequence[Any], partials: Sequence[Any]) -> list[Any]:
     return cast(list, totals.tolist())
 
 
+def _added_in_place(column: np.ndarray, rows: np.ndarray, partials: np.ndarray) -> None:
+    """``column[rows[r]] += partials[r]``, a repeated row adding each of its partials in order."""
+    np.add.at(column, rows, partials)
+
+
 def _needs_number(spec: Aggregation, spark: SparkInput) -> tuple[str, str] | None:
     if spark.numeric:
         return None
@@ -83,6 +88,12 @@ class Count(Aggregator):
         if None not in partials:  # Spark's counts are never NULL
             return _added(accs, partials)
         return super().merge_column(accs, partials)
+
+    array_empty = 0
+    fold_array = staticmethod(_added_in_place)
+
+    def array_partials(self, column: pa.ChunkedArray) -> np.ndarray | None:
+        return column.to_numpy() if pa.types.is_int64(column.type) and not column.null_count else None
 
     def result(self, acc: Any) -> Any:
         return acc or 0
@@ -153,6 +164,15 @@ class Sum(Aggregator):
             if not self.integral or not totals or (BIGINT_MIN <= min(totals) and max(totals) <= BIGINT_MAX):
                 return totals
         return super().merge_column(accs, partials)  # row by row: also names a row that overflows
+
+    # A float sum's column is typed while no group's values are all NULL (a NULL sum has no float);
+    # -0.0 is the identity of IEEE addition, so a new group takes its first partial exactly (0.0
+    # would turn a partial of -0.0 into 0.0). Integer and decimal sums stay Python values.
+    array_empty = -0.0
+    fold_array = staticmethod(_added_in_place)
+
+    def array_partials(self, column: pa.ChunkedArray) -> np.ndarray | None:
+        return column.to_numpy() if pa.types.is_float64(column.type) and not column.null_count else None
 
     additive_parts = 2  # the sum, and how many non-empty accumulators it adds (none: NULL)
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import repeat, zip_longest
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, NoReturn, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, NamedTuple, NoReturn, Protocol, Sequence
 
 import numpy as np
 
@@ -228,6 +228,9 @@ class KindState(Protocol):
 
     written: dict[int, dict[GroupKey, WrittenRow]]
     keeps_written: bool
+    #: ``merge`` takes starts, and the partials an aggregator folds as an array
+    #: (``Aggregator.array_partials``), as NumPy arrays
+    typed_partials: bool
 
     def report(self, before: int | None, watermark: int | None, retention: int, scope: str = CLOSING) -> Report:
         """The batch's candidate rows now that W moved from ``before`` to ``watermark``.
@@ -311,6 +314,8 @@ class StateBase:
     #: keep :attr:`written` (``[target] retractions = true``; session windows always, whose keys
     #: may disappear after any row was written for them)
     keeps_written: bool = False
+    #: whether ``merge`` takes NumPy arrays where it can (:class:`KindState`): Python values here
+    typed_partials: ClassVar[bool] = False
     #: window start -> key -> the last row written for it, while the group is held: what a
     #: retraction repeats (a session's early row, or any row under ``retractions``); stored with
     #: the group

@@ -7,7 +7,8 @@ operations, and Python runs over what the batch brings or emits rather than over
 
 Times, flags and key ids are NumPy arrays. Accumulators stay Python values (BIGINT checks,
 decimals, sets and sketches are the aggregators' own) in NumPy *object* arrays, one per
-aggregator, so a permutation or a selection moves them all at C speed
+aggregator, so a permutation or a selection moves them all at C speed; a fixed window's counts
+and float sums are typed arrays while their partials arrive as one (``state.fixed.HeldWindow``)
 (docs/decisions.md, "Columnar driver state").
 
 >>> objects([(1, 2), None], 2)[0]
@@ -16,7 +17,7 @@ aggregator, so a permutation or a selection moves them all at C speed
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence, cast
 
 import numpy as np
 
@@ -51,7 +52,8 @@ def fold_partials(aggregators: Sequence[Aggregator], accs: Sequence[np.ndarray],
     (``merge_column``); several partials of one row (``shared``, found out when not given) fold
     in batch order, and only those: a batch where a few rows take several partials folds the
     others as one column still (a fold row by row costs several times more). ``failed(error,
-    aggregator index)`` is told of a partial no accumulator takes, the first in batch order."""
+    aggregator index)`` is told of a partial no accumulator takes, the first in batch order. A
+    typed column (fixed windows, ``HeldWindow.align``) folds its array of partials in one call."""
     rows = targets
     if shared is None or shared:
         rows, inverse, counts = np.unique(targets, return_inverse=True, return_counts=True)
@@ -62,6 +64,9 @@ def fold_partials(aggregators: Sequence[Aggregator], accs: Sequence[np.ndarray],
         into_list, alone_list, together_list = into.reshape(-1).tolist(), alone.tolist(), together.tolist()
     for i, agg in enumerate(aggregators):
         column = accs[i]
+        if column.dtype != object:  # a typed column: its partials are an array of its type
+            agg.fold_array(column, targets, cast(np.ndarray, partials[i]))
+            continue
         try:
             if not shared:
                 column[targets] = objects(agg.merge_column(column[targets].tolist(), partials[i]), len(targets))

@@ -31,7 +31,7 @@ eviction is one range delete in the store (every start below the last evicted on
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -71,7 +71,13 @@ ACC_SLOT_BYTES = 8
 @dataclass(eq=False)
 class HeldWindow:
     """One window's groups as columns sorted by key id: ``changed`` since the last report,
-    ``dirty`` since the last commit, one object column of accumulators per aggregator."""
+    ``dirty`` since the last commit, one column of accumulators per aggregator.
+
+    An accumulator column is a typed NumPy array (counts, float sums) while the batches' partials
+    for it arrive as one (``Aggregator.array_partials``): the merge is then one vectorised fold.
+    Otherwise, and from the first batch whose partials come as Python values (a NULL among them),
+    it is an object column. Either way ``tolist`` gives the same Python values.
+    """
 
     kid: np.ndarray
     accs: list[np.ndarray]
@@ -85,11 +91,30 @@ class HeldWindow:
     def __len__(self) -> int:
         return len(self.kid)
 
-    def insert(self, kids: np.ndarray) -> None:
-        """New groups ``kids`` (distinct, sorted, none held) in where they sort, with no accumulators yet."""
+    def align(self, aggregators: Sequence[Aggregator], partials: list[Sequence[Any]]) -> list[Sequence[Any]]:
+        """Each accumulator column typed or of objects for this merge (an empty column takes its
+        partials' type; a typed one meeting Python values becomes objects); returns the partials
+        as each column folds them."""
+        out: list[Sequence[Any]] = []
+        for i, (agg, part) in enumerate(zip(aggregators, partials)):
+            column = self.accs[i]
+            if isinstance(part, np.ndarray) and agg.array_empty is not None and (
+                    column.dtype == part.dtype or not len(column)):
+                self.accs[i] = column.astype(part.dtype, copy=False)
+                out.append(part)
+                continue
+            if column.dtype != object:
+                self.accs[i] = column.astype(object)
+            out.append(part.tolist() if isinstance(part, np.ndarray) else part)
+        return out
+
+    def insert(self, kids: np.ndarray, aggregators: Sequence[Aggregator]) -> None:
+        """New groups ``kids`` (distinct, sorted, none held) in where they sort, with empty
+        accumulators (None; in a typed column, its aggregator's ``array_empty``)."""
         where = np.searchsorted(self.kid, kids)
         self.kid = np.insert(self.kid, where, kids)
-        self.accs = [np.insert(column, where, objects([None] * len(kids), len(kids))) for column in self.accs]
+        self.accs = [np.insert(column, where, objects([None] * len(kids), len(kids)) if column.dtype == object
+                               else agg.array_empty) for agg, column in zip(aggregators, self.accs)]
         self.changed = np.insert(self.changed, where, False)
         self.dirty = np.insert(self.dirty, where, False)
 
@@ -111,6 +136,8 @@ class FixedState(StateBase):
     _dirty: set[int] = field(default_factory=set, init=False, repr=False)
     # every window starting before this was evicted since the last commit
     _evicted_before: int | None = field(default=None, init=False, repr=False)
+    #: counts and float sums come as arrays, held in typed columns (:class:`HeldWindow`)
+    typed_partials: ClassVar[bool] = True
 
     @staticmethod
     def bytes_per_group(aggregators: Sequence[Aggregator], key_width: int) -> int:
@@ -163,12 +190,13 @@ class FixedState(StateBase):
         n = len(keys)
         if not n:
             return
-        column = ints(starts, n)
+        column = starts if isinstance(starts, np.ndarray) else ints(starts, n)
         order = np.argsort(column, kind="stable") if np.any(column[1:] < column[:-1]) else None
         if order is not None:  # not sorted by start (never from Spark): sorted, batch order kept within a start
             at = order.tolist()
             keys = taken(keys, at)
-            partials = [list(map(part.__getitem__, at)) for part in partials]
+            partials = [part[order] if isinstance(part, np.ndarray) else list(map(part.__getitem__, at))
+                        for part in partials]
             column = column[order]
         kids = self._ids(keys)
         bounds = [*run_starts(column).tolist(), n]
@@ -192,6 +220,7 @@ class FixedState(StateBase):
         held = self.windows.get(start)
         if held is None:
             held = self.windows[start] = HeldWindow.empty(len(self.aggregators))
+        partials = held.align(self.aggregators, partials)
         # Searched in key order: NumPy's search runs several times faster over sorted queries, the
         # new keys come out sorted, and a run from Spark (one partial per group) shows it has no
         # two partials of one group without a second sort.
@@ -211,7 +240,7 @@ class FixedState(StateBase):
                     del self.windows[start]
                 raise self.cap_hit(f"max_groups_per_window={self.max_groups_per_window}", "groups already in the window",
                                    keys[int(np.argmax(new))], start)
-            held.insert(fresh)
+            held.insert(fresh, self.aggregators)
             at[order] = np.searchsorted(held.kid, in_order)
         fold_partials(self.aggregators, held.accs, at, partials, shared=shared,
                       failed=lambda error, i: self.failed_merge(error.error, i, keys[error.row], start))

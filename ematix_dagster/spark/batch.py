@@ -13,7 +13,7 @@ from typing import Callable, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 
 from ematix_dagster import faults
 from ematix_dagster.columns import CLASS, HEARTBEAT, REASON
@@ -22,6 +22,7 @@ from ematix_dagster.metrics import StreamingMetrics
 from ematix_dagster.spark import checkpoint
 from ematix_dagster.spark.batch_counts import batch_counts, filtered_rows, may_hold_future_rows, sources_of
 from ematix_dagster.spark.batch_job import BatchFrames, build_batch
+from ematix_dagster.spark.batch_shuffle import BatchShuffle
 from ematix_dagster.spark.convert import partial_lists, rows_to_arrow
 from ematix_dagster.spark.data_errors import data_error, is_data_error
 from ematix_dagster.spark.emit_release import EmitStage
@@ -139,6 +140,7 @@ class BatchStep:
     last_batch_time: int = 0
     #: ``[emit] sql``: which emitted rows leave now (the rest wait in the store, loaded from it here)
     emit: EmitStage | None = field(init=False, default=None)
+    shuffle: BatchShuffle = field(init=False, default_factory=BatchShuffle)
 
     def __post_init__(self) -> None:
         self.emit = EmitStage.open(self.spec, self.store, self.schema)
@@ -207,11 +209,12 @@ class BatchStep:
                    dead_letter: DeadLetterWriter | None) -> BatchInput:
         """The batch's Spark work: one job computes the partials and every counter."""
         engine, spec = self.engine, self.spec
-        one_job_per_batch(df.sparkSession)
+        self.shuffle.plan(df.sparkSession)
         bounds = (engine.closed_before(), engine.emitted_before())
         late_on_driver = self.plan.late_on_driver is not None
         frames = build_batch(df.sparkSession, self.plan, df, batch_id, batch_time, *bounds, late_on_driver)
         table = frames.partials.toArrow()
+        self.shuffle.ran(table)
         if late_on_driver:
             if may_hold_future_rows(spec, table, batch_time):  # this batch the exact way
                 frames = build_batch(df.sparkSession, self.plan, df, batch_id, batch_time, *bounds)
@@ -223,7 +226,7 @@ class BatchStep:
         dead = self._write_dead_letters(dead_letter, batch_id, frames, stats, late["late_rows"], late["rejected"],
                                         in_transaction)
         windowed = table.filter(pc.is_null(table.column(CLASS)))
-        kind_plan = self.plan.columns.windows
+        kind_plan = (self.plan.late_on_driver or self.plan.columns).windows  # the exact plan is built only if a batch needs it
         if kind_plan.sort_by_start:  # the kind's state then merges runs of one window (FixedState.merge)
             windowed = windowed.sort_by(kind_plan.start_column)
         starts, keys, values = partial_lists(self.plan, windowed, kind_plan.start_column, engine.state.typed_partials)
@@ -368,22 +371,3 @@ class BatchStep:
             self.engine.counters[f"unreadable_files:{source}"] += n
         return batch
 
-
-#: the most shuffle partitions per core for which a batch's query runs without adaptive execution
-FEW_PARTITIONS_PER_CORE = 2
-
-
-def one_job_per_batch(session: SparkSession) -> None:
-    """Run the batch's query as one Spark job when its shuffle is small.
-
-    Adaptive execution runs each query stage as a job of its own (the partial aggregation's shuffle,
-    the result: two jobs where one would do), and each job costs about as much CPU as
-    aggregating 30,000 rows (measured: 0.08 CPU s per query). What it would buy here is coalescing
-    many small shuffle partitions, so it stays on where the session has many
-    (``spark.sql.shuffle.partitions`` above :data:`FEW_PARTITIONS_PER_CORE` per core). The setting
-    is the query's own: foreachBatch hands over the stream's cloned session, not the user's.
-    """
-    conf = session.conf
-    partitions = int(conf.get("spark.sql.shuffle.partitions") or 200)
-    if partitions <= FEW_PARTITIONS_PER_CORE * session.sparkContext.defaultParallelism:
-        conf.set("spark.sql.adaptive.enabled", "false")

@@ -49,7 +49,7 @@ def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: i
     so the plan's generated code is the same every batch, and its columns are the run's
     (``ematix_dagster.spark.batch_columns.BatchColumns``): a batch only applies them to its rows.
     """
-    spec, columns = plan.spec, plan.columns
+    spec = plan.spec
     values = (batch_time_us, closed_before, emitted_before)
     if late_on_driver:  # no batch values: the dead-letter frames, built only when asked, are the exact plan's
         fast = plan.late_on_driver
@@ -63,6 +63,7 @@ def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: i
             return build_batch(spark, plan, df, batch_id, *values)
 
         return BatchFrames(partials, None, lambda: exact().bad_rows(), lambda classes: exact().class_rows(classes))
+    columns = plan.columns  # built at the first batch that needs the exact plan (most runs of a late_on_driver plan: none)
     df = with_batch_values(df.filter(columns.data) if has_heartbeat(spec) else df, *values)
     if spec.window.time_mode == "processing":
         df = df.withColumn(EVENT_TS, columns.processing_time)

@@ -22,8 +22,8 @@ import tomli_w
 from pyspark.sql import DataFrame, SparkSession
 
 from ematix_dagster.columns import CORRUPT
-from ematix_dagster.spark.batch import one_job_per_batch
 from ematix_dagster.spark.batch_job import build_batch
+from ematix_dagster.spark.batch_shuffle import BatchShuffle
 from ematix_dagster.spark.plan import analyse
 from ematix_dagster.spec import load_pipeline_str
 from tests.pipeline_toml import windowed_pipeline_toml
@@ -46,7 +46,7 @@ BATCHES = ((T0 + 7 * US, None, None), (T0 + 93 * US, T0 + 31 * US, T0 + 61 * US)
 def session(spark: SparkSession) -> SparkSession:
     """A session of its own (the batch's settings must not leak into other tests' session)."""
     own = spark.newSession()
-    one_job_per_batch(own)  # as the engine runs a batch: the plan is then one final physical plan
+    BatchShuffle().plan(own)  # as the engine runs a batch: the plan is then one final physical plan
     return own
 
 

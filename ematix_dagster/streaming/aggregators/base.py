@@ -192,15 +192,18 @@ class Aggregator:
 
     # -- a typed accumulator column (fixed windows) ---------------------------------------------
 
-    #: a new group's accumulator in a typed column, the identity of :meth:`fold_array` (None: this
-    #: aggregator's accumulators are always Python values)
+    #: the Arrow type of partials a typed accumulator column holds, and a new group's accumulator
+    #: in it, the identity of :meth:`fold_array` (None: accumulators are always Python values)
+    array_type: pa.DataType | None = None
     array_empty: Any = None
 
     def array_partials(self, column: pa.ChunkedArray) -> np.ndarray | None:
         """A batch's partials (one Arrow column) as a NumPy array a typed accumulator column folds
-        at C speed, when they are of a type such a column holds and none is NULL; None: the
-        partials come as Python values (:meth:`from_arrow`) and the column holds objects."""
-        return None
+        at C speed, when they are of :attr:`array_type` and none is NULL; None: the partials come
+        as Python values (:meth:`from_arrow`) and the column holds objects."""
+        if self.array_type is None or column.type != self.array_type or column.null_count:
+            return None
+        return column.to_numpy()
 
     def fold_array(self, column: np.ndarray, rows: np.ndarray, partials: np.ndarray) -> None:
         """Fold ``partials[r]`` into ``column[rows[r]]`` in place, a row given several times

@@ -89,11 +89,9 @@ class Count(Aggregator):
             return _added(accs, partials)
         return super().merge_column(accs, partials)
 
+    array_type = pa.int64()
     array_empty = 0
     fold_array = staticmethod(_added_in_place)
-
-    def array_partials(self, column: pa.ChunkedArray) -> np.ndarray | None:
-        return column.to_numpy() if pa.types.is_int64(column.type) and not column.null_count else None
 
     def result(self, acc: Any) -> Any:
         return acc or 0
@@ -168,11 +166,9 @@ class Sum(Aggregator):
     # A float sum's column is typed while no group's values are all NULL (a NULL sum has no float);
     # -0.0 is the identity of IEEE addition, so a new group takes its first partial exactly (0.0
     # would turn a partial of -0.0 into 0.0). Integer and decimal sums stay Python values.
+    array_type = pa.float64()
     array_empty = -0.0
     fold_array = staticmethod(_added_in_place)
-
-    def array_partials(self, column: pa.ChunkedArray) -> np.ndarray | None:
-        return column.to_numpy() if pa.types.is_float64(column.type) and not column.null_count else None
 
     additive_parts = 2  # the sum, and how many non-empty accumulators it adds (none: NULL)
 

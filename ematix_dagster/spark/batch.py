@@ -30,7 +30,7 @@ from ematix_dagster.spark.file_dead_letters import DeadLetters
 from ematix_dagster.spark.input_files import UNREADABLE_FILE, InputFiles
 from ematix_dagster.spark.plan import BatchPlan
 from ematix_dagster.spark.recovery import named_offsets, offset_names
-from ematix_dagster.spark.windows.fixed import late_windows
+from ematix_dagster.spark.windows.driver_late import late_windows
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.streaming.durable import Provenance, batch_commit
 from ematix_dagster.streaming.emitted import Emitted
@@ -226,7 +226,7 @@ class BatchStep:
         dead = self._write_dead_letters(dead_letter, batch_id, frames, stats, late["late_rows"], late["rejected"],
                                         in_transaction)
         windowed = table.filter(pc.is_null(table.column(CLASS)))
-        kind_plan = (self.plan.late_on_driver or self.plan.columns).windows  # the exact plan is built only if a batch needs it
+        kind_plan = self.plan.late_on_driver or self.plan.columns.windows  # the exact plan is built only if a batch needs it
         if kind_plan.sort_by_start:  # the kind's state then merges runs of one window (FixedState.merge)
             windowed = windowed.sort_by(kind_plan.start_column)
         starts, keys, values = partial_lists(self.plan, windowed, kind_plan.start_column, engine.state.typed_partials)

@@ -19,7 +19,6 @@ from ematix_dagster.columns import (
     BATCH_TIME,
     CORRUPT,
     EVENT_TS,
-    HEARTBEAT,
     PRIMARY,
     REASON,
     SOURCE,
@@ -27,27 +26,30 @@ from ematix_dagster.columns import (
     SOURCE_ROWS_PREFIX,
     TS,
 )
-from ematix_dagster.spark.rejects import REJECT_REASONS, reject_reason
+from ematix_dagster.spark.reasons import Rule, reason_column
+from ematix_dagster.spark.rejects import REJECT_REASONS, reject_rules
 from ematix_dagster.spark.windows import PartialPlan, partial_plan
 from ematix_dagster.spark.windows.base import Aggregates
-from ematix_dagster.spark.windows.fixed import FixedPlan
+from ematix_dagster.spark.windows.driver_late import CountedAggregates, DriverLatePlan
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.streaming.windows import MICROS_PER_MS
 
 
-def _reason(ts: Column, future_after: Column | None) -> Column:
-    reason = (F.when(F.col(CORRUPT).isNotNull(), F.lit("malformed"))
-              .when(F.col(EVENT_TS).isNull(), F.lit("invalid_event_time")))
-    return reason if future_after is None else reason.when(ts > future_after, F.lit("future"))
+def pre_sql_rules(spec: PipelineSpec, future_in_spark: bool = True) -> list[Rule]:
+    """Why a row updates nothing before the SQL (malformed, invalid event time, future); the future
+    rule reads the batch time column and each source's skew."""
+    rules: list[Rule] = [(F.col(CORRUPT).isNotNull(), "malformed"), (F.col(EVENT_TS).isNull(), "invalid_event_time")]
+    if future_in_spark:
+        skew = F.lit(None).cast("bigint")
+        for s in spec.sources:
+            skew = F.when(F.col(SOURCE) == s.name, F.lit(s.max_future_skew_ms * MICROS_PER_MS)).otherwise(skew)
+        rules.append((F.unix_micros(EVENT_TS) > F.col(BATCH_TIME) + skew, "future"))
+    return rules
 
 
-def pre_sql_reason(spec: PipelineSpec, future_in_spark: bool = True) -> Column:
-    """A row's pre-SQL reason to update nothing (malformed, invalid event time, future), NULL for a
-    valid row; the future check reads the batch time column and each source's skew."""
-    skew = F.lit(None).cast("bigint")
-    for s in spec.sources:
-        skew = F.when(F.col(SOURCE) == s.name, F.lit(s.max_future_skew_ms * MICROS_PER_MS)).otherwise(skew)
-    return _reason(F.unix_micros(EVENT_TS), F.col(BATCH_TIME) + skew if future_in_spark else None)
+def pre_sql_reason(spec: PipelineSpec) -> Column:
+    """A row's pre-SQL reason to update nothing (:func:`pre_sql_rules`), NULL for a valid row."""
+    return reason_column(pre_sql_rules(spec))
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,6 @@ class BatchColumns:
     """The columns every batch of a run applies, built once (each Column is a round trip to the
     JVM: built per batch, they were several hundred round trips a batch)."""
 
-    data: Column  # not a heartbeat row
     processing_time: Column  # ``_event_ts`` under processing time: the batch time
     classified: list[Column]  # ``_ts`` and ``_reason`` (the pre-SQL reason a row updates no window)
     source_stats: list[Column]  # with a SQL: the per-source counters, observed on its input
@@ -67,30 +68,43 @@ class BatchColumns:
 
     @classmethod
     def build(cls, spec: PipelineSpec, output_types: dict[str, T.DataType],
-              partial_columns: Callable[[Column], Aggregates], future_in_spark: bool = True) -> "BatchColumns":
+              partial_columns: Callable[[Column], Aggregates]) -> "BatchColumns":
         """A run's columns from its plan's facts (``ematix_dagster.spark.plan.BatchPlan``: the SQL's
-        output types and its aggregations' partial columns).
-
-        ``future_in_spark=False``: no future check and a tumbling plan without batch values
-        (``BatchPlan.late_on_driver``)."""
-        ts = F.unix_micros(EVENT_TS)
-        before_sql = pre_sql_reason(spec, future_in_spark)
-        rejected = reject_reason(spec, output_types)
-        reason = rejected
-        if not spec.transform_sql:
-            reason = before_sql if rejected is None else F.coalesce(before_sql, rejected)
-
-        def aggregates(gate: Column) -> Aggregates:
-            found = partial_columns(gate)
-            return Aggregates(found.inputs, found.columns + ([] if spec.transform_sql else _source_counts(spec)))
-
-        has_reason = not spec.transform_sql or rejected is not None
-        return cls(data=F.col(SOURCE) != HEARTBEAT, processing_time=F.timestamp_micros(F.col(BATCH_TIME)),
-                   classified=[ts.alias(TS), before_sql.alias(REASON)],
+        output types and its aggregations' partial columns)."""
+        rules = window_rules(spec, output_types)
+        reason = F.col(REASON)
+        timed = reason.isNull() | reason.isin(*REJECT_REASONS)  # a rejected row's event time is valid
+        aggregates = counted_aggregates(spec, partial_columns)
+        return cls(processing_time=F.timestamp_micros(F.col(BATCH_TIME)),
+                   classified=[F.unix_micros(EVENT_TS).alias(TS), pre_sql_reason(spec).alias(REASON)],
                    source_stats=source_stats(spec) if spec.transform_sql else [],
-                   valid=F.col(REASON).isNull(), reason=reason,
-                   windows=partial_plan(spec.window, aggregates, has_reason) if future_in_spark
-                   else FixedPlan(spec.window, aggregates, has_reason, late_in_spark=False))
+                   valid=reason.isNull(), reason=reason_column(rules) if rules else None,
+                   windows=partial_plan(spec.window, lambda gate: aggregates(gate, timed), bool(rules)))
+
+
+def window_rules(spec: PipelineSpec, output_types: dict[str, T.DataType], future_in_spark: bool = True) -> list[Rule]:
+    """Why a row of the window plan's input updates no window: with a SQL the rejections' rules,
+    without one the pre-SQL rules, then the rejections' (a row has one reason)."""
+    rejected = reject_rules(spec, output_types)
+    return rejected if spec.transform_sql else [*pre_sql_rules(spec, future_in_spark), *rejected]
+
+
+def counted_aggregates(spec: PipelineSpec, partial_columns: Callable[[Column], Aggregates]) -> CountedAggregates:
+    """The aggregates of a batch given which rows update windows and which rows' event times count
+    towards their source's newest: the aggregations' partials, and without a SQL the per-source
+    counters (with a SQL they are observed before it)."""
+    def aggregates(gate: Column, timed: Column) -> Aggregates:
+        found = partial_columns(gate)
+        return Aggregates(found.inputs, found.columns + ([] if spec.transform_sql else _source_counts(spec, timed)))
+
+    return aggregates
+
+
+def driver_late_plan(spec: PipelineSpec, output_types: dict[str, T.DataType],
+                     partial_columns: Callable[[Column], Aggregates]) -> DriverLatePlan:
+    """The tumbling plan that needs no batch values (``BatchPlan.late_on_driver``): no future rule."""
+    return DriverLatePlan(spec.window, window_rules(spec, output_types, future_in_spark=False),
+                          counted_aggregates(spec, partial_columns))
 
 
 def source_stats(spec: PipelineSpec) -> list[Column]:
@@ -109,8 +123,9 @@ def source_stats(spec: PipelineSpec) -> list[Column]:
     return stats
 
 
-def _source_counts(spec: PipelineSpec) -> list[Column]:
-    """Per-source rows and newest valid event time as hidden aggregates of the partials (no SQL).
+def _source_counts(spec: PipelineSpec, timed: Column) -> list[Column]:
+    """Per-source rows and newest event time of the ``timed`` rows as hidden aggregates of the
+    partials (no SQL).
 
     Each class row (``invalid_event_time``, ``future``, ``malformed``, ``late``) then holds that
     class's rows per source; one source needs no source column (``ROWS`` counts its rows).
@@ -121,8 +136,6 @@ def _source_counts(spec: PipelineSpec) -> list[Column]:
         mine = F.col(PRIMARY) & (F.col(SOURCE) == s.name) if several else F.col(PRIMARY)
         if several:
             cols.append(F.count_if(mine).alias(f"{SOURCE_ROWS_PREFIX}{i}"))
-        # a rejected row (post-SQL reasons) has a valid event time: it moves the watermark
-        valid = F.col(REASON).isNull() | F.col(REASON).isin(*REJECT_REASONS)
-        cols.append(F.max(F.when(mine & valid, F.col(TS))).alias(f"{SOURCE_MAX_PREFIX}{i}"))
+        cols.append(F.max(F.when(mine & timed, F.col(TS))).alias(f"{SOURCE_MAX_PREFIX}{i}"))
     return cols
 

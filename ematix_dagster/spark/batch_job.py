@@ -24,7 +24,7 @@ from ematix_dagster.columns import BATCH_ID, BATCH_VALUES, CORRUPT, EVENT_TS, RE
 from ematix_dagster.spark.batch_values import with_batch_values
 from ematix_dagster.spark.observed import Observed
 from ematix_dagster.spark.plan import BatchPlan, apply_sql
-from ematix_dagster.spark.readers import has_heartbeat
+from ematix_dagster.spark.readers import source_rows
 
 
 @dataclass
@@ -54,9 +54,7 @@ def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: i
     if late_on_driver:  # no batch values: the dead-letter frames, built only when asked, are the exact plan's
         fast = plan.late_on_driver
         assert fast is not None
-        rows = df.filter(fast.data) if has_heartbeat(spec) else df
-        assert fast.reason is not None
-        partials = fast.windows.frames(rows.select("*", fast.reason.alias(REASON)), batch_id).partials
+        partials = fast.partials(source_rows(spec, df))
 
         @cache  # bad rows and class rows of one batch from one exact plan
         def exact() -> BatchFrames:
@@ -64,7 +62,7 @@ def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: i
 
         return BatchFrames(partials, None, lambda: exact().bad_rows(), lambda classes: exact().class_rows(classes))
     columns = plan.columns  # built at the first batch that needs the exact plan (most runs of a late_on_driver plan: none)
-    df = with_batch_values(df.filter(columns.data) if has_heartbeat(spec) else df, *values)
+    df = with_batch_values(source_rows(spec, df), *values)
     if spec.window.time_mode == "processing":
         df = df.withColumn(EVENT_TS, columns.processing_time)
 

@@ -27,9 +27,10 @@ from ematix_dagster.columns import (
 )
 from ematix_dagster.errors import PipelineConfigError, first_line
 from ematix_dagster.spark.aggregation_input import INTEGRAL, AggregationInput
-from ematix_dagster.spark.batch_columns import BatchColumns
+from ematix_dagster.spark.batch_columns import BatchColumns, driver_late_plan
 from ematix_dagster.spark.safe_sql import SourceRow, guard_sql
 from ematix_dagster.spark.windows.base import Aggregates
+from ematix_dagster.spark.windows.driver_late import DriverLatePlan
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.streaming.aggregators import Aggregator, make_aggregator, window_aggregators
 
@@ -57,9 +58,9 @@ class BatchPlan:
         return BatchColumns.build(self.spec, self.output_types, self.partial_columns)
 
     @cached_property
-    def late_on_driver(self) -> BatchColumns | None:
-        """The columns of a plan that needs no batch values, where the driver can decide lateness
-        (``spark.windows.fixed.late_windows``); None where it cannot.
+    def late_on_driver(self) -> DriverLatePlan | None:
+        """The plan that needs no batch values, where the driver can decide lateness
+        (``spark.windows.driver_late``); None where it cannot.
 
         Joining the batch values to every row is most of what a batch's Spark work costs beyond
         the aggregation itself (measured: 10-15 ms of a 100,000-row batch). A tumbling row is late
@@ -74,7 +75,7 @@ class BatchPlan:
         if (window.kind != "tumbling" or window.time_mode != "event" or spec.transform_sql
                 or any(a.bytes_per_value for a in self.aggregators)):
             return None
-        return BatchColumns.build(spec, self.output_types, self.partial_columns, future_in_spark=False)
+        return driver_late_plan(spec, self.output_types, self.partial_columns)
 
     @cached_property
     def aggregators(self) -> list[Aggregator]:

@@ -258,6 +258,11 @@ def has_heartbeat(spec: PipelineSpec) -> bool:
     return spec.run.trigger == "processing_time"
 
 
+def source_rows(spec: PipelineSpec, df: DataFrame) -> DataFrame:
+    """A batch's rows from its sources: the heartbeat's left out (:func:`has_heartbeat`)."""
+    return df.filter(F.col(SOURCE) != HEARTBEAT) if has_heartbeat(spec) else df
+
+
 def union_sources(spark: SparkSession, spec: PipelineSpec) -> DataFrame:
     """All sources (and the heartbeat, :func:`has_heartbeat`) as one stream."""
     frames = [read_source(spark, spec, i) for i in range(len(spec.sources))]

@@ -16,11 +16,11 @@ after the SQL, like late rows: they update no window, are counted per reason
 
 from __future__ import annotations
 
-from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ematix_dagster.columns import EVENT_TS, SQL_ERROR
+from ematix_dagster.spark.reasons import Rule
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.targets.pg_types import PG_MIN_US
 
@@ -30,12 +30,12 @@ REJECT_REASONS = ("sql_error", "key_too_large", "out_of_range")
 MAX_KEY_BYTES = 2_000
 
 
-def reject_reason(spec: PipelineSpec, types: dict[str, T.DataType]) -> Column | None:
-    """The reason a post-SQL row is rejected (NULL: it is not), or None when no rule applies."""
+def reject_rules(spec: PipelineSpec, types: dict[str, T.DataType]) -> list[Rule]:
+    """The rules a post-SQL row is rejected by, in :data:`REJECT_REASONS`' order (none may apply)."""
     window = spec.window
-    rules: list[Column] = []
+    rules: list[Rule] = []
     if SQL_ERROR in types:
-        rules.append(F.when(F.col(SQL_ERROR).isNotNull(), F.lit("sql_error")))
+        rules.append((F.col(SQL_ERROR).isNotNull(), "sql_error"))
     postgres_target = spec.target.kind == "postgres"
     if postgres_target or spec.state_store.kind == "postgres":
         sized = [F.coalesce(F.octet_length(F.col(g)), F.lit(0)) for g in window.group_by
@@ -44,8 +44,8 @@ def reject_reason(spec: PipelineSpec, types: dict[str, T.DataType]) -> Column | 
             total = sized[0]
             for size in sized[1:]:
                 total = total + size
-            rules.append(F.when(total > F.lit(MAX_KEY_BYTES), F.lit("key_too_large")))
+            rules.append((total > F.lit(MAX_KEY_BYTES), "key_too_large"))
     if postgres_target:
         span_us = (window.duration_ms or window.max_session_duration_ms or 0) * 1_000
-        rules.append(F.when(F.unix_micros(EVENT_TS) < F.lit(PG_MIN_US + span_us), F.lit("out_of_range")))
-    return F.coalesce(*rules) if len(rules) > 1 else rules[0] if rules else None
+        rules.append((F.unix_micros(EVENT_TS) < F.lit(PG_MIN_US + span_us), "out_of_range"))
+    return rules

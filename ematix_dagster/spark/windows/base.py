@@ -58,7 +58,7 @@ def rules_slot(rules: Sequence[Rule], start: Column) -> Column:
 
     The same slot as :func:`class_slot` over the rules' ``_reason`` column, without that string
     column: a tumbling batch then needs one projection before its groupBy instead of two (measured
-    on 20 batches of 100,000 rows: 0.4-0.7 CPU s less in the JVM, most of it planning).
+    on 20 batches of 100,000 rows: the plan's CPU 3.17 -> 2.43 s, most of it the JVM's planning).
     """
     if not rules:
         return start

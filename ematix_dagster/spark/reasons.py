@@ -8,7 +8,7 @@ plan whose lateness the driver decides writes it straight into its grouping slot
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
@@ -17,11 +17,16 @@ from pyspark.sql import functions as F
 Rule = tuple[Column, str]
 
 
-def reason_column(rules: Sequence[Rule]) -> Column:
-    """The class of the first rule that holds for a row, NULL where none does (a condition that is
-    NULL does not hold)."""
+def first_holding(rules: Sequence[Rule], value: Callable[[str], Column]) -> Column:
+    """``value(class)`` of the first rule that holds for a row, NULL where none does (a condition
+    that is NULL does not hold); a CASE the caller may give an ``otherwise``."""
     (condition, name), *rest = rules
-    reason = F.when(condition, F.lit(name))
+    case = F.when(condition, value(name))
     for condition, name in rest:
-        reason = reason.when(condition, F.lit(name))
-    return reason
+        case = case.when(condition, value(name))
+    return case
+
+
+def reason_column(rules: Sequence[Rule]) -> Column:
+    """The class of the first rule that holds for a row, NULL where none does."""
+    return first_holding(rules, F.lit)

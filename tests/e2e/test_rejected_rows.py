@@ -151,3 +151,42 @@ def test_a_data_error_the_guard_cannot_catch_is_terminal_and_names_the_input(spa
         run(load_pipeline_str(tomli_w.dumps(doc)), spark)
     assert failed.value.terminal and path.name in str(failed.value) and "batch 0" in str(failed.value)
     assert "ARITHMETIC_OVERFLOW" in str(failed.value)
+
+
+def test_a_tumbling_batch_without_batch_values_rejects_by_the_same_rules(spark, tmp_path, batch_files, pg_dsn,
+                                                                         pg_schema, monkeypatch):
+    """A tumbling pipeline without SQL runs the plan whose lateness the driver decides
+    (``spark.windows.driver_late``), which writes the rejection rules straight into its grouping
+    slot: the rejected rows are counted and dead-lettered as the exact plan would, and the newest
+    of them, whose event time is valid, moves the watermark (lateness 0: to that event time)."""
+    from ematix_dagster.spark import batch as batch_module
+
+    driver_classed = []
+    real = batch_module.late_windows
+    monkeypatch.setattr(batch_module, "late_windows", lambda *a: driver_classed.append(1) or real(*a))
+    big_key = "x" * (MAX_KEY_BYTES + 1_000)
+    rows = [
+        (1, "a", 1, NOW_US), (2, "a", 2, NOW_US + 10 * US), (3, "b", 3, NOW_US + 20 * US),
+        (4, big_key, 4, NOW_US + 300 * US),  # key_too_large, and the newest event time
+        (5, "a", 5, BC_5000_US),  # out_of_range
+    ]
+    files = batch_files("in")
+    files.write(pa.Table.from_pylist([{"id": i, "k": k, "v": v, "page": "p", "ts": ts} for i, k, v, ts in rows],
+                                     schema=SCHEMA))
+    table, dead = f"{pg_schema}.out", f"{pg_schema}.dead"
+    spec = load_pipeline_str(windowed_pipeline_toml(
+        "tumbling-rejects", tmp_path, lateness_ms=0,
+        aggregations=[{"agg": "count", "as": "n"}, {"agg": "sum", "column": "v", "as": "total"}],
+        target=postgres_target(pg_dsn, table), state_store=sqlite_store(tmp_path / "state.db"),
+        trigger="available_now", extra={"dead_letter": postgres_dead_letter(pg_dsn, dead)}))
+    summary, registry = run(spec, spark)
+
+    assert driver_classed == [1], "the batch ran the plan without batch values"
+    assert [r.watermark for r in summary.reports] == [NOW_US + 300 * US]
+    with psycopg.connect(pg_dsn) as conn:
+        got = conn.execute(f"SELECT k, n, total FROM {table} ORDER BY k").fetchall()
+        letters = conn.execute(f"SELECT _reason, payload FROM {dead}").fetchall()
+    assert got == [("a", 2, 3), ("b", 1, 3)], "the window [NOW, NOW + 1 min) closed at W = NOW + 5 min"
+    assert {int(payload["id"]): reason for reason, payload in letters} == {4: "key_too_large", 5: "out_of_range"}
+    assert metric(registry, "rejected_rows_total", pipeline="tumbling-rejects", reason="key_too_large") == 1
+    assert metric(registry, "rejected_rows_total", pipeline="tumbling-rejects", reason="out_of_range") == 1

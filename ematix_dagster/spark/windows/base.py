@@ -23,7 +23,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from ematix_dagster.columns import BATCH_ID, BATCH_VALUES, CLASS, CORRUPT, REASON, SLOT
-from ematix_dagster.spark.reasons import Rule
+from ematix_dagster.spark.reasons import Rule, first_holding
 from ematix_dagster.spark.rejects import REJECT_REASONS
 from ematix_dagster.spec import Window
 
@@ -60,13 +60,7 @@ def rules_slot(rules: Sequence[Rule], start: Column) -> Column:
     column: a tumbling batch then needs one projection before its groupBy instead of two (measured
     on 20 batches of 100,000 rows: the plan's CPU 3.17 -> 2.43 s, most of it the JVM's planning).
     """
-    if not rules:
-        return start
-    (condition, name), *rest = rules
-    slot = F.when(condition, F.lit(class_code(name)))
-    for condition, name in rest:
-        slot = slot.when(condition, F.lit(class_code(name)))
-    return slot.otherwise(start)
+    return first_holding(rules, lambda name: F.lit(class_code(name))).otherwise(start) if rules else start
 
 
 def slot_outputs(start_name: str) -> list[Column]:

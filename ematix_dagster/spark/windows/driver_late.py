@@ -3,8 +3,9 @@
 A tumbling row is late exactly when its window is, so Spark only groups each row by its window's
 start, or by its class's code where a rule says it updates no window (``rules_slot``), and the
 driver classes the closed windows' partials after the job (:func:`late_windows`). Which pipelines
-may run this way is ``spark.plan.BatchPlan.late_on_driver``'s rule; a batch that may hold rows from
-the future, or that writes dead letters, runs the exact plan (``spark.windows.fixed``) instead.
+may run this way is ``spark.plan.BatchPlan.late_on_driver``'s rule. A batch that may hold rows from
+the future runs the exact plan (``spark.windows.fixed``) instead, and dead-letter rows always come
+from the exact plan's frames (``spark.batch_job.build_batch``).
 """
 
 from __future__ import annotations

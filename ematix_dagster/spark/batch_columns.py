@@ -71,22 +71,23 @@ class BatchColumns:
               partial_columns: Callable[[Column], Aggregates]) -> "BatchColumns":
         """A run's columns from its plan's facts (``ematix_dagster.spark.plan.BatchPlan``: the SQL's
         output types and its aggregations' partial columns)."""
-        rules = window_rules(spec, output_types)
+        before_sql = pre_sql_rules(spec)
+        rules = window_rules(spec, output_types, before_sql)
         reason = F.col(REASON)
         timed = reason.isNull() | reason.isin(*REJECT_REASONS)  # a rejected row's event time is valid
         aggregates = counted_aggregates(spec, partial_columns)
         return cls(processing_time=F.timestamp_micros(F.col(BATCH_TIME)),
-                   classified=[F.unix_micros(EVENT_TS).alias(TS), pre_sql_reason(spec).alias(REASON)],
+                   classified=[F.unix_micros(EVENT_TS).alias(TS), reason_column(before_sql).alias(REASON)],
                    source_stats=source_stats(spec) if spec.transform_sql else [],
                    valid=reason.isNull(), reason=reason_column(rules) if rules else None,
                    windows=partial_plan(spec.window, lambda gate: aggregates(gate, timed), bool(rules)))
 
 
-def window_rules(spec: PipelineSpec, output_types: dict[str, T.DataType], future_in_spark: bool = True) -> list[Rule]:
+def window_rules(spec: PipelineSpec, output_types: dict[str, T.DataType], before_sql: list[Rule]) -> list[Rule]:
     """Why a row of the window plan's input updates no window: with a SQL the rejections' rules,
-    without one the pre-SQL rules, then the rejections' (a row has one reason)."""
+    without one ``before_sql`` (:func:`pre_sql_rules`), then the rejections' (a row has one reason)."""
     rejected = reject_rules(spec, output_types)
-    return rejected if spec.transform_sql else [*pre_sql_rules(spec, future_in_spark), *rejected]
+    return rejected if spec.transform_sql else [*before_sql, *rejected]
 
 
 def counted_aggregates(spec: PipelineSpec, partial_columns: Callable[[Column], Aggregates]) -> CountedAggregates:
@@ -103,7 +104,7 @@ def counted_aggregates(spec: PipelineSpec, partial_columns: Callable[[Column], A
 def driver_late_plan(spec: PipelineSpec, output_types: dict[str, T.DataType],
                      partial_columns: Callable[[Column], Aggregates]) -> DriverLatePlan:
     """The tumbling plan that needs no batch values (``BatchPlan.late_on_driver``): no future rule."""
-    return DriverLatePlan(spec.window, window_rules(spec, output_types, future_in_spark=False),
+    return DriverLatePlan(spec.window, window_rules(spec, output_types, pre_sql_rules(spec, future_in_spark=False)),
                           counted_aggregates(spec, partial_columns))
 
 

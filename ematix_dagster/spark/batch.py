@@ -225,7 +225,8 @@ class BatchStep:
         stats = sources_of(spec, src)
         dead = self._write_dead_letters(dead_letter, batch_id, frames, stats, late["late_rows"], late["rejected"],
                                         in_transaction)
-        windowed = table.filter(pc.is_null(table.column(CLASS)))
+        classes = table.column(CLASS)
+        windowed = table if classes.null_count == len(classes) else table.filter(pc.is_null(classes))
         kind_plan = self.plan.late_on_driver or self.plan.columns.windows  # the exact plan is built only if a batch needs it
         if kind_plan.sort_by_start:  # the kind's state then merges runs of one window (FixedState.merge)
             windowed = windowed.sort_by(kind_plan.start_column)

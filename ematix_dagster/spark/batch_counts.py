@@ -29,7 +29,8 @@ def batch_counts(spec: PipelineSpec, table: pa.Table, source_stats: Observed | N
     where the counter is a class's.
     """
     classes = table.column(CLASS)
-    windowed = pc.is_null(classes)
+    classed = classes.null_count < len(classes)  # most batches hold no class row: nothing to filter by
+    windowed = pc.is_null(classes) if classed else None
 
     def total(column: str, where: pa.ChunkedArray | None = None) -> int:
         if column not in table.column_names:
@@ -37,9 +38,12 @@ def batch_counts(spec: PipelineSpec, table: pa.Table, source_stats: Observed | N
         values = table.column(column) if where is None else table.column(column).filter(where)
         return int(pc.sum(values).as_py() or 0)
 
-    late: dict[str, Any] = {"late_rows": total(ROWS, pc.equal(classes, "late")),
+    def of_class(column: str, name: str) -> int:
+        return total(column, pc.equal(classes, name)) if classed else 0
+
+    late: dict[str, Any] = {"late_rows": of_class(ROWS, "late"),
             "late_assignments": total(LATE_ASSIGNMENTS, windowed), "reopened_rows": total(REOPENED, windowed),
-            "rejected": {r: n for r in REJECT_REASONS if (n := total(ROWS, pc.equal(classes, r)))},
+            "rejected": {r: n for r in REJECT_REASONS if (n := of_class(ROWS, r))},
             "rows": total(ROWS)}  # every row of the job, each once (with a SQL: the SQL's output rows)
     if source_stats is not None:
         return source_stats.values(), late
@@ -50,7 +54,7 @@ def batch_counts(spec: PipelineSpec, table: pa.Table, source_stats: Observed | N
         stats[f"rows_{i}"] = total(rows)
         stats[f"max_{i}"] = pc.max(table.column(f"{SOURCE_MAX_PREFIX}{i}")).as_py()
         for reason in ("invalid_event_time", "future", "malformed"):
-            stats[f"{reason.split('_')[0]}_{i}"] = total(rows, pc.equal(classes, reason))
+            stats[f"{reason.split('_')[0]}_{i}"] = of_class(rows, reason)
     return stats, late
 
 

@@ -21,7 +21,7 @@ from pyspark.sql.pandas.types import to_arrow_type
 
 from ematix_dagster.columns import EMIT_KIND, EMIT_SEQ, PARTIAL_PREFIX, WINDOW_START
 from ematix_dagster.spark.plan import BatchPlan
-from ematix_dagster.streaming.emitted import Emitted, GroupKey
+from ematix_dagster.streaming.emitted import Column, Emitted, GroupKey
 from ematix_dagster.streaming.windows import window_kind
 from state_store.int_key_column import IntKeyColumn
 
@@ -84,7 +84,7 @@ def rows_to_arrow(schema: pa.Schema, emitted: Emitted, group_width: int,
     first_key = 2 if row_ids is None else 3
     n = len(emitted)
     if emitted:  # window bounds through int64 (Arrow converts a list of ints to timestamps ten times slower)
-        columns[0], columns[1] = np.fromiter(emitted.starts, np.int64, n), np.fromiter(emitted.ends, np.int64, n)
+        columns[0], columns[1] = _int64(emitted.starts), _int64(emitted.ends)
         columns[schema.get_field_index(EMIT_KIND)] = emitted.kinds
         keys = emitted.keys
         if isinstance(keys, IntKeyColumn):
@@ -99,3 +99,9 @@ def rows_to_arrow(schema: pa.Schema, emitted: Emitted, group_width: int,
         columns[2] = list(row_ids)
     columns[schema.get_field_index(EMIT_SEQ)] = np.arange(first_seq, first_seq + n, dtype=np.int64)
     return pa.table([pa.array(c, type=f.type) for c, f in zip(columns, schema)], schema=schema)
+
+
+def _int64(column: Column) -> np.ndarray:
+    """A column of ints (a list, or already a NumPy array) as int64."""
+    return np.asarray(column, dtype=np.int64) if isinstance(column, np.ndarray) else np.fromiter(column, np.int64,
+                                                                                               len(column))

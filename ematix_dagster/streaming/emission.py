@@ -33,15 +33,13 @@ only where that rule keeps their window, judged once here for every kind.
 
 from __future__ import annotations
 
-from itertools import compress, product
-from typing import TYPE_CHECKING, Any, Sequence, cast
+from typing import TYPE_CHECKING, Sequence, cast
 
 import numpy as np
 
 from ematix_dagster.columns import CORRECTION, EARLY, FINAL, RETRACT
-from ematix_dagster.streaming.emitted import Emitted, EmittedRow, GroupKey
+from ematix_dagster.streaming.emitted import Column, Emitted, EmittedRow, GroupKey, picked, plain
 from ematix_dagster.streaming.state.base import CLOSING, OPEN
-from ematix_dagster.streaming.state.columns import ints
 from ematix_dagster.streaming.state.order import row_order
 from state_store.int_key_column import taken
 
@@ -50,21 +48,19 @@ if TYPE_CHECKING:
     from ematix_dagster.streaming.triggers import TriggerClock
 
 
-def _row_kind(closed: bool, emitted: bool, changed: bool) -> str | None:
-    if closed and not emitted:
-        return FINAL
-    if emitted and changed:
-        return CORRECTION
-    return None
+#: a reported row's kind as a code (:func:`row_kinds`), and each code's name (no row: None)
+NO_ROW, FINAL_ROW, CORRECTION_ROW, EARLY_ROW = 0, 1, 2, 3
+KIND_NAMES = np.array([None, FINAL, CORRECTION, EARLY], dtype=object)
 
 
-#: (closed, emitted, changed) -> the row's kind (None: no row), looked up per row at C speed
-_KINDS = {flags: _row_kind(*flags) for flags in product((False, True), repeat=3)}
-
-
-def row_kinds(report: Report) -> list[str | None]:
-    """Each reported row's kind by its flags (None: no row, unless an early trigger fires)."""
-    return list(map(_KINDS.__getitem__, zip(report.closed, report.emitted, report.changed)))
+def row_kinds(report: Report) -> np.ndarray:
+    """Each reported row's kind code by its flags: ``final`` when its window is closed and it
+    was never emitted, ``correction`` when it was emitted and changed, else no row (unless an
+    early trigger fires)."""
+    codes = np.zeros(len(report), np.int8)
+    codes[report.closed & ~report.emitted] = FINAL_ROW
+    codes[report.emitted & report.changed] = CORRECTION_ROW
+    return codes
 
 
 def emit(state: KindState, before: int | None, watermark: int | None, retention: int,
@@ -73,91 +69,79 @@ def emit(state: KindState, before: int | None, watermark: int | None, retention:
 
     ``clock`` is the emit trigger (None: the watermark's, as in the end-of-input flush, where
     every window closes); ``batch_time_us`` the batch time it fires by; ``retractions``: every
-    row that supersedes a written one is preceded by its retraction.
+    row that supersedes a written one is preceded by its retraction. The rows stay columns from
+    the report to the :class:`Emitted` (positions, flags and bounds as NumPy arrays).
     """
     scope = CLOSING if clock is None else clock.scope(batch_time_us)
     report = state.report(before, watermark, retention, scope)
-    kinds = row_kinds(report)
+    codes = row_kinds(report)
     if scope != CLOSING:
-        _early(state, report, kinds, cast("TriggerClock", clock), scope == OPEN)
+        _early(state, report, codes, cast("TriggerClock", clock), scope == OPEN)
         if scope == OPEN:
             cast("TriggerClock", clock).fired(batch_time_us)
-    rows: Sequence[int] = list(compress(range(len(kinds)), kinds))
-    every = len(rows) == len(kinds)  # every reported row is written (a closing fixed window, sliding windows)
-    if every:
-        starts, keys = report.starts, report.keys
-        order = rows = row_order(starts, keys)
-    else:
-        starts = list(map(report.starts.__getitem__, rows))
-        keys = taken(report.keys, rows)
-        order = row_order(starts, keys)
-    in_order = isinstance(order, range)  # the rows were in order already (sliding windows, sessions mostly)
-    as_reported = every and in_order  # the report's own rows, in its order: nothing to copy
-    if not every and not in_order:
-        rows = list(map(rows.__getitem__, order))
+    rows = np.flatnonzero(codes)
+    every = len(rows) == len(codes)  # every reported row is written (a closing fixed window, sliding windows)
+    starts = report.starts if every else report.starts[rows]
+    keys = report.keys if every else taken(report.keys, rows)
+    order = row_order(starts, keys)
+    if not isinstance(order, range):  # not in order already (sliding windows, sessions mostly are)
+        at = np.asarray(order, dtype=np.int64)
+        rows, starts, keys = rows[at], starts[at], taken(keys, at)
     values = state.values(report, rows)
-    written_kinds = cast("list[str]", kinds if as_reported  # rows: those with a kind
-                         else list(map(kinds.__getitem__, rows)))
-    state.mark_emitted(report, [r for r, kind in zip(rows, written_kinds) if kind != EARLY]
-                       if EARLY in written_kinds else rows)
-    if not in_order:
-        starts, keys = list(map(starts.__getitem__, order)), taken(keys, order)
-    ends = report.ends if as_reported else list(map(report.ends.__getitem__, rows))
+    written = codes[rows]
+    state.mark_emitted(report, rows[written != EARLY_ROW])
+    ends = report.ends[rows]
     retracts = report.gone.rows
     if retractions:
         retracts += _superseded(state, starts, keys)
-    if state.keeps_written and rows:
+    if state.keeps_written and len(rows):
         state.remember(*_kept(state, watermark, retention, starts, ends, keys, values))
         state.touch(report, rows)
     state.evict(watermark, retention)
     out = Emitted()
     if retracts:
         out.add_rows([retracts[i] for i in row_order([r.start for r in retracts], [r.key for r in retracts])])
-    out.add_columns(starts, ends, keys, values, written_kinds)
+    out.add_columns(starts, ends, keys, values, KIND_NAMES[written])
     return out
 
 
-def _kept(state: KindState, watermark: int | None, retention: int, starts: list[int], ends: list[int],
-          keys: Sequence[GroupKey], values: list[list[Any]]
-          ) -> tuple[list[int], list[int], Sequence[GroupKey], list[list[Any]]]:
+def _kept(state: KindState, watermark: int | None, retention: int, starts: np.ndarray, ends: np.ndarray,
+          keys: Sequence[GroupKey], values: list[Column]) -> tuple[np.ndarray, np.ndarray, Sequence[GroupKey], list[Column]]:
     """The written rows whose windows this emission's eviction keeps: a row of an evicted window
     can never be retracted or superseded, so remembering it would make a ``written`` entry only to
     drop it again in the same batch (under ``drop``, every final session row)."""
-    evicted = state.kind.evicted(ints(ends, len(ends)), watermark, retention)
+    evicted = state.kind.evicted(ends, watermark, retention)
     if not evicted.any():
         return starts, ends, keys, values
-    kept = np.flatnonzero(~evicted).tolist()
-    return (list(map(starts.__getitem__, kept)), list(map(ends.__getitem__, kept)), taken(keys, kept),
-            [list(map(column.__getitem__, kept)) for column in values])
+    kept = np.flatnonzero(~evicted)
+    return starts[kept], ends[kept], taken(keys, kept), [picked(column, kept) for column in values]
 
 
-def _early(state: KindState, report: Report, kinds: list[str | None], clock: TriggerClock, firing: bool) -> None:
+def _early(state: KindState, report: Report, codes: np.ndarray, clock: TriggerClock, firing: bool) -> None:
     """Give the open, never-emitted groups the trigger fires for an ``early`` row, and move the
     hidden row counts' marks where the trigger keeps them (``count``: every changed group, to
     its count at the batch's end; ``interval``, when it fires: every group it looked at)."""
-    closed, emitted, changed = report.closed, report.emitted, report.changed
-    candidates = [r for r, kind in enumerate(kinds) if kind is None and not closed[r] and not emitted[r]]
-    candidates_changed = [changed[r] for r in candidates]
+    changed = report.changed
+    candidates = np.flatnonzero((codes == NO_ROW) & ~report.closed & ~report.emitted)
+    candidates_changed = changed[candidates].tolist()
     if clock.trigger.counts_rows:
-        looked = list(range(len(kinds))) if firing else [r for r in range(len(kinds)) if changed[r]]
-        accs = state.accumulators(report, looked)
-        counts = {r: acc[-1] or (0, 0) for r, acc in zip(looked, accs)}
-        fired = clock.fires(candidates_changed, [counts[r] for r in candidates])
-        moved = [r for r in looked if counts[r][0] != counts[r][1]]
-        state.set_marks(report, moved, [(counts[r][0], counts[r][0]) for r in moved])
-        state.touch(report, [r for r in moved if not changed[r]])  # the changed ones are written anyway
+        looked = np.arange(len(codes)) if firing else np.flatnonzero(changed)
+        counts = {r: acc[-1] or (0, 0) for r, acc in zip(looked.tolist(), state.accumulators(report, looked))}
+        fired = clock.fires(candidates_changed, [counts[r] for r in candidates.tolist()])
+        moved = [r for r in looked.tolist() if counts[r][0] != counts[r][1]]
+        state.set_marks(report, np.array(moved, np.int64), [(counts[r][0], counts[r][0]) for r in moved])
+        # the changed ones are written anyway
+        state.touch(report, np.array([r for r in moved if not changed[r]], np.int64))
     else:
         fired = clock.fires(candidates_changed, ())
-    for r, fires in zip(candidates, fired):
-        if fires:
-            kinds[r] = EARLY
+    codes[candidates[np.array(fired, bool)]] = EARLY_ROW
 
 
-def _superseded(state: KindState, starts: list[int], keys: Sequence[GroupKey]) -> list[EmittedRow]:
+def _superseded(state: KindState, starts: np.ndarray, keys: Sequence[GroupKey]) -> list[EmittedRow]:
     """The written rows the batch's rows replace, as retractions (``[target] retractions``)."""
     written = state.written
     out = []
-    for start, key in zip(starts, keys):
+    for start, key in zip(plain(starts), keys):
         by_key = written.get(start)
         if by_key is not None:
             row = by_key.get(key)

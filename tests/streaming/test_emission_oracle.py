@@ -67,11 +67,16 @@ def spark_input(engine: Engine, cfg: Config, batch_id: int, time_us: int, rows: 
     keys: Sequence[tuple] = [k for (_, k), _ in ordered]
     if keys and {type(k[0]) for k in keys} == {int}:  # as ``spark.convert.partial_lists`` hands them over
         keys = IntKeyColumn(np.array([k[0] for k in keys]))
+    starts: Sequence[int] = [s for (s, _), _ in ordered]
+    partials: list[Any] = columns
+    if engine.state.typed_partials:  # fixed windows: the starts and the counts as NumPy arrays, as Spark's are
+        starts = np.array(starts, np.int64)
+        partials = [np.array(column, np.int64) if agg.array_type is not None and None not in column else column
+                    for agg, column in zip(engine.state.aggregators, columns)]
     return BatchInput(
         batch_id=batch_id, batch_time=time_us,
         sources={"a": SourceStats(rows=len(rows), max_event_ts=max((r["_event_ts"] for r in rows), default=None))},
-        starts=[s for (s, _), _ in ordered], keys=keys,
-        partials=columns,
+        starts=starts, keys=keys, partials=partials,
         lasts=[p[2] for _, p in ordered] if cfg.kind == "session" else [])
 
 

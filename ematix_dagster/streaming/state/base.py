@@ -39,7 +39,7 @@ import numpy as np
 
 from ematix_dagster.errors import StateCapExceeded
 from ematix_dagster.streaming.aggregators import Aggregator
-from ematix_dagster.streaming.emitted import Emitted, GroupKey
+from ematix_dagster.streaming.emitted import Column, Emitted, GroupKey, plain
 from state_store.int_key_column import taken
 from state_store.segment_replay import SegmentFacts
 
@@ -66,6 +66,14 @@ OPEN = "open"
 WrittenRow = tuple[int, tuple[Any, ...]]
 
 
+def _no_ints() -> np.ndarray:
+    return np.zeros(0, np.int64)
+
+
+def _no_flags() -> np.ndarray:
+    return np.zeros(0, bool)
+
+
 @dataclass
 class Report:
     """What one batch did to a kind's state, one entry per (window, group) it may emit a row for.
@@ -73,34 +81,25 @@ class Report:
     ``changed``: the group took accepted rows in the batch (a session: created, extended or
     merged). ``emitted``: a ``final`` or ``correction`` of it was written, or its window closed
     before the batch (then nothing but a correction may follow). ``closed``: the window is final at
-    the new watermark. ``handles`` are the kind's own: what :meth:`KindState.accumulators` reads a
-    row's values from.
+    the new watermark. ``handles`` are the kind's own positions: what :meth:`KindState.accumulators`
+    reads a row's values from.
+
+    Every field but ``keys`` and ``gone`` is a NumPy array (int64 times and handles, bool flags): a
+    fixed window closing reports tens of thousands of groups at once, and the emission decides,
+    orders and hands their rows to Arrow as whole columns.
     """
 
-    starts: list[int] = field(default_factory=list)
-    ends: list[int] = field(default_factory=list)
+    starts: np.ndarray = field(default_factory=_no_ints)
+    ends: np.ndarray = field(default_factory=_no_ints)
     #: a list, or a column of int keys (``state_store.int_key_column``)
     keys: Sequence[GroupKey] = field(default_factory=list)
-    changed: list[bool] = field(default_factory=list)
-    emitted: list[bool] = field(default_factory=list)
-    closed: list[bool] = field(default_factory=list)
-    handles: list[Any] = field(default_factory=list)
+    changed: np.ndarray = field(default_factory=_no_flags)
+    emitted: np.ndarray = field(default_factory=_no_flags)
+    closed: np.ndarray = field(default_factory=_no_flags)
+    handles: np.ndarray = field(default_factory=_no_ints)
     #: rows written earlier whose (window start, key) no longer exists: retracted as written (kind
     #: ``retract``)
     gone: Emitted = field(default_factory=Emitted)
-
-    def add_window(self, start: int, end: int, handles: Sequence[Any], changed: bool | Sequence[bool],
-                   emitted: bool, closed: bool) -> None:
-        """The rows of some of one window's groups (``changed``: one flag for all, or one per row),
-        all but their keys: the caller sets :attr:`keys` once for every window's rows, a column
-        joined from the windows' key ids rather than a tuple per row."""
-        n = len(handles)
-        self.starts.extend(repeat(start, n))
-        self.ends.extend(repeat(end, n))
-        self.handles.extend(handles)
-        self.changed.extend(repeat(changed, n) if isinstance(changed, bool) else changed)
-        self.emitted.extend(repeat(emitted, n))
-        self.closed.extend(repeat(closed, n))
 
     def __len__(self) -> int:
         return len(self.handles)
@@ -240,22 +239,21 @@ class KindState(Protocol):
         them out keeps a batch's cost to the windows that close or were emitted.
         """
 
-    def accumulators(self, report: Report, rows: Sequence[int]) -> list[Accumulators]:
+    def accumulators(self, report: Report, rows: np.ndarray) -> list[Accumulators]:
         """The accumulators of ``report``'s rows ``rows`` (what their values are computed from)."""
 
-    def set_marks(self, report: Report, rows: Sequence[int], marks: Sequence[Any]) -> None:
+    def set_marks(self, report: Report, rows: np.ndarray, marks: Sequence[Any]) -> None:
         """The hidden row count (the last accumulator) of ``report``'s rows ``rows`` is now
         ``marks``: an early trigger moved where it counts from. The kind keeps its accumulators
         its own way, so the engine hands the marks back rather than editing what it was lent."""
 
-    def mark_emitted(self, report: Report, rows: Sequence[int]) -> None:
+    def mark_emitted(self, report: Report, rows: np.ndarray) -> None:
         """``report``'s rows ``rows`` were written as ``final`` or ``correction``."""
 
-    def remember(self, starts: Sequence[int], ends: Sequence[int], keys: Sequence[GroupKey],
-                 values: Sequence[Sequence[Any]]) -> None:
+    def remember(self, starts: Column, ends: Column, keys: Sequence[GroupKey], values: Sequence[Column]) -> None:
         """Rows written this batch are the last of their keys (:attr:`written`)."""
 
-    def touch(self, report: Report, rows: Sequence[int]) -> None:
+    def touch(self, report: Report, rows: np.ndarray) -> None:
         """``report``'s rows ``rows`` changed without taking rows (their trigger count moved, or
         :attr:`written` did): the next commit writes them."""
 
@@ -296,9 +294,10 @@ class KindState(Protocol):
     def describe(self, start: int, key: GroupKey | None = None) -> str:
         """The window a row at ``start`` (of ``key``) is in, for messages."""
 
-    def values(self, report: Report, rows: Sequence[int]) -> list[list[Any]]:
+    def values(self, report: Report, rows: np.ndarray) -> list[Column]:
         """The finished values of ``report``'s rows ``rows``, one column per aggregation (what the
-        rows write; a kind that holds its accumulators as columns finishes them from there)."""
+        rows write; a kind that holds its accumulators as columns finishes them from there; a
+        typed column may stay a NumPy array)."""
 
 
 @dataclass
@@ -322,11 +321,12 @@ class StateBase:
     written: dict[int, dict[GroupKey, WrittenRow]] = field(default_factory=dict, repr=False)
     stored_size: StoredSize = field(default_factory=StoredSize, repr=False)
 
-    def remember(self, starts: Sequence[int], ends: Sequence[int], keys: Sequence[GroupKey],
-                 values: Sequence[Sequence[Any]]) -> None:
-        """Rows written this batch (``values``: one column per aggregation) are the last of their keys."""
+    def remember(self, starts: Column, ends: Column, keys: Sequence[GroupKey], values: Sequence[Column]) -> None:
+        """Rows written this batch (``values``: one column per aggregation) are the last of their
+        keys, as Python values (a store encodes them; a NumPy scalar is not a value it knows)."""
         written = self.written
-        for start, end, key, row in zip(starts, ends, keys, zip(*values) if values else repeat(())):
+        values = [plain(column) for column in values]
+        for start, end, key, row in zip(plain(starts), plain(ends), keys, zip(*values) if values else repeat(())):
             by_key = written.get(start)
             if by_key is None:
                 by_key = written[start] = {}

@@ -15,14 +15,14 @@ eviction is one range delete in the store (every start below the last evicted on
 >>> state = FixedState("p", [Count()], ["n"], 10, FixedWindows(duration=10, hop=10))
 >>> state.merge([0, 0, 10], [("a",), ("b",), ("a",)], [[1, 2, 3]])
 >>> report = state.report(before=None, watermark=10, retention=0, scope=CHANGED)
->>> list(zip(report.starts, report.keys, report.closed))
+>>> list(zip(report.starts.tolist(), report.keys, report.closed.tolist()))
 [(0, ('a',), True), (0, ('b',), True), (10, ('a',), False)]
 >>> state.merge([10], [("b",)], [[1]])
 >>> report = state.report(before=10, watermark=10, retention=0)  # the watermark trigger: open windows wait
 >>> len(report)
 0
 >>> report = state.report(before=10, watermark=10, retention=0, scope=OPEN)  # an interval trigger firing
->>> list(zip(report.starts, report.keys, report.changed))
+>>> list(zip(report.starts.tolist(), report.keys, report.changed.tolist()))
 [(10, ('a',), False), (10, ('b',), False)]
 >>> state.groups
 {0: {('a',): [1], ('b',): [2]}, 10: {('a',): [3], ('b',): [1]}}
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator, Sequence
 import numpy as np
 
 from ematix_dagster.streaming.aggregators import Aggregator
-from ematix_dagster.streaming.emitted import GroupKey
+from ematix_dagster.streaming.emitted import Column, GroupKey
 from ematix_dagster.streaming.state.base import (
     CHANGED,
     CLOSING,
@@ -255,68 +255,85 @@ class FixedState(StateBase):
         """Every group of a window that closes at ``watermark``; the changed groups of windows
         emitted before (final at ``before``); of open ones, as ``scope`` says. A row's handle is
         its position in its window."""
-        out = Report()
         kind, touched = self.kind, self._changed
+        parts: list[tuple[int, int, np.ndarray, np.ndarray, bool, bool]] = []  # start, end, rows, changed, emitted, closed
         kids: list[np.ndarray] = []
         for start in sorted(self.windows):
             held, bounds = self.windows[start], self.kind.bounds(start)
             changed = held.changed if start in touched else None
-            rows: np.ndarray | None = None
             if kind.is_final(bounds, before):
                 if changed is not None:
-                    rows, flags, emitted, closed = np.flatnonzero(changed), True, True, True
+                    rows = np.flatnonzero(changed)
+                    parts.append((start, bounds.end, rows, np.ones(len(rows), bool), True, True))
             elif kind.is_final(bounds, watermark) or scope == OPEN:
-                rows, emitted, closed = np.arange(len(held)), False, kind.is_final(bounds, watermark)
-                flags = changed.tolist() if changed is not None else False
+                rows = np.arange(len(held))
+                flags = changed.copy() if changed is not None else np.zeros(len(held), bool)
+                parts.append((start, bounds.end, rows, flags, False, kind.is_final(bounds, watermark)))
             elif changed is not None and scope == CHANGED:
-                rows, flags, emitted, closed = np.flatnonzero(changed), True, False, False
-            if rows is not None:
-                out.add_window(start, bounds.end, rows.tolist(), flags, emitted, closed)
-                kids.append(held.kid[rows])
+                rows = np.flatnonzero(changed)
+                parts.append((start, bounds.end, rows, np.ones(len(rows), bool), False, False))
+            if parts and parts[-1][0] == start:
+                kids.append(held.kid[parts[-1][2]])
             if changed is not None:
                 changed[:] = False
         self._changed = set()
-        out.keys = self.codes.key_column(np.concatenate(kids)) if kids else []
-        return out
+        if not parts:
+            return Report()
+        counts = [len(rows) for _, _, rows, _, _, _ in parts]
+        return Report(starts=np.repeat(ints((p[0] for p in parts), len(parts)), counts),
+                      ends=np.repeat(ints((p[1] for p in parts), len(parts)), counts),
+                      keys=self.codes.key_column(np.concatenate(kids)),
+                      changed=np.concatenate([p[3] for p in parts]),
+                      emitted=np.repeat(np.array([p[4] for p in parts], bool), counts),
+                      closed=np.repeat(np.array([p[5] for p in parts], bool), counts),
+                      handles=np.concatenate([p[2] for p in parts]))
 
-    def _rows(self, report: Report, rows: Sequence[int]) -> Iterator[tuple[int, HeldWindow, np.ndarray, np.ndarray]]:
+    def _rows(self, report: Report, rows: np.ndarray) -> Iterator[tuple[int, HeldWindow, np.ndarray, np.ndarray]]:
         """``report``'s rows ``rows`` per window: its start, the window, the rows' positions in it
         and their places in ``rows``."""
-        n = len(rows)
-        starts = ints(map(report.starts.__getitem__, rows), n)
-        positions = ints(map(report.handles.__getitem__, rows), n)
+        starts, positions = report.starts[rows], report.handles[rows]
         order = np.argsort(starts, kind="stable")
-        for run in np.split(order, run_starts(starts[order])[1:]) if n else ():
+        for run in np.split(order, run_starts(starts[order])[1:]) if len(rows) else ():
             start = int(starts[run[0]])
             yield start, self.windows[start], positions[run], run
 
-    def _gathered(self, report: Report, rows: Sequence[int], wanted: Iterable[int]) -> list[np.ndarray]:
-        """The accumulator columns ``wanted`` (aggregator indexes) of ``report``'s rows ``rows``, in that order."""
+    def _gathered(self, report: Report, rows: np.ndarray, wanted: Iterable[int]) -> list[np.ndarray]:
+        """The accumulator columns ``wanted`` (aggregator indexes) of ``report``'s rows ``rows``, in
+        that order: typed where every window's column is of one type, else of objects."""
         wanted = list(wanted)
-        out = [np.empty(len(rows), dtype=object) for _ in wanted]
-        for _, held, positions, places in self._rows(report, rows):
-            for column, i in zip(out, wanted):
+        runs = list(self._rows(report, rows))
+        out = []
+        for i in wanted:
+            dtypes = {held.accs[i].dtype for _, held, _, _ in runs}
+            column = np.empty(len(rows), dtype=dtypes.pop() if len(dtypes) == 1 else object)
+            for _, held, positions, places in runs:
                 column[places] = held.accs[i][positions]
+            out.append(column)
         return out
 
-    def accumulators(self, report: Report, rows: Sequence[int]) -> list[Accumulators]:
+    def accumulators(self, report: Report, rows: np.ndarray) -> list[Accumulators]:
         return accumulator_rows(self._gathered(report, rows, range(len(self.aggregators))))
 
-    def values(self, report: Report, rows: Sequence[int]) -> list[list[Any]]:
-        """Finished from the accumulator columns, without a list of accumulators per row."""
+    def values(self, report: Report, rows: np.ndarray) -> list[Column]:
+        """Finished from the accumulator columns, without a list of accumulators per row; a typed
+        column (a count, a float sum: ``HeldWindow``) is its own result and stays an array."""
         shown = [i for i, agg in enumerate(self.aggregators) if not agg.hidden]
-        gathered = iter(self._gathered(report, rows, shown))
-        return self.finished([next(gathered).tolist() if not agg.hidden else [] for agg in self.aggregators])
+        gathered = dict(zip(shown, self._gathered(report, rows, shown)))
+        out: list[Column] = []
+        for i in shown:
+            column = gathered[i]
+            out.append(column if column.dtype != object else self.aggregators[i].result_column(column.tolist()))
+        return out
 
-    def set_marks(self, report: Report, rows: Sequence[int], marks: Sequence[Any]) -> None:
+    def set_marks(self, report: Report, rows: np.ndarray, marks: Sequence[Any]) -> None:
         column = objects(marks, len(rows))
         for _, held, positions, places in self._rows(report, rows):
             held.accs[-1][positions] = column[places]
 
-    def mark_emitted(self, report: Report, rows: Sequence[int]) -> None:
+    def mark_emitted(self, report: Report, rows: np.ndarray) -> None:
         """Nothing to keep: a fixed window was emitted exactly when it was final at the last W."""
 
-    def touch(self, report: Report, rows: Sequence[int]) -> None:
+    def touch(self, report: Report, rows: np.ndarray) -> None:
         for start, held, positions, _ in self._rows(report, rows):
             held.dirty[positions] = True
             self._dirty.add(start)

@@ -52,7 +52,7 @@ def sorted_keys(keys: Iterable[GroupKey]) -> list[GroupKey]:
     return sorted(keys, key=key_order)
 
 
-def row_order(starts: Sequence[int], keys: Sequence[GroupKey]) -> Sequence[int]:
+def row_order(starts: Sequence[int] | np.ndarray, keys: Sequence[GroupKey]) -> Sequence[int]:
     """The positions of rows ``(starts[i], keys[i])`` sorted by window start, then key (no two rows
     share both: a kind emits one row per window and group).
 
@@ -64,13 +64,14 @@ def row_order(starts: Sequence[int], keys: Sequence[GroupKey]) -> Sequence[int]:
     """
     if not len(starts):
         return range(0)
-    first = np.array(starts, dtype=np.int64)  # window starts are µs: always in int64
+    first = np.asarray(starts, dtype=np.int64)  # window starts are µs: always in int64
     steps = np.diff(first)
     if (steps >= 0).all() and np.count_nonzero(steps == 0) * 8 < len(starts):
         return _ties_by_key(steps, keys)
     ints = _by_ints(first, keys)
     if ints is not None:
         return ints
+    starts = first.tolist()
     distinct = len(set(starts))
     plain = _plain(keys)
     if distinct <= 1:  # one window's rows (a fixed window closing)

@@ -244,9 +244,8 @@ class SessionState(StateBase):
         pick = changed & (emitted | closed) if scope == CLOSING else changed.copy()
         pick |= ~changed & ~emitted & (closed if scope != OPEN else True)
         rows = np.flatnonzero(pick)
-        out = Report(starts=self.start[rows].tolist(), ends=self.end[rows].tolist(),
-                     keys=self.codes.key_column(self.kid[rows]), changed=changed[rows].tolist(),
-                     emitted=emitted[rows].tolist(), closed=closed[rows].tolist(), handles=rows.tolist())
+        out = Report(starts=self.start[rows], ends=self.end[rows], keys=self.codes.key_column(self.kid[rows]),
+                     changed=changed[rows], emitted=emitted[rows], closed=closed[rows], handles=rows)
         changed[:] = False
         out.gone.add_rows(self._gone())
         return out
@@ -271,29 +270,29 @@ class SessionState(StateBase):
         lo, hi = np.searchsorted(self.kid, kid, "left"), np.searchsorted(self.kid, kid, "right")
         return bool(np.any(self.start[lo:hi] == start))
 
-    def accumulators(self, report: Report, rows: Sequence[int]) -> list[Accumulators]:
-        return accumulator_rows(self.accs, ints(map(report.handles.__getitem__, rows), len(rows)))
+    def accumulators(self, report: Report, rows: np.ndarray) -> list[Accumulators]:
+        return accumulator_rows(self.accs, report.handles[rows])
 
-    def values(self, report: Report, rows: Sequence[int]) -> list[list[Any]]:
+    def values(self, report: Report, rows: np.ndarray) -> list[list[Any]]:
         """Finished from the accumulator columns, without a list of accumulators per row."""
-        at = ints(map(report.handles.__getitem__, rows), len(rows))
+        at = report.handles[rows]
         return self.finished([column[at].tolist() if not agg.hidden else []
                               for agg, column in zip(self.aggregators, self.accs)])
 
-    def set_marks(self, report: Report, rows: Sequence[int], marks: Sequence[Any]) -> None:
-        at = ints(map(report.handles.__getitem__, rows), len(rows))
+    def set_marks(self, report: Report, rows: np.ndarray, marks: Sequence[Any]) -> None:
+        at = report.handles[rows]
         self.accs[-1][at] = objects(marks, len(rows))
 
-    def mark_emitted(self, report: Report, rows: Sequence[int]) -> None:
+    def mark_emitted(self, report: Report, rows: np.ndarray) -> None:
         """The flag is stored with the session: a session that absorbs an emitted one is emitted
         before its end passes W, which W alone cannot tell."""
-        at = ints(map(report.handles.__getitem__, rows), len(rows))
+        at = report.handles[rows]
         at = at[~self.emitted[at]]
         self.emitted[at] = True
         self.dirty[at] = True
 
-    def touch(self, report: Report, rows: Sequence[int]) -> None:
-        self.dirty[ints(map(report.handles.__getitem__, rows), len(rows))] = True
+    def touch(self, report: Report, rows: np.ndarray) -> None:
+        self.dirty[report.handles[rows]] = True
 
     def evict(self, watermark: int | None, retention: int) -> None:
         gone = self.kind.evicted(self.end, watermark, retention)

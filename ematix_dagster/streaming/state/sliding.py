@@ -255,11 +255,9 @@ class SlidingState(StateBase):
         rows = np.flatnonzero(final | corrected)
         rows = rows[np.argsort(time[rows])]  # by start, as rows are written (the emission orders ties by key)
         ends = time[rows]
-        emitted = corrected[rows].tolist()
-        n = len(rows)
-        return Report(starts=(ends - self.kind.duration).tolist(), ends=ends.tolist(),
-                      keys=self.codes.key_column(self.kid[rows]), changed=emitted, emitted=list(emitted),
-                      closed=[True] * n, handles=rows.tolist())
+        emitted = corrected[rows]
+        return Report(starts=ends - self.kind.duration, ends=ends, keys=self.codes.key_column(self.kid[rows]),
+                      changed=emitted, emitted=emitted.copy(), closed=np.ones(len(rows), bool), handles=rows)
 
     def _corrections(self, held_from: int, before: int) -> np.ndarray:
         """Emitted windows (``held_from <= t < before``) holding a partial of this batch: those
@@ -273,7 +271,7 @@ class SlidingState(StateBase):
         out[rows] = touched[rows + 1] > touched[lo]
         return out
 
-    def accumulators(self, report: Report, rows: Sequence[int]) -> list[Accumulators]:
+    def accumulators(self, report: Report, rows: np.ndarray) -> list[Accumulators]:
         """Each window's accumulators, derived for all of ``rows`` at once (a row's handle is the
         partial its window ends at)."""
         lo, hi = self._bounds(report, rows)
@@ -284,7 +282,7 @@ class SlidingState(StateBase):
         except WindowFailed as failed:
             self._failed(failed, hi)
 
-    def values(self, report: Report, rows: Sequence[int]) -> list[list[Any]]:
+    def values(self, report: Report, rows: np.ndarray) -> list[list[Any]]:
         """Additive windows' values straight from the columns of their prefix sums, without a list
         of accumulators per window."""
         if not self._additive:
@@ -295,23 +293,23 @@ class SlidingState(StateBase):
         except WindowFailed as failed:
             self._failed(failed, hi)
 
-    def _bounds(self, report: Report, rows: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    def _bounds(self, report: Report, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The partials ``[lo, hi)`` of the windows of ``report``'s rows ``rows``."""
-        hi = ints(map(report.handles.__getitem__, rows), len(rows)) + 1
+        hi = report.handles[rows] + 1
         return search_pairs(self.kid, self.time, self.kid[hi - 1], self.time[hi - 1] - self.kind.duration), hi
 
     def _failed(self, failed: WindowFailed, hi: np.ndarray) -> NoReturn:
         end = int(hi[failed.window]) - 1
         self.failed_merge(failed.error, None, self.codes.keys_of(self.kid[end:end + 1])[0], int(self.time[end]))
 
-    def set_marks(self, report: Report, rows: Sequence[int], marks: Sequence[Any]) -> None:
+    def set_marks(self, report: Report, rows: np.ndarray, marks: Sequence[Any]) -> None:
         """Never called: no trigger that keeps a row count fires for sliding windows (they emit on
         the watermark only), and their accumulators are derived, not held."""
 
-    def mark_emitted(self, report: Report, rows: Sequence[int]) -> None:
+    def mark_emitted(self, report: Report, rows: np.ndarray) -> None:
         """Nothing to keep: a sliding window was emitted exactly when ``t`` was before the last W."""
 
-    def touch(self, report: Report, rows: Sequence[int]) -> None:
+    def touch(self, report: Report, rows: np.ndarray) -> None:
         """Nothing changes in place: sliding windows emit on the watermark only and keep no written
         rows (``retractions`` is refused under ``reopen``, where alone a row could be superseded)."""
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from ematix_dagster.streaming.bounds import WindowBounds
+from ematix_dagster.streaming.emitted import Column
 from ematix_dagster.streaming.windows.units import format_window
 
 if TYPE_CHECKING:
@@ -123,7 +124,7 @@ class WindowKind(ABC):
         """The window for messages a human reads."""
         return format_window(window.start, window.end)
 
-    def row_ids(self, pipeline: str, encoded_keys: Sequence[bytes], starts: Sequence[int]) -> list[int]:
+    def row_ids(self, pipeline: str, encoded_keys: Sequence[bytes], starts: Column) -> list[int]:
         """The :attr:`id_column` of rows of ``encoded_keys`` (the store's key encoding) at ``starts``."""
         raise TypeError(f"{type(self).__name__} adds no id column")
 

@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ematix_dagster.spec.rules import _fail, _positive
+from ematix_dagster.streaming.emitted import Column
 from ematix_dagster.streaming.state.session import SessionState
 from ematix_dagster.streaming.windows.base import WindowBounds, WindowKind
 from ematix_dagster.streaming.windows.units import MICROS_PER_MS, format_span_ms, format_us
@@ -63,7 +64,7 @@ def session_id(pipeline: str, encoded_key: bytes, window_start: int) -> int:
     return session_ids(pipeline, [encoded_key], [window_start])[0]
 
 
-def session_ids(pipeline: str, encoded_keys: Sequence[bytes], starts: Sequence[int]) -> list[int]:
+def session_ids(pipeline: str, encoded_keys: Sequence[bytes], starts: Column) -> list[int]:
     """:func:`session_id` of every emitted row at once (a batch emits a row per session): the array
     header and the pipeline name are packed once, the keys' headers and the starts are msgpack's
     bytes laid out a column at a time (``state_store.msgpack_columns``), so Python only hashes
@@ -169,7 +170,7 @@ class SessionWindows(WindowKind):
     def describe_at(self, start: int) -> str:
         return f"session starting {format_us(start)}"
 
-    def row_ids(self, pipeline: str, encoded_keys: Sequence[bytes], starts: Sequence[int]) -> list[int]:
+    def row_ids(self, pipeline: str, encoded_keys: Sequence[bytes], starts: Column) -> list[int]:
         return session_ids(pipeline, encoded_keys, starts)
 
     def row_windows(self, t: int, closed_before: int | None) -> list[WindowBounds]:

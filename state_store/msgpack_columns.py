@@ -11,6 +11,8 @@ msgpack's (tests compare them at every format's bounds).
 [b'\\x01', b'\\xcd\\x01,', b'\\xd0\\xd8']
 >>> packed_int_keys(np.array([7]), 1).to_pylist(), bin_headers(np.array([3, 256])).to_pylist()
 ([b'\\x01\\x91\\x07'], [b'\\xc4\\x03', b'\\xc5\\x01\\x00'])
+>>> packed_binaries(pa.array([b"ab", None], pa.binary())).to_pylist()
+[b'\\xc4\\x02ab', None]
 """
 
 from __future__ import annotations
@@ -48,6 +50,13 @@ def bin_headers(lengths: np.ndarray) -> pa.BinaryArray:
     return _cut(rows, sizes)
 
 
+def packed_binaries(values: pa.BinaryArray) -> pa.BinaryArray:
+    """Each byte string's msgpack bytes (``use_bin_type``: its bin header, then the bytes), a null
+    staying null."""
+    lengths = pc.fill_null(pc.binary_length(values), 0).to_numpy(zero_copy_only=False)
+    return joined([bin_headers(lengths), values])
+
+
 def packed_int_keys(values: np.ndarray, key_format: int) -> pa.BinaryArray:
     """``key_format`` + msgpack of ``[v]`` for each int64 ``v``, as ``codec.encode_key`` gives them."""
     prefix = bytes([key_format, _ONE_ELEMENT_ARRAY])
@@ -83,4 +92,4 @@ def _cut(rows: np.ndarray, lengths: np.ndarray) -> pa.BinaryArray:
     return pa.Array.from_buffers(pa.binary(), len(lengths), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
-__all__ = ["bin_headers", "joined", "msgpack_ints", "packed_int_keys"]
+__all__ = ["bin_headers", "joined", "msgpack_ints", "packed_binaries", "packed_int_keys"]

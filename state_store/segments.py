@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from state_store.errors import CorruptState, StateVersionError
+from state_store.msgpack_columns import packed_binaries
 from state_store.msgpack_values import ext_hook, failure_reason, new_packer
 
 MAGIC = b"EMXSEG"
@@ -119,6 +120,8 @@ def _accumulator_array(values: Sequence[Any] | np.ndarray) -> tuple[pa.Array, by
             pass
     elif types == {float}:
         return pa.array(values, pa.float64(), from_pandas=False), _FLOAT
+    elif types == {bytes}:  # sketches: their msgpack bytes laid out a column at a time
+        return packed_binaries(pa.array(values, pa.binary())), _PACKED
     pack = new_packer().pack
     return pa.array([None if v is None else pack(v) for v in values], pa.binary()), _PACKED
 

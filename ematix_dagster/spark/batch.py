@@ -228,7 +228,7 @@ class BatchStep:
         classes = table.column(CLASS)
         windowed = table if classes.null_count == len(classes) else table.filter(pc.is_null(classes))
         kind_plan = self.plan.late_on_driver or self.plan.columns.windows  # the exact plan is built only if a batch needs it
-        if kind_plan.sort_by_start:  # the kind's state then merges runs of one window (FixedState.merge)
+        if kind_plan.sort_by_start:
             windowed = windowed.sort_by(kind_plan.start_column)
         starts, keys, values = partial_lists(self.plan, windowed, kind_plan.start_column, engine.state.typed_partials)
         lasts = windowed.column(kind_plan.last_column).to_pylist() if kind_plan.last_column else []

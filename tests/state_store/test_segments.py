@@ -208,3 +208,16 @@ def test_many_small_deltas_each_with_a_range_delete_restore_the_same_rows():
     assert (0, key(("late",))) in {(s, k) for s, _, k, _ in out.groups}  # below every earlier bound, upserted after
     assert len(out.groups) == 9  # starts 396 to 399 of a and b, late
     assert sizes.segments == tuple(SegmentFacts(len(s), max(s.starts), s.deleted_before) for s in deltas)
+
+
+def test_a_column_of_byte_strings_is_stored_as_msgpack_packs_each_one():
+    """Sketches are byte strings: their column is laid out a column at a time, and must hold exactly
+    msgpack's bytes for each (a bin 8, 16 and 32 header at each size's bounds), a None staying null."""
+    import msgpack
+
+    values = [b"", b"x" * 255, None, b"y" * 256, b"z" * 65535, b"w" * 65536, bytes(range(256)) * 3]
+    blob = encode_segment(_upserts([[v] for v in values]))
+    table = pa.ipc.open_stream(pa.py_buffer(blob[len(MAGIC) + 1:])).read_all()
+    assert table.schema.field("acc0").metadata[b"codec"] == b"msgpack"
+    assert table["acc0"].to_pylist() == [None if v is None else msgpack.packb(v, use_bin_type=True) for v in values]
+    assert decode_segment(blob, "here").accs[0] == values

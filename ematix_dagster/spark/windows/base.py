@@ -133,7 +133,7 @@ class PartialPlan(Protocol):
     start_column: str
     #: the partials' column it takes as ``lasts`` (a partial session's last event time), if any
     last_column: str | None
-    #: the state merges runs of one start: the partials come sorted by ``start_column``
+    #: the partials come sorted by ``start_column`` (a kind whose state does not sort them itself)
     sort_by_start: bool
 
     def __init__(self, window: Window, aggregates: Callable[[Column], Aggregates], has_reason: bool) -> None: ...

@@ -46,7 +46,7 @@ class DriverLatePlan:
 
     start_column = WINDOW_START
     last_column: str | None = None
-    sort_by_start = True
+    sort_by_start = False  # FixedState.merge sorts the starts itself: no copy of the partials table
 
     def __init__(self, window: Window, rules: Sequence[Rule], aggregates: CountedAggregates) -> None:
         kind = FixedWindows.for_window(window)

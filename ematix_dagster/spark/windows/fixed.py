@@ -55,7 +55,7 @@ class FixedPlan:
 
     start_column = WINDOW_START
     last_column: str | None = None
-    sort_by_start = True
+    sort_by_start = False  # FixedState.merge sorts the starts itself: no copy of the partials table
 
     def __init__(self, window: Window, aggregates: Callable[[Column], Aggregates], has_reason: bool) -> None:
         kind = FixedWindows.for_window(window)

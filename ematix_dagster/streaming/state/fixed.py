@@ -182,17 +182,18 @@ class FixedState(StateBase):
               lasts: Sequence[int] = ()) -> None:
         """Fold one batch of partials in.
 
-        A batch from Spark holds one partial per (window start, group), sorted by window start:
-        each run of one start is merged column by column (its groups found by one search, new ones
-        inserted where they sort, each aggregator folding its whole column). Several partials of
-        one group fold in batch order (``fold_partials``).
+        A batch from Spark holds one partial per (window start, group), in hash order. Sorted by
+        window start here (the starts, then a permutation of each column: no copy of Spark's table
+        with its sketches in it), each run of one start is merged column by column (its groups
+        found by one search, new ones inserted where they sort, each aggregator folding its whole
+        column). Several partials of one group fold in batch order (``fold_partials``).
         """
         n = len(keys)
         if not n:
             return
         column = starts if isinstance(starts, np.ndarray) else ints(starts, n)
         order = np.argsort(column, kind="stable") if np.any(column[1:] < column[:-1]) else None
-        if order is not None:  # not sorted by start (never from Spark): sorted, batch order kept within a start
+        if order is not None:  # Spark's come in hash order: sorted, batch order kept within a start
             at = order.tolist()
             keys = taken(keys, at)
             partials = [part[order] if isinstance(part, np.ndarray) else list(map(part.__getitem__, at))

@@ -22,6 +22,7 @@ from pyspark.sql.pandas.types import to_arrow_type
 from ematix_dagster.columns import EMIT_KIND, EMIT_SEQ, PARTIAL_PREFIX, WINDOW_START
 from ematix_dagster.spark.plan import BatchPlan
 from ematix_dagster.streaming.emitted import Column, Emitted, GroupKey
+from ematix_dagster.streaming.state.columns import ints
 from ematix_dagster.streaming.windows import window_kind
 from state_store.int_key_column import IntKeyColumn
 
@@ -103,5 +104,4 @@ def rows_to_arrow(schema: pa.Schema, emitted: Emitted, group_width: int,
 
 def _int64(column: Column) -> np.ndarray:
     """A column of ints (a list, or already a NumPy array) as int64."""
-    return np.asarray(column, dtype=np.int64) if isinstance(column, np.ndarray) else np.fromiter(column, np.int64,
-                                                                                               len(column))
+    return column.astype(np.int64, copy=False) if isinstance(column, np.ndarray) else ints(column, len(column))

@@ -257,37 +257,35 @@ class FixedState(StateBase):
         emitted before (final at ``before``); of open ones, as ``scope`` says. A row's handle is
         its position in its window."""
         kind, touched = self.kind, self._changed
-        parts: list[tuple[int, int, np.ndarray, np.ndarray, bool, bool]] = []  # start, end, rows, changed, emitted, closed
-        kids: list[np.ndarray] = []
+        parts: list[tuple[int, int, np.ndarray, np.ndarray, np.ndarray, bool, bool]] = []
         for start in sorted(self.windows):
             held, bounds = self.windows[start], self.kind.bounds(start)
             changed = held.changed if start in touched else None
+            picked: tuple[np.ndarray, np.ndarray, bool, bool] | None = None  # rows, changed, emitted, closed
             if kind.is_final(bounds, before):
                 if changed is not None:
                     rows = np.flatnonzero(changed)
-                    parts.append((start, bounds.end, rows, np.ones(len(rows), bool), True, True))
+                    picked = rows, np.ones(len(rows), bool), True, True
             elif kind.is_final(bounds, watermark) or scope == OPEN:
-                rows = np.arange(len(held))
                 flags = changed.copy() if changed is not None else np.zeros(len(held), bool)
-                parts.append((start, bounds.end, rows, flags, False, kind.is_final(bounds, watermark)))
+                picked = np.arange(len(held)), flags, False, kind.is_final(bounds, watermark)
             elif changed is not None and scope == CHANGED:
                 rows = np.flatnonzero(changed)
-                parts.append((start, bounds.end, rows, np.ones(len(rows), bool), False, False))
-            if parts and parts[-1][0] == start:
-                kids.append(held.kid[parts[-1][2]])
+                picked = rows, np.ones(len(rows), bool), False, False
+            if picked is not None:
+                rows, flags, emitted, closed = picked
+                parts.append((start, bounds.end, rows, held.kid[rows], flags, emitted, closed))
             if changed is not None:
                 changed[:] = False
         self._changed = set()
         if not parts:
             return Report()
-        counts = [len(rows) for _, _, rows, _, _, _ in parts]
-        return Report(starts=np.repeat(ints((p[0] for p in parts), len(parts)), counts),
-                      ends=np.repeat(ints((p[1] for p in parts), len(parts)), counts),
-                      keys=self.codes.key_column(np.concatenate(kids)),
-                      changed=np.concatenate([p[3] for p in parts]),
-                      emitted=np.repeat(np.array([p[4] for p in parts], bool), counts),
-                      closed=np.repeat(np.array([p[5] for p in parts], bool), counts),
-                      handles=np.concatenate([p[2] for p in parts]))
+        counts = [len(part[2]) for part in parts]
+        starts, ends, handles, kids, changed_flags, emitted_flags, closed_flags = zip(*parts)
+        return Report(starts=np.repeat(ints(starts, len(parts)), counts), ends=np.repeat(ints(ends, len(parts)), counts),
+                      keys=self.codes.key_column(np.concatenate(kids)), changed=np.concatenate(changed_flags),
+                      emitted=np.repeat(np.array(emitted_flags, bool), counts),
+                      closed=np.repeat(np.array(closed_flags, bool), counts), handles=np.concatenate(handles))
 
     def _rows(self, report: Report, rows: np.ndarray) -> Iterator[tuple[int, HeldWindow, np.ndarray, np.ndarray]]:
         """``report``'s rows ``rows`` per window: its start, the window, the rows' positions in it

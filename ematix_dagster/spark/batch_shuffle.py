@@ -13,6 +13,16 @@ fewer in 1.5). A batch after a larger one, and a run's first batch, keep the con
 
 The settings are the query's own: foreachBatch hands over the stream's cloned session, not the
 user's, so they are set on it every batch (a restarted query clones a new one).
+
+A batch whose whole input is a few files the engine reads itself (``spark.input_files``), together
+no larger than Spark's cost of opening one file (``spark.sql.files.openCostInBytes``, 4 MB unless
+set: the bytes Spark reckons it reads in the time an open takes), is read in one task
+(``InputFiles.frame``, up to :func:`one_task_bytes`): the scan then reports a single partition, which every aggregation and window
+function accepts as it is, so the batch's job has no shuffle at all, and its partial and final
+aggregation collapse into one. Spark would read one such file in one task anyway; what goes is the
+shuffle's write, its read and its second stage (measured on 20 batches of 100,000 rows, 1.6 MB
+each: 0.3 JVM CPU s fewer in 3.5, with or without a sketch). Larger inputs keep Spark's split, so
+a big batch (a backfill) still reads on every core.
 """
 
 from __future__ import annotations
@@ -23,6 +33,19 @@ from pyspark.sql import SparkSession
 #: the most shuffle partitions per core for which a batch's query runs without adaptive execution
 FEW_PARTITIONS_PER_CORE = 2
 ADVISORY_SIZE = "spark.sql.adaptive.advisoryPartitionSizeInBytes"
+OPEN_COST = "spark.sql.files.openCostInBytes"
+
+
+def conf_bytes(session: SparkSession, key: str, default: str) -> int:
+    """A size setting of ``session`` in bytes, as Spark reads it ("64MB", "4194304")."""
+    jvm = session.sparkContext._jvm
+    assert jvm is not None  # a classic session on the driver
+    return int(jvm.org.apache.spark.network.util.JavaUtils.byteStringAsBytes(session.conf.get(key) or default))
+
+
+def one_task_bytes(session: SparkSession) -> int:
+    """The most bytes of files a batch reads in one task: the session's cost of opening a file."""
+    return conf_bytes(session, OPEN_COST, "4MB")
 
 
 class BatchShuffle:
@@ -41,10 +64,7 @@ class BatchShuffle:
             self.configured = int(conf.get("spark.sql.shuffle.partitions") or 200)
             self.few = self.configured <= FEW_PARTITIONS_PER_CORE * session.sparkContext.defaultParallelism
             if self.few:
-                jvm = session.sparkContext._jvm
-                assert jvm is not None  # a classic session on the driver
-                self.advisory_bytes = int(jvm.org.apache.spark.network.util.JavaUtils.byteStringAsBytes(
-                    conf.get(ADVISORY_SIZE) or "64MB"))
+                self.advisory_bytes = conf_bytes(session, ADVISORY_SIZE, "64MB")
         if not self.few:
             return
         conf.set("spark.sql.adaptive.enabled", "false")

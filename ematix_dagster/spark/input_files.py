@@ -40,7 +40,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import Callable, TypeVar
+from typing import Callable, TypeVar, cast
 from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
@@ -52,6 +52,7 @@ from pyspark.sql import types as T
 
 from ematix_dagster.columns import BATCH_ID, EVENT_TS, FILE_ERROR, FILE_PATH, FILE_ROWS, REASON, SOURCE
 from ematix_dagster.errors import first_line
+from ematix_dagster.spark.batch_shuffle import one_task_bytes
 from ematix_dagster.spark.checkpoint import batch_files
 from ematix_dagster.spark.file_dead_letters import DeadLetters, WithFileRows
 from ematix_dagster.spark.read_errors import REPLACE_FILE, ReadFailure, read_failure, type_mismatch, url_path
@@ -79,6 +80,7 @@ class InputFile:
     url: str  # as the source's log names it
     nanos: frozenset[str] = frozenset()  # TIMESTAMP(_NTZ) columns the file holds as TIMESTAMP(NANOS)
     rows: int | None = None  # rows its footer declares
+    size: int | None = None  # its bytes, where it is a local file
     failure: ReadFailure | None = None  # why it cannot be read; None: nothing known against it
     missing: bool = False  # removed after its batch listed it: left out under "fail" too
 
@@ -90,6 +92,16 @@ class InputFile:
 def _missing(url: str) -> InputFile:
     return InputFile(url, failure=ReadFailure(url, _MISSING, f"input file {url_path(url)}: {_MISSING}", "", False),
                      missing=True)
+
+
+def _local(url: str) -> InputFile:
+    """A local file Spark reads and checks itself (not parquet): its size, or that it is gone."""
+    try:
+        return InputFile(url, size=os.stat(url_path(url)).st_size)
+    except FileNotFoundError:
+        return _missing(url)
+    except OSError:
+        return InputFile(url)  # not about the bytes: Spark reads it, or says what is wrong
 
 
 def _declared_type_refused(dtype: T.DataType, physical: str, logical: str) -> bool:
@@ -118,11 +130,11 @@ def inspect_parquet(url: str, schema: T.StructType) -> InputFile:
     except OSError:
         return InputFile(url)  # not about the bytes: Spark reads it, or says what is wrong
     if size == 0:
-        return InputFile(url, rows=0)  # Spark reads an empty file as no rows
+        return InputFile(url, rows=0, size=0)  # Spark reads an empty file as no rows
     try:
         meta = pq.read_metadata(path)
     except (PermissionError, FileNotFoundError):
-        return InputFile(url)
+        return InputFile(url, size=size)
     except (OSError, pa.ArrowException) as exc:  # bad magic bytes, a footer that does not deserialize
         problem = f"not a readable Parquet file: {first_line(exc)}"
         return InputFile(url, failure=ReadFailure(url, problem, f"input file {path} is {problem}", REPLACE_FILE, False))
@@ -140,11 +152,11 @@ def inspect_parquet(url: str, schema: T.StructType) -> InputFile:
         if _declared_type_refused(spark_field.dataType, col.physical_type, logical):
             actual = "BINARY" if col.physical_type == "BYTE_ARRAY" else col.physical_type  # Spark's names
             failure = type_mismatch(url, f"[{spark_field.name}]", actual, spark_field.dataType.simpleString())
-            return InputFile(url, rows=meta.num_rows, failure=failure)
+            return InputFile(url, rows=meta.num_rows, size=size, failure=failure)
         if isinstance(spark_field.dataType, (T.TimestampType, T.TimestampNTZType)) and logical == "TIMESTAMP" \
                 and json.loads(col.logical_type.to_json()).get("timeUnit") == "nanoseconds":
             nanos.add(spark_field.name)
-    return InputFile(url, nanos=frozenset(nanos), rows=meta.num_rows)
+    return InputFile(url, nanos=frozenset(nanos), rows=meta.num_rows, size=size)
 
 
 def _from_nanos(col: Column, dtype: T.DataType) -> Column:
@@ -230,6 +242,7 @@ class InputFiles:
         # per (source index, TIMESTAMP(NANOS) columns): the projection that aligns its read rows with
         # the stream's schema, None where they already are (the same every batch: built once)
         self._alignments: dict[tuple[int, frozenset[str]], list[Column] | None] = {}
+        self._one_task_bytes: int | None = None  # the run's session's (spark.batch_shuffle), read once
 
     @property
     def managed(self) -> bool:
@@ -289,7 +302,7 @@ class InputFiles:
         if not is_local(source.path):
             return [InputFile(u) for u in urls]
         if source.format != "parquet":
-            return [InputFile(u) if os.path.exists(url_path(u)) else _missing(u) for u in urls]
+            return [_local(u) for u in urls]
         schema = parse_schema(source, f"sources[{index}]")
         if len(urls) < 8:
             return [inspect_parquet(u, schema) for u in urls]
@@ -298,17 +311,21 @@ class InputFiles:
 
     def frame(self, df: DataFrame, files: BatchFiles) -> DataFrame:
         """The batch's rows: the other sources' from Spark's batch ``df``, the managed ones' read here
-        (their files not left out)."""
+        (their files not left out); in one task where they are only those files and few bytes
+        (``spark.batch_shuffle``)."""
         session, spec, skipped = df.sparkSession, self.spec, files.skipped
         frames: list[DataFrame] = []
-        if len(self.indexes) < len(spec.sources):  # rows of streamed sources (the heartbeat's are not needed)
+        streamed = len(self.indexes) < len(spec.sources)
+        if streamed:  # rows of streamed sources (the heartbeat's are not needed)
             names = [spec.sources[i].name for i in self.indexes]
             frames.append(df.filter(~F.col(SOURCE).isin(names)))
+        sizes: list[int | None] = []
         for i, listed in files.listed.items():
             groups: dict[frozenset[str], list[str]] = {}
             for f in listed:
                 if f.path not in skipped:
                     groups.setdefault(f.nanos, []).append(f.url)
+                    sizes.append(f.size)
             for nanos in sorted(groups, key=sorted):
                 rows = read_files(session, spec, i, groups[nanos], nanos)
                 if (i, nanos) not in self._alignments:
@@ -317,7 +334,12 @@ class InputFiles:
                 frames.append(rows if projection is None else rows.select(*projection))
         if not frames:
             return session.createDataFrame([], df.schema)
-        return reduce(DataFrame.union, frames)
+        union = reduce(DataFrame.union, frames)
+        if streamed or None in sizes:
+            return union
+        if self._one_task_bytes is None:
+            self._one_task_bytes = one_task_bytes(session)
+        return union.coalesce(1) if sum(cast(list[int], sizes)) <= self._one_task_bytes else union
 
     def dead_letter_rows(self, files: BatchFiles) -> pa.Table | None:
         """One dead-letter row per file left out of the batch; None when none was."""

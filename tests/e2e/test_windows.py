@@ -9,7 +9,8 @@ with plain Python. Rows arrive in order (no row is late), so the expected output
 per-(window, group) aggregation of the windows the watermark passed (or of all windows, with
 ``end_of_input = "flush"``).
 
-Spark runs in this file: 5 (each costs a few seconds); caps and overflow: test_window_caps.py.
+Spark runs in this file: 7 (each costs a few seconds); two run both ways a batch of few bytes may be read
+(``reads``); caps and overflow: test_window_caps.py.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from psycopg import sql
 
 from tests.e2e.windows_helpers import (
@@ -36,6 +38,17 @@ from tests.e2e.windows_helpers import (
     run,
     to_us,
 )
+
+@pytest.fixture(params=["one_task", "spark_split"])
+def reads(request, spark):
+    """How a batch of few bytes is read: in one task without a shuffle (the engine's way,
+    ``spark/batch_shuffle.py``), or as Spark splits files, with the partial aggregation's shuffle
+    (any opening cost below the files' bytes)."""
+    if request.param == "spark_split":
+        spark.conf.set("spark.sql.files.openCostInBytes", "1")
+    yield request.param
+    spark.conf.unset("spark.sql.files.openCostInBytes")
+
 
 # ---------------------------------------------------------------------------------------------
 # 1. Tumbling windows, every aggregator, NULL keys, two group columns, renamed window columns
@@ -90,7 +103,7 @@ def random_clicks(rng: random.Random, lo: int, hi: int, n: int) -> list[dict]:
             for _ in range(n)]
 
 
-def test_tumbling_every_aggregator_matches_pandas(spark, batch_files, tmp_path):
+def test_tumbling_every_aggregator_matches_pandas(spark, reads, batch_files, tmp_path):
     rng = random.Random(20240501)
     src = batch_files("clicks")
     batches = [
@@ -341,7 +354,7 @@ max_groups_per_window = 10
 # 5. Two files per micro-batch
 
 
-def test_two_files_per_batch_hopping(spark, batch_files, tmp_path):
+def test_two_files_per_batch_hopping(spark, reads, batch_files, tmp_path):
     rng = random.Random(2)
     schema = pa.schema([("user_id", pa.int64()), ("qty", pa.int64()), ("ts", TS_TYPE)])
     # files 0+1 are batch 0 and 2+3 batch 1: in-order across batches, any order inside one

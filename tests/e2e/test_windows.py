@@ -39,6 +39,7 @@ from tests.e2e.windows_helpers import (
     to_us,
 )
 
+
 @pytest.fixture(params=["one_task", "spark_split"])
 def reads(request, spark):
     """How a batch of few bytes is read: in one task without a shuffle (the engine's way,

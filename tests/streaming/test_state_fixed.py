@@ -72,6 +72,34 @@ def test_fixed_state_merges_a_run_column_by_column_and_a_repeated_group_row_by_r
         st.merge([0, 0], [("a",), ("d",)], [[1, 1], [1, 1]])
 
 
+@pytest.mark.parametrize("spread", [
+    10,  # starts on the grid of hops: sorted by radix over 16-bit hop counts
+    5,  # off that grid, less than a hop apart (any start works in this state): sorted as int64
+    10 << 17,  # more hops apart than 16 bits count: sorted as int64
+])
+def test_a_batch_in_hash_order_folds_each_groups_partials_in_batch_order(spread: int) -> None:
+    """Spark's partials come in hash order; the merge sorts them by start and must keep the batch
+    order of a group's partials within a start: float sums differ by order (1e16 + 1 rounds)."""
+    rng = np.random.default_rng(7)
+    n = 400
+    starts = rng.integers(0, 3, n) * spread
+    keys = [(k,) for k in rng.integers(0, 4, n).tolist()]
+    totals = rng.choice([1e16, -1e16, 1.0, 3.0], n)
+    st = FixedState("p", [Count(), Sum(integral=False)], ["n", "total"], 10, FixedWindows(10, 10))
+    st.merge(starts, keys, [np.ones(n, np.int64), totals])
+    expected: dict[int, dict[tuple, list]] = {}
+    for start, key, total in zip(starts.tolist(), keys, totals.tolist()):  # plain Python, in batch order
+        held = expected.setdefault(start, {}).setdefault(key, [0, 0.0])
+        held[0] += 1
+        held[1] += total
+    assert st.groups == {start: dict(sorted(groups.items())) for start, groups in sorted(expected.items())}
+    reordered = {start: {key: sum(sorted(t for s_, k, t in zip(starts.tolist(), keys, totals.tolist())
+                                          if (s_, k) == (start, key))) for key in groups}
+                 for start, groups in expected.items()}
+    assert reordered != {start: {k: v[1] for k, v in groups.items()} for start, groups in expected.items()}, \
+        "the order of the partials must matter to the sums"
+
+
 @pytest.mark.parametrize("odd_key", [(None,), (True,), (7, 1), (2**64,), (7.0,)])
 def test_integer_keys_move_to_an_index_when_another_key_arrives(odd_key: tuple) -> None:
     """One-integer keys are their own ids until a key of another shape arrives: the groups held

@@ -94,8 +94,7 @@ def _missing(url: str) -> InputFile:
                      missing=True)
 
 
-def _local(url: str) -> InputFile:
-    """A local file Spark reads and checks itself (not parquet): its size, or that it is gone."""
+def _local(url: str) -> InputFile:  # not parquet: Spark checks it; its size, or that it is gone
     try:
         return InputFile(url, size=os.stat(url_path(url)).st_size)
     except FileNotFoundError:
@@ -317,8 +316,7 @@ class InputFiles:
         frames: list[DataFrame] = []
         streamed = len(self.indexes) < len(spec.sources)
         if streamed:  # rows of streamed sources (the heartbeat's are not needed)
-            names = [spec.sources[i].name for i in self.indexes]
-            frames.append(df.filter(~F.col(SOURCE).isin(names)))
+            frames.append(df.filter(~F.col(SOURCE).isin([spec.sources[i].name for i in self.indexes])))
         sizes: list[int | None] = []
         for i, listed in files.listed.items():
             groups: dict[frozenset[str], list[str]] = {}
@@ -335,11 +333,10 @@ class InputFiles:
         if not frames:
             return session.createDataFrame([], df.schema)
         union = reduce(DataFrame.union, frames)
-        if streamed or None in sizes:
-            return union
-        if self._one_task_bytes is None:
-            self._one_task_bytes = one_task_bytes(session)
-        return union.coalesce(1) if sum(cast(list[int], sizes)) <= self._one_task_bytes else union
+        if not streamed and None not in sizes:
+            self._one_task_bytes = self._one_task_bytes or one_task_bytes(session)
+            return union.coalesce(1) if sum(cast(list[int], sizes)) <= self._one_task_bytes else union
+        return union
 
     def dead_letter_rows(self, files: BatchFiles) -> pa.Table | None:
         """One dead-letter row per file left out of the batch; None when none was."""

@@ -195,19 +195,17 @@ class FixedState(StateBase):
         if np.any(column[1:] < column[:-1]):  # Spark's come in hash order: sorted, batch order kept within a start
             order = self._start_order(column)
             at = order.tolist() if not all(isinstance(part, np.ndarray) for part in partials) else []
-            keys = taken(keys, order)
+            keys, column = taken(keys, order), column[order]
             partials = [part[order] if isinstance(part, np.ndarray) else list(map(part.__getitem__, at))
                         for part in partials]
-            column = column[order]
         kids = self._ids(keys)
         bounds = [*run_starts(column).tolist(), n]
         for lo, hi in zip(bounds, bounds[1:]):
             self._merge_run(int(column[lo]), kids[lo:hi], keys[lo:hi], [part[lo:hi] for part in partials])
 
     def _start_order(self, starts: np.ndarray) -> np.ndarray:
-        """A stable order of the starts: a batch spans few windows, so counted in hops from the
-        first they fit 16 bits, which NumPy sorts by radix (twice as fast as a stable sort of
-        int64). Starts off one grid of hops keep the int64 sort."""
+        """A stable order of the starts: counted in hops from the first they fit 16 bits, which
+        NumPy sorts by radix (twice as fast as int64); starts off one grid keep the int64 sort."""
         hops, off_grid = np.divmod(starts - starts.min(), self.kind.hop)
         if hops.max() < 1 << 16 and not off_grid.any():
             return np.argsort(hops.astype(np.uint16), kind="stable")
@@ -232,9 +230,8 @@ class FixedState(StateBase):
             held = self.windows[start] = HeldWindow.empty(len(self.aggregators))
         partials = held.align(self.aggregators, partials)
         # Searched in key order: NumPy's search runs several times faster over sorted queries, the
-        # new keys come out sorted, and a run from Spark (one partial per group) shows it has no
-        # two partials of one group without a second sort. The fold takes the partials in batch
-        # order, so this order need not be stable (an unstable sort is twice as fast).
+        # new keys come out sorted, and a run with no two partials of one group shows it without a
+        # second sort. The fold keeps batch order itself, so this sort need not be stable.
         order = np.argsort(kids)
         in_order = kids[order]
         shared = bool((in_order[1:] == in_order[:-1]).any())

@@ -14,15 +14,15 @@ fewer in 1.5). A batch after a larger one, and a run's first batch, keep the con
 The settings are the query's own: foreachBatch hands over the stream's cloned session, not the
 user's, so they are set on it every batch (a restarted query clones a new one).
 
-A batch whose whole input is a few files the engine reads itself (``spark.input_files``), together
-no larger than Spark's cost of opening one file (``spark.sql.files.openCostInBytes``, 4 MB unless
-set: the bytes Spark reckons it reads in the time an open takes), is read in one task
+A batch whose whole input is a few local files the engine reads itself (``spark.input_files``),
+together no larger than Spark's cost of opening one file (``spark.sql.files.openCostInBytes``,
+4 MB unless set: the bytes Spark reckons it reads in the time an open takes), is read in one task
 (``InputFiles.frame``, up to :func:`one_task_bytes`): the scan then reports a single partition,
 which every aggregation and window function accepts as it is, so the batch's job has no shuffle
-at all, and its partial and final aggregation collapse into one. Spark would read one such file in one task anyway; what goes is the
-shuffle's write, its read and its second stage (measured on 20 batches of 100,000 rows, 1.6 MB
-each: 0.3 JVM CPU s fewer in 3.6, 0.4 in 5.5 with a sketch). Larger inputs keep Spark's split, so
-a big batch (a backfill) still reads on every core.
+at all, and its partial and final aggregation collapse into one. Spark would read one such file
+in one task anyway; what goes is the shuffle's write, its read and its second stage (measured on
+20 batches of 100,000 rows, 1.6 MB each: 0.3 JVM CPU s fewer in 3.6, 0.4 in 5.5 with a sketch).
+Larger inputs keep Spark's split, so a big batch (a backfill) still reads on every core.
 """
 
 from __future__ import annotations

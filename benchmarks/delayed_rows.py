@@ -21,7 +21,7 @@ Reported per variant: CPU (process tree: the driver, the JVM), the CPU of the Po
 serving the run (outside the tree: ``measure.PostgresBackends``), wall, p50/p95 batch latency, peak
 RSS, the driver callback's CPU, rows written (the parquet target, read after the measurement), the
 pending share after each batch (rows held / the batch's rows), the peak of the rows held (the
-runner's ``BatchReport.held_rows``), the pending rows' payload bytes per row (the store's
+runner's ``RowCounts.held_rows``), the pending rows' payload bytes per row (the store's
 ``pending_summary`` after the run, outside the measurement: the rows pending after the last batch)
 and their on-disk bytes per row (PostgreSQL: ``pg_total_relation_size`` of the pending table, its
 index, TOAST and the released rows not yet vacuumed included, and again after ``VACUUM FULL``;

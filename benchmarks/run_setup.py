@@ -18,9 +18,9 @@ from generated_data import generate  # noqa: E402
 from measure import MB, DriverTimer  # noqa: E402
 from results import Result  # noqa: E402
 
-from ematix_dagster.spark import batch as batch_mod  # noqa: E402
+from ematix_dagster.spark import window_call as window_call_mod  # noqa: E402
 from ematix_dagster.spark.batch import BatchStep  # noqa: E402
-from ematix_dagster.spark.row_batch import RowStep  # noqa: E402
+from ematix_dagster.spark.row_call import RowCall  # noqa: E402
 from ematix_dagster.spark.session import get_spark  # noqa: E402
 from ematix_dagster.streaming import micro_batch as micro_batch_mod  # noqa: E402
 from ematix_dagster.streaming.micro_batch import Engine  # noqa: E402
@@ -74,28 +74,25 @@ def prepare(args: argparse.Namespace, data: Path, tick_us: int = 1):
 def install_timers() -> DriverTimer:
     timer = DriverTimer()
     timer.wrap(BatchStep, "run", "foreachBatch callback", profile=True)
-    timer.wrap(batch_mod, "build_batch", "build_batch (plan)")
+    timer.wrap(window_call_mod, "build_batch", "build_batch (plan)")
     try:
         from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
     except ImportError:  # pragma: no cover - older PySpark
         from pyspark.sql import DataFrame as ClassicDataFrame
     timer.wrap(ClassicDataFrame, "toArrow", "partials.toArrow (Spark job + Arrow)")
-    timer.wrap(batch_mod, "partial_lists", "convert.partial_lists")
+    timer.wrap(window_call_mod, "partial_lists", "convert.partial_lists")
     timer.wrap(Engine, "process", "Engine.process")
     timer.wrap(FixedState, "merge", "  FixedState.merge")
     timer.wrap(micro_batch_mod, "emit", "  emission.emit")
     timer.wrap(BatchStep, "_write", "target write")
     timer.wrap(BatchStep, "_commit", "state store commit (encode + store)")
-    # a row pipeline's batch (delayed_rows.py): the same labels where the steps match
-    timer.wrap(RowStep, "run", "foreachBatch callback", profile=True)
-    timer.wrap(RowStep, "_read", "row read (SQL, toArrow)")
+    # a row pipeline's batch (delayed_rows.py): the same step, its own engine call
+    timer.wrap(RowCall, "read", "row read (SQL, toArrow)")
     timer.wrap(RowEngine, "process", "RowEngine.process")
     timer.wrap(RowEngine, "_hold", "  RowEngine._hold (encode)")
     for store in (SqliteStateStore, PostgresStateStore):
         timer.wrap(store, "load_pending", "  store.load_pending")
-    timer.wrap(RowStep, "_write", "target write")
-    timer.wrap(RowStep, "_commit", "state store commit (encode + store)")
-    timer.wrap(RowStep, "_output_watermark", "output watermark (pending_summary)")
+    timer.wrap(RowCall, "_output_watermark", "output watermark (pending_summary)")
     return timer
 
 

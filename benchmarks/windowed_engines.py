@@ -34,6 +34,7 @@ from results import Result  # noqa: E402
 from run_setup import settle  # noqa: E402
 
 from ematix_dagster.columns import HEARTBEAT  # noqa: E402
+from ematix_dagster.spark.batch_report import RowCounts  # noqa: E402
 from ematix_dagster.spark.checkpoint import batch_files  # noqa: E402
 from ematix_dagster.spark.input_files import read_files  # noqa: E402
 from ematix_dagster.spark.readers import union_sources  # noqa: E402
@@ -107,7 +108,8 @@ def run_spec(spark, spec, workload: str, timer: DriverTimer, verbose: bool,
         wall = time.perf_counter() - t0
     if summary.late_rows:
         print(f"    note: {summary.late_rows} late rows", flush=True)
-    row_batches = [(r.rows_in, r.released_rows, r.held_rows) for r in summary.reports if r.released_rows is not None]
+    row_batches = [(r.rows_in, r.counts.released_rows, r.counts.held_rows) for r in summary.reports
+                   if isinstance(r.counts, RowCounts)]
     return Result("ours", workload, meter.cpu, wall, meter.peak_rss, summary.batches, summary.rows_in,
                   summary.windows_emitted + sum(released for _, released, _ in row_batches), meter.by_process(),
                   [r.seconds for r in summary.reports],

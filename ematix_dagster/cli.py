@@ -76,9 +76,9 @@ def cmd_run(spec: PipelineSpec, verbose: bool = False, resume_from_store: bool =
     signal.signal(signal.SIGTERM, stop)
     summary = runner.run()
     if spec.is_row_pipeline:
-        held = summary.reports[-1].held_rows if summary.reports else None
+        held = summary.reports[-1].count("held_rows") if summary.reports else None
         print(f"[{spec.pipeline_name}] done: {summary.batches} batches, {summary.rows_in} rows in, "
-              f"{sum(r.released_rows or 0 for r in summary.reports)} rows written"
+              f"{sum(r.rows_written for r in summary.reports)} rows written"
               + (f", {held} held back by WATERMARK_TS()" if held else ""), file=sys.stderr)
         return 0
     print(f"[{spec.pipeline_name}] done: {summary.batches} batches, {summary.rows_in} rows in, "

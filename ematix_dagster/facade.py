@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
+from ematix_dagster.errors import PipelineConfigError
 from ematix_dagster.spec import (
     Backfill,
     DeadLetter,
@@ -87,7 +88,12 @@ def streaming_pipeline(*, name: str, sources: Iterable[Source], target: Target, 
     ``RowTransform()``); giving both is refused, as TOML refuses both tables' keys. ``emit`` (the
     ``[emit]`` table) publishes a windowed pipeline's rows late.
     """
-    spec = PipelineSpec(pipeline_name=name, sources=tuple(sources), window_spec=window, rows=rows, target=target,
+    if window is not None and rows is not None:
+        raise PipelineConfigError("transform", "has both a window and a row pipeline's keys (rows): a windowed "
+                                  "pipeline takes its watermark keys in [transform.window], and max_buffered_rows "
+                                  "applies to row pipelines only", "give window or rows, not both")
+    shape = window if window is not None else rows or RowTransform()
+    spec = PipelineSpec(pipeline_name=name, sources=tuple(sources), shape=shape, target=target,
                         run=run, transform_sql=transform_sql, dead_letter=dead_letter,
                         state_store=state_store or StateStoreConfig(), metrics_port=metrics_port,
                         emit=emit, backfill=backfill).validate()

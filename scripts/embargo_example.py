@@ -71,7 +71,7 @@ def main(directory: Path) -> None:
         released = pq.read_table(part).to_pylist() if part.exists() else []
         ins = ", ".join(click(u, t, T0 + timedelta(seconds=s)) for u, t, s in rows)
         outs = ", ".join(click(r["user_id"], r["tier"], r["_event_ts"]) for r in released) or "-"
-        print(f"| {report.batch_id} | {ins} | {hms(report.watermark)} | {outs} | {report.held_rows} |")
+        print(f"| {report.batch_id} | {ins} | {hms(report.watermark)} | {outs} | {report.count('held_rows')} |")
     print()
     print(json.dumps(summary(spec, windows=False)["pending"], indent=2))
 

@@ -33,7 +33,7 @@ def small_spec(tmp_path: Path, name: str = "tiny-clicks", *, target: Target | No
         sources=(Source(name="clicks", kind="files", format="parquet", path=str(tmp_path / "in"),
                         schema="user_id BIGINT, amount DOUBLE, ts TIMESTAMP", event_time_column="ts",
                         max_files_per_trigger=1),),
-        window_spec=Window(kind="tumbling", duration_ms=60_000, group_by=("user_id",), max_groups_per_window=1_000,
+        shape=Window(kind="tumbling", duration_ms=60_000, group_by=("user_id",), max_groups_per_window=1_000,
                            aggregations=(Aggregation(agg="count", as_="clicks"),)),
         target=target or Target(kind="parquet", path=str(tmp_path / "out")),
         state_store=store or StateStoreConfig(kind="sqlite", path=str(tmp_path / "state.db")),

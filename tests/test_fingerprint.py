@@ -31,11 +31,11 @@ def test_fingerprints_from_before_emission_triggers_stand(toml: str, expected: s
     """The values stored by state written before the emission keys existed."""
     spec = load_pipeline_str(toml)
     assert fingerprint(fingerprint_doc(spec)) == expected
-    assert fingerprint(fingerprint_doc(replace(spec, window_spec=replace(spec.window, emit_trigger="watermark")))) == expected
+    assert fingerprint(fingerprint_doc(replace(spec, shape=replace(spec.window, emit_trigger="watermark")))) == expected
 
 
 def _with(spec: PipelineSpec, trigger: str | dict[str, int] = "watermark", retractions: bool = False) -> PipelineSpec:
-    return replace(spec, window_spec=replace(spec.window, emit_trigger=trigger),
+    return replace(spec, shape=replace(spec.window, emit_trigger=trigger),
                    target=replace(spec.target, retractions=retractions)).validate()
 
 
@@ -64,7 +64,7 @@ def _no_spark() -> NoReturn:
 def test_a_changed_trigger_on_existing_state_is_refused_before_spark(tmp_path: Path) -> None:
     written = small_spec(tmp_path)
     commit_state(written)  # a batch committed under the watermark trigger
-    changed = replace(written, window_spec=replace(written.window, emit_trigger=EmitTrigger(kind="every_batch")))
+    changed = replace(written, shape=replace(written.window, emit_trigger=EmitTrigger(kind="every_batch")))
     runner = PipelineRunner(changed, spark=_no_spark, metrics=StreamingMetrics(CollectorRegistry()),
                             progress=lambda _line: None)
     with pytest.raises(FingerprintChanged) as info:

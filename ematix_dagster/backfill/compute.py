@@ -55,7 +55,7 @@ def derived_spec(spec: PipelineSpec, rng: BackfillRange, scratch: Path) -> Pipel
         pipeline_name=f"{spec.pipeline_name}-backfill",
         sources=sources,
         transform_sql=restricted_to(spec.transform_sql, lo, hi),
-        window_spec=replace(window, lateness_ms=whole_range_ms, late_data="drop", allowed_lateness_ms=None,
+        shape=replace(window, lateness_ms=whole_range_ms, late_data="drop", allowed_lateness_ms=None,
                             emit_trigger=EmitTrigger(), crash_recovery="at_least_once"),
         target=Target(kind="parquet", path=str(scratch / "windows")),
         dead_letter=(DeadLetter(kind="parquet", path=str(scratch / "dead_letters"),

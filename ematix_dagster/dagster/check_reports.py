@@ -129,7 +129,7 @@ class StepChecks:
     def after_report(self, report: Any, event: Any) -> Iterator[dg.AssetCheckResult]:
         """After each batch's ``report`` (None at the end) and the ``event`` it gave, if any."""
         if report is not None:
-            self._recent.append((int(report.batch_id), int(report.late_rows), int(report.rows_in)))
+            self._recent.append((int(report.batch_id), report.count("late_rows"), int(report.rows_in)))
             if report.watermark is not None:
                 self._watermark = (int(report.batch_id), int(report.watermark))
         materialized = isinstance(event, (dg.AssetMaterialization, dg.MaterializeResult))

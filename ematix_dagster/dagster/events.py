@@ -13,6 +13,7 @@ from typing import Any, Callable, Generator, Iterable, Iterator, Mapping, Option
 import dagster as dg
 
 from ematix_dagster.dagster.versions import batch_data_version
+from ematix_dagster.spark.batch_report import BatchReport, RowCounts
 from ematix_dagster.streaming.windows import format_us
 
 DEFAULT_THROTTLE_SECONDS = 10.0
@@ -26,8 +27,7 @@ def _seconds(us: Optional[int]) -> Optional[float]:
 def rows_written(report: Any) -> int:
     """Rows a batch (or a stretch of them) wrote to the target: finals, corrections, early rows (an
     emit trigger fired) and retractions, or a row pipeline's released rows."""
-    return (report.windows_emitted + report.corrections + report.early_rows + report.retractions
-            + (report.released_rows or 0))
+    return int(report.rows_written)
 
 
 def _wrote_rows(report: Any) -> bool:
@@ -36,7 +36,8 @@ def _wrote_rows(report: Any) -> bool:
 
 def is_heartbeat_only(report: Any) -> bool:
     """A batch that read no rows and emitted nothing (e.g. only the heartbeat ticked)."""
-    return report.rows_in == 0 and not _wrote_rows(report) and report.late_rows == 0 and report.dead_letter_rows == 0
+    return (report.rows_in == 0 and not _wrote_rows(report) and report.count("late_rows") == 0
+            and report.dead_letter_rows == 0)
 
 
 @dataclass
@@ -58,21 +59,25 @@ class _Window:
     rows_by_source: dict[str, int] = field(default_factory=dict)
     first_batch_id: Optional[int] = None
 
-    def add(self, report: Any) -> None:
+    @property
+    def rows_written(self) -> int:
+        return self.windows_emitted + self.corrections + self.early_rows + self.retractions + (self.released_rows or 0)
+
+    def add(self, report: BatchReport) -> None:
         if self.first_batch_id is None:
             self.first_batch_id = int(report.batch_id)
         self.batches += 1
         self.idle_batches += int(is_heartbeat_only(report))
         self.rows_in += report.rows_in
-        self.windows_emitted += report.windows_emitted
-        self.corrections += report.corrections
-        self.early_rows += report.early_rows
-        self.retractions += report.retractions
-        self.late_rows += report.late_rows
+        self.windows_emitted += report.count("windows_emitted")
+        self.corrections += report.count("corrections")
+        self.early_rows += report.count("early_rows")
+        self.retractions += report.count("retractions")
+        self.late_rows += report.count("late_rows")
         self.dead_letter_rows += report.dead_letter_rows
         self.filtered_rows += report.filtered_rows
-        if report.released_rows is not None:
-            self.released_rows = (self.released_rows or 0) + report.released_rows
+        if isinstance(report.counts, RowCounts):
+            self.released_rows = (self.released_rows or 0) + report.counts.released_rows
         for name, n in report.rows_by_source.items():
             self.rows_by_source[name] = self.rows_by_source.get(name, 0) + n
 
@@ -81,13 +86,13 @@ def position_metadata(report: Any, now_s: float) -> dict[str, Any]:
     """Where the stream stands after ``report``: batch, state size, watermarks (timestamps) and the lag."""
     meta: dict[str, Any] = {
         "batch_id": int(report.batch_id),
-        "state_groups": int(report.state_groups),
-        "windows_open": int(report.windows_open),
+        "state_groups": report.count("state_groups"),
+        "windows_open": report.count("windows_open"),
         "batch_seconds": float(report.seconds),
         "idle_sources": len(report.idle_sources),
     }
-    if report.held_rows is not None:  # a row pipeline: rows held back by WATERMARK_TS()
-        meta["held_rows"] = int(report.held_rows)
+    if isinstance(report.counts, RowCounts):  # a row pipeline: rows held back by WATERMARK_TS()
+        meta["held_rows"] = int(report.counts.held_rows)
     watermark = _seconds(report.watermark)
     if watermark is not None:
         meta["watermark"] = dg.MetadataValue.timestamp(watermark)
@@ -288,7 +293,7 @@ class EmatixEventIterator(Iterator[Any]):
         return (f"[{self.name}] last {_duration(seconds)}: {window.batches} batches ({window.idle_batches} "
                 f"heartbeat-only), {window.rows_in} rows in, {_emitted(window)}, {window.late_rows} late rows; "
                 f"at batch {report.batch_id}, "
-                f"watermark {format_us(report.watermark)}{lag}, {report.state_groups} state groups")
+                f"watermark {format_us(report.watermark)}{lag}, {report.count('state_groups')} state groups")
 
     def final_result(self, stopped: Optional[str] = None) -> dg.MaterializeResult:
         """The closing ``MaterializeResult`` (also built after a terminate, when the reports did not end)."""

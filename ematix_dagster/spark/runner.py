@@ -2,7 +2,8 @@
 
 This module owns the query's lifetime: preflight (lease, fingerprint, checkpoint checks), start,
 the ``foreachBatch`` callback's locking, stop and cleanup. What one micro-batch does is
-:class:`~ematix_dagster.spark.batch.BatchStep` (a row pipeline's: ``row_batch.RowStep``). Blocking py4j calls (waiting for the query) run on a background thread and batch reports travel
+:class:`~ematix_dagster.spark.batch.BatchStep`, with the engine call of the pipeline's shape
+(``spark.engine_calls``). Blocking py4j calls (waiting for the query) run on a background thread and batch reports travel
 through a queue, so the caller's thread (the CLI, or a Dagster step that may be interrupted)
 never sits inside py4j (docs/dagster.md).
 """
@@ -18,7 +19,6 @@ from typing import Callable, Iterator
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from ematix_dagster import faults
 from ematix_dagster.errors import (
     CheckpointDiverged,
     FingerprintChanged,
@@ -28,31 +28,18 @@ from ematix_dagster.errors import (
 from ematix_dagster.fingerprint import describe_changes, fingerprint, fingerprint_doc
 from ematix_dagster.metrics import StreamingMetrics, default_metrics, serve
 from ematix_dagster.spark import checkpoint
-from ematix_dagster.spark.batch import BatchReport, BatchStep
-from ematix_dagster.spark.convert import output_schema
+from ematix_dagster.spark.batch import BatchStep
+from ematix_dagster.spark.batch_report import BatchReport
+from ematix_dagster.spark.engine_calls import AnyCall, engine_call
 from ematix_dagster.spark.failures import classify, query_failure
-from ematix_dagster.spark.plan import analyse
 from ematix_dagster.spark.quiet import QuietFailures
 from ematix_dagster.spark.readers import union_sources
 from ematix_dagster.spark.recovery import validate_checkpoint
-from ematix_dagster.spark.row_batch import RowPlan, RowStep, restore_rows, rows_changed
 from ematix_dagster.spark.session import get_spark
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.stores import guarantee, make_store
-from ematix_dagster.streaming.durable import Provenance, restore_engine
-from ematix_dagster.streaming.micro_batch import Engine
-from ematix_dagster.streaming.row_release import RowEngine
-from ematix_dagster.streaming.state_size import GIB, estimate_state
-from ematix_dagster.streaming.watermark import Watermarks
-from ematix_dagster.streaming.windows import MICROS_PER_MS
-from ematix_dagster.targets import (
-    DeadLetterWriter,
-    RowWriter,
-    WindowWriter,
-    make_dead_letter_writer,
-    make_row_writer,
-    make_window_writer,
-)
+from ematix_dagster.streaming.durable import Provenance
+from ematix_dagster.targets import DeadLetterWriter, RowWriter, WindowWriter, make_dead_letter_writer
 from state_store.base import RecoveredState, StateStore, make_holder
 
 
@@ -68,6 +55,7 @@ class RunSummary:
     windows_emitted: int = 0
     late_rows: int = 0
     last_batch_id: int | None = None
+    #: what the run left for the next one: windows not emitted (a row pipeline: rows held back)
     windows_left_open: int = 0
     reports: list[BatchReport] = field(default_factory=list)
 
@@ -106,7 +94,7 @@ class PipelineRunner:
         self.fingerprint_doc = fingerprint_doc(spec)  # as written
         self.fingerprint = fingerprint(self.fingerprint_doc)
         self.target: WindowWriter | RowWriter | None = None
-        self.engine: Engine | RowEngine | None = None
+        self.call: AnyCall | None = None
         self.dead_letter: DeadLetterWriter | None = None
         self._store_open = False
 
@@ -127,10 +115,8 @@ class PipelineRunner:
             self._open_store()
         if spec.metrics_port:
             serve(spec.metrics_port, pipeline=name)
-        expected = None if spec.is_row_pipeline else estimate_state(spec.window)
-        if expected is not None and expected.total_bytes > GIB:
-            self.progress(f"[{name}] warning: window state is expected to reach {expected.describe()}; lower "
-                          "max_groups_per_window or hll_precision if that is more than this machine has")
+        for warning in engine_call(spec).start_warnings(spec):
+            self.progress(f"[{name}] warning: {warning}")
         if spec.target.kind == "console":
             self.progress(f"[{name}] warning: the console target is not idempotent: output is "
                           "at-least-once and a restart may print windows again")
@@ -148,12 +134,7 @@ class PipelineRunner:
             record = self.recovered.record
             if record is not None and record.fingerprint and record.fingerprint != self.fingerprint:
                 changes = describe_changes(record.fingerprint_doc, self.fingerprint_doc)
-                if spec.is_row_pipeline:
-                    raise FingerprintChanged(rows_changed(spec, store, changes))
-                raise FingerprintChanged(
-                    f"pipeline {name}: the state in {store.description} was written for another window shape or "
-                    f"emission; changed: {'; '.join(changes) or 'fingerprint'}. Revert the change, or start over with "
-                    "`ematix-dagster reset PIPELINE.toml --yes` (lateness, caps and idleness may change freely).")
+                raise FingerprintChanged(engine_call(spec).refused_change(spec, store, changes))
             problems = validate_checkpoint(spec, record)
             if problems:
                 raise CheckpointDiverged(f"pipeline {name}: " + " | ".join(str(p) for p in problems))
@@ -211,7 +192,7 @@ class PipelineRunner:
     def _start_query(self) -> StreamingQuery:
         spec = self.spec
         stream = union_sources(self.spark, spec)
-        self.step = self._row_step(stream) if spec.is_row_pipeline else self._window_step(stream)
+        self.step = self._step(stream)
         writer = (stream.writeStream.queryName(spec.pipeline_name.replace("-", "_"))
                   .option("checkpointLocation", spec.run.checkpoint_location)
                   .foreachBatch(self._on_batch))
@@ -222,49 +203,20 @@ class PipelineRunner:
         self.query = writer.start()
         return self.query
 
-    def _row_step(self, stream: DataFrame) -> RowStep:
-        """A row pipeline's batches (docs/contract/row-pipelines.md): no window, held rows in the store."""
-        spec = self.spec
-        plan = RowPlan.build(self.spark, spec, stream)
-        marks = spec.watermark
-        engine = RowEngine(Watermarks(lateness=marks.lateness_ms * MICROS_PER_MS,
-                                      idleness=marks.source_idleness_ms * MICROS_PER_MS, sources=spec.source_names,
-                                      processing_time=marks.time_mode == "processing"),
-                           max_buffered_rows=spec.rows.max_buffered_rows if spec.rows else None,
-                           pipeline=spec.pipeline_name, by_event_time=bool(spec.target.key))
-        self.engine = engine
-        record = self.recovered.record
-        held = self.store.pending_summary(spec.pipeline_name).rows if self.store and self.store.durable else 0
-        restore_rows(engine, record, held)
-        self.target = target = make_row_writer(spec.target, spec.pipeline_name, plan.schema, spec.target.key)
+    def _step(self, stream: DataFrame) -> BatchStep:
+        """The run's batch step: the shape's engine call continued from the store, its target and
+        dead letters open."""
+        spec, record = self.spec, self.recovered.record
+        self.call = call = engine_call(spec).open(self.spark, spec, stream, self.recovered, self.store, self.metrics)
+        self.recovered = RecoveredState(record=record)  # drop the blobs
+        self.target = target = call.open_target()
         target.open()
-        self._open_dead_letters()
-        provenance = Provenance(record.query_id if record else None, self.fingerprint, self.fingerprint_doc)
-        return RowStep(spec, plan, engine, target, self.dead_letter, self.store, self.metrics, self.progress,
-                       provenance, record)
-
-    def _open_dead_letters(self) -> None:
-        spec = self.spec
         self.dead_letter = make_dead_letter_writer(spec.dead_letter, spec.pipeline_name) if spec.dead_letter else None
         if self.dead_letter:
             self.dead_letter.open()
-
-    def _window_step(self, stream: DataFrame) -> BatchStep:
-        spec = self.spec
-        plan = analyse(self.spark, spec, stream)
-        self.engine = engine = Engine.for_window(spec.pipeline_name, spec.window, spec.source_names, plan.integral,
-                                                 retractions=spec.target.retractions)
-        record = restore_engine(engine, self.recovered, self.store.description if self.store else None)
-        self.recovered = RecoveredState(record=record)  # drop the blobs
-        schema = output_schema(plan)
-        key = [spec.window.window_start_column, *spec.window.group_by]
-        self.target = target = make_window_writer(spec.target, spec.pipeline_name, schema, key,
-                                                  store_emit_kind=spec.window.emit_trigger.fires_early)
-        target.open()
-        self._open_dead_letters()
         provenance = Provenance(record.query_id if record else None, self.fingerprint, self.fingerprint_doc)
-        return BatchStep(spec, plan, engine, schema, target, self.dead_letter, self.store,
-                         self.metrics, self.progress, provenance, record)
+        return BatchStep(spec, call, target, self.dead_letter, self.store, self.metrics, self.progress, provenance,
+                         record)
 
     # -- one micro-batch -----------------------------------------------------------------------
 
@@ -353,28 +305,20 @@ class PipelineRunner:
         raise query_failure(exc, self.spec.pipeline_name) from exc
 
     def _finish(self) -> Iterator[BatchReport]:
-        """The end of an ``available_now`` run: the flush, or what stays open (held rows wait for W)."""
-        spec, engine, step = self.spec, self.engine, self.step
+        """The end of an ``available_now`` run: the flush, or what stays open for the next run."""
+        spec, step = self.spec, self.step
         if spec.run.trigger != "available_now" or self._stopping:
             return
-        if isinstance(engine, RowEngine):  # its flush writes and commits nothing: the point is where it would
-            faults.point("after_store_commit", "flush")
-            if engine.pending and self.store is not None:
-                self.progress(f"[{spec.pipeline_name}] input exhausted: {engine.pending} rows held back by WATERMARK_TS() "
-                              f"stay in {self.store.description} until the watermark reaches their release time")
+        left = step.call.left_open()
+        if not left:
             return
-        assert isinstance(engine, Engine) and isinstance(step, BatchStep)
-        if spec.run.end_of_input == "flush" and self._not_emitted():
+        if spec.run.end_of_input == "flush":
             report = step.flush()
-            self.progress(report.progress_line(spec.pipeline_name) + " (end-of-input flush)")
-            yield report
-        elif self._not_emitted() and self.store is not None and self.store.durable:
-            self.progress(f"[{spec.pipeline_name}] input exhausted: {self._not_emitted()} open windows are kept in "
-                          f"{self.store.description} for the next run")
-        elif self._not_emitted():
-            self.progress(f"[{spec.pipeline_name}] warning: input exhausted with {self._not_emitted()} open "
-                          f"windows ({engine.state.group_count} groups) not emitted; with in-memory state they are "
-                          'lost when this process ends (use end_of_input = "flush" to emit them)')
+            if report is not None:
+                self.progress(report.progress_line(spec.pipeline_name) + " (end-of-input flush)")
+                yield report
+                return
+        self.progress(step.call.left_open_line(left, self.store))
 
     def run(self) -> RunSummary:
         """Run to the end (``available_now``) or until :meth:`request_stop` (``processing_time``)."""
@@ -382,15 +326,12 @@ class PipelineRunner:
         for report in self.events():
             summary.batches += 1
             summary.rows_in += report.rows_in
-            summary.windows_emitted += report.windows_emitted
-            summary.late_rows += report.late_rows
+            summary.windows_emitted += report.count("windows_emitted")
+            summary.late_rows += report.count("late_rows")
             summary.last_batch_id = report.batch_id
             summary.reports.append(report)
-        summary.windows_left_open = self._not_emitted()
+        summary.windows_left_open = self.call.left_open() if self.call is not None else 0
         return summary
-
-    def _not_emitted(self) -> int:
-        return self.engine.open_windows() if isinstance(self.engine, Engine) else 0
 
 
 def run_pipeline(spec: PipelineSpec, spark: SparkSession | None = None) -> RunSummary:

@@ -67,7 +67,8 @@ def _unset(obj: object, key: str) -> Iterator[tuple[str, str]]:
             yield from _unset(item, f"{key}[{i}]")
     elif is_dataclass(obj) and not isinstance(obj, type):
         for f in fields(obj):
-            yield from _unset(getattr(obj, f.name), _child(key, f.name))
+            value = getattr(obj, f.name)
+            yield from _unset(value, _child(key, f.name, value))
 
 
 def _resolved(obj: _T, key: str) -> _T:
@@ -77,7 +78,8 @@ def _resolved(obj: _T, key: str) -> _T:
         return tuple(_resolved(item, f"{key}[{i}]") for i, item in enumerate(obj))  # type: ignore[return-value]
     if is_dataclass(obj) and not isinstance(obj, type):
         # a field a source's reader expands itself (a Redis URL) stays as written: see Source.url
-        return replace(obj, **{f.name: _resolved(getattr(obj, f.name), _child(key, f.name)) for f in fields(obj)
+        return replace(obj, **{f.name: _resolved(getattr(obj, f.name), _child(key, f.name, getattr(obj, f.name)))
+                               for f in fields(obj)
                                if not f.metadata.get("expanded_by_reader")})
     return obj
 

@@ -225,17 +225,16 @@ class PipelineSpec:
     """A whole pipeline: sources -> optional row-wise SQL -> window -> target, or, without a window
     (a *row pipeline*, docs/contract/row-pipelines.md), sources -> SQL -> target.
 
-    Exactly one of ``window_spec`` (``[transform.window]``) and ``rows`` (a row pipeline's
-    ``[transform]`` keys) is set: a spec built without a window gets the default
-    :class:`RowTransform`, as a TOML file without ``[transform.window]`` does.
+    ``shape`` says which, in one field: a :class:`Window` (``[transform.window]``) or a
+    :class:`RowTransform` (a row pipeline's ``[transform]`` keys). A spec built without one is a
+    row pipeline with the default keys, as a TOML file without ``[transform.window]`` is.
     """
 
     pipeline_name: str
     sources: tuple[Source, ...]
     target: Target
     run: Run
-    window_spec: Window | None = None
-    rows: RowTransform | None = None
+    shape: Window | RowTransform = field(default_factory=RowTransform)
     transform_sql: str | None = None
     dead_letter: DeadLetter | None = None
     state_store: StateStoreConfig = field(default_factory=StateStoreConfig)
@@ -245,8 +244,16 @@ class PipelineSpec:
 
     def __post_init__(self) -> None:
         _listed_as_tuple(self, "sources")
-        if self.window_spec is None and self.rows is None:
-            object.__setattr__(self, "rows", RowTransform())
+
+    @property
+    def window_spec(self) -> Window | None:
+        """The window of a windowed pipeline; None for a row pipeline."""
+        return self.shape if isinstance(self.shape, Window) else None
+
+    @property
+    def rows(self) -> RowTransform | None:
+        """A row pipeline's ``[transform]`` keys; None for a windowed pipeline."""
+        return self.shape if isinstance(self.shape, RowTransform) else None
 
     @property
     def is_row_pipeline(self) -> bool:
@@ -264,10 +271,7 @@ class PipelineSpec:
     @property
     def watermark(self) -> WatermarkKeys:
         """The keys that set the watermark: the window's, or a row pipeline's ``[transform]``."""
-        if self.window_spec is not None:
-            return self.window_spec
-        assert self.rows is not None  # __post_init__ sets it when there is no window
-        return self.rows
+        return self.shape
 
     @property
     def watermark_table(self) -> str:
@@ -302,11 +306,10 @@ class PipelineSpec:
         if self.dead_letter is not None:
             self.dead_letter.validate()
         self.state_store.validate()
-        if self.window_spec is None:
-            assert self.rows is not None  # __post_init__ sets it when there is no window
-            validate_row_pipeline(self, self.rows)
+        if isinstance(self.shape, RowTransform):
+            validate_row_pipeline(self, self.shape)
         else:
-            self._validate_windowed(self.window_spec)
+            self._validate_windowed(self.shape)
         if self.emit is not None:
             validate_emit(self, self.emit)
         if self.target.same_transaction and self.state_store.kind != "postgres":
@@ -320,10 +323,6 @@ class PipelineSpec:
 
     def _validate_windowed(self, window: Window) -> None:
         """The rules between ``[transform.window]`` and the other tables."""
-        if self.rows is not None:
-            _fail("transform", "has both a window and a row pipeline's keys (rows): a windowed pipeline takes its "
-                  "watermark keys in [transform.window], and max_buffered_rows applies to row pipelines only",
-                  "give window or rows, not both")
         window.validate()
         if self.transform_sql is not None and uses_watermark_ts(self.transform_sql):
             _fail("transform.sql", f"calls {WATERMARK_TS}() in a windowed pipeline: it may appear only in the "

@@ -17,7 +17,7 @@ ematix_dagster.errors.PipelineConfigError: transform.max_buffered_rows: 0 must b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from ematix_dagster.columns import BATCH_ID, EVENT_TS
 from ematix_dagster.spec.rules import _fail, _is_ident, _positive, _validate_watermark
@@ -32,6 +32,8 @@ _CALL = f"{WATERMARK_TS}()"
 @dataclass(frozen=True)
 class RowTransform:
     """A row pipeline's ``[transform]`` keys besides ``sql``: its watermark, and the pending-rows cap."""
+
+    TOML_TABLE: ClassVar[str] = "transform"
 
     lateness_ms: int = 0
     source_idleness_ms: int = 60_000

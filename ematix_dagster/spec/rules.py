@@ -38,11 +38,13 @@ JAVA_LONG_MAX = 2**63 - 1
 _NAME_RE = re.compile(r"^[a-z0-9_-]+$")
 _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
-_TOML_KEYS = {"window_spec": "transform.window", "rows": "transform", "transform_sql": "transform.sql", "as_": "as"}
+_TOML_KEYS = {"transform_sql": "transform.sql", "as_": "as"}
 
 
-def _child(key: str, field_name: str) -> str:
-    name = _TOML_KEYS.get(field_name, field_name)
+def _child(key: str, field_name: str, value: Any = None) -> str:
+    """The TOML key of ``field_name`` under ``key``; a value that names its own table (a spec's
+    ``shape``: ``[transform.window]`` or ``[transform]``) is named by it."""
+    name = getattr(value, "TOML_TABLE", None) or _TOML_KEYS.get(field_name, field_name)
     return f"{key}.{name}" if key else name
 
 

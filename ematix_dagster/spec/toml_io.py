@@ -128,13 +128,12 @@ def spec_from_dict(doc: Mapping[str, Any]) -> PipelineSpec:
     transform = doc["transform"]
     if not isinstance(transform, Mapping):
         _fail("transform", "must be a table", "write [transform]")
-    window: Window | None = None
-    rows: RowTransform | None = None
+    shape: Window | RowTransform
     if "window" in transform:
         _windowed_transform_keys(transform)
-        window = _window(transform["window"])
+        shape = _window(transform["window"])
     else:
-        rows = _rows(transform)
+        shape = _rows(transform)
     if not isinstance(doc["sources"], list):
         _fail("sources", "must be an array of tables", "write [[sources]]")
     sources = tuple(_take(s, f"sources[{i}]", Source) for i, s in enumerate(doc["sources"]))
@@ -143,8 +142,7 @@ def spec_from_dict(doc: Mapping[str, Any]) -> PipelineSpec:
         metrics_port=doc.get("metrics_port"),
         sources=sources,
         transform_sql=transform.get("sql"),
-        window_spec=window,
-        rows=rows,
+        shape=shape,
         target=_take(doc["target"], "target", Target),
         dead_letter=_take(doc["dead_letter"], "dead_letter", DeadLetter) if "dead_letter" in doc else None,
         state_store=(_take(doc["state_store"], "state_store", StateStoreConfig) if "state_store" in doc
@@ -207,7 +205,7 @@ def spec_to_dict(spec: PipelineSpec) -> dict[str, Any]:
     if spec.transform_sql is not None:
         transform["sql"] = spec.transform_sql
     if spec.window_spec is None:
-        transform |= _table(spec.rows)
+        transform |= _table(spec.shape)
     else:
         transform["window"] = _window_table(spec.window_spec)
     doc["transform"] = transform

@@ -57,14 +57,16 @@ def _check_types(obj: Any, key: str = "") -> None:
     cls: type = type(obj)
     hints = _hints(cls)
     for f in fields(obj):
-        _check_type(_child(key, f.name), _TOML_KEYS.get(f.name, f.name), getattr(obj, f.name), hints[f.name])
+        value = getattr(obj, f.name)
+        _check_type(_child(key, f.name, value), _TOML_KEYS.get(f.name, f.name), value, hints[f.name])
 
 
 def _check_type(key: str, name: str, value: Any, hint: Any) -> None:
-    if get_origin(hint) in (Union, types.UnionType):  # X | None
-        if value is None:
+    if get_origin(hint) in (Union, types.UnionType):  # X | None, or a spec's shape: one of its tables
+        if value is None and type(None) in get_args(hint):
             return
-        (hint,) = [a for a in get_args(hint) if a is not type(None)]
+        choices = [a for a in get_args(hint) if a is not type(None)]
+        hint = next((a for a in choices if isinstance(value, a)), choices[0])
     if value is None:
         _fail(key, "is mandatory", f"set {name}")
     if get_origin(hint) is tuple:

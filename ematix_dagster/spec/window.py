@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from ematix_dagster.columns import EVENT_TS
 from ematix_dagster.spec.registries import AGGREGATIONS, WINDOW_KINDS
@@ -79,6 +80,8 @@ class Window:
     >>> w.kind, w.late_data
     ('tumbling', 'drop')
     """
+
+    TOML_TABLE: ClassVar[str] = "transform.window"
 
     kind: str
     max_groups_per_window: int

@@ -7,9 +7,10 @@ the replay tests use one mapping instead of two copies that could drift apart.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import pyarrow as pa
 
@@ -23,6 +24,7 @@ from ematix_dagster.streaming.state.base import (
     StoredSize,
     WrittenRow,
 )
+from ematix_dagster.streaming.watermark import Watermarks
 from ematix_dagster.streaming.windows import WindowKind
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, SourceProgress
 from state_store.codec import (
@@ -50,6 +52,38 @@ class Provenance:
     fingerprint_doc: dict[str, Any] = field(default_factory=dict)
 
 
+class Progress(Protocol):
+    """Where a pipeline's driver stands, whatever its shape: what every committed record holds."""
+
+    watermarks: Watermarks
+    counters: Counter[str]
+    last_batch_id: int | None
+
+
+def pipeline_record(progress: Progress, pipeline: str, provenance: Provenance = Provenance(),
+                    offsets: dict[str, str] | None = None, trigger_fired_at: int | None = None) -> PipelineRecord:
+    """The record a batch commits: the one mapping from a driver's progress to the store's row."""
+    marks = progress.watermarks
+    return PipelineRecord(
+        pipeline=pipeline, state_version=STATE_VERSION, query_id=provenance.query_id,
+        last_batch_id=progress.last_batch_id, fingerprint=provenance.fingerprint,
+        fingerprint_doc=provenance.fingerprint_doc, watermark=marks.global_wm,
+        sources={n: SourceProgress(c.max_event_ts, c.last_arrival) for n, c in marks.clocks.items()},
+        counters=dict(progress.counters), offsets=dict(offsets or {}), trigger_fired_at=trigger_fired_at,
+    )
+
+
+def restore_progress(progress: Progress, record: PipelineRecord) -> None:
+    """The inverse of :func:`pipeline_record` for the parts every shape keeps."""
+    progress.last_batch_id = record.last_batch_id
+    progress.watermarks.restore(record.watermark, _sources(record))
+    progress.counters.update(record.counters)
+
+
+def _sources(record: PipelineRecord) -> dict[str, tuple[int | None, int | None]]:
+    return {n: (p.max_event_ts, p.last_arrival) for n, p in record.sources.items()}
+
+
 def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provenance(),
                  offsets: dict[str, str] | None = None,
                  in_transaction: Sequence[Callable[[Any], None]] = ()) -> BatchCommit:
@@ -58,15 +92,7 @@ def batch_commit(engine: Engine, pipeline: str, provenance: Provenance = Provena
     Takes the engine's pending changes, so call it once per commit.
     """
     state = engine.state
-    marks = engine.watermarks
-    record = PipelineRecord(
-        pipeline=pipeline, state_version=STATE_VERSION, query_id=provenance.query_id,
-        last_batch_id=engine.last_batch_id, fingerprint=provenance.fingerprint,
-        fingerprint_doc=provenance.fingerprint_doc, watermark=marks.global_wm,
-        sources={n: SourceProgress(c.max_event_ts, c.last_arrival) for n, c in marks.clocks.items()},
-        counters=dict(engine.counters), offsets=dict(offsets or {}),
-        trigger_fired_at=engine.clock.fired_at_us,
-    )
+    record = pipeline_record(engine, pipeline, provenance, offsets, engine.clock.fired_at_us)
     segments, rebase, dropped = segment_commit(state)
     return BatchCommit(record=record, in_transaction=list(in_transaction), segments=segments, rebase=rebase,
                        dropped_segments=dropped)
@@ -169,10 +195,8 @@ def _restore(engine: Engine, recovered: RecoveredState, record: PipelineRecord, 
         groups = StoredColumns.from_rows(decoded_groups(state.pipeline, recovered, store,
                                                         ends_stored=state.kind.ends_stored))
         written = decoded_written(recovered)
-    engine.restore(record.last_batch_id, record.watermark,
-                   {n: (p.max_event_ts, p.last_arrival) for n, p in record.sources.items()},
-                   record.counters, groups, store=store, written=written,
-                   trigger_fired_at_us=record.trigger_fired_at)
+    engine.restore(record.last_batch_id, record.watermark, _sources(record), record.counters, groups, store=store,
+                   written=written, trigger_fired_at_us=record.trigger_fired_at)
     return sizes
 
 

@@ -76,6 +76,9 @@ class BatchResult:
     idle_sources: list[str]
     windows_open: int
     groups: int
+    #: the first row's ``_emit_seq``: 0, or, for the end-of-input flush, the last batch's row count
+    #: (the flush's file then continues that batch's numbering)
+    first_seq: int = 0
 
     @cached_property
     def rows(self) -> list[EmittedRow]:
@@ -154,11 +157,7 @@ class Engine:
         columns = groups if isinstance(groups, StoredColumns) else StoredColumns.from_rows(groups)
         self._check_groups(columns, store, thorough)
         self.last_batch_id = last_batch_id
-        self.watermarks.global_wm = watermark
-        for name, (max_ts, last_arrival) in sources.items():
-            if name in self.watermarks.clocks:
-                clock = self.watermarks.clocks[name]
-                clock.max_event_ts, clock.last_arrival = max_ts, last_arrival
+        self.watermarks.restore(watermark, sources)
         self.counters.update(counters)
         self.state.restore(columns, watermark)
         self.state.written = written or {}

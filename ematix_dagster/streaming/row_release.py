@@ -54,6 +54,7 @@ class RowBatch:
     sources: dict  # source name -> SourceStats, measured before the SQL
     rows: pa.Table  # the SQL's output rows, with EVENT_US (and RELEASE_COLUMN under WATERMARK_TS())
     filtered: int = 0  # rows an ordinary WHERE left out (counted, reason ``where``)
+    dead_letters: dict[str, int] = field(default_factory=dict)  # rows written to the dead letters, by reason
 
 
 @dataclass

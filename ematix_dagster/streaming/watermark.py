@@ -44,6 +44,15 @@ class Watermarks:
         for name in self.sources:
             self.clocks.setdefault(name, SourceClock())
 
+    def restore(self, global_wm: int | None, sources: dict[str, tuple[int | None, int | None]]) -> None:
+        """Continue from a commit: the global watermark and each source's (max event time, last
+        arrival); a source the pipeline no longer reads is left out."""
+        self.global_wm = global_wm
+        for name, (max_ts, last_arrival) in sources.items():
+            if name in self.clocks:
+                clock = self.clocks[name]
+                clock.max_event_ts, clock.last_arrival = max_ts, last_arrival
+
     def start_run(self, batch_time: int) -> None:
         """A (re)started query: every source counts as just arrived, so none is idle at once."""
         for clock in self.clocks.values():

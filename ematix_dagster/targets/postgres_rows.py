@@ -102,7 +102,8 @@ class PostgresRowWriter:
         # any key column of a SELECT may be NULL
         self._pg.check_unique_key(conn, oid, self.key_columns, nullable=self.key_columns)
 
-    def write(self, batch_id: int, rows: pa.Table) -> None:
+    def write(self, batch_id: int, rows: pa.Table, part: str = "part-0") -> None:
+        """``part`` names a file part; a table's write replaces the batch's rows whatever the part."""
         commit_write(self, batch_id, rows, f"writing batch {batch_id} to")
 
     def write_in_transaction(self, conn: psycopg.Connection, batch_id: int, rows: pa.Table) -> None:

@@ -7,7 +7,7 @@ import dataclasses
 import dagster as dg
 
 from ematix_dagster.dagster.events import EmatixEventIterator
-from ematix_dagster.spark.runner import BatchReport
+from ematix_dagster.spark.batch_report import BatchReport, RowCounts, WindowCounts
 
 KEY = dg.AssetKey(["ematix", "t"])
 T0 = 1_767_225_600  # 2026-01-01T00:00:00Z, epoch seconds
@@ -16,12 +16,12 @@ T0 = 1_767_225_600  # 2026-01-01T00:00:00Z, epoch seconds
 def report(batch_id: int, rows: int, emitted: int = 0, late: int = 0, watermark_s: float | None = None,
            corrections: int = 0, early: int = 0, retractions: int = 0) -> BatchReport:
     wm = None if watermark_s is None else int(watermark_s * 1_000_000)
+    counts = WindowCounts(windows_emitted=emitted, corrections=corrections, early_rows=early, retractions=retractions,
+                          late_rows=late, state_groups=7, windows_open=2)
     return BatchReport(batch_id=batch_id, batch_time=(T0 + batch_id) * 1_000_000, rows_in=rows,
-                       rows_by_source={"a": rows - rows // 2, "b": rows // 2}, windows_emitted=emitted,
-                       corrections=corrections, early_rows=early, retractions=retractions, late_rows=late,
-                       dead_letter_rows=0, watermark=wm,
+                       rows_by_source={"a": rows - rows // 2, "b": rows // 2}, dead_letter_rows=0, watermark=wm,
                        source_watermarks={"a": wm, "b": None if wm is None else wm - 5_000_000},
-                       idle_sources=["b"] if rows == 0 else [], state_groups=7, windows_open=2, seconds=0.25)
+                       idle_sources=["b"] if rows == 0 else [], seconds=0.25, counts=counts)
 
 
 class Clock:
@@ -95,8 +95,8 @@ def test_row_pipeline_batches_report_rows_written_and_held_back():
     """A row pipeline's batch that wrote rows is a materialization with its released and held rows;
     one that only held rows back is an observation; the run totals the rows written."""
     def rows(batch_id: int, rows_in: int, released: int, held: int) -> BatchReport:
-        return dataclasses.replace(report(batch_id, rows_in, watermark_s=T0 + batch_id), released_rows=released,
-                                   held_rows=held)
+        return dataclasses.replace(report(batch_id, rows_in, watermark_s=T0 + batch_id),
+                                   counts=RowCounts(released_rows=released, held_rows=held))
 
     events = run([rows(0, 5, 3, 2), rows(1, 4, 0, 6), rows(2, 0, 6, 0)], Clock(), throttle=0, step=1.0)
     assert [type(e).__name__ for e in events] == ["AssetMaterialization", "AssetObservation",

@@ -188,7 +188,7 @@ def compare_counters(spec, summary: RunSummary, registry: CollectorRegistry, exp
     policy, kind = spec.window.late_data, spec.window.kind
     assert summary.late_rows == c["late_rows"]
     assert summary.windows_emitted == c["finals"]
-    assert sum(r.corrections for r in summary.reports) == c["corrections"]
+    assert sum(r.counts.corrections for r in summary.reports) == c["corrections"]
     assert summary.windows_left_open == expected.windows_left_open
     assert {r.batch_id: r.watermark for r in summary.reports} == expected.watermarks
     assert metric(registry, "late_rows_dropped_total", pipeline=p, policy=policy) == c["late_rows"]

@@ -76,7 +76,7 @@ def test_materialize_an_available_now_pipeline_asset_end_to_end(spark, pg_dsn, p
         sources=(Source(name="clicks", kind="files", format="parquet", path=str(files.directory),
                         schema="user_id BIGINT, amount DOUBLE, ts TIMESTAMP", event_time_column="ts",
                         max_files_per_trigger=1),),
-        window_spec=Window(kind="tumbling", duration_ms=DURATION_S * 1000, group_by=("user_id",),
+        shape=Window(kind="tumbling", duration_ms=DURATION_S * 1000, group_by=("user_id",),
                            max_groups_per_window=1_000,
                            aggregations=(Aggregation(agg="count", as_="clicks"),
                                          Aggregation(agg="sum", column="amount", as_="amount_sum"))),

@@ -45,7 +45,7 @@ KINDS = [{"early": 2}, {"retract": 2, "final": 2, "early": 1}, {"retract": 1, "e
 
 def early_spec(tmp_path: Path, target: Target, end_of_input: str) -> PipelineSpec:
     spec = small_spec(tmp_path, "early-clicks", target=target)
-    return dataclasses.replace(spec, window_spec=dataclasses.replace(spec.window, emit_trigger=EmitTrigger("every_batch")),
+    return dataclasses.replace(spec, shape=dataclasses.replace(spec.window, emit_trigger=EmitTrigger("every_batch")),
                                run=dataclasses.replace(spec.run, end_of_input=end_of_input)).validate()
 
 
@@ -61,7 +61,7 @@ def run(spec: PipelineSpec, spark, batch_files) -> tuple[list, CollectorRegistry
 def test_parquet_with_retractions_reads_back_as_the_truth(spark, tmp_path, batch_files):
     spec = early_spec(tmp_path, Target(kind="parquet", path=str(tmp_path / "out"), retractions=True), "flush")
     reports, registry = run(spec, spark, batch_files)
-    assert [(r.early_rows, r.retractions) for r in reports] == [(k.get("early", 0), k.get("retract", 0)) for k in KINDS]
+    assert [(r.counts.early_rows, r.counts.retractions) for r in reports] == [(k.get("early", 0), k.get("retract", 0)) for k in KINDS]
 
     got = read_batch_dirs(spec.target.path)  # each directory's part-0 rows, then its flush's
     assert sorted(got) == [0, 1, 2] and (Path(spec.target.path) / "batch_id=2" / "flush.parquet").exists()
@@ -104,7 +104,7 @@ def test_postgres_keeps_emit_kind_and_the_latest_row_per_key(spark, tmp_path, ba
     table = f"{pg_schema}.early_clicks"
     spec = early_spec(tmp_path, Target(kind="postgres", url=pg_dsn, table=table, create_table=True), "keep")
     reports, _ = run(spec, spark, batch_files)
-    assert [r.early_rows for r in reports] == [2, 1, 2] and all(r.retractions == 0 for r in reports)
+    assert [r.counts.early_rows for r in reports] == [2, 1, 2] and all(r.counts.retractions == 0 for r in reports)
     with psycopg.connect(pg_dsn) as conn:
         cur = conn.execute(sql.SQL("SELECT * FROM {} ORDER BY window_start, user_id").format(
             sql.Identifier(pg_schema, "early_clicks")))

@@ -162,7 +162,7 @@ def test_hopping_dlq_and_idle_sources(spark, tmp_path, batch_files):
 
     assert expected.watermarks[0] is None, "c, never seen and not yet idle, holds W back in batch 0"
     assert expected.watermarks[1] == us(at(2, 0)), "b and c idle: W follows a"
-    assert summary.reports[0].watermark is None and summary.reports[0].windows_emitted == 0
+    assert summary.reports[0].watermark is None and summary.reports[0].counts.windows_emitted == 0
     assert set(summary.reports[1].idle_sources) == {"b", "c"}
     cnt = expected.counters
     assert cnt["late_rows"] == 1 and cnt["late_assignments"] == 1
@@ -187,7 +187,7 @@ def test_tumbling_lateness_on_the_driver_with_future_rows_and_two_sources(spark,
                                                                            policy):
     """The plan without batch values: late windows are classed on the driver, and a batch whose
     newest event time may be in the future runs the exact way (batch 2 here)."""
-    from ematix_dagster.spark import batch as batch_module
+    from ematix_dagster.spark import window_call as batch_module
 
     calls = {"driver": 0, "exact": 0}
 
@@ -312,7 +312,7 @@ def test_json_csv_bad_rows_never_seen_source_and_in_memory_refusal(spark, tmp_pa
     assert (cnt["malformed:j"], cnt["malformed:c"]) == (2, 1)
     assert (cnt["invalid_event_time:j"], cnt["invalid_event_time:c"]) == (3, 3)
     assert all(r.watermark is None for r in summary.reports[:-1]), "p, never seen, holds W back"
-    assert summary.reports[-1].windows_emitted == 4, "the flush emits every good row's window"
+    assert summary.reports[-1].counts.windows_emitted == 4, "the flush emits every good row's window"
     dlq = [r for rows in read_batch_dirs(spec.dead_letter.path).values() for r in rows]
     raw = {r["_corrupt_record"] for r in dlq if r["_reason"] == "malformed"}
     assert raw == {truncated, mistyped, f"13,y,abc,{ms(at(0, 20))}"}

@@ -159,7 +159,7 @@ def test_a_tumbling_batch_without_batch_values_rejects_by_the_same_rules(spark, 
     (``spark.windows.driver_late``), which writes the rejection rules straight into its grouping
     slot: the rejected rows are counted and dead-lettered as the exact plan would, and the newest
     of them, whose event time is valid, moves the watermark (lateness 0: to that event time)."""
-    from ematix_dagster.spark import batch as batch_module
+    from ematix_dagster.spark import window_call as batch_module
 
     driver_classed = []
     real = batch_module.late_windows

@@ -94,7 +94,7 @@ def test_delayed_rows_leave_in_the_batch_whose_watermark_reaches_them(spark, tmp
     check_the_data(outs)
     assert parquet_batches(out) == expected_batches(outs)  # rows, columns, order; nothing after batch 3
     assert dead_letters(str(tmp_path / "dlq")) == expected_dead_letters(outs)
-    assert [(r.watermark, r.released_rows, r.held_rows) for r in summary.reports] == \
+    assert [(r.watermark, r.counts.released_rows, r.counts.held_rows) for r in summary.reports] == \
         [(o.watermark, len(o.released), len(o.held)) for o in outs]
     assert metric(registry, "rows_filtered_total", pipeline=p, reason="not_released") == 4
     assert metric(registry, "rows_filtered_total", pipeline=p, reason="where") == 0
@@ -135,7 +135,7 @@ def test_delayed_rows_leave_in_the_batch_whose_watermark_reaches_them(spark, tmp
     check_the_data(outs)
     written = parquet_batches(out)
     assert written == expected_batches(outs)
-    assert [r.batch_id for r in summary.reports] == [4] and summary.reports[0].held_rows == 1
+    assert [r.batch_id for r in summary.reports] == [4] and summary.reports[0].counts.held_rows == 1
     assert metric(registry, "buffered_rows", pipeline=p) == 1
     account(DELAYED_RUN_1 + DELAYED_RUN_2, outs, written)
 

@@ -313,7 +313,7 @@ def test_late_rows_bridging_two_and_three_sessions_into_parquet(spark, tmp_path,
     assert {key: (r["window_end"], tuple(r[a] for a in ALIASES)) for key, r in view.items()} == oracle_target(oracle)
     assert {(r["window_start"] - t0, r["k"]) for r in view.values()} == {
         (0, "a"), (0, "b"), (45 * S, "c"), (100 * S, "z"), (390 * S, "b"), (400 * S, "z")}
-    assert sum(r.corrections for r in summary.reports) == 3
+    assert sum(r.counts.corrections for r in summary.reports) == 3
 
 
 @pytest.mark.parametrize("same_transaction", [True, False], ids=["exactly-once", "own-transaction"])

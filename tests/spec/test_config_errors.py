@@ -267,19 +267,19 @@ def test_invalid_toml_syntax() -> None:
 
 def test_python_built_specs_are_validated_too() -> None:
     base = python_spec()
-    bad = replace(base, window_spec=replace(base.window, hop_ms=None))
+    bad = replace(base, shape=replace(base.window, hop_ms=None))
     with pytest.raises(PipelineConfigError) as info:
         bad.validate()
     assert_names(info.value, f"{W}.hop_ms", "required")
     bad_agg = replace(base.window, aggregations=(Aggregation("count", "sku"),))
     with pytest.raises(PipelineConfigError) as info:
-        replace(base, window_spec=bad_agg).validate()
+        replace(base, shape=bad_agg).validate()
     assert_names(info.value, f"{W}.aggregations[0].as", "'sku'", "group_by column")
     with pytest.raises(PipelineConfigError) as info:
-        replace(base, window_spec=replace(base.window, aggregations=())).validate()
+        replace(base, shape=replace(base.window, aggregations=())).validate()
     assert_names(info.value, f"{W}.aggregations", "at least one")
     with pytest.raises(PipelineConfigError) as info:
-        replace(base, window_spec=replace(base.window, max_groups_per_window=None)).validate()
+        replace(base, shape=replace(base.window, max_groups_per_window=None)).validate()
     assert_names(info.value, f"{W}.max_groups_per_window", "mandatory")
 
 

@@ -55,7 +55,7 @@ def test_the_facade_takes_every_spelling_and_the_trigger_itself(value: Any, trig
     for given in (value, trigger):
         window = replace(base.window, emit_trigger=given)  # Window(..., emit_trigger=given)
         assert window.emit_trigger == trigger
-        spec = replace(base, window_spec=window).validate()
+        spec = replace(base, shape=window).validate()
         assert load_pipeline_str(dump_pipeline(spec)) == spec
 
 
@@ -85,7 +85,7 @@ HAND_BUILT = [  # (trigger, the key named, words in the message)
 def test_a_trigger_built_by_hand_is_checked(trigger: EmitTrigger, key: str, words: tuple[str, ...]) -> None:
     base = python_spec()
     with pytest.raises(PipelineConfigError) as info:
-        replace(base, window_spec=replace(base.window, emit_trigger=trigger)).validate()
+        replace(base, shape=replace(base.window, emit_trigger=trigger)).validate()
     assert_names(info.value, key, *words)
 
 

@@ -228,14 +228,11 @@ def test_refusal_ids_are_unique() -> None:
 def test_python_built_row_pipelines_are_validated_too() -> None:
     spec = load_pipeline_str(ROW_TOML)
     with pytest.raises(PipelineConfigError) as info:
-        replace(spec, rows=replace(spec.rows, max_buffered_rows=None)).validate()
+        replace(spec, shape=replace(spec.shape, max_buffered_rows=None)).validate()
     assert_names(info.value, f"{T}.max_buffered_rows", "mandatory")
     with pytest.raises(PipelineConfigError) as info:
         replace(spec, state_store=StateStoreConfig(kind="in_memory")).validate()
     assert_names(info.value, "state_store.kind", "in_memory")
     windowed = python_spec()
-    with pytest.raises(PipelineConfigError) as info:
-        replace(windowed, rows=RowTransform()).validate()
-    assert_names(info.value, "transform", "both a window")
-    assert replace(windowed, window_spec=None, transform_sql=spec.transform_sql, rows=spec.rows,
+    assert replace(windowed, shape=spec.shape, transform_sql=spec.transform_sql,
                    target=spec.target).validate().is_row_pipeline

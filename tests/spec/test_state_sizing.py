@@ -25,7 +25,7 @@ class _Expected:
 
 def _window(**changes: Any) -> _Expected:
     base = load_pipeline_str(MINIMAL_TOML)
-    return _Expected(replace(base, window_spec=replace(base.window, **changes)).validate())
+    return _Expected(replace(base, shape=replace(base.window, **changes)).validate())
 
 
 def test_state_upper_bound_tumbling_is_one_window() -> None:

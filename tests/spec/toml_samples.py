@@ -188,7 +188,7 @@ def python_spec() -> PipelineSpec:
             Source(name="ticks", kind="rate", rows_per_second=5),
         ],
         transform_sql="SELECT * FROM source",
-        window_spec=Window(
+        shape=Window(
             kind="hopping", duration_ms=300_000, hop_ms=60_000, group_by=["region", "sku"],
             max_groups_per_window=50_000, lateness_ms=5_000, time_mode="event", event_time_unit="us",
             late_data="reopen", allowed_lateness_ms=600_000, hll_precision=12,

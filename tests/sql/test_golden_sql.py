@@ -2,7 +2,7 @@
 
 The texts are what Spark runs or analyses: a windowed pipeline's ``[transform] sql`` as written and
 guarded (``spark.plan.apply_sql``); a row pipeline's release plan, its row query and that query
-guarded (``spark.row_plan``, ``spark.row_batch.RowPlan``); an ``[emit] sql``'s release plan and the
+guarded (``spark.row_plan``, ``spark.row_call.RowPlan``); an ``[emit] sql``'s release plan and the
 guarded release query over the pipeline's own view (``spark.emit_release.EmitStage``); a
 ``[backfill]``'s SQL restricted to its first partition (``backfill.compute.derived_spec``), guarded.
 :func:`sql_texts` recomputes them through the package's functions, without Spark, and
@@ -31,7 +31,7 @@ from ematix_dagster.columns import EVENT_TS, SOURCE
 from ematix_dagster.spark.convert import output_schema
 from ematix_dagster.spark.emit_release import EmitStage
 from ematix_dagster.spark.plan import VIEW, analyse, guarded_sql, source_row
-from ematix_dagster.spark.row_batch import RowPlan
+from ematix_dagster.spark.row_call import RowPlan
 from ematix_dagster.spark.safe_sql import GuardedSql, SourceRow, guard_sql
 from ematix_dagster.spec import PipelineSpec, load_pipeline, load_pipeline_str
 from ematix_dagster.spec.emit import predicate_columns

@@ -163,6 +163,8 @@ def summary(spec: PipelineSpec, windows: bool = True) -> dict[str, Any]:
         "sources": {n: {"max_event_ts": p.max_event_ts, "last_arrival": p.last_arrival}
                     for n, p in (record.sources.items() if record else [])},
         "counters": dict(record.counters) if record else {},
+        "last_batch_rows": record.last_batch_rows if record else None,
+        "release_watermark": record.release_watermark if record else None,
         "trimmed_entries_skipped": _skipped(spec, record),
         "windows": per_window,
         **({noun: _held_per_key(recovered.groups, noun)} if (noun := _rows_per_key(spec)) else {}),

@@ -73,7 +73,8 @@ def sources_to_json(sources: dict[str, SourceProgress]) -> str:
 
 #: The pipelines-table columns a load reads, in the order ``record_from_row`` expects.
 PIPELINE_COLUMNS = ("state_version", "query_id", "last_batch_id", "fingerprint", "fingerprint_doc", "watermark",
-                    "sources", "counters", "lease_holder", "pending_migration", "trigger_fired_at")
+                    "sources", "counters", "lease_holder", "pending_migration", "trigger_fired_at",
+                    "release_watermark", "last_batch_rows")
 
 
 def _is_int(value: Any) -> bool:
@@ -153,7 +154,9 @@ def record_from_row(pipeline: str, row: tuple, offsets: dict[str, str], store: s
                  _json_column(pipeline, store, "sources", row[6], [], _sources_problem)},
         counters=_json_column(pipeline, store, "counters", row[7], {}, _counters_problem),
         pending_migration=bool(row[9]),
-        trigger_fired_at=_int_column(pipeline, store, "trigger_fired_at", row[10]))
+        trigger_fired_at=_int_column(pipeline, store, "trigger_fired_at", row[10]),
+        release_watermark=_int_column(pipeline, store, "release_watermark", row[11]),
+        last_batch_rows=_int_column(pipeline, store, "last_batch_rows", row[12]))
     record.offsets = ordered_offsets(record.sources, offsets)
     return record
 
@@ -171,9 +174,9 @@ def check_batch(batch: BatchCommit) -> None:
     rows' (schema step 7) with ``state_store.pending.check_pending``."""
     if not isinstance(batch.record, PipelineRecord) or not batch.record.pipeline:
         raise TypeError("BatchCommit.record must be a PipelineRecord with a pipeline name")
-    if not _is_int_or_none(batch.record.trigger_fired_at):
-        raise TypeError("record.trigger_fired_at must be an int batch time (µs) or None, "
-                        f"got {batch.record.trigger_fired_at!r:.200}")
+    for name in ("trigger_fired_at", "release_watermark", "last_batch_rows"):
+        if not _is_int_or_none(getattr(batch.record, name)):
+            raise TypeError(f"record.{name} must be an int or None, got {getattr(batch.record, name)!r:.200}")
     if type(batch.rebase) is not bool or set(map(type, batch.segments)) - {bytes} or not all(batch.segments):
         raise TypeError("BatchCommit.segments must be non-empty bytes blobs and rebase a bool")
     if type(batch.dropped_segments) is not int or batch.dropped_segments < 0 or (batch.dropped_segments and batch.rebase):

@@ -80,6 +80,12 @@ class PipelineRecord:
     offsets: dict[str, str] = field(default_factory=dict)  # source name -> offset JSON of last_batch_id
     pending_migration: bool = False
     trigger_fired_at: int | None = None  # batch time (µs) of the interval emit trigger's last firing
+    #: WATERMARK_TS() of the last batch under ``[emit] sql`` (µs): a later batch's never goes below it,
+    #: and the end-of-input flush releases nothing by a watermark it raised itself (schema step 9)
+    release_watermark: int | None = None
+    #: rows the last batch of a windowed pipeline wrote: the end-of-input flush numbers its rows
+    #: after them (``_emit_seq``), in this run or a later one (schema step 9)
+    last_batch_rows: int | None = None
 
 
 @dataclass

@@ -320,7 +320,8 @@ class PostgresStateStore(StateStore):
             values = (record.state_version, record.query_id, record.last_batch_id, record.fingerprint,
                       Jsonb(record.fingerprint_doc), record.watermark, Jsonb(_sources_doc(record)),
                       Jsonb(record.counters), self._leases.get(pipeline),
-                      bool(record.pending_migration), record.trigger_fired_at)
+                      bool(record.pending_migration), record.trigger_fired_at, record.release_watermark,
+                      record.last_batch_rows)
             conn.execute(sql.SQL(
                 "INSERT INTO {pipelines} (pipeline_name, {columns}, updated_at) VALUES (%s, {params}, now()) "
                 "ON CONFLICT (pipeline_name) DO UPDATE SET {updates}, updated_at = now()").format(

@@ -273,6 +273,28 @@ STEPS: tuple[SchemaStep, ...] = (
                 PRIMARY KEY (pipeline_name, seq)) WITHOUT ROWID, STRICT""",
         ),
     ),
+    SchemaStep(
+        9, "the release watermark and the last batch's row count as columns of the pipelines row, out of its counters",
+        postgres=(
+            "ALTER TABLE {pipelines} ADD COLUMN release_watermark bigint",
+            "ALTER TABLE {pipelines} ADD COLUMN last_batch_rows bigint",
+            """UPDATE {pipelines}
+                SET release_watermark = (counters ->> 'emit_release_watermark')::bigint,
+                    last_batch_rows = (counters ->> 'last_batch_rows_written')::bigint,
+                    counters = counters - 'emit_release_watermark' - 'last_batch_rows_written'
+                WHERE jsonb_typeof(counters) = 'object'
+                  AND counters ?| array['emit_release_watermark', 'last_batch_rows_written']""",
+        ),
+        sqlite=(
+            "ALTER TABLE {pipelines} ADD COLUMN release_watermark INTEGER",
+            "ALTER TABLE {pipelines} ADD COLUMN last_batch_rows INTEGER",
+            """UPDATE {pipelines}
+                SET release_watermark = json_extract(counters, '$.emit_release_watermark'),
+                    last_batch_rows = json_extract(counters, '$.last_batch_rows_written'),
+                    counters = json_remove(counters, '$.emit_release_watermark', '$.last_batch_rows_written')
+                WHERE json_valid(counters) AND json_type(counters) = 'object'""",
+        ),
+    ),
 )
 
 SCHEMA_VERSION = STEPS[-1].version

@@ -298,7 +298,8 @@ class SqliteStateStore(StateStore):
                     (pipeline, record.state_version, record.query_id, record.last_batch_id, record.fingerprint,
                      json.dumps(record.fingerprint_doc), record.watermark, sources_to_json(record.sources),
                      json.dumps(record.counters), holder,
-                     int(bool(record.pending_migration)), record.trigger_fired_at, now))
+                     int(bool(record.pending_migration)), record.trigger_fired_at, record.release_watermark,
+                     record.last_batch_rows, now))
                 for callback in batch.in_transaction:
                     callback(conn)
 

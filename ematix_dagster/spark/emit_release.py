@@ -1,4 +1,4 @@
-"""``[emit] sql`` in a windowed pipeline's batch (SPEC §11, docs/contract/delayed-windows.md).
+"""``[emit] sql`` in a windowed pipeline's batch (docs/contract/delayed-windows.md).
 
 Between the engine's emission and the target write, each emitted row gets its release time from the
 ``[emit]`` predicate, evaluated by Spark over the rows' window bounds, ``session_id`` and group
@@ -11,8 +11,8 @@ store commit carries the pending-row changes.
 
 WATERMARK_TS() is the watermark the batch's sources put W at, never below the last batch's
 (:meth:`~ematix_dagster.streaming.watermark.Watermarks.candidate`): a flush raises the engine's W
-to close every window, and that raise must not release anything (§11). It is committed with the
-batch as the counter :data:`RELEASE_WATERMARK`.
+to close every window, and that raise must not release anything. It is committed with the batch
+(``PipelineRecord.release_watermark``).
 """
 
 from __future__ import annotations
@@ -37,8 +37,6 @@ from ematix_dagster.streaming.emitted import Emitted
 from ematix_dagster.streaming.micro_batch import BatchResult, Engine
 from state_store.base import BatchCommit, StateStore
 
-#: the engine counter holding WATERMARK_TS() of the last batch (µs), committed with it
-RELEASE_WATERMARK = "emit_release_watermark"
 _ROW = "_emit_row"
 _LAST_US = 2**63 - 1
 
@@ -53,16 +51,20 @@ class EmitStage:
     columns: tuple[str, ...]  # the columns the view holds: those the predicate may name
     buffer: EmitBuffer
     last: Released | None = None
+    #: WATERMARK_TS() of the last batch (µs), committed with it
+    release_watermark: int | None = None
 
     @classmethod
-    def open(cls, spec: PipelineSpec, store: StateStore | None, schema: pa.Schema) -> EmitStage | None:
-        """The stage of ``spec`` (None without ``[emit]``), its query analysed over the output ``schema`` and
-        its pending rows loaded from ``store``."""
+    def open(cls, spec: PipelineSpec, store: StateStore | None, schema: pa.Schema,
+             release_watermark: int | None) -> EmitStage | None:
+        """The stage of ``spec`` (None without ``[emit]``), its query analysed over the output ``schema``,
+        its pending rows loaded from ``store`` and the last committed WATERMARK_TS()."""
         if spec.emit is None:
             return None
         assert store is not None  # the spec requires a durable one
         stage = cls.analysed(spec, schema)
         stage.buffer.restore(store.load_pending(spec.pipeline_name, _LAST_US))
+        stage.release_watermark = release_watermark
         return stage
 
     @classmethod
@@ -90,11 +92,9 @@ class EmitStage:
     def release(self, engine: Engine, result: BatchResult, batch_time: int, table: Callable[[Emitted], pa.Table],
                 first_seq: int = 0, flush: bool = False) -> BatchResult:
         """``result`` with the rows that leave now as its emitted rows; ``table`` makes the target's table."""
-        counters = engine.counters
-        before = counters[RELEASE_WATERMARK] if RELEASE_WATERMARK in counters else None
+        counters, before = engine.counters, self.release_watermark
         watermark = before if flush else _at_least(engine.watermarks.candidate(batch_time), before)
-        if watermark is not None:
-            counters[RELEASE_WATERMARK] = watermark
+        self.release_watermark = watermark
         emitted = result.emitted
         self.last = last = self.buffer.process(result.batch_id, emitted, self._release_times(table(emitted)),
                                                watermark, first_seq, flush)
@@ -127,7 +127,8 @@ class EmitStage:
         return out
 
     def add_to(self, commit: BatchCommit) -> None:
-        """The last batch's pending-row changes, in its store transaction."""
+        """The last batch's pending-row changes and WATERMARK_TS(), in its store transaction."""
+        commit.record.release_watermark = self.release_watermark
         if self.last is not None:
             commit.pending_inserts, commit.pending_released = self.last.inserts, self.last.deletes
 

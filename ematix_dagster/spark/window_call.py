@@ -34,11 +34,6 @@ from ematix_dagster.targets import WindowWriter, make_window_writer
 from state_store.base import BatchCommit, RecoveredState, StateStore
 from state_store.codec import encode_keys
 
-#: the engine counter holding how many rows the last batch wrote (set per batch, committed with it):
-#: the end-of-input flush numbers its rows after them (``_emit_seq``), in this run or a later one
-#: that has no batch of its own (the counter then comes back from the store)
-LAST_BATCH_ROWS = "last_batch_rows_written"
-
 
 @dataclass
 class WindowCall:
@@ -52,6 +47,9 @@ class WindowCall:
     #: ``[emit] sql``: which emitted rows leave now (the rest wait in the store, loaded from it here)
     emit: EmitStage | None
     shuffle: BatchShuffle
+    #: rows the last batch wrote, committed with it (``PipelineRecord.last_batch_rows``): the
+    #: end-of-input flush numbers its rows after them, in this run or a later one with no batch
+    last_batch_rows: int = 0
 
     @classmethod
     def open(cls, spark: SparkSession, spec: PipelineSpec, stream: DataFrame, recovered: RecoveredState,
@@ -60,9 +58,11 @@ class WindowCall:
         plan = analyse(spark, spec, stream)
         engine = Engine.for_window(spec.pipeline_name, spec.window, spec.source_names, plan.integral,
                                    retractions=spec.target.retractions)
-        restore_engine(engine, recovered, store.description if store else None)
+        record = restore_engine(engine, recovered, store.description if store else None)
         schema = output_schema(plan)
-        return cls(spec, plan, engine, schema, metrics, EmitStage.open(spec, store, schema), BatchShuffle())
+        emit = EmitStage.open(spec, store, schema, record.release_watermark if record else None)
+        return cls(spec, plan, engine, schema, metrics, emit, BatchShuffle(),
+                   record.last_batch_rows or 0 if record else 0)
 
     @staticmethod
     def start_warnings(spec: PipelineSpec) -> list[str]:
@@ -137,7 +137,7 @@ class WindowCall:
     def process(self, batch: BatchInput) -> BatchResult:
         engine = self.engine
         result = engine.process(batch)
-        engine.counters[LAST_BATCH_ROWS] = len(result.emitted)
+        self.last_batch_rows = len(result.emitted)
         if self.emit is not None:
             result = self.emit.release(engine, result, batch.batch_time, self._table)
         return result
@@ -145,14 +145,14 @@ class WindowCall:
     def flush(self, batch_id: int, batch_time: int) -> tuple[BatchInput, BatchResult]:
         """Every open window, emitted and closed for good.
 
-        Its rows are numbered after the last batch's (:data:`LAST_BATCH_ROWS`): a reader orders the
-        two files' rows of one key by ``_emit_seq``. The flush leaves the counter as it is, so a
+        Its rows are numbered after the last batch's (:attr:`last_batch_rows`): a reader orders the
+        two files' rows of one key by ``_emit_seq``. The flush leaves that count as it is, so a
         flush replayed after a crash numbers its rows as the first try did. Under ``[emit]`` its
         rows all wait for a later batch (docs/contract/delayed-windows.md).
         """
         engine = self.engine
         result = engine.flush(batch_id, batch_time)
-        first_seq = engine.counters[LAST_BATCH_ROWS]
+        first_seq = self.last_batch_rows
         if self.emit is not None:
             result = self.emit.release(engine, result, batch_time, self._table, first_seq, flush=True)
         return BatchInput(batch_id, batch_time, {}), replace(result, first_seq=first_seq)
@@ -172,6 +172,7 @@ class WindowCall:
                in_transaction: InTransaction) -> BatchCommit:
         """Changed groups, evicted windows, the pending rows of ``[emit]``, offsets, watermarks, counters."""
         commit = batch_commit(self.engine, self.spec.pipeline_name, provenance, offsets, in_transaction)
+        commit.record.last_batch_rows = self.last_batch_rows
         if self.emit is not None:
             self.emit.add_to(commit)
         return commit

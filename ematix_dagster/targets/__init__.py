@@ -41,7 +41,7 @@ at-least-once delivery of Spark into effectively-once output:
   comes before the rows that replace it: readers keep the row with the largest
   ``(batch_id, _emit_seq)`` per key and drop keys whose latest row is a ``retract``
   (docs/contract/emission.md). The end-of-input flush file continues the ``_emit_seq`` of its
-  batch's ``part-0`` (``spark.batch.LAST_BATCH_ROWS``), and it may write a key ``part-0`` wrote:
+  batch's ``part-0`` (``PipelineRecord.last_batch_rows``), and it may write a key ``part-0`` wrote:
   with an early trigger, a window with an ``early`` row in the last batch gets its ``final`` (and,
   with ``[target] retractions``, a ``retract`` before it) in the flush, so readers order
   ``part-0`` and flush rows together by ``(batch_id, _emit_seq)``.

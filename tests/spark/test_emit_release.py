@@ -24,7 +24,7 @@ def _stage(spark, tmp_path, predicate: str) -> EmitStage:
     store = SqliteStateStore(tmp_path / "state.db")
     store.open()
     try:
-        stage = EmitStage.open(spec, store, _rows([]).schema)
+        stage = EmitStage.open(spec, store, _rows([]).schema, None)
     finally:
         store.close()
     assert stage is not None

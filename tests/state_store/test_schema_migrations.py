@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import psycopg
 import pytest
 
@@ -25,7 +27,7 @@ def test_schema_versions_are_recorded_and_newer_schemas_refused(schema_store):
     store.close()
     conn = connect()
     rows = conn.execute("SELECT version, description FROM ematix_streaming_schema_version ORDER BY version").fetchall()
-    assert [r[0] for r in rows] == [s.version for s in migrations.STEPS] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert [r[0] for r in rows] == [s.version for s in migrations.STEPS] == [1, 2, 3, 4, 5, 6, 7, 8, 9]
     conn.execute("INSERT INTO ematix_streaming_schema_version (version, description, applied_at) "
                  "VALUES (99, 'from the future', '2030-01-01')")
     if kind == "sqlite":
@@ -134,3 +136,39 @@ def test_schema_step_6_adds_null_written_rows_and_trigger_timer_in_place(schema_
 
 _FILENODES = ("SELECT pg_relation_filenode('ematix_streaming_state'), "
               "pg_relation_filenode('ematix_streaming_pipelines')")
+
+
+def test_step_9_moves_the_release_watermark_and_the_last_batch_rows_out_of_the_counters(schema_store):
+    """Schema step 9: WATERMARK_TS() of ``[emit] sql`` and the last batch's row count were counters
+    (``emit_release_watermark``, ``last_batch_rows_written``); they become the record's own fields,
+    with their values, and leave the counters, which keep the rest. A record without them, or with
+    no counters at all, gets neither."""
+    kind, build, connect = schema_store
+    conn = connect()
+    store_at_schema(kind, conn, 8, "v8", [])
+    counters = {"rows_consumed:a": 5, "emit_release_watermark": 123_000_000, "last_batch_rows_written": 7}
+    param = "?" if kind == "sqlite" else "%s"
+    for pipeline, stored in (("v8", json.dumps(counters)), ("plain", json.dumps({"rows_consumed:a": 2})),
+                             ("empty", None)):
+        if pipeline != "v8":
+            conn.execute("INSERT INTO ematix_streaming_pipelines (pipeline_name, state_version, updated_at) "
+                         f"VALUES ({param}, {param}, {param})", (pipeline, codec.STATE_VERSION, "now"))
+        cast = "" if kind == "sqlite" else "::jsonb"
+        conn.execute(f"UPDATE ematix_streaming_pipelines SET counters = {param}{cast} WHERE pipeline_name = {param}",
+                     (stored, pipeline))
+    if kind == "sqlite":
+        conn.commit()
+    conn.close()
+    store = build()
+    store.open()
+    try:
+        moved, plain, empty = (store.load(name).record for name in ("v8", "plain", "empty"))
+        assert moved is not None and plain is not None and empty is not None
+        assert (moved.release_watermark, moved.last_batch_rows, moved.counters) == (123_000_000, 7, {"rows_consumed:a": 5})
+        assert (plain.release_watermark, plain.last_batch_rows, plain.counters) == (None, None, {"rows_consumed:a": 2})
+        assert (empty.release_watermark, empty.last_batch_rows, empty.counters) == (None, None, {})
+        store.commit(BatchCommit(record("v8", 4, release_watermark=5, last_batch_rows=0)))
+        again = store.load("v8").record
+        assert again is not None and (again.release_watermark, again.last_batch_rows) == (5, 0)
+    finally:
+        store.close()

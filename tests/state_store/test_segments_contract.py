@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from state_store import codec
+from state_store import codec, migrations
 from state_store.base import BatchCommit
 from tests.state_store.contract_stores import blob, end, key, record, same_state
 from tests.state_store.legacy_rows import ROW_KINDS, write_rows
@@ -128,7 +128,7 @@ def test_a_schema_7_store_opens_at_8_with_its_rows(schema_store):
     store.open()
     try:
         check = connect()
-        assert check.execute("SELECT max(version) FROM ematix_streaming_schema_version").fetchone()[0] == 8
+        assert check.execute("SELECT max(version) FROM ematix_streaming_schema_version").fetchone()[0] == migrations.SCHEMA_VERSION
         assert check.execute("SELECT count(*) FROM ematix_streaming_segments").fetchone()[0] == 0
         check.close()
         state = store.load("v7")

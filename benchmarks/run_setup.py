@@ -92,7 +92,6 @@ def install_timers() -> DriverTimer:
     timer.wrap(RowEngine, "_hold", "  RowEngine._hold (encode)")
     for store in (SqliteStateStore, PostgresStateStore):
         timer.wrap(store, "load_pending", "  store.load_pending")
-    timer.wrap(RowCall, "_output_watermark", "output watermark (pending_summary)")
     return timer
 
 

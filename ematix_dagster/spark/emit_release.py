@@ -130,7 +130,7 @@ class EmitStage:
         """The last batch's pending-row changes and WATERMARK_TS(), in its store transaction."""
         commit.record.release_watermark = self.release_watermark
         if self.last is not None:
-            commit.pending_inserts, commit.pending_released = self.last.inserts, self.last.deletes
+            self.last.changes.add_to(commit)
 
     def record(self, metrics: StreamingMetrics) -> None:
         """Buffered, released and never-released rows, and the output watermark (as a row pipeline's)."""

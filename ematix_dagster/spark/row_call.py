@@ -173,15 +173,17 @@ class RowCall:
     def commit(self, outcome: RowResult, offsets: dict[str, str], provenance: Provenance,
                in_transaction: InTransaction) -> BatchCommit:
         """Held rows in, released ones out, offsets, watermarks, counters."""
-        record = pipeline_record(self.engine, self.spec.pipeline_name, provenance, offsets)
-        return BatchCommit(record=record, pending_inserts=outcome.held,
-                           pending_released_up_to=outcome.released_up_to, in_transaction=in_transaction)
+        commit = BatchCommit(pipeline_record(self.engine, self.spec.pipeline_name, provenance, offsets),
+                             in_transaction=in_transaction)
+        outcome.changes.add_to(commit)
+        return commit
 
     def forget(self) -> None:
         """Nothing to drop (a row pipeline's store is always durable)."""
 
     def report(self, batch: RowBatch, outcome: RowResult, seconds: float | None) -> BatchReport:
-        outcome.output_watermark = self._output_watermark(outcome)
+        outcome.complete_to(self.store.pending_summary(self.spec.pipeline_name).min_event_ts if outcome.pending
+                            else None)
         seconds = seconds or 0.0
         engine, batch_time = self.engine, batch.batch_time
         self.metrics.record_rows(self.spec.pipeline_name, batch.sources, outcome, batch.dead_letters, seconds)
@@ -221,13 +223,6 @@ class RowCall:
             letters = letters.append_column(SOURCE_ROW, pa.array(before, pa.string()))
         return (letters.append_column(BATCH_ID, pa.array([batch_id] * n, pa.int64()))
                 .append_column(REASON, pa.array(["sql_error"] * n, pa.string())))
-
-    def _output_watermark(self, result: RowResult) -> int | None:
-        """W, or the oldest held row's event time when it is earlier: how far the output is complete."""
-        if not result.pending:
-            return result.watermark
-        oldest = self.store.pending_summary(self.spec.pipeline_name).min_event_ts
-        return result.watermark if oldest is None or result.watermark is None else min(result.watermark, oldest)
 
 
 def _nullable(table: pa.Table) -> pa.Table:

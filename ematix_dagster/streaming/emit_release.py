@@ -1,10 +1,10 @@
-"""Which of a windowed pipeline's emitted rows leave now under ``[emit] sql``, and which wait (SPEC §11,
-docs/contract/delayed-windows.md).
+"""Which of a windowed pipeline's emitted rows leave now under ``[emit] sql``, and which wait
+(docs/contract/delayed-windows.md).
 
 The engine emits as it always does (``streaming.emission``: retracts first, then final >
 correction > early, at most one non-retract row per (window, group) key); each emitted row then has a
 release time, computed once from its window and group by the ``[emit]`` predicate. The buffer keeps
-the rows that wait, at most one per key, and applies §11's ``[emit]`` rules in emission order:
+the rows that wait, at most one per key, and applies the ``[emit]`` rules in emission order:
 
 - a row whose key has a pending row replaces it and takes its own release time; it keeps its kind,
   except that a ``correction`` replacing a ``final`` (never released, since it is pending) leaves
@@ -21,20 +21,21 @@ the rows that wait, at most one per key, and applies §11's ``[emit]`` rules in 
 
 Rows leave in the first batch whose watermark reaches them, ordered by (release time, arrival batch,
 position in the arrival batch's emission): the order the store keys pending rows by, so a replay
-writes the same rows in the same order. The whole pending set is kept here (bounded by
-``max_buffered_rows``), loaded from the store once at start: replacing a row needs it by key, which
-the store's release-ordered table does not index.
+writes the same rows in the same order. The due rule, the cap, the output watermark and the
+commit's shape are those of every held row (``streaming.release``). The whole pending set is kept
+here (bounded by ``max_buffered_rows``), loaded from the store once at start: replacing a row needs
+it by key, which the store's release-ordered table does not index.
 
 >>> buf = EmitBuffer("p", max_buffered_rows=10)
 >>> rows = Emitted()
 >>> rows.add_rows([EmittedRow(0, 60, ("a",), (3,), "final"), EmittedRow(60, 120, ("a",), (1,), "early")])
 >>> out = buf.process(0, rows, [100, RELEASE_NOW], watermark=60)
->>> [(r.start, r.kind) for r in out.released.rows], [(p.release_us, p.seq) for p in out.inserts]
+>>> [(r.start, r.kind) for r in out.released.rows], [(p.release_us, p.seq) for p in out.changes.inserts]
 ([(60, 'early')], [(100, 0)])
 >>> fix = Emitted()
 >>> fix.add_rows([EmittedRow(0, 60, ("a",), (4,), "correction")])
 >>> out = buf.process(1, fix, [100], watermark=100)
->>> [(r.values, r.kind) for r in out.released.rows], out.deletes
+>>> [(r.values, r.kind) for r in out.released.rows], out.changes.deletes
 ([((4,), 'final')], [(100, 0, 0)])
 """
 
@@ -43,10 +44,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
+import pyarrow as pa
+
 from ematix_dagster.columns import CORRECTION, FINAL, RETRACT
-from ematix_dagster.errors import StateCapExceeded
 from ematix_dagster.sql.release import RELEASE_NOW
 from ematix_dagster.streaming.emitted import Emitted, EmittedRow, GroupKey
+from ematix_dagster.streaming.release import PendingCap, PendingChanges, PendingKey, due, output_watermark
 from state_store.base import PendingRow
 from state_store.codec import decode_key, decode_row, encode_key, encode_row
 
@@ -62,7 +65,7 @@ class Waiting(NamedTuple):
     row: EmittedRow
 
     @property
-    def key(self) -> tuple[int, int, int]:
+    def key(self) -> PendingKey:
         return self.release_us, self.arrival_batch, self.seq
 
     def stored(self) -> PendingRow:
@@ -84,8 +87,7 @@ class Released:
     """One batch's outcome: the rows it writes, and the pending-row changes its commit makes."""
 
     released: Emitted
-    inserts: list[PendingRow]
-    deletes: list[tuple[int, int, int]]
+    changes: PendingChanges  # rows held (inserted), and rows released, replaced or cancelled (deleted by key)
     not_released: int  # rows no branch releases (dropped, counted ``not_released``)
     cancelled: int  # pending rows a retract cancelled (neither is written)
     pending: int  # rows waiting after the batch
@@ -101,6 +103,11 @@ class EmitBuffer:
     max_buffered_rows: int
     rows: dict[RowKey, Waiting] = field(default_factory=dict)
     retracts: dict[RowKey, Waiting] = field(default_factory=dict)
+
+    @property
+    def cap(self) -> PendingCap:
+        return PendingCap(self.pipeline, self.max_buffered_rows, "emitted rows would be held back by [emit] sql",
+                          "WATERMARK_TS()", "raise it, or release rows sooner (a smaller delay in the predicate)")
 
     def restore(self, stored: Sequence[PendingRow]) -> None:
         """The pending rows as the store holds them (all of the pipeline's, at start)."""
@@ -119,7 +126,8 @@ class EmitBuffer:
         now: list[Waiting] = []
         not_released = cancelled = 0
         finals_cancelled: set[RowKey] = set()  # a correction after its retract still replaces that final
-        for i, (row, release_us) in enumerate(zip(emitted.rows, release)):
+        leaves = due(pa.array(release, pa.int64()), watermark)[0].to_pylist() if not flush else [False] * len(release)
+        for i, (row, release_us, leaves_now) in enumerate(zip(emitted.rows, release, leaves)):
             key, seq = (row.start, row.key), first_seq + i
             if row.kind == RETRACT:
                 if key in self.rows:
@@ -142,34 +150,30 @@ class EmitBuffer:
                 row = row._replace(kind=FINAL)
             if release_us is None:
                 not_released += 1
-            elif not flush and (release_us == RELEASE_NOW or (watermark is not None and release_us <= watermark)):
+            elif leaves_now:
                 now.append(Waiting(release_us, batch_id, seq, row))
             else:
                 self.rows[key] = changes.hold(Waiting(release_us, batch_id, seq, row))
         if not flush and watermark is not None:
             now += self._due(self.rows, watermark, changes) + self._due(self.retracts, watermark, changes)
         pending = len(self.rows) + len(self.retracts)
-        if pending > self.max_buffered_rows:
-            raise StateCapExceeded(
-                f"pipeline {self.pipeline}: {pending} emitted rows would be held back by [emit] sql after batch "
-                f"{batch_id}, more than max_buffered_rows = {self.max_buffered_rows} (WATERMARK_TS() {watermark}); "
-                "raise it, or release rows sooner (a smaller delay in the predicate)")
+        self.cap.check(pending, batch_id, watermark)
         released = Emitted()
         released.add_rows(w.row for w in sorted(now, key=lambda w: w.key))
-        return Released(released, [w.stored() for w in changes.held.values()], changes.deletes, not_released,
-                        cancelled, pending, self.output_watermark(watermark))
+        held = PendingChanges([w.stored() for w in changes.held.values()], changes.deletes)
+        return Released(released, held, not_released, cancelled, pending, self.output_watermark(watermark))
 
     def output_watermark(self, watermark: int | None) -> int | None:
-        """How far the output is complete: W, or the smallest pending window end when earlier."""
+        """How far the output is complete: W, or the smallest pending window end (a held row's event
+        time) when earlier."""
         ends = [w.row.end for w in (*self.rows.values(), *self.retracts.values())]
-        if watermark is None or not ends:
-            return watermark
-        return min(watermark, min(ends))
+        return output_watermark(watermark, min(ends) if ends else None)
 
     @staticmethod
     def _due(waiting: dict[RowKey, Waiting], watermark: int, changes: _Changes) -> list[Waiting]:
-        due = [key for key, w in waiting.items() if w.release_us <= watermark]
-        out = [waiting.pop(key) for key in due]
+        keys = list(waiting)
+        leaves = due(pa.array([waiting[key].release_us for key in keys], pa.int64()), watermark)[0].to_pylist()
+        out = [waiting.pop(key) for key, leaving in zip(keys, leaves) if leaving]
         for w in out:
             changes.drop(w)
         return out
@@ -180,8 +184,8 @@ class _Changes:
     """The batch's pending-row changes as its commit makes them: a row held and dropped in the same batch
     never reaches the store."""
 
-    held: dict[tuple[int, int, int], Waiting] = field(default_factory=dict)
-    deletes: list[tuple[int, int, int]] = field(default_factory=list)
+    held: dict[PendingKey, Waiting] = field(default_factory=dict)
+    deletes: list[PendingKey] = field(default_factory=list)
 
     def hold(self, waiting: Waiting) -> Waiting:
         self.held[waiting.key] = waiting

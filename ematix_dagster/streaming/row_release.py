@@ -8,7 +8,11 @@ A row pipeline's batch hands the driver its SQL's output rows, each with its eve
 - a row whose release time is NULL is never released: it is counted (``not_released``) and dropped;
 - a row whose release time W has reached (or ``RELEASE_NOW``) is written in this batch;
 - any other row is held back: a :class:`~state_store.base.PendingRow` the batch's commit inserts;
-- held rows W has reached now come back from the store (``load_due``) and are written too.
+- held rows W has reached now come back from the store (``load_due``) and are written too, and
+  the commit deletes every held row due by W at once.
+
+The due rule, the cap, the output watermark and the commit's shape are the release rules every
+held row follows (``streaming.release``).
 
 The batch's rows leave ordered by (release time, arrival batch, event time, values in SELECT order),
 so a replay writes the same file. A held row keeps its values as the store's codec encodes them
@@ -20,7 +24,7 @@ of the batch recomputes exactly. Nothing here touches Spark or a file: the rules
 >>> eng = RowEngine(Watermarks(lateness=0, idleness=10**9, sources=("s",)), max_buffered_rows=10)
 >>> rows = pa.table({"id": [1, 2, 3], EVENT_US: [5, 7, 9], RELEASE_COLUMN: [6, None, 9]})
 >>> out = eng.process(RowBatch(0, 0, {"s": SourceStats(rows=3, max_event_ts=8)}, rows), lambda w: [])
->>> out.watermark, out.released.column("id").to_pylist(), out.not_released, [p.release_us for p in out.held]
+>>> out.watermark, out.released.column("id").to_pylist(), out.not_released, [p.release_us for p in out.changes.inserts]
 (8, [1], 1, [9])
 """
 
@@ -35,8 +39,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ematix_dagster.columns import EVENT_US, RELEASE_COLUMN
-from ematix_dagster.errors import StateCapExceeded
 from ematix_dagster.sql.release import RELEASE_NOW
+from ematix_dagster.streaming.release import PendingCap, PendingChanges, due, output_watermark
 from ematix_dagster.streaming.watermark import Watermarks
 from state_store.base import PendingRow
 from state_store.codec import decode_row, encode_row
@@ -61,17 +65,21 @@ class RowBatch:
 class RowResult:
     batch_id: int
     released: pa.Table  # the SELECT's columns, in release order
-    held: list[PendingRow]  # rows this batch holds back (the commit inserts them)
-    #: W when held rows were released now: the commit deletes every held row due by it, None otherwise
-    released_up_to: int | None
+    #: rows this batch holds back (inserted), and W when held rows were released now (every held
+    #: row due by it is deleted)
+    changes: PendingChanges
     not_released: int  # rows no branch will ever release
     watermark_before: int | None
     watermark: int | None
     pending: int  # rows held after this batch
     filtered: int = 0  # rows an ordinary WHERE left out
-    #: how far the output is complete: W, or the oldest held row's event time when earlier (set by
-    #: the batch step, which asks the store)
+    #: how far the output is complete: W, or the oldest held row's event time when earlier (set
+    #: after the commit, from the store: :meth:`complete_to`)
     output_watermark: int | None = None
+
+    def complete_to(self, oldest_held: int | None) -> None:
+        """Set :attr:`output_watermark` from the oldest held row's event time after the commit."""
+        self.output_watermark = output_watermark(self.watermark, oldest_held)
 
 
 @dataclass
@@ -89,6 +97,11 @@ class RowEngine:
     pending: int = 0
     running: bool = False
 
+    @property
+    def cap(self) -> PendingCap:
+        return PendingCap(self.pipeline, self.max_buffered_rows, "rows would be held back by WATERMARK_TS()",
+                          "watermark", "raise it, or release rows sooner (a smaller delay in the WHERE)")
+
     def process(self, batch: RowBatch, load_due: Callable[[int], list[PendingRow]]) -> RowResult:
         """``load_due(W)``: the rows held with a release time <= W, as the store returns them."""
         if not self.running:
@@ -103,21 +116,15 @@ class RowEngine:
         if RELEASE_COLUMN in rows.column_names:
             release = rows.column(RELEASE_COLUMN)
             not_released = release.null_count
-            due = pc.fill_null(pc.less_equal(release, RELEASE_NOW if w is None else w), False)
-            now = pc.or_(due, pc.equal(release, RELEASE_NOW))
-            wait = pc.and_(pc.invert(now), pc.is_valid(release))
+            now, wait = due(release, w)
             held = self._hold(rows.filter(wait), columns, batch.batch_id)
-            rows = rows.filter(pc.fill_null(now, False))
+            rows = rows.filter(now)
         else:
             rows = rows.append_column(RELEASE_COLUMN, pa.array([RELEASE_NOW] * rows.num_rows, pa.int64()))
         rows = rows.append_column(ARRIVAL, pa.array([batch.batch_id] * rows.num_rows, pa.int64()))
         loaded = load_due(w) if w is not None and self.pending else []
         pending = self.pending + len(held) - len(loaded)
-        if self.max_buffered_rows is not None and pending > self.max_buffered_rows:
-            raise StateCapExceeded(
-                f"pipeline {self.pipeline}: {pending} rows would be held back by WATERMARK_TS() after batch "
-                f"{batch.batch_id}, more than max_buffered_rows = {self.max_buffered_rows} (watermark "
-                f"{w}); raise it, or release rows sooner (a smaller delay in the WHERE)")
+        self.cap.check(pending, batch.batch_id, w)
         if loaded:
             rows = pa.concat_tables([_unheld(loaded, rows.schema, columns), rows.select(rows.schema.names)])
         released = _ordered(rows, columns, self.by_event_time).select(columns)
@@ -126,8 +133,8 @@ class RowEngine:
         self.counters["released_rows"] += released.num_rows
         self.counters["filtered_rows:not_released"] += not_released
         self.counters["filtered_rows:where"] += batch.filtered
-        return RowResult(batch.batch_id, released, held, w if loaded else None, not_released, before, w, pending,
-                         batch.filtered)
+        return RowResult(batch.batch_id, released, PendingChanges(held, released_up_to=w if loaded else None),
+                         not_released, before, w, pending, batch.filtered)
 
     def _hold(self, rows: pa.Table, columns: list[str], batch_id: int) -> list[PendingRow]:
         """Rows to hold back, keyed by their place in the release order (a replay computes the same keys)."""

@@ -55,8 +55,11 @@ def write_tumbling(files, feed, minutes: range) -> None:
 
 
 def install(kind: str, root: Path) -> None:
-    """The committed run's store, checkpoint and target, as if the run had happened in ``root``."""
-    src = FIXTURES / kind
+    install_run(FIXTURES / kind, root)
+
+
+def install_run(src: Path, root: Path) -> None:
+    """A committed run's store, checkpoint and target (``src``), as if the run had happened in ``root``."""
     for path in src.iterdir():
         if path.is_dir():
             shutil.copytree(path, root / path.name)

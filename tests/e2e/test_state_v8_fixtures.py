@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +45,7 @@ from tests.e2e.row_helpers import (
     write_batches,
 )
 from tests.e2e.test_emit_sql import check_written, emit_table, expected
-from tests.e2e.test_state_v2_fixture import minute_rows
+from tests.e2e.test_state_v7_fixtures import install_run, write_tumbling
 from tests.e2e.trigger_helpers import config, pipeline_text, write_input
 from tests.e2e.trigger_oracle import TriggerOracle
 from tests.pipeline_toml import windowed_pipeline_toml
@@ -123,28 +122,11 @@ def emit_spec(root: Path):
     return load_pipeline_str(pipeline_text("v8_emit", root, EMIT_CONFIG) + emit_table())
 
 
-def write_tumbling(files, feed: Feed, minutes: range) -> None:
-    for minute in minutes:
-        files.count = minute
-        feed.parquet("a", files, minute_rows(minute))
-
-
 # -- the committed files ------------------------------------------------------------------------------------
 
 
 def install(kind: str, root: Path) -> None:
-    """The committed run's store, checkpoint and target, as if the run had happened in ``root``."""
-    src = FIXTURES / kind
-    for path in src.iterdir():
-        if path.is_dir():
-            shutil.copytree(path, root / path.name)
-        else:
-            shutil.copyfile(path, root / path.name)
-    for path in root.rglob("*"):
-        if path.is_file() and path.suffix != ".db":
-            text = path.read_bytes()
-            if b"@ROOT@" in text:
-                path.write_bytes(text.replace(b"@ROOT@", str(root).encode()))
+    install_run(FIXTURES / kind, root)
 
 
 @dataclass(frozen=True)

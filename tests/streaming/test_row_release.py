@@ -84,12 +84,12 @@ def test_rows_leave_in_the_first_batch_whose_watermark_reaches_them(seed: int, r
                           "_event_us": pa.array(rows["event"].tolist(), pa.int64())})
         stats = {"s": SourceStats(rows=len(rows), max_event_ts=int(rows["event"].max()) if len(rows) else None)}
         result = eng.process(RowBatch(b, b, stats, table), store.due)
-        if result.released_up_to is not None:  # the store's range delete
-            released = [key for key in store.rows if key[0] <= result.released_up_to]
+        if result.changes.released_up_to is not None:  # the store's range delete
+            released = [key for key in store.rows if key[0] <= result.changes.released_up_to]
             held_then_released += len(released)
             for key in released:
                 del store.rows[key]
-        for row in result.held:
+        for row in result.changes.inserts:
             store.rows[row.key] = row
         got.append(list(zip(result.released.column("id").to_pylist(), result.released.column("v").to_pylist())))
         assert result.released.column_names == ["id", "v"]
@@ -126,9 +126,9 @@ def test_held_time_values_come_back_as_they_went_in() -> None:
     store = _Store()
     eng = RowEngine(Watermarks(lateness=0, idleness=10**12, sources=("s",)), max_buffered_rows=10)
     first = eng.process(RowBatch(0, 0, {"s": SourceStats(rows=2, max_event_ts=2)}, rows), store.due)
-    store.rows = {row.key: row for row in first.held}
+    store.rows = {row.key: row for row in first.changes.inserts}
     later = eng.process(RowBatch(1, 1, {"s": SourceStats(rows=0, max_event_ts=100)}, rows.slice(0, 0)), store.due)
-    assert first.released.num_rows == 0 and later.released_up_to == 100 == later.watermark
+    assert first.released.num_rows == 0 and later.changes.released_up_to == 100 == later.watermark
     assert later.released.to_pydict() == {"t": ts, "d": [dt.date(2026, 1, 2), None], "m": [Decimal("1.50"), None],
                                           "l": [["a", None], None], "s": [{"n": 1, "at": ts[0]}, None],
                                           "kv": [[("k", Decimal("2.5"))], None]}

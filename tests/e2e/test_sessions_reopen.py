@@ -49,7 +49,8 @@ GAP_S, CAP_S, ALLOWED_S = 10, 600, 300
 SEQ, KIND = "_emit_seq", "_emit_kind"
 
 
-# tests/fixtures/state_v7 was made from these (test_state_v7_fixtures.py): changing them breaks that fixture
+# tests/fixtures/state_v7 and state_v8 were made from these (test_state_v7_fixtures.py, test_state_v8_fixtures.py):
+# changing them breaks those fixtures
 def session_window(**extra: Any) -> dict[str, Any]:
     return {"kind": "session", "gap_ms": GAP_S * 1000, "max_session_duration_ms": CAP_S * 1000, "group_by": ["k"],
             "late_data": "reopen", "allowed_lateness_ms": ALLOWED_S * 1000, "max_groups_per_window": 1000,
@@ -61,7 +62,8 @@ def params() -> Params:
 
 
 # (key, seconds after T0, v); T0 is a multiple of the cap. W = the newest event time (lateness 0).
-# tests/fixtures/state_v7 was made from these (test_state_v7_fixtures.py): changing them breaks that fixture
+# tests/fixtures/state_v7 and state_v8 were made from these (test_state_v7_fixtures.py, test_state_v8_fixtures.py):
+# changing them breaks those fixtures
 BRIDGES = [
     # a: [0, 10) [15, 25); b: [0, 10) [14, 24) [28, 38); c: [50, 60); all final at W = 100, z open
     [("a", 0, 1), ("a", 15, 2), ("b", 0, 3), ("b", 14, 4), ("b", 28, 5), ("c", 50, 6), ("z", 100, 0)],

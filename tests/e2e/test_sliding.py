@@ -38,7 +38,8 @@ def at(seconds: float) -> dt.datetime:
 # the emitted window b@5 only under reopen; a@-1 is late unless the allowance lets it in. Batch 2
 # (W_prev = 20): a@16 creates a window behind W only under reopen (a correction); None@3 is late
 # under every policy.
-# tests/fixtures/state_v7 was made from these (test_state_v7_fixtures.py): changing them breaks that fixture
+# tests/fixtures/state_v7 and state_v8 were made from these (test_state_v7_fixtures.py, test_state_v8_fixtures.py):
+# changing them breaks those fixtures
 BATCHES = [
     [("a", 0, 1), ("a", 10, 2), ("a", 10, 3), ("b", 5, 4), (None, 7, 5), ("a", 4, None)],
     [("a", 20, 6), ("b", 1, 7), ("c", 12, 8), ("a", 9, 9), ("a", -1, 10)],
@@ -57,7 +58,8 @@ def write_batches(batch_files, batches: list[list[tuple]], feed: Feed | None = N
     return feed, files
 
 
-# tests/fixtures/state_v7 was made from these (test_state_v7_fixtures.py): changing them breaks that fixture
+# tests/fixtures/state_v7 and state_v8 were made from these (test_state_v7_fixtures.py, test_state_v8_fixtures.py):
+# changing them breaks those fixtures
 def sliding_window(policy: str, aggregations: list[dict[str, Any]] = AGGREGATIONS) -> dict[str, Any]:
     window = {"kind": "sliding", "duration_ms": D_S * 1000, "max_events_per_group": 100, "group_by": ["k"],
               "late_data": policy, "aggregations": aggregations}

@@ -40,13 +40,13 @@ from state_store.loaded_groups import gc_paused
 InTransaction = list[Callable[[object], None]]
 
 
-class BatchInput(Protocol):
+class ShapeInput(Protocol):
     """What a shape's Spark work hands its driver: at least the batch's dead letters by reason."""
 
     dead_letters: dict[str, int]
 
 
-In = TypeVar("In", bound=BatchInput)
+In = TypeVar("In", bound=ShapeInput)
 Out = TypeVar("Out")
 
 

@@ -97,7 +97,7 @@ def target_location(target: Target) -> Optional[str]:
 def output_schema_metadata(step: Any) -> dict[str, Any]:
     """``dagster/column_schema``: the rows the runner's step (:attr:`PipelineRunner.step`) sends to
     the target, once the query has started and Spark has analysed its SQL (empty before)."""
-    schema = getattr(step, "schema", None) or getattr(getattr(step, "plan", None), "schema", None)
+    schema = getattr(step, "schema", None)
     if schema is None:
         return {}
     columns = [dg.TableColumn(name=f.name, type=str(f.type)) for f in schema]

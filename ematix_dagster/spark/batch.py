@@ -84,6 +84,10 @@ class EngineCall(Protocol[In, Out]):
     def engine(self) -> Progress:
         """The driver's progress: its watermarks, counters and last batch."""
 
+    @property
+    def schema(self) -> pa.Schema:
+        """The target's table: what :meth:`rows` returns."""
+
     def read(self, df: DataFrame, batch_id: int, batch_time: int, letters: DeadLetterSink) -> In:
         """The batch's Spark work: the driver's input, its dead letters written through ``letters``."""
 
@@ -137,6 +141,11 @@ class BatchStep(Generic[In, Out]):
     record: PipelineRecord | None = None
     last_batch_time: int = 0
     input_files: InputFiles | None = field(init=False, default=None)
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The rows the target receives (Dagster's column schema of the output)."""
+        return self.call.schema
 
     def run(self, df: DataFrame, batch_id: int) -> BatchReport | None:
         """Process Spark's batch ``batch_id``; None when the store already holds it (a replay).

@@ -120,6 +120,10 @@ class RowCall:
                 f"pending rows then leave as planned), or start over with `ematix-dagster reset PIPELINE.toml --yes`"
                 f"{discards} (lateness, idleness and max_buffered_rows may change freely).")
 
+    @property
+    def schema(self) -> pa.Schema:
+        return self.plan.schema
+
     def open_target(self) -> RowWriter:
         spec = self.spec
         return make_row_writer(spec.target, spec.pipeline_name, self.plan.schema, spec.target.key)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
+from typing import cast
 
 import dagster as dg
 import pyarrow as pa
@@ -20,7 +21,11 @@ from ematix_dagster.dagster import (
 )
 from ematix_dagster.dagster.events import EmatixEventIterator
 from ematix_dagster.dagster.lineage import output_schema_metadata
-from ematix_dagster.spec import Source, Target
+from ematix_dagster.metrics import default_metrics
+from ematix_dagster.spark.batch import BatchStep, EngineCall
+from ematix_dagster.spec import PipelineSpec, Source, Target
+from ematix_dagster.streaming.durable import Provenance
+from ematix_dagster.targets import WindowWriter
 from tests.dagster.test_events import KEY, T0, report
 from tests.dagster_support import small_spec
 
@@ -113,8 +118,10 @@ def test_the_output_columns_and_the_rows_written_go_on_materializations():
     columns = output_schema_metadata(SimpleNamespace(schema=schema))["dagster/column_schema"].columns
     assert [(c.name, c.type) for c in columns] == [("window_start", "timestamp[us, tz=UTC]"),
                                                    ("user_id", "int64"), ("clicks", "int64")]
-    assert output_schema_metadata(SimpleNamespace(plan=SimpleNamespace(schema=schema))).keys() == {
-        "dagster/column_schema"}  # a row pipeline's step holds it in its plan
+    step = BatchStep(spec=cast(PipelineSpec, None), call=cast(EngineCall, SimpleNamespace(schema=schema)),
+                     target=cast(WindowWriter, None), dead_letter=None, store=None, metrics=default_metrics(),
+                     progress=print, provenance=Provenance())
+    assert output_schema_metadata(step)["dagster/column_schema"].columns == columns  # the runner's step: its call's
     assert output_schema_metadata(None) == {}  # before the query started
 
     reports = [report(0, 5, watermark_s=T0 + 30), report(1, 4, emitted=3, corrections=1, watermark_s=T0 + 90)]

@@ -181,7 +181,7 @@ def run_pipeline_events(context: Any, pipeline: EmatixPipeline, config: Pipeline
                                      summary_seconds=config.summary_seconds, log=context.log.info, name=name,
                                      final_metadata=lambda: {"run_id": run_id},
                                      provenance=batch_provenance(context, pipeline.key, pipeline.code_version),
-                                     metadata=lambda: output_schema_metadata(getattr(runner, "step", None)),
+                                     metadata=lambda: output_schema_metadata(runner.step),
                                      after_report=None if checks is None else checks.after_report)
         watcher.start()
         for event in events:

@@ -50,7 +50,6 @@ from ematix_dagster.sql.row_query import row_query
 from ematix_dagster.streaming.durable import Provenance, pipeline_record, restore_progress
 from ematix_dagster.streaming.row_release import RowBatch, RowEngine, RowResult
 from ematix_dagster.streaming.watermark import Watermarks
-from ematix_dagster.streaming.windows import MICROS_PER_MS
 from ematix_dagster.targets import RowWriter, make_row_writer
 from state_store.base import BatchCommit, RecoveredState, StateStore
 
@@ -91,10 +90,7 @@ class RowCall:
         """The run's plan analysed over the stream, and the engine continued from ``recovered``."""
         assert store is not None and store.durable  # the spec requires a durable store
         plan = RowPlan.build(spark, spec, stream)
-        marks = spec.watermark
-        engine = RowEngine(Watermarks(lateness=marks.lateness_ms * MICROS_PER_MS,
-                                      idleness=marks.source_idleness_ms * MICROS_PER_MS, sources=spec.source_names,
-                                      processing_time=marks.time_mode == "processing"),
+        engine = RowEngine(Watermarks.of(spec.watermark, spec.source_names),
                            max_buffered_rows=spec.rows.max_buffered_rows if spec.rows else None,
                            pipeline=spec.pipeline_name, by_event_time=bool(spec.target.key))
         engine.pending = store.pending_summary(spec.pipeline_name).rows

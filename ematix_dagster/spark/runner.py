@@ -30,7 +30,7 @@ from ematix_dagster.metrics import StreamingMetrics, default_metrics, serve
 from ematix_dagster.spark import checkpoint
 from ematix_dagster.spark.batch import BatchStep
 from ematix_dagster.spark.batch_report import BatchReport
-from ematix_dagster.spark.engine_calls import AnyCall, engine_call
+from ematix_dagster.spark.engine_calls import engine_call
 from ematix_dagster.spark.failures import classify, query_failure
 from ematix_dagster.spark.quiet import QuietFailures
 from ematix_dagster.spark.readers import union_sources
@@ -94,7 +94,7 @@ class PipelineRunner:
         self.fingerprint_doc = fingerprint_doc(spec)  # as written
         self.fingerprint = fingerprint(self.fingerprint_doc)
         self.target: WindowWriter | RowWriter | None = None
-        self.call: AnyCall | None = None
+        self.step: BatchStep | None = None  # once the query starts
         self.dead_letter: DeadLetterWriter | None = None
         self._store_open = False
 
@@ -207,7 +207,7 @@ class PipelineRunner:
         """The run's batch step: the shape's engine call continued from the store, its target and
         dead letters open."""
         spec, record = self.spec, self.recovered.record
-        self.call = call = engine_call(spec).open(self.spark, spec, stream, self.recovered, self.store, self.metrics)
+        call = engine_call(spec).open(self.spark, spec, stream, self.recovered, self.store, self.metrics)
         self.recovered = RecoveredState(record=record)  # drop the blobs
         self.target = target = call.open_target()
         target.open()
@@ -224,6 +224,7 @@ class PipelineRunner:
         with self._lock:
             if self._stopping:
                 raise _BatchAbandoned(f"stop requested before batch {batch_id}")
+            assert self.step is not None  # set before the query starts
             try:
                 report = self.step.run(df, batch_id)
             except BaseException as exc:
@@ -307,7 +308,7 @@ class PipelineRunner:
     def _finish(self) -> Iterator[BatchReport]:
         """The end of an ``available_now`` run: the flush, or what stays open for the next run."""
         spec, step = self.spec, self.step
-        if spec.run.trigger != "available_now" or self._stopping:
+        if spec.run.trigger != "available_now" or self._stopping or step is None:
             return
         left = step.call.left_open()
         if not left:
@@ -330,7 +331,7 @@ class PipelineRunner:
             summary.late_rows += report.count("late_rows")
             summary.last_batch_id = report.batch_id
             summary.reports.append(report)
-        summary.windows_left_open = self.call.left_open() if self.call is not None else 0
+        summary.windows_left_open = self.step.call.left_open() if self.step is not None else 0
         return summary
 
 

@@ -128,13 +128,7 @@ class Engine:
         state = window_kind(window).make_state(pipeline, window_aggregators(window, integral), window_aliases(window),
                                                window.max_groups_per_window)
         state.keeps_written = state.keeps_written or retractions
-        marks = Watermarks(
-            lateness=window.lateness_ms * MICROS_PER_MS,
-            idleness=window.source_idleness_ms * MICROS_PER_MS,
-            sources=tuple(sources),
-            processing_time=window.time_mode == "processing",
-        )
-        return cls(window=window, state=state, watermarks=marks, clock=TriggerClock(window.emit_trigger),
+        return cls(window=window, state=state, watermarks=Watermarks.of(window, sources), clock=TriggerClock(window.emit_trigger),
                    retractions=retractions)
 
     def restore(self, last_batch_id: int | None, watermark: int | None,

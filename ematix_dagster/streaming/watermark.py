@@ -16,6 +16,10 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
+
+from ematix_dagster.spec.rules import WatermarkKeys
+from ematix_dagster.streaming.windows.units import MICROS_PER_MS
 
 
 @dataclass
@@ -43,6 +47,12 @@ class Watermarks:
     def __post_init__(self) -> None:
         for name in self.sources:
             self.clocks.setdefault(name, SourceClock())
+
+    @classmethod
+    def of(cls, keys: WatermarkKeys, sources: Sequence[str]) -> Watermarks:
+        """The watermarks a pipeline's keys set (a window's or a row pipeline's), in µs."""
+        return cls(lateness=keys.lateness_ms * MICROS_PER_MS, idleness=keys.source_idleness_ms * MICROS_PER_MS,
+                   sources=tuple(sources), processing_time=keys.time_mode == "processing")
 
     def restore(self, global_wm: int | None, sources: dict[str, tuple[int | None, int | None]]) -> None:
         """Continue from a commit: the global watermark and each source's (max event time, last

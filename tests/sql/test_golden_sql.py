@@ -10,7 +10,7 @@ guarded release query over the pipeline's own view (``spark.emit_release.EmitSta
 them): a change of the engine that is meant to keep its behaviour must keep these texts, and an
 example pipeline added to ``pipelines/`` needs its snapshot. The Python twins in
 ``pipelines/examples.py`` must give the same texts as their TOML files. Two specs beyond the examples
-(``MORE_SPECS``, snapshots in ``more/``) reach the rewrites the examples do not. One test has the
+(``EDGE_PIPELINES``, snapshots in ``more/``) reach the rewrites the examples do not. One test has the
 engine's own objects build the row and release queries on the shared SparkSession, so that the
 construction :func:`sql_texts` repeats cannot drift from the engine's.
 """
@@ -115,7 +115,7 @@ def render(texts: dict[str, Any]) -> str:
 
 _SOURCE = {"name": "a", "kind": "files", "format": "parquet", "path": "in", "event_time_column": "ts",
            "schema": "id BIGINT, k STRING, v BIGINT, page STRING, ts TIMESTAMP"}
-MORE_SPECS: dict[str, dict[str, Any]] = {
+EDGE_PIPELINES: dict[str, dict[str, Any]] = {
     "rows_delayed": {
         "pipeline_name": "golden-rows-delayed",
         "sources": [_SOURCE],
@@ -153,14 +153,14 @@ MORE = SNAPSHOTS / "more"
 def snapshots() -> dict[str, tuple[PipelineSpec, Path]]:
     """name -> (spec, its snapshot file): every example TOML, then the specs above."""
     out = {p.stem: (load_pipeline(p), SNAPSHOTS / f"{p.stem}.json") for p in example_files()}
-    for name, doc in MORE_SPECS.items():
+    for name, doc in EDGE_PIPELINES.items():
         out[f"more/{name}"] = (load_pipeline_str(tomli_w.dumps(doc)), MORE / f"{name}.json")
     return out
 
 
 def test_every_example_pipeline_has_a_snapshot():
     assert {p.stem for p in example_files()} == {p.stem for p in SNAPSHOTS.glob("*.json")}
-    assert set(MORE_SPECS) == {p.stem for p in MORE.glob("*.json")}
+    assert set(EDGE_PIPELINES) == {p.stem for p in MORE.glob("*.json")}
 
 
 @pytest.mark.parametrize("name", list(snapshots()))

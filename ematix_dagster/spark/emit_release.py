@@ -1,13 +1,13 @@
 """``[emit] sql`` in a windowed pipeline's batch (docs/contract/delayed-windows.md).
 
 Between the engine's emission and the target write, each emitted row gets its release time from the
-``[emit]`` predicate, evaluated by Spark over the rows' window bounds, ``session_id`` and group
-columns (the query ``sql.release`` made of it, over the view ``windows``: Spark SQL's own interval
-and timestamp rules, as a row pipeline's WHERE has; guarded by ``safe_sql``: an expression that
+``[emit]`` predicate, computed over the Arrow table the target is written from
+(``streaming.release_times``: the predicate's grammar evaluated as Spark would; an expression that
 fails on a row is a terminal ``BatchDataError`` naming the row, since a window's row is never
-dead-lettered), and the buffer (``streaming.emit_release``)
-says which rows leave now. The batch then writes those instead of what the engine emitted, and its
-store commit carries the pending-row changes.
+dead-lettered), and the buffer (``streaming.emit_release``) says which rows leave now. The batch then
+writes those instead of what the engine emitted, and its store commit carries the pending-row changes.
+Spark analyses the predicate once, when the stage opens (``validate`` too), over no rows: a predicate
+it refuses (a type mismatch) is a configuration error before any batch.
 
 WATERMARK_TS() is the watermark the batch's sources put W at, never below the last batch's
 (:meth:`~ematix_dagster.streaming.watermark.Watermarks.candidate`): a flush raises the engine's W
@@ -21,10 +21,9 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from sqlglot import exp
 
-from ematix_dagster.columns import RELEASE_COLUMN, SQL_ERROR
 from ematix_dagster.errors import BatchDataError, PipelineConfigError, first_line
 from ematix_dagster.metrics import StreamingMetrics
 from ematix_dagster.spark.safe_sql import guard_sql
@@ -35,20 +34,21 @@ from ematix_dagster.sql.parsing import parse_statement, text
 from ematix_dagster.streaming.emit_release import EmitBuffer, Released
 from ematix_dagster.streaming.emitted import Emitted
 from ematix_dagster.streaming.micro_batch import BatchResult, Engine
+from ematix_dagster.streaming.release_times import ReleaseTimes, RowFailed
 from state_store.base import BatchCommit, StateStore
 
-_ROW = "_emit_row"
 _LAST_US = 2**63 - 1
 
 
 @dataclass
 class EmitStage:
-    """A windowed pipeline's ``[emit]``: its release query, its buffer, and the last batch's outcome."""
+    """A windowed pipeline's ``[emit]``: its release times, its buffer, and the last batch's outcome."""
 
     pipeline: str
-    view: str  # the view the release query reads the emitted rows from (``windows`` renamed)
-    sql: str  # SELECT *, <release time> AS _release_us FROM <view>
-    columns: tuple[str, ...]  # the columns the view holds: those the predicate may name
+    view: str  # the view Spark analyses the release query over (``windows`` renamed)
+    sql: str  # SELECT *, <release time> AS _release_us FROM <view>: what the release times compute
+    columns: tuple[str, ...]  # the columns the predicate may name
+    times: ReleaseTimes
     buffer: EmitBuffer
     last: Released | None = None
     #: WATERMARK_TS() of the last batch (µs), committed with it
@@ -74,14 +74,19 @@ class EmitStage:
         ``PipelineConfigError`` on ``emit.sql`` before any batch, not a failed batch."""
         assert spec.emit is not None and spec.emit.max_buffered_rows is not None  # the spec requires both
         columns = predicate_columns(spec)
-        tree = parse_statement(emit_plan(spec.emit.sql, columns).sql, KEY)
+        plan = emit_plan(spec.emit.sql, columns)
+        tree = parse_statement(plan.sql, KEY)
         view = f"_emit_windows_{spec.pipeline_name.replace('-', '_')}"  # the pipeline's own, in a shared session
         for table in tree.find_all(exp.Table):
             table.set("this", exp.to_identifier(view))
-        stage = cls(spec.pipeline_name, view, guard_sql(text(tree)).sql, columns,
+        stage = cls(spec.pipeline_name, view, guard_sql(text(tree)).sql, columns, ReleaseTimes(plan.branches, columns),
                     EmitBuffer(spec.pipeline_name, spec.emit.max_buffered_rows))
+        empty = schema.empty_table().select(list(columns))
         try:
-            stage._query(schema.empty_table())
+            spark = SparkSession.active()
+            spark.createDataFrame(empty).createOrReplaceTempView(view)
+            spark.sql(stage.sql).schema  # noqa: B018 - analysing is the point
+            stage.times.of(empty)
         except Exception as exc:  # noqa: BLE001 - Spark's analysis errors have no common public type
             raise PipelineConfigError(KEY, f"does not run over the emitted rows: {first_line(exc)}",
                                       f"compare window bounds ({', '.join(columns[:2])}: TIMESTAMP) or group "
@@ -96,35 +101,22 @@ class EmitStage:
         watermark = before if flush else _at_least(engine.watermarks.candidate(batch_time), before)
         self.release_watermark = watermark
         emitted = result.emitted
-        self.last = last = self.buffer.process(result.batch_id, emitted, self._release_times(table(emitted)),
+        self.last = last = self.buffer.process(result.batch_id, emitted, self.release_times(table(emitted)),
                                                watermark, first_seq, flush)
         counters["released_rows"] += len(last.released)
         counters["filtered_rows:not_released"] += last.not_released
         return replace(result, emitted=last.released)
 
-    def _query(self, rows: pa.Table) -> DataFrame:
-        """The release query over ``rows`` (numbered, to put the results back in order). The session is the
-        process's active one: the flush runs after the streaming query, with no batch's session at hand."""
-        view = rows.select(list(self.columns)).append_column(_ROW, pa.array(range(rows.num_rows), pa.int64()))
-        spark = SparkSession.active()
-        spark.createDataFrame(view).createOrReplaceTempView(self.view)
-        return spark.sql(self.sql).select(_ROW, RELEASE_COLUMN, SQL_ERROR)
-
-    def _release_times(self, rows: pa.Table) -> list[int | None]:
+    def release_times(self, rows: pa.Table) -> pa.Array:
         """Each row's release time, in row order."""
-        out: list[int | None] = [None] * rows.num_rows
-        if not rows.num_rows:
-            return out
-        computed = self._query(rows).toArrow()
-        for i, release, error in zip(*(computed.column(c).to_pylist() for c in (_ROW, RELEASE_COLUMN, SQL_ERROR))):
-            if error is not None:
-                raise BatchDataError(
-                    f"pipeline {self.pipeline}: [emit] sql failed on an emitted row ({error}), so its release time "
-                    f"is unknown: {rows.select(list(self.columns)).slice(i, 1).to_pylist()[0]}",
-                    way_out="write the predicate so that it cannot fail on a window bound or group value (a window "
-                            "row is never dead-lettered), then reset the pipeline or fix the predicate's input")
-            out[i] = release
-        return out
+        try:
+            return self.times.of(rows)
+        except RowFailed as failed:
+            raise BatchDataError(
+                f"pipeline {self.pipeline}: [emit] sql failed on an emitted row ({failed}), so its release time "
+                f"is unknown: {rows.select(list(self.columns)).slice(failed.row, 1).to_pylist()[0]}",
+                way_out="write the predicate so that it cannot fail on a window bound or group value (a window "
+                        "row is never dead-lettered), then reset the pipeline or fix the predicate's input") from None
 
     def add_to(self, commit: BatchCommit) -> None:
         """The last batch's pending-row changes and WATERMARK_TS(), in its store transaction."""

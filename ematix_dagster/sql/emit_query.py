@@ -10,7 +10,9 @@ makes it an emission schedule rather than a filter of values:
 - the predicate's columns: window bounds, ``session_id`` and group columns only. A window's rows
   (early, final, corrections, retracts) then share one release time for as long as its bounds do,
   so they leave in the order they were emitted; an aggregate column would let a correction leave
-  before the final it corrects, or never.
+  before the final it corrects, or never;
+- the predicate's grammar (``sql.grammar``): what the engine computes over the emitted rows exactly
+  as Spark would, and nothing whose value depends on other rows.
 
 >>> plan = emit_plan("SELECT * FROM windows WHERE window_end + INTERVAL 1 HOUR <= WATERMARK_TS()",
 ...                  ("window_start", "window_end", "user_id"))
@@ -29,6 +31,7 @@ from typing import NoReturn, Sequence
 from sqlglot import exp
 
 from ematix_dagster.errors import PipelineConfigError
+from ematix_dagster.sql.grammar import check_predicate
 from ematix_dagster.sql.parsing import parse_statement, text
 from ematix_dagster.sql.release import WATERMARK_TS, ReleasePlan, release_plan
 
@@ -72,6 +75,7 @@ def emit_plan(sql: str, columns: Sequence[str]) -> ReleasePlan:
     if plan is None:
         _fail(f"does not call {WATERMARK_TS}(): without it the WHERE would drop emitted rows (and the corrections "
               "and retracts that follow them) instead of delaying them", f"compare a window bound with {WATERMARK_TS}()")
+    check_predicate(where.this, KEY)
     return plan
 
 

@@ -29,12 +29,12 @@ it by key, which the store's release-ordered table does not index.
 >>> buf = EmitBuffer("p", max_buffered_rows=10)
 >>> rows = Emitted()
 >>> rows.add_rows([EmittedRow(0, 60, ("a",), (3,), "final"), EmittedRow(60, 120, ("a",), (1,), "early")])
->>> out = buf.process(0, rows, [100, RELEASE_NOW], watermark=60)
+>>> out = buf.process(0, rows, pa.array([100, RELEASE_NOW]), watermark=60)
 >>> [(r.start, r.kind) for r in out.released.rows], [(p.release_us, p.seq) for p in out.changes.inserts]
 ([(60, 'early')], [(100, 0)])
 >>> fix = Emitted()
 >>> fix.add_rows([EmittedRow(0, 60, ("a",), (4,), "correction")])
->>> out = buf.process(1, fix, [100], watermark=100)
+>>> out = buf.process(1, fix, pa.array([100]), watermark=100)
 >>> [(r.values, r.kind) for r in out.released.rows], out.changes.deletes
 ([((4,), 'final')], [(100, 0, 0)])
 """
@@ -116,18 +116,18 @@ class EmitBuffer:
             target = self.retracts if waiting.row.kind == RETRACT else self.rows
             target[(waiting.row.start, waiting.row.key)] = waiting
 
-    def process(self, batch_id: int, emitted: Emitted, release: Sequence[int | None], watermark: int | None,
+    def process(self, batch_id: int, emitted: Emitted, release: pa.Array, watermark: int | None,
                 first_seq: int = 0, flush: bool = False) -> Released:
-        """``emitted``: the engine's rows in emission order; ``release``: each one's release time (µs,
-        :data:`RELEASE_NOW`, or None: never); ``watermark``: WATERMARK_TS() of the
+        """``emitted``: the engine's rows in emission order; ``release``: each one's release time (int64 µs,
+        :data:`RELEASE_NOW`, or NULL: never); ``watermark``: WATERMARK_TS() of the
         batch; ``first_seq``: the position of the first row in its batch's emission (a flush continues the
         last batch's numbers, so the two never share a pending key)."""
         changes = _Changes()
         now: list[Waiting] = []
         not_released = cancelled = 0
         finals_cancelled: set[RowKey] = set()  # a correction after its retract still replaces that final
-        leaves = due(pa.array(release, pa.int64()), watermark)[0].to_pylist() if not flush else [False] * len(release)
-        for i, (row, release_us, leaves_now) in enumerate(zip(emitted.rows, release, leaves)):
+        leaves = due(release, watermark)[0].to_pylist() if not flush else [False] * len(release)
+        for i, (row, release_us, leaves_now) in enumerate(zip(emitted.rows, release.to_pylist(), leaves)):
             key, seq = (row.start, row.key), first_seq + i
             if row.kind == RETRACT:
                 if key in self.rows:

@@ -1,6 +1,7 @@
-"""``[emit] sql``'s release times as Spark computes them over emitted rows (spark/emit_release.py): the predicate's
-interval arithmetic, a guard that is not TRUE (NULL group), a strict bound, the rows' order kept; an expression
-that fails on a row stops the run with a terminal error naming it. Expected values are written out by hand."""
+"""``[emit] sql``'s stage (spark/emit_release.py): the release times of emitted rows (the predicate's interval
+arithmetic, a guard that is not TRUE (NULL group), a strict bound, the rows' order kept); a predicate Spark refuses
+is a configuration error before any batch; an expression that fails on a row stops the run with a terminal error
+naming it. Expected values are written out by hand."""
 
 from __future__ import annotations
 
@@ -42,9 +43,9 @@ def test_release_times_follow_the_branches_in_row_order(spark, tmp_path) -> None
     stage = _stage(spark, tmp_path, "(user_id = 1 AND window_end + INTERVAL 1 HOUR <= WATERMARK_TS()) "
                                     "OR (user_id > 1 AND window_start < WATERMARK_TS())")
     assert stage.view == "_emit_windows_user_clicks_per_minute" and stage.sql.endswith(f"FROM {stage.view}")
-    got = stage._release_times(_rows([1, None, 2, 1, 3]))
+    got = stage.release_times(_rows([1, None, 2, 1, 3])).to_pylist()
     assert got == [2 * HOUR, None, 2 * HOUR + 1, 5 * HOUR, 4 * HOUR + 1]
-    assert stage._release_times(_rows([])) == []
+    assert stage.release_times(_rows([])).to_pylist() == []
 
 
 def test_a_predicate_spark_refuses_is_a_config_error_before_any_batch(spark, tmp_path) -> None:
@@ -53,7 +54,9 @@ def test_a_predicate_spark_refuses_is_a_config_error_before_any_batch(spark, tmp
 
 
 def test_a_predicate_that_fails_on_a_row_is_a_terminal_error_naming_it(spark, tmp_path) -> None:
-    stage = _stage(spark, tmp_path, "CAST(CAST(user_id AS STRING) || 'x' AS INT) > 0 AND window_end <= WATERMARK_TS()")
-    with pytest.raises(BatchDataError, match=r"\[emit\] sql failed on an emitted row") as info:
-        stage._release_times(_rows([7]))
+    stage = _stage(spark, tmp_path, "10 / (user_id - 7) > 0 AND window_end <= WATERMARK_TS()")
+    with pytest.raises(BatchDataError, match=r"\[emit\] sql failed on an emitted row \(10 / \(user_id - 7\): "
+                                             r"division by zero\)") as info:
+        stage.release_times(_rows([8, 9, 7, 6]))
     assert "'user_id': 7" in str(info.value) and info.value.terminal
+    assert stage.release_times(_rows([8, None])).to_pylist() == [HOUR, None]

@@ -35,6 +35,9 @@ def test_emit_loads_round_trips_and_enters_the_fingerprint() -> None:
     "window_end + INTERVAL 1 HOUR <= WATERMARK_TS()",
     "(user_id = 1 AND window_start <= WATERMARK_TS()) OR user_id <> 1",
     "WATERMARK_TS() > windows.window_end",
+    "(user_id IN (1, 2) OR coalesce(user_id, 0) BETWEEN -3 AND 3) AND window_end + INTERVAL 90 SECONDS <= WATERMARK_TS()",
+    "CASE WHEN hour(window_start) < 6 THEN TRUE ELSE user_id % 2 = 0 END "
+    "AND window_start >= TIMESTAMP '2024-01-01 00:00:00' AND window_end <= WATERMARK_TS()",
 ])
 def test_predicates_on_bounds_and_group_columns_load(predicate: str) -> None:
     assert load_pipeline_str(_emit(f"SELECT * FROM windows WHERE {predicate}")).emit is not None
@@ -60,6 +63,15 @@ def test_session_id_is_a_predicate_column_of_session_windows_only() -> None:
     ("SELECT * FROM windows WHERE WATERMARK_TS() <= window_end", ("lower bound",)),
     ("SELECT * FROM windows WHERE window_end <= WATERMARK_TS() UNION ALL SELECT * FROM windows",
      ("not a single SELECT",)),
+    # the grammar (sql/grammar.py): what depends on other rows, or changes from call to call
+    ("SELECT * FROM windows WHERE EXISTS (SELECT 1 FROM windows WHERE user_id = 1) AND window_end <= WATERMARK_TS()",
+     ("uses EXISTS(", "outside the predicate's grammar")),
+    ("SELECT * FROM windows WHERE user_id IN (SELECT user_id FROM windows) AND window_end <= WATERMARK_TS()",
+     ("IN takes a list of literals",)),
+    ("SELECT * FROM windows WHERE rand() < 0.5 AND window_end <= WATERMARK_TS()", ("uses RAND()", "function")),
+    ("SELECT * FROM windows WHERE CAST(user_id AS STRING) = '1' AND window_end <= WATERMARK_TS()", ("a cast",)),
+    ("SELECT * FROM windows WHERE window_end + INTERVAL 1 MONTH <= WATERMARK_TS()", ("day-time interval",)),
+    ("SELECT * FROM windows WHERE abs(user_id, 2) > 0 AND window_end <= WATERMARK_TS()", ("with 2 arguments",)),
 ])
 def test_other_shapes_and_columns_are_refused(sql: str, words: tuple[str, ...]) -> None:
     assert_names(load_error(_emit(sql)), "emit.sql", *words)

@@ -3,12 +3,18 @@ order, the cap, and the store round trip. Expected values are written out by han
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 
 from ematix_dagster.errors import StateCapExceeded
 from ematix_dagster.sql.release import RELEASE_NOW
 from ematix_dagster.streaming.emit_release import EmitBuffer
 from ematix_dagster.streaming.emitted import Emitted, EmittedRow
+
+
+def _at(*release_us: int | None) -> pa.Array:
+    """Release times as the stage hands them over."""
+    return pa.array(release_us, pa.int64())
 
 
 def _rows(*rows: tuple) -> Emitted:
@@ -31,69 +37,69 @@ def _store_round_trip(buf: EmitBuffer) -> EmitBuffer:
 
 def test_a_pending_row_is_replaced_takes_the_newer_release_time_and_keeps_its_kind() -> None:
     buf = EmitBuffer("p", 10)
-    first = buf.process(0, _rows((0, 60, "a", 1, "early")), [200], watermark=50)
+    first = buf.process(0, _rows((0, 60, "a", 1, "early")), _at(200), watermark=50)
     assert _out(first.released) == [] and [p.key for p in first.changes.inserts] == [(200, 0, 0)]
-    second = buf.process(1, _rows((0, 60, "a", 2, "final")), [300], watermark=250)  # 200 reached, but replaced
+    second = buf.process(1, _rows((0, 60, "a", 2, "final")), _at(300), watermark=250)  # 200 reached, but replaced
     assert _out(second.released) == [] and second.changes.deletes == [(200, 0, 0)]
     assert [p.key for p in second.changes.inserts] == [(300, 1, 0)]
     buf = _store_round_trip(buf)
-    third = buf.process(2, Emitted(), [], watermark=300)
+    third = buf.process(2, Emitted(), _at(), watermark=300)
     assert _out(third.released) == [(0, "a", 2, "final")] and third.changes.deletes == [(300, 1, 0)] and third.pending == 0
 
 
 def test_a_correction_of_a_pending_final_leaves_as_final_and_a_released_final_is_corrected() -> None:
     buf = EmitBuffer("p", 10)
-    buf.process(0, _rows((0, 60, "a", 1, "final"), (0, 60, "b", 5, "final")), [100, 100], watermark=60)
-    out = buf.process(1, _rows((0, 60, "a", 2, "correction")), [100], watermark=100)
+    buf.process(0, _rows((0, 60, "a", 1, "final"), (0, 60, "b", 5, "final")), _at(100, 100), watermark=60)
+    out = buf.process(1, _rows((0, 60, "a", 2, "correction")), _at(100), watermark=100)
     assert _out(out.released) == [(0, "b", 5, "final"), (0, "a", 2, "final")]  # same release: arrival order
-    out = buf.process(2, _rows((0, 60, "b", 6, "correction")), [100], watermark=110)
+    out = buf.process(2, _rows((0, 60, "b", 6, "correction")), _at(100), watermark=110)
     assert _out(out.released) == [(0, "b", 6, "correction")] and out.changes.inserts == [] and out.changes.deletes == []
 
 
 def test_a_retract_cancels_a_pending_row_and_one_of_a_released_row_leaves_at_once_first() -> None:
     buf = EmitBuffer("p", 10)
-    buf.process(0, _rows((0, 60, "a", 1, "early"), (0, 60, "b", 1, "early")), [RELEASE_NOW, 500], watermark=10)
+    buf.process(0, _rows((0, 60, "a", 1, "early"), (0, 60, "b", 1, "early")), _at(RELEASE_NOW, 500), watermark=10)
     out = buf.process(1, _rows((0, 60, "a", 1, "retract"), (0, 60, "b", 1, "retract"),
-                               (0, 60, "a", 2, "early"), (0, 60, "b", 2, "early")), [RELEASE_NOW, 500, 500, 500],
+                               (0, 60, "a", 2, "early"), (0, 60, "b", 2, "early")), _at(RELEASE_NOW, 500, 500, 500),
                       watermark=20)
     assert _out(out.released) == [(0, "a", 1, "retract")]  # b's pending early is cancelled, never written
     assert out.cancelled == 1 and out.changes.deletes == [(500, 0, 1)]
     assert sorted(p.key for p in out.changes.inserts) == [(500, 1, 2), (500, 1, 3)]
     # a row due now and the batch's own immediate rows: retracts first, then by (release, arrival, position)
     buf2 = EmitBuffer("p", 10)
-    buf2.process(0, _rows((60, 120, "c", 1, "final")), [150], watermark=120)
-    out = buf2.process(1, _rows((0, 60, "d", 7, "retract"), (0, 60, "d", 8, "correction")), [100, 100],
+    buf2.process(0, _rows((60, 120, "c", 1, "final")), _at(150), watermark=120)
+    out = buf2.process(1, _rows((0, 60, "d", 7, "retract"), (0, 60, "d", 8, "correction")), _at(100, 100),
                        watermark=160)
     assert _out(out.released) == [(0, "d", 7, "retract"), (0, "d", 8, "correction"), (60, "c", 1, "final")]
 
 
 def test_a_row_no_branch_releases_is_counted_and_drops_the_row_it_replaces() -> None:
     buf = EmitBuffer("p", 10)
-    buf.process(0, _rows((0, 60, "a", 1, "early")), [500], watermark=10)
-    out = buf.process(1, _rows((0, 90, "a", 2, "final")), [None], watermark=100)
+    buf.process(0, _rows((0, 60, "a", 1, "early")), _at(500), watermark=10)
+    out = buf.process(1, _rows((0, 90, "a", 2, "final")), _at(None), watermark=100)
     assert out.not_released == 1 and out.changes.deletes == [(500, 0, 0)] and out.pending == 0 and _out(out.released) == []
-    out = buf.process(2, _rows((0, 90, "a", 2, "retract")), [None], watermark=100)  # of that never-released row
+    out = buf.process(2, _rows((0, 90, "a", 2, "retract")), _at(None), watermark=100)  # of that never-released row
     assert out.not_released == 1 and _out(out.released) == []
 
 
 def test_with_retractions_a_correction_after_the_retract_of_a_pending_final_leaves_as_final() -> None:
     buf = EmitBuffer("p", 10)
-    buf.process(0, _rows((0, 60, "a", 1, "final")), [100], watermark=60)
-    out = buf.process(1, _rows((0, 60, "a", 1, "retract"), (0, 60, "a", 2, "correction")), [100, 100], watermark=100)
+    buf.process(0, _rows((0, 60, "a", 1, "final")), _at(100), watermark=60)
+    out = buf.process(1, _rows((0, 60, "a", 1, "retract"), (0, 60, "a", 2, "correction")), _at(100, 100), watermark=100)
     assert _out(out.released) == [(0, "a", 2, "final")] and out.cancelled == 1
 
 
 def test_the_flush_releases_nothing_and_its_rows_wait_for_a_later_batch() -> None:
     buf = EmitBuffer("p", 10)
-    buf.process(3, _rows((0, 60, "a", 1, "early"), (0, 60, "b", 1, "early")), [RELEASE_NOW, 40], watermark=30)
+    buf.process(3, _rows((0, 60, "a", 1, "early"), (0, 60, "b", 1, "early")), _at(RELEASE_NOW, 40), watermark=30)
     out = buf.process(3, _rows((0, 60, "a", 1, "retract"), (0, 60, "a", 2, "final"), (0, 60, "b", 2, "final"),
-                               (60, 120, "c", 1, "final")), [10, 10, 10, 20], watermark=30, first_seq=2, flush=True)
+                               (60, 120, "c", 1, "final")), _at(10, 10, 10, 20), watermark=30, first_seq=2, flush=True)
     assert _out(out.released) == [] and out.pending == 4  # a's retract and final, b's final (its early replaced), c's
     assert out.changes.deletes == [(40, 3, 1)]
     assert sorted(p.key for p in out.changes.inserts) == [(RELEASE_NOW, 3, 2), (10, 3, 3), (10, 3, 4), (20, 3, 5)]
     assert out.output_watermark == 30 and buf.output_watermark(200) == 60
     buf = _store_round_trip(buf)
-    later = buf.process(4, Emitted(), [], watermark=30)
+    later = buf.process(4, Emitted(), _at(), watermark=30)
     assert _out(later.released) == [(0, "a", 1, "retract"), (0, "a", 2, "final"), (0, "b", 2, "final"),
                                     (60, "c", 1, "final")]
     assert later.pending == 0 and later.output_watermark == 30
@@ -101,12 +107,12 @@ def test_the_flush_releases_nothing_and_its_rows_wait_for_a_later_batch() -> Non
 
 def test_the_output_watermark_is_held_by_the_smallest_pending_window_end() -> None:
     buf = EmitBuffer("p", 10)
-    out = buf.process(0, _rows((0, 60, "a", 1, "final"), (60, 120, "a", 1, "final")), [1000, 1000], watermark=500)
+    out = buf.process(0, _rows((0, 60, "a", 1, "final"), (60, 120, "a", 1, "final")), _at(1000, 1000), watermark=500)
     assert out.output_watermark == 60
-    assert buf.process(1, Emitted(), [], watermark=None).output_watermark is None
+    assert buf.process(1, Emitted(), _at(), watermark=None).output_watermark is None
 
 
 def test_more_pending_rows_than_the_cap_fail_loud() -> None:
     buf = EmitBuffer("p", 1)
     with pytest.raises(StateCapExceeded, match="max_buffered_rows = 1"):
-        buf.process(0, _rows((0, 60, "a", 1, "final"), (0, 60, "b", 1, "final")), [100, 100], watermark=60)
+        buf.process(0, _rows((0, 60, "a", 1, "final"), (0, 60, "b", 1, "final")), _at(100, 100), watermark=60)

@@ -25,8 +25,10 @@ from tests.state_store.legacy_rows import write_rows
 
 
 def small_spec(tmp_path: Path, name: str = "tiny-clicks", *, target: Target | None = None,
-               trigger: str = "available_now", store: StateStoreConfig | None = None) -> PipelineSpec:
-    """A one-source tumbling pipeline whose every path lives under ``tmp_path``."""
+               trigger: str = "available_now", store: StateStoreConfig | None = None,
+               trigger_interval_ms: int = 1_000) -> PipelineSpec:
+    """A one-source tumbling pipeline whose every path lives under ``tmp_path``; a test that counts heartbeat
+    batches shortens ``trigger_interval_ms`` (it waits that long for each)."""
     (tmp_path / "in").mkdir(parents=True, exist_ok=True)
     return PipelineSpec(
         pipeline_name=name,
@@ -37,7 +39,8 @@ def small_spec(tmp_path: Path, name: str = "tiny-clicks", *, target: Target | No
                            aggregations=(Aggregation(agg="count", as_="clicks"),)),
         target=target or Target(kind="parquet", path=str(tmp_path / "out")),
         state_store=store or StateStoreConfig(kind="sqlite", path=str(tmp_path / "state.db")),
-        run=Run(trigger=trigger, checkpoint_location=str(tmp_path / "checkpoint")),
+        run=Run(trigger=trigger, trigger_interval_ms=trigger_interval_ms,
+                checkpoint_location=str(tmp_path / "checkpoint")),
     ).validate()
 
 

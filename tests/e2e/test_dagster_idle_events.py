@@ -48,7 +48,7 @@ def committed(checkpoint) -> int:
 
 def test_heartbeat_only_batches_add_nothing_to_the_event_log(spark, tmp_path, batch_files):
     files = batch_files("in")
-    spec = small_spec(tmp_path, "idle-events", trigger="processing_time")
+    spec = small_spec(tmp_path, "idle-events", trigger="processing_time", trigger_interval_ms=250)
     asset = streaming_pipeline_asset(spec)
     store = StateStoreResource(kind="sqlite", path=str(tmp_path / "state.db"))
     resources = {"spark": EmatixSparkResource(), "state_store": store, "metrics": MetricsResource(enabled=False)}

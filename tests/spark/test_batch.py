@@ -32,7 +32,7 @@ FILE_B = rows((2, 130), (3, 140))  # moves the watermark past 60 s: the first wi
 
 def test_heartbeat_only_batches_run_no_spark_job(spark, tmp_path, batch_files):
     files = batch_files("in")
-    spec = small_spec(tmp_path, "heartbeats", trigger="processing_time")
+    spec = small_spec(tmp_path, "heartbeats", trigger="processing_time", trigger_interval_ms=250)
     runner = PipelineRunner(spec, spark=spark, progress=lambda line: None)
     tracker = spark.sparkContext.statusTracker()
     files.write(FILE_A, SCHEMA)

@@ -102,7 +102,7 @@ def _arrow(guard: str, bound: str, strict: bool) -> list[int | None] | None:
         return None
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(guard=bools, bound=stamps, strict=st.booleans())
 def test_arrow_computes_what_spark_computes(view, guard, bound, strict) -> None:
     want = _spark(view, guard, bound, strict)

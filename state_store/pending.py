@@ -1,4 +1,4 @@
-"""Pending rows (schema step 7, SPEC §11 ``WATERMARK_TS()``): a commit's checks, and the SQL of both databases.
+"""Pending rows (schema step 7, ``WATERMARK_TS()``): a commit's checks, and the SQL of both databases.
 
 A pending row is an output row held back until the watermark reaches its release time
 (``state_store.base.PendingRow``), keyed by ``(release_us, arrival_batch, seq)``, the release

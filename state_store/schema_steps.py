@@ -45,9 +45,9 @@ is after the watermark, so a restart cannot derive the flag. Layout decision:
 * Not in the key and not indexed: it is read with the row and written with the row.
 
 Step 6 (``written_row``, ``trigger_fired_at``): what emission triggers and retractions need across
-a restart (SPEC §10, docs/contract/emission.md: "each key's last written row and its emitted flag
-are state, committed with the batch"; the interval trigger has "one timer per pipeline, stored
-with the state"). Layout decision:
+a restart (docs/contract/when-results-leave.md: the engine keeps "each key's last
+written row with the state, committed with the batch"; the interval trigger has "one timer per
+pipeline, stored with the state"). Layout decision:
 
 * ``written_row`` (bytea; SQLite: BLOB) on every state row: the last row written to the target for
   that (window_start, key), its window end and values, an opaque blob the engine encodes (a
@@ -66,8 +66,9 @@ with the state"). Layout decision:
   no lock held for longer than the ALTER). Rows and pipelines written before the step read as
   "nothing kept" and "never fired": no code kept either before it.
 
-Step 7 (``ematix_streaming_pending``): rows delayed by ``WATERMARK_TS()`` (SPEC §11: "pending rows
-live in the state store, one stored row each, indexed by release time, committed with the batch").
+Step 7 (``ematix_streaming_pending``): rows delayed by ``WATERMARK_TS()`` (docs/contract/row-pipelines.md:
+pending rows live in the state store, one stored row each, indexed by release time, committed with
+the batch).
 Layout decision:
 
 * A table of its own, one row per pending output row: ``release_us``, ``arrival_batch``, ``seq``

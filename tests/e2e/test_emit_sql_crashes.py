@@ -1,4 +1,4 @@
-"""``[emit] sql`` on tumbling windows under ``reopen`` with SIGKILL on the way (SPEC §11; fault points of
+"""``[emit] sql`` on tumbling windows under ``reopen`` with SIGKILL on the way (docs/contract/delayed-windows.md; fault points of
 ``ematix_dagster/faults.py``, driven by ``run_with_kills`` of tests/e2e/test_emit_trigger_crashes.py): each series
 is one ``ematix-dagster run`` process group over ``trigger_helpers.BATCHES`` (``every_batch``, the flush), killed and
 restarted until it exits 0, then compared with the ``[emit]`` oracle (tests/e2e/emit_oracle.py):

@@ -1,4 +1,4 @@
-"""Emission triggers and retractions end to end (SPEC §10): files -> windows -> parquet on real Spark,
+"""Emission triggers and retractions end to end (docs/contract/when-results-leave.md): files -> windows -> parquet on real Spark,
 against the trigger oracle (tests/e2e/trigger_oracle.py, no engine code).
 
 Each run is one ``available_now`` pipeline over the five micro-batches of ``trigger_helpers.BATCHES``

@@ -1,4 +1,4 @@
-"""Rows of every emit kind through the writers (SPEC §10): ``early`` and ``retract`` rows on real parquet
+"""Rows of every emit kind through the writers (docs/contract/emission.md): ``early`` and ``retract`` rows on real parquet
 files read back with pyarrow, on the console, and in a real PostgreSQL, for a tumbling window's output
 schema (no session id: deletes and ``_emit_seq`` hold for every kind, not only sessions).
 

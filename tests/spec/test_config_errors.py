@@ -139,7 +139,8 @@ ERROR_CASES: list[tuple[str, dict[str, Any], str, tuple[str, ...]]] = [
     ("persisted-in-memory-store", {f"{W}.crash_recovery": "persisted", "state_store": {"kind": "in_memory"}},
      f"{W}.crash_recovery", ("persisted", "durable")),
     # --- other engines' spellings name the canonical key
-    ("foreign-kind", {f"{A1}.agg": DELETE, f"{A1}.kind": "count"}, f"{A1}.kind", ("not this engine's spelling", "'count'", "'agg'")),
+    ("foreign-kind", {f"{A1}.agg": DELETE, f"{A1}.kind": "count"}, f"{A1}.kind",
+     ("not this engine's spelling", "'count'", "'agg'")),
     ("foreign-input-column", {f"{A2}.column": DELETE, f"{A2}.input_column": "amount"}, f"{A2}.input_column",
      ("not this engine's spelling", "'amount'", "'column'")),
     ("foreign-output-name", {f"{A2}.as": DELETE, f"{A2}.output_name": "amount_sum"}, f"{A2}.output_name",

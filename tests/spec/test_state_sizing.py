@@ -1,4 +1,5 @@
-"""State sizing of a spec's window (docs/contract/failure-modes.md#caps-fail-loud): the upper bound ``estimate_state`` gives."""
+"""State sizing of a spec's window (docs/contract/failure-modes.md#caps-fail-loud): the upper bound ``estimate_state``
+gives."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 13's acceptance: one running pipeline fed one file of each hostile kind, nothing stops it.
+"""Hostile input: one running pipeline fed one file of each hostile kind, nothing stops it.
 
 A hopping pipeline (1 min every 30 s) with a ``[transform] sql`` that casts, a PostgreSQL target,
 PostgreSQL dead letters and ``on_unreadable_file = "skip"`` reads, one file per batch:

@@ -110,7 +110,7 @@ class PendingRow(NamedTuple):
     ``seq`` its position in that batch's output (0, 1, ...). ``event_ts`` is its ``_event_ts`` (µs,
     None when it has none), ``payload`` its values, an opaque engine blob. A named tuple, not a
     frozen dataclass: a delayed batch makes one per held and per released row, and a frozen
-    dataclass costs four times as much to build (measured: a tenth of the delay's driver CPU).
+    dataclass costs several times as much to build.
     """
 
     release_us: int

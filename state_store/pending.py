@@ -247,7 +247,7 @@ _PG_RELEASE = ("DELETE FROM {pending} AS p USING unnest(%b::bigint[], %b::bigint
 
 def _int_array(values: list[int | None]) -> str:
     """An array literal of checked integers: joined at C speed, where psycopg's array dumper
-    handles one element at a time in Python (measured: 2.8 ms against 1.1 ms for 12,000 values)."""
+    handles one element at a time in Python."""
     if None in values:
         return "{" + ",".join("NULL" if v is None else str(v) for v in values) + "}"
     return "{" + ",".join(map(str, values)) + "}"

@@ -84,16 +84,16 @@ Layout decision:
   same, releasing half 50 ms instead of 28). Rows without an event time never lower the minimum,
   so they are left out. A new table: the step rewrites and locks nothing.
 
-Step 8 (``ematix_streaming_segments``): session and sliding window state as column segments (issue
-30, "commits as column blobs"; ``state_store.segments`` is the blob format). Layout decision:
+Step 8 (``ematix_streaming_segments``): session and sliding window state as column segments
+(``state_store.segments`` is the blob format). Layout decision:
 
 * A table of its own, one row per segment: ``(pipeline_name, seq, blob)``, PRIMARY KEY
   ``(pipeline_name, seq)`` (SQLite: WITHOUT ROWID and STRICT, like the state table). A segment is
   an opaque blob holding many groups as columns (upserts and deletes by ``(window_start, key)``);
   a load reads them in ``seq`` order, in the snapshot of the record, and a reader replays them over
   the pipeline's state rows. A commit appends (``BatchCommit.segments``), so a batch writes one row
-  however many sessions or partials it changed, instead of one per group (measured: the per-row
-  upserts were most of a 100,000-session pipeline's driver commit).
+  however many sessions or partials it changed, instead of one per group (per-row upserts would
+  be most of a large session pipeline's driver commit).
 * ``BatchCommit.rebase`` deletes the pipeline's segments and state rows first: the engine's
   compaction writes the whole state as one base segment when the stored segments would hold more
   than twice the state's rows, which bounds the stored bytes and a restore's reading to about

@@ -1,4 +1,4 @@
-"""TOML <-> dataclasses: unknown keys and seed-001 spellings are refused, dumps omit defaults."""
+"""TOML <-> dataclasses: unknown keys and other engines' spellings are refused, dumps omit defaults."""
 
 from __future__ import annotations
 

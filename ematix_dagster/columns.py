@@ -51,7 +51,7 @@ SQL_ERROR = "_sql_error"
 SOURCE_ROW = "_source_row"
 #: a row's release time under ``WATERMARK_TS()`` (µs; NULL: never released), added by sql/release.py
 RELEASE_COLUMN = "_release_us"
-#: a row pipeline's hidden column (issue 26): the row's ``_event_ts`` in µs, appended beside
+#: a row pipeline's hidden column: the row's ``_event_ts`` in µs, appended beside
 #: ``RELEASE_COLUMN`` (release order and the output watermark read it; the SELECT may drop ``_event_ts``)
 EVENT_US = "_event_us"
 

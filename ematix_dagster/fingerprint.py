@@ -13,8 +13,8 @@ that uses neither keeps the fingerprint its state was written with before they e
 A row pipeline (docs/contract/row-pipelines.md) has no window state, but its pending rows hold
 the SQL's output columns and a release time computed from its WHERE: its document holds the
 sources and their order, the SQL text, ``time_mode`` and ``event_time_column``, so a changed SQL
-refuses to start over pending rows written by the old one (SPEC §11: a change of the output
-schema with rows pending refuses to start). The text is the conservative stand-in for the output
+refuses to start over pending rows written by the old one (docs/contract/row-pipelines.md#fingerprint:
+a change of the output schema with rows pending refuses to start). The text is the conservative stand-in for the output
 schema; lateness, idleness and ``max_buffered_rows`` may change freely.
 
 A windowed pipeline's ``[emit] sql`` enters as ``emit.sql`` (only when present): its pending rows

@@ -36,7 +36,7 @@ duration`` (sessions) fit; rows are unique on ``(window_start, key)`` per pipeli
 The record carries ``trigger_fired_at`` (schema step 6), the batch time (µs) of the interval emit
 trigger's last firing (None before any), committed with the batch like the watermark.
 
-Schema step 7 adds pending rows (SPEC §11, ``WATERMARK_TS()``): output rows held back until the
+Schema step 7 adds pending rows (``WATERMARK_TS()``, docs/contract/row-pipelines.md): output rows held back until the
 watermark reaches their release time, one :class:`PendingRow` each, keyed by ``(release_us,
 arrival_batch, seq)``, the release order. A commit inserts the batch's new ones
 (``BatchCommit.pending_inserts``) and deletes the ones it released (``BatchCommit.pending_released``
@@ -110,7 +110,7 @@ class PendingRow(NamedTuple):
     ``seq`` its position in that batch's output (0, 1, ...). ``event_ts`` is its ``_event_ts`` (µs,
     None when it has none), ``payload`` its values, an opaque engine blob. A named tuple, not a
     frozen dataclass: a delayed batch makes one per held and per released row, and a frozen
-    dataclass costs four times as much to build (measured: a tenth of the delay's driver CPU).
+    dataclass costs several times as much to build.
     """
 
     release_us: int

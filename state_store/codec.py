@@ -232,8 +232,8 @@ def _v1_to_v2(blob: bytes) -> bytes:
     return bytes([2]) + packb(v1_values(blob))
 
 
-# from_version -> step to from_version + 1. A version missing here cannot be migrated (seed 001's
-# "Unsupported"): the pipeline stops with StateVersionError and the operator resets it.
+# from_version -> step to from_version + 1. A version missing here cannot be migrated: the
+# pipeline stops with StateVersionError and the operator resets it.
 _MIGRATIONS: dict[int, Callable[[bytes], bytes]] = {1: _v1_to_v2}
 
 

@@ -85,7 +85,7 @@ class LeaseHeld(EmatixError):
 
 
 class StateVersionError(EmatixError):
-    """Stored state is newer than this code, or cannot be migrated (seed 001's Unsupported)."""
+    """Stored state is newer than this code, or cannot be migrated."""
 
 
 class CorruptState(EmatixError):

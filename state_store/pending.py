@@ -1,4 +1,4 @@
-"""Pending rows (schema step 7, SPEC §11 ``WATERMARK_TS()``): a commit's checks, and the SQL of both databases.
+"""Pending rows (schema step 7, ``WATERMARK_TS()``): a commit's checks, and the SQL of both databases.
 
 A pending row is an output row held back until the watermark reaches its release time
 (``state_store.base.PendingRow``), keyed by ``(release_us, arrival_batch, seq)``, the release
@@ -247,7 +247,7 @@ _PG_RELEASE = ("DELETE FROM {pending} AS p USING unnest(%b::bigint[], %b::bigint
 
 def _int_array(values: list[int | None]) -> str:
     """An array literal of checked integers: joined at C speed, where psycopg's array dumper
-    handles one element at a time in Python (measured: 2.8 ms against 1.1 ms for 12,000 values)."""
+    handles one element at a time in Python."""
     if None in values:
         return "{" + ",".join("NULL" if v is None else str(v) for v in values) + "}"
     return "{" + ",".join(map(str, values)) + "}"

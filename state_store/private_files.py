@@ -1,6 +1,6 @@
 """Files the SQLite store creates are private to their owner: mode 0600, whatever the umask.
 
-Pending rows (schema step 7, SPEC §11) hold output rows that are not public yet, so the database
+Pending rows (schema step 7, docs/contract/row-pipelines.md) hold output rows that are not public yet, so the database
 file must not be readable by other users; the rest of the state (windows, offsets) is no more
 public than the target. Decisions:
 

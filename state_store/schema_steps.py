@@ -45,9 +45,9 @@ is after the watermark, so a restart cannot derive the flag. Layout decision:
 * Not in the key and not indexed: it is read with the row and written with the row.
 
 Step 6 (``written_row``, ``trigger_fired_at``): what emission triggers and retractions need across
-a restart (SPEC §10, docs/contract/emission.md: "each key's last written row and its emitted flag
-are state, committed with the batch"; the interval trigger has "one timer per pipeline, stored
-with the state"). Layout decision:
+a restart (docs/contract/when-results-leave.md: the engine keeps "each key's last
+written row with the state, committed with the batch"; the interval trigger has "one timer per
+pipeline, stored with the state"). Layout decision:
 
 * ``written_row`` (bytea; SQLite: BLOB) on every state row: the last row written to the target for
   that (window_start, key), its window end and values, an opaque blob the engine encodes (a
@@ -66,8 +66,9 @@ with the state"). Layout decision:
   no lock held for longer than the ALTER). Rows and pipelines written before the step read as
   "nothing kept" and "never fired": no code kept either before it.
 
-Step 7 (``ematix_streaming_pending``): rows delayed by ``WATERMARK_TS()`` (SPEC §11: "pending rows
-live in the state store, one stored row each, indexed by release time, committed with the batch").
+Step 7 (``ematix_streaming_pending``): rows delayed by ``WATERMARK_TS()`` (docs/contract/row-pipelines.md:
+pending rows live in the state store, one stored row each, indexed by release time, committed with
+the batch).
 Layout decision:
 
 * A table of its own, one row per pending output row: ``release_us``, ``arrival_batch``, ``seq``
@@ -83,16 +84,16 @@ Layout decision:
   same, releasing half 50 ms instead of 28). Rows without an event time never lower the minimum,
   so they are left out. A new table: the step rewrites and locks nothing.
 
-Step 8 (``ematix_streaming_segments``): session and sliding window state as column segments (issue
-30, "commits as column blobs"; ``state_store.segments`` is the blob format). Layout decision:
+Step 8 (``ematix_streaming_segments``): session and sliding window state as column segments
+(``state_store.segments`` is the blob format). Layout decision:
 
 * A table of its own, one row per segment: ``(pipeline_name, seq, blob)``, PRIMARY KEY
   ``(pipeline_name, seq)`` (SQLite: WITHOUT ROWID and STRICT, like the state table). A segment is
   an opaque blob holding many groups as columns (upserts and deletes by ``(window_start, key)``);
   a load reads them in ``seq`` order, in the snapshot of the record, and a reader replays them over
   the pipeline's state rows. A commit appends (``BatchCommit.segments``), so a batch writes one row
-  however many sessions or partials it changed, instead of one per group (measured: the per-row
-  upserts were most of a 100,000-session pipeline's driver commit).
+  however many sessions or partials it changed, instead of one per group (per-row upserts would
+  be most of a large session pipeline's driver commit).
 * ``BatchCommit.rebase`` deletes the pipeline's segments and state rows first: the engine's
   compaction writes the whole state as one base segment when the stored segments would hold more
   than twice the state's rows, which bounds the stored bytes and a restore's reading to about

@@ -1,8 +1,8 @@
 """Whole windows: a window stored as one row, in stores of schema 7 and older.
 
-A batch that changed most of a window's groups used to store it as one row instead of one per
-group: its key is ``WINDOW_KEY`` and its blob holds every group. Commits no longer write such rows
-(they append segments), but a load still expands them into their groups and ``migrate_state``
+Stores of schema 7 and older may hold a window as one row instead of one per group (written by a
+batch that changed most of its groups): its key is ``WINDOW_KEY`` and its blob holds every group.
+Commits append segments instead, but a load still expands them into their groups and ``migrate_state``
 rewrites an older-version one whole (:func:`window_blob`). The blob is the state version byte and
 a msgpack array ``[keys, states]`` (the groups' encoded keys, their accumulator lists): msgpack
 concatenates, so each state's bytes are exactly a group blob's body (``state_store.codec``), and a

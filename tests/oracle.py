@@ -2,7 +2,8 @@
 
 It deliberately shares no code with ``ematix_dagster`` and makes no attempt to be fast: window
 state is the list of raw rows each window took (aggregates are recomputed from them at every
-emission), and every rule is one visible line that quotes the SPEC sentence it implements.
+emission), and every rule is one visible line that quotes the contract's sentence it implements
+(docs/contract/).
 
 Input: one :class:`Batch` per micro-batch, in order, each a DataFrame with the columns
 
@@ -66,7 +67,7 @@ class OracleResult:
 
 
 def window_starts(t: int, duration: int, hop: int) -> list[int]:
-    """SPEC §2: every start that is a multiple of the hop in (t − D, t]."""
+    """docs/contract/windows.md: every start that is a multiple of the hop in (t − D, t]."""
     last = (t // hop) * hop  # the greatest multiple of hop <= t (floor division, also for t < 0)
     return sorted(range(last, t - duration, -hop))  # last, last-hop, ... while start > t - D
 
@@ -76,7 +77,7 @@ def _missing(v: Any) -> bool:
 
 
 def _aggregate(rows: list[dict[str, Any]], aggregations) -> dict[str, Any]:
-    """SPEC §4 NULL rules: count(*) counts every row, everything else skips NULL inputs."""
+    """docs/contract/aggregators.md NULL rules: count(*) counts every row, everything else skips NULL inputs."""
     out: dict[str, Any] = {}
     for agg, column, alias in aggregations:
         values = [] if column is None else [r[column] for r in rows if not _missing(r[column])]
@@ -94,7 +95,7 @@ def _aggregate(rows: list[dict[str, Any]], aggregations) -> dict[str, Any]:
 
 
 def _key(row: dict[str, Any], group_by) -> tuple[Any, ...]:
-    # NULL group keys are a group of their own (SPEC §4): normalise every missing value to None.
+    # NULL group keys are a group of their own (docs/contract/aggregators.md): normalise every missing value to None.
     return tuple(None if _missing(row[g]) else row[g] for g in group_by)
 
 

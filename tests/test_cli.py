@@ -108,7 +108,8 @@ def _where(predicate: str) -> dict:
     return {"transform.sql": f"SELECT user_id, page, _event_ts FROM source WHERE {predicate}"}
 
 
-# SPEC §11: every use of WATERMARK_TS() but an upper bound in a row pipeline's top-level WHERE is a load-time error
+# docs/contract/row-pipelines.md: every use of WATERMARK_TS() but an upper bound in a row pipeline's top-level WHERE is
+# a load-time error
 WATERMARK_TS_REFUSALS = [
     ("lower-bound", _where("WATERMARK_TS() <= _event_ts + INTERVAL 1 MINUTE"), "transform.sql", ("lower bound",)),
     ("two-time-varying-conditions", _where("_event_ts <= WATERMARK_TS() AND ts + INTERVAL 1 MINUTE <= WATERMARK_TS()"),
@@ -255,7 +256,7 @@ path = "{tmp_path / 'state.db'}"
     assert table.num_rows >= 1 and min(table.column("n").to_pylist()) >= 1
 
 
-# -- a failure: the classified message once, Spark's report in a file (issue 29) ------------------
+# -- a failure: the classified message once, Spark's report in a file ------------------------------
 
 
 @pytest.mark.slow

@@ -77,8 +77,8 @@ class BackfillRange:
         return self.first_start(window), self.last_start(window) + window.duration_ms * _US_PER_MS  # type: ignore[operator]
 
     def refuse_unless_closed(self, spec: PipelineSpec, watermark_us: int | None) -> None:
-        """Refuse a range whose windows the streaming state may still change (SPEC: a window
-        leaves state when the watermark passes its end plus its allowed lateness)."""
+        """Refuse a range whose windows the streaming state may still change (docs/contract/backfill.md:
+        a window leaves state when the watermark passes its end plus its allowed lateness)."""
         window = spec.window
         last_end = self.last_start(window) + window.duration_ms * _US_PER_MS  # type: ignore[operator]
         closed_at = last_end + window.retention_ms * _US_PER_MS

@@ -38,8 +38,7 @@ def _hll_input(col: Column, dtype: T.DataType) -> Column:
     if isinstance(dtype, INTEGRAL):
         return value
     # A string's UTF-8 bytes as Spark holds them: the sketch DataSketches' update(String) would
-    # build, without encode()'s decoding to a Java string and encoding back (measured: a sketch
-    # groupBy of 2,000,000 rows 1.13 -> 0.97 s).
+    # build, without encode()'s decoding to a Java string and encoding back.
     return F.when(value == "", F.unhex(F.lit("FF"))).otherwise(value.cast("binary"))
 
 

@@ -2,27 +2,26 @@
 
 Adaptive execution runs each query stage as a job of its own (the partial aggregation's shuffle,
 the result: two jobs where one would do), and each job costs about as much CPU as aggregating
-30,000 rows (measured: 0.08 CPU s per query). What it would buy here is coalescing many small
+tens of thousands of rows. What it would buy here is coalescing many small
 shuffle partitions, so it stays on where the session has many (``spark.sql.shuffle.partitions``
 above :data:`FEW_PARTITIONS_PER_CORE` per core). Where it is off, the coalescing it would have
 done is done from the previous batch instead: a batch whose partials came to no more than
 adaptive execution's advisory partition size (``spark.sql.adaptive.advisoryPartitionSizeInBytes``,
 64 MB unless set) shuffles into one partition, so the final aggregation is one task, not one per
-configured partition (measured on 20 batches of 100,000 rows, 2 partitions: 0.2 CPU s of task time
-fewer in 1.5). A batch after a larger one, and a run's first batch, keep the configured count.
+configured partition. A batch after a larger one, and a run's first batch, keep the configured count.
 
 The settings are the query's own: foreachBatch hands over the stream's cloned session, not the
 user's, so they are set on it every batch (a restarted query clones a new one).
 
 A batch whose whole input is a few local files the engine reads itself (``spark.input_files``),
-together no larger than Spark's cost of opening one file (``spark.sql.files.openCostInBytes``,
-4 MB unless set: the bytes Spark reckons it reads in the time an open takes), is read in one task
+together no larger than Spark's cost of opening one file (``spark.sql.files.openCostInBytes``, 4 MB
+unless set: the bytes Spark reckons it reads in the time an open takes), is read in one task
 (``InputFiles.frame``, up to :func:`one_task_bytes`): the scan then reports a single partition,
-which every aggregation and window function accepts as it is, so the batch's job has no shuffle
-at all, and its partial and final aggregation collapse into one. Spark would read one such file
-in one task anyway; what goes is the shuffle's write, its read and its second stage (measured on
-20 batches of 100,000 rows, 1.6 MB each: 0.3 JVM CPU s fewer in 3.6, 0.4 in 5.5 with a sketch).
-Larger inputs keep Spark's split, so a big batch (a backfill) still reads on every core.
+which every aggregation and window function accepts as it is, so the batch's job has no shuffle at
+all, and its partial and final aggregation collapse into one. Spark would read one such file in one
+task anyway; what goes is the shuffle's write, its read and its second stage (figures:
+benchmarks/README.md, "Measurements behind the code"). Larger inputs keep Spark's split, so a big
+batch (a backfill) still reads on every core.
 """
 
 from __future__ import annotations

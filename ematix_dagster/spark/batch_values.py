@@ -3,14 +3,14 @@
 Spark compiles a plan's expressions to Java (whole-stage code generation) and caches the code by
 its text. A literal of a numeric or time type is written into that text, so a plan holding this
 batch's watermark as a literal is new code every batch: Spark compiles it again and the JVM
-interprets, profiles and JIT-compiles it again (measured: a quarter of a plain pipeline's CPU,
-most of it in the JIT's compiler threads). Read from a column of a joined one-row relation
+interprets, profiles and JIT-compiles it again, a large share of a plain pipeline's CPU, most
+of it in the JIT's compiler threads. Read from a column of a joined one-row relation
 instead, the values are data: every batch runs the code the first one generated.
 
-The join is a cartesian product with the one row in each task (the ``shuffle_replicate_nl``
-hint): a broadcast, Spark's choice for a relation this small, builds and ships a new broadcast
-variable every batch (measured: 8-12 ms of a 100,000-row batch's 80-90, against none for reading
-the row in each task).
+The join is a cartesian product with the one row in each task (the ``shuffle_replicate_nl`` hint): a
+broadcast, Spark's choice for a relation this small, builds and ships a new broadcast variable every
+batch, where reading the row in each task costs next to nothing (figures: benchmarks/README.md,
+"Measurements behind the code").
 
     rows = with_batch_values(rows, batch_time_us=1_700_000_000_000_000, closed_before=None,
                              emitted_before=None)

@@ -1,12 +1,11 @@
 """Arrow at the boundary between Spark and the driver's window state.
 
-Partials arrive as an Arrow table (one row per (window start, group)); emitted rows leave as an
-Arrow table with the output schema of seed 000: window bounds, group columns, aggregations, plus
-``_emit_kind`` and ``_emit_seq``. A kind with an id column (sessions: ``session_id``) adds it after
-the bounds. ``_emit_seq`` (the row's order within the batch, from 0) is on every kind's rows: a
-batch may hold a key's ``retract`` row before the row replacing it, and an early trigger lets the
-end-of-input flush write a key the batch's own file wrote, so readers order a key's rows by
-``(batch_id, _emit_seq)`` (SPEC §10, docs/contract/emission.md).
+Partials arrive as an Arrow table (one row per (window start, group)); emitted rows leave as an Arrow table with the
+output schema (docs/contract/emission.md#output-columns): window bounds, group columns, aggregations, plus
+``_emit_kind`` and ``_emit_seq``. A kind with an id column (sessions: ``session_id``) adds it after the bounds.
+``_emit_seq`` (the row's order within the batch, from 0) is on every kind's rows: a batch may hold a key's ``retract``
+row before the row replacing it, and an early trigger lets the end-of-input flush write a key the batch's own file
+wrote, so readers order a key's rows by ``(batch_id, _emit_seq)`` (docs/contract/emission.md).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 The CLI prints ``error (terminal)`` or ``error (transient)`` from it and Dagster decides from it
 whether to retry, so an exception from Spark, the database driver or the operating system must
-not reach them raw: a raw exception used to be treated as transient, and a pipeline that fails
-the same way every time was then retried forever.
+not reach them raw: a raw exception would be taken as transient, and a pipeline that fails the
+same way every time would be retried forever.
 
 It lives with Spark because what it tells apart is mostly Spark's: an input file Spark cannot read
 (:mod:`.read_errors`), a failed query (PySpark's and py4j's errors); every caller (the runner, the

@@ -63,7 +63,7 @@ class BatchPlan:
         (``spark.windows.driver_late``); None where it cannot.
 
         Joining the batch values to every row is most of what a batch's Spark work costs beyond
-        the aggregation itself (measured: 10-15 ms of a 100,000-row batch). A tumbling row is late
+        the aggregation itself. A tumbling row is late
         exactly when its window is, so with event time and no SQL only the future check needs a
         batch value, and the batch is run with the values whenever its newest event time says a row
         may be in the future (``spark.batch_counts.may_hold_future_rows``). Late rows then reach the

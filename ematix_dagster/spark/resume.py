@@ -1,5 +1,5 @@
-"""Resume from the state store when Spark's checkpoint is lost (``run --resume-from-store``; seed
-001's ``seek_to``: the store owns the source offsets).
+"""Resume from the state store when Spark's checkpoint is lost (``run --resume-from-store``: the
+store owns the source offsets).
 
 The store records, with every committed batch N, the offset line of each source as Spark wrote it
 in ``offsets/N``. A new checkpoint made of that batch alone (``offsets/N`` with the stored lines,

@@ -1,5 +1,5 @@
-"""``[emit]``: a windowed pipeline's rows published later than they are known (SPEC §11,
-docs/contract/delayed-windows.md).
+"""``[emit]``: a windowed pipeline's rows published later than they are known
+(docs/contract/delayed-windows.md).
 
 ``sql`` is exactly ``SELECT * FROM windows WHERE <predicate>``, the predicate calling
 ``WATERMARK_TS()`` as an upper bound over window bounds, ``session_id`` and group columns

@@ -162,8 +162,8 @@ class Target:
 class StateStoreConfig:
     """Where window state lives between batches (``[state_store]``; absent: SQLite).
 
-    ``checkpoint_interval_ms`` (seed 001) is accepted and has no effect: every micro-batch commits
-    its state, which is stricter than any interval.
+    ``checkpoint_interval_ms`` is accepted, so configs that set it still load, and has no effect: every micro-batch
+    commits its state, which is stricter than any interval.
     """
 
     kind: str = "sqlite"

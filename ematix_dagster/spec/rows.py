@@ -1,7 +1,8 @@
 """Row pipelines: sources -> ``[transform] sql`` -> target, without a window (docs/contract/row-pipelines.md).
 
 A row pipeline writes the rows its SELECT returns, as they arrive or, with ``WATERMARK_TS()`` in
-the SQL's WHERE, once the watermark reaches each row's release time (SPEC §11). Its watermark keys
+the SQL's WHERE, once the watermark reaches each row's release time
+(docs/contract/row-pipelines.md#watermark_ts-holding-rows-back). Its watermark keys
 are a window's (``lateness_ms``, ``source_idleness_ms``, ``time_mode``, ``event_time_column``,
 ``event_time_unit``), written in ``[transform]`` since there is no ``[transform.window]``, and
 ``max_buffered_rows`` bounds the rows held back.
@@ -54,7 +55,7 @@ class RowTransform:
 def validate_row_pipeline(spec: PipelineSpec, rows: RowTransform) -> None:
     """The rules between a row pipeline's ``[transform]`` (``rows``) and its other tables.
 
-    The SQL is read here, at load time, so that every misuse of ``WATERMARK_TS()`` (SPEC §11) is a
+    The SQL is read here, at load time, so that every misuse of ``WATERMARK_TS()`` (docs/contract/row-pipelines.md) is a
     configuration error before Spark starts: ``validate`` exits 2 and nothing runs.
     """
     rows.validate()

@@ -1,4 +1,4 @@
-"""TOML <-> dataclasses: unknown keys and seed-001 spellings are refused, dumps omit defaults."""
+"""TOML <-> dataclasses: unknown keys and other engines' spellings are refused, dumps omit defaults."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from ematix_dagster.spec.rows import RowTransform
 from ematix_dagster.spec.rules import _fail
 from ematix_dagster.spec.window import Aggregation, Window
 
-# Seed 001 spellings: refused with the canonical key, so copied configs get a precise hint.
-_SEED_001_SPELLINGS = {
+# Other engines' spellings of our keys: refused with the canonical key, so copied configs get a precise hint.
+_FOREIGN_SPELLINGS = {
     "kind": "agg",
     "input_column": "column",
     "output_name": "as",
@@ -32,7 +32,7 @@ _TOP_KEYS = {"pipeline_name", "metrics_port", "sources", "transform", "target", 
 
 
 def _take(table: Mapping[str, Any], key: str, cls: type, renames: Mapping[str, str] | None = None) -> Any:
-    """Build ``cls`` from a TOML table, refusing unknown keys and seed-001 spellings."""
+    """Build ``cls`` from a TOML table, refusing unknown keys and other engines' spellings."""
     if not isinstance(table, Mapping):
         _fail(key, f"must be a table, got {type(table).__name__}", f"write [{key}]")
     renames = dict(renames or {})
@@ -40,9 +40,9 @@ def _take(table: Mapping[str, Any], key: str, cls: type, renames: Mapping[str, s
     kwargs: dict[str, Any] = {}
     for k, v in table.items():
         if k not in known:
-            canonical = _SEED_001_SPELLINGS.get(k)
+            canonical = _FOREIGN_SPELLINGS.get(k)
             if canonical and canonical in known:
-                _fail(f"{key}.{k}", f"{k} = {v!r} is seed 001's spelling", f"use {canonical!r} instead of {k!r}")
+                _fail(f"{key}.{k}", f"{k} = {v!r} is not this engine's spelling", f"use {canonical!r} instead of {k!r}")
             _fail(f"{key}.{k}", "unknown key", f"known keys: {', '.join(sorted(known))}")
         kwargs[known[k]] = v
     required = [f.name for f in fields(cls) if f.default is _MISSING and f.default_factory is _MISSING]

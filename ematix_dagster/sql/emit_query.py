@@ -1,4 +1,4 @@
-"""Read a windowed pipeline's ``[emit] sql`` into a release plan (SPEC §11, docs/contract/delayed-windows.md).
+"""Read a windowed pipeline's ``[emit] sql`` into a release plan (docs/contract/delayed-windows.md).
 
 ``[emit] sql`` delays a windowed pipeline's rows: it is exactly ``SELECT * FROM windows WHERE
 <predicate>``, the predicate calling ``WATERMARK_TS()`` as a row pipeline's WHERE does, and it is

@@ -1,4 +1,5 @@
-"""Read a ``WATERMARK_TS()`` filter into a release plan, and the query Spark runs instead (SPEC §11).
+"""Read a ``WATERMARK_TS()`` filter into a release plan, and the query Spark runs instead
+(docs/contract/row-pipelines.md).
 
 ``WHERE t + INTERVAL 15 MINUTES <= WATERMARK_TS()`` does not filter: the watermark only grows, so a
 row that fails it now passes it later. The engine keeps such a row until the watermark reaches its

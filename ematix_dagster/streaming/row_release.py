@@ -163,8 +163,7 @@ def _storage(dtype: pa.DataType) -> pa.DataType | None:
     """The integer a time value is held as (its Arrow storage: µs, days, ...), None for other types.
 
     A held row keeps a timestamp as its integer, not as a ``datetime``: making and encoding a
-    timezone-aware ``datetime`` per value cost more than the rest of holding a row (measured:
-    about a third of a delayed batch's extra driver time)."""
+    timezone-aware ``datetime`` per value costs more than the rest of holding a row."""
     if pa.types.is_timestamp(dtype) or pa.types.is_duration(dtype) or pa.types.is_time64(dtype) or pa.types.is_date64(dtype):
         return pa.int64()
     if pa.types.is_date32(dtype) or pa.types.is_time32(dtype):

@@ -65,7 +65,7 @@ class PostgresWindowWriter:
     stored. ``_emit_kind`` is stored when ``store_emit_kind`` (the window's emit trigger fires
     early): a key's row may then be an ``early`` one its window's ``final`` will replace, and only
     the column tells readers which. With the watermark trigger every row is final or a correction
-    and the seed's columns stay as they were.
+    and the table holds the output columns only.
     """
 
     idempotent = True

@@ -1,6 +1,6 @@
 """A real pipeline's state in the real store (SQLite and PostgreSQL; its groups as the state rows of a store of
 schema 7, ``tests/state_store/legacy_rows.py``), for the corrupt-input tests
-(tests/e2e/test_corrupt_state.py, test_corrupt_checkpoint.py, issue 7): ``Setup`` and the ``setup`` fixture (one per
+(tests/e2e/test_corrupt_state.py, test_corrupt_checkpoint.py): ``Setup`` and the ``setup`` fixture (one per
 store kind), the valid state it writes, and the checks of an error's message.
 """
 

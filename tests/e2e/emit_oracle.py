@@ -1,4 +1,4 @@
-"""Ground truth for ``[emit] sql`` (SPEC §11, the ``[emit]`` bullet): plain Python, batch by batch, over the rows
+"""Ground truth for ``[emit] sql`` (docs/contract/delayed-windows.md): plain Python, batch by batch, over the rows
 the trigger oracle (tests/e2e/trigger_oracle.py) says each batch and each flush emit. It imports nothing from
 ``ematix_dagster``.
 

@@ -1,4 +1,4 @@
-"""Ground truth for row pipelines (SPEC §11, docs/contract/row-pipelines.md): a literal, slow re-statement
+"""Ground truth for row pipelines (docs/contract/row-pipelines.md): a literal, slow re-statement
 of the batch-by-batch rules in plain Python over pandas rows.
 
 It shares no code with ``ematix_dagster``: the SQL is given as Python functions (the SELECT list, an

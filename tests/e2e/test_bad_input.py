@@ -1,4 +1,4 @@
-"""Issue 13's acceptance: one running pipeline fed one file of each hostile kind, nothing stops it.
+"""Hostile input: one running pipeline fed one file of each hostile kind, nothing stops it.
 
 A hopping pipeline (1 min every 30 s) with a ``[transform] sql`` that casts, a PostgreSQL target,
 PostgreSQL dead letters and ``on_unreadable_file = "skip"`` reads, one file per batch:
@@ -16,7 +16,7 @@ A second source, json, adds in the first batch a row to aggregate, a malformed l
 
 The run ends normally, and every row read is either aggregated (each in two windows) or
 dead-lettered with its reason; each unreadable file is one dead letter. The counters balance
-(issue 29): rows consumed = rows aggregated + late + invalid + future + malformed + rejected
+(docs/contract/operations.md#metrics): rows consumed = rows aggregated + late + invalid + future + malformed + rejected
 (``sql_error`` among them) + filtered, each row counted once.
 """
 
@@ -123,7 +123,7 @@ def test_hostile_input_is_aggregated_or_dead_lettered_with_its_reason(spark, tmp
     assert sum(t for _, t in windows) == 2 * (sum(r["v"] for r in ordinary) + 11 + 12 + 50)
     assert metric(registry, "unreadable_files_total", pipeline="hostile", source="a") == 2
 
-    # every row consumed is counted once, in one place (issue 29)
+    # every row consumed is counted once, in one place
     def total(name: str, **labels: str) -> int:
         return int(sum(metric(registry, name, pipeline="hostile", **labels, source=s) for s in ("a", "j")))
 

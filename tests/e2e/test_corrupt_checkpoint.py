@@ -1,5 +1,5 @@
-"""Corrupt Spark checkpoint files end as terminal ``CorruptCheckpoint``s that name the file, never as raw tracebacks
-(issue 7). Checkpoint files are damaged on disk; no Spark is started.
+"""Corrupt Spark checkpoint files end as terminal ``CorruptCheckpoint``s that name the file, never as raw tracebacks.
+Checkpoint files are damaged on disk; no Spark is started.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Corrupt state ends as terminal ``EmatixError``s that name the cause, never as raw tracebacks (issue 7).
+"""Corrupt state ends as terminal ``EmatixError``s that name the cause, never as raw tracebacks.
 
 A real pipeline's state is written with the real store (SQLite and PostgreSQL, tests/e2e/corrupt_state_setup.py),
 damaged with plain SQL, and then loaded the way a run restores it (``store.load`` -> ``loaded_groups.decode_groups``

@@ -1,4 +1,5 @@
-"""Early triggers through the real pipeline into real targets (SPEC §10): what a reader finds.
+"""Early triggers through the real pipeline into real targets (docs/contract/when-results-leave.md): what a reader
+finds.
 
 Tumbling 1-minute windows per ``user_id``, ``count`` as ``clicks``, ``emit_trigger = "every_batch"``,
 lateness 0, one input file per micro-batch::

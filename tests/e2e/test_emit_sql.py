@@ -1,5 +1,5 @@
-"""``[emit] sql`` end to end (SPEC §11): files -> windows -> the delay -> parquet on real Spark, against the trigger
-oracle's emitted rows put through the ``[emit]`` oracle (tests/e2e/emit_oracle.py, no engine code).
+"""``[emit] sql`` end to end (docs/contract/delayed-windows.md): files -> windows -> the delay -> parquet on real Spark,
+against the trigger oracle's emitted rows put through the ``[emit]`` oracle (tests/e2e/emit_oracle.py, no engine code).
 
 Session windows under ``drop`` over the six micro-batches of ``trigger_helpers.BATCHES`` (SQLite state,
 ``every_batch``, the end-of-input flush), run once and read by the tests below: early rows wait while their

@@ -1,7 +1,7 @@
-"""``[emit] sql`` on tumbling windows under ``reopen`` with SIGKILL on the way (SPEC §11; fault points of
-``ematix_dagster/faults.py``, driven by ``run_with_kills`` of tests/e2e/test_emit_trigger_crashes.py): each series
-is one ``ematix-dagster run`` process group over ``trigger_helpers.BATCHES`` (``every_batch``, the flush), killed and
-restarted until it exits 0, then compared with the ``[emit]`` oracle (tests/e2e/emit_oracle.py):
+"""``[emit] sql`` on tumbling windows under ``reopen`` with SIGKILL on the way (docs/contract/delayed-windows.md; fault
+points of ``ematix_dagster/faults.py``, driven by ``run_with_kills`` of tests/e2e/test_emit_trigger_crashes.py): each
+series is one ``ematix-dagster run`` process group over ``trigger_helpers.BATCHES`` (``every_batch``, the flush), killed
+and restarted until it exits 0, then compared with the ``[emit]`` oracle (tests/e2e/emit_oracle.py):
 
 * parquet target with ``retractions``, SQLite store: killed when batch 0's rows are written (nothing of it
   committed), right after batch 2's store commit (Spark replays it; the store skips it) and when the flush's

@@ -1,5 +1,5 @@
-"""SIGKILL crashes under an interval trigger (SPEC §10 "Replay"): batches replay with their recorded
-batch times, so they fire as the original did and are rewritten identically.
+"""SIGKILL crashes under an interval trigger (docs/contract/when-results-leave.md, "Replays"): batches replay with their
+recorded batch times, so they fire as the original did and are rewritten identically.
 
 Each series is one ``ematix-dagster run`` process group killed at fault points (``ematix_dagster/faults.py``,
 driven as ``tests/e2e/test_crash_recovery.py`` does) and restarted with a plain ``run`` until it exits 0:

@@ -1,5 +1,5 @@
-"""Emission triggers and retractions end to end (SPEC §10): files -> windows -> parquet on real Spark,
-against the trigger oracle (tests/e2e/trigger_oracle.py, no engine code).
+"""Emission triggers and retractions end to end (docs/contract/when-results-leave.md): files -> windows -> parquet on
+real Spark, against the trigger oracle (tests/e2e/trigger_oracle.py, no engine code).
 
 Each run is one ``available_now`` pipeline over the five micro-batches of ``trigger_helpers.BATCHES``
 (SQLite state, the end-of-input flush), shared by the tests below through a module fixture. The

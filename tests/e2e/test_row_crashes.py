@@ -1,5 +1,5 @@
-"""Rows held back by ``WATERMARK_TS()`` survive SIGKILL (SPEC §11; fault points of ``ematix_dagster/faults.py``,
-driven as ``tests/e2e/test_crash_recovery.py`` does).
+"""Rows held back by ``WATERMARK_TS()`` survive SIGKILL (docs/contract/row-pipelines.md; fault points of
+``ematix_dagster/faults.py``, driven as ``tests/e2e/test_crash_recovery.py`` does).
 
 One ``ematix-dagster run`` process group over the delayed input of ``tests/e2e/row_helpers.py`` (five files, one
 micro-batch each; every batch holds rows back or releases held ones) is killed at two points and restarted with a

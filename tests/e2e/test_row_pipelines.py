@@ -1,4 +1,4 @@
-"""Row pipelines end to end (SPEC §11, docs/contract/row-pipelines.md), against the pandas oracle
+"""Row pipelines end to end (docs/contract/row-pipelines.md), against the pandas oracle
 ``tests/e2e/row_oracle.py`` fed the batches Spark formed (one parquet or json file per micro-batch).
 
 * ``WATERMARK_TS()`` (``tests/e2e/row_helpers.py``'s four branches): every row leaves exactly in the batch whose

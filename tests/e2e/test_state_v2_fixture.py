@@ -1,4 +1,4 @@
-"""The committed state of today's format still loads and continues exactly (issue 9, storage).
+"""Committed state at schema version 2 still loads, migrates and continues exactly.
 
 ``tests/fixtures/state_v2/`` was written by ``make_fixtures.py`` with the code before the schema
 step that added ``window_end``: version-2 blobs, and a real pipeline stopped half way (its SQLite

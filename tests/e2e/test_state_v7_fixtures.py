@@ -1,6 +1,6 @@
 """The committed state of schema 7 (one store row per group, session and sliding partial, or a
-fixed window's row written whole) still loads and continues exactly (issue 30, columnar driver
-state).
+fixed window's row written whole) still loads and continues exactly under the columnar driver
+state.
 
 ``tests/fixtures/state_v7/`` was written by ``make_fixtures.py`` with the code before schema step 8
 (state segments): for each window kind a real pipeline stopped part way, its SQLite store file at

@@ -1,6 +1,7 @@
 """The trigger oracle (tests/e2e/trigger_oracle.py) on small examples worked out by hand, no Spark.
 
-Times are seconds; every expected row is written out from SPEC §2/§3/§8/§10 in the comments, not
+Times are seconds; every expected row is written out from the contract
+(docs/contract/windows.md, late-data.md, emission.md, when-results-leave.md) in the comments, not
 computed. A row is (kind, window_start, window_end, k, n, total) with n = count(*), total = sum(v).
 """
 
@@ -188,7 +189,7 @@ def test_spec_order() -> None:
     assert [(r["window_start"], r["k"]) for r in out] == [(2, None), (0, "b"), (1, None), (1, "a")]
 
 
-# -- invariants of SPEC §10 on random inputs (the oracle against itself) ------------------------------
+# -- invariants of emission triggers on random inputs (the oracle against itself) -------------------
 
 CONFIGS = [Config(kind=kind, duration_ms=None if kind == "session" else 20_000,
                   hop_ms=10_000 if kind == "hopping" else None,

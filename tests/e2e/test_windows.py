@@ -163,7 +163,8 @@ window_end_column = "bucket_end"
     assert (w0 + 120 * S, None, None) in actual  # t = 120 s: window [120, 180) with NULL keys
     assert any(k[0] == w0 + 180 * S for k in actual)  # the flushed window
 
-    # seed 000's column order with renamed window columns; output types per SPEC §4
+    # the output column order (docs/contract/emission.md) with renamed window columns; output types per
+    # docs/contract/aggregators.md
     files_out = sorted(out.glob("batch_id=*/*.parquet"))
     assert [(p.parent.name, p.name) for p in files_out] == [
         ("batch_id=0", "part-0.parquet"), ("batch_id=1", "part-0.parquet"),

@@ -1,6 +1,6 @@
 """Helpers of the emission-trigger e2e tests (tests/e2e/test_emit_triggers.py, test_emit_trigger_crashes.py):
 the pipeline TOML from the oracle's :class:`Config`, the input batches, what the parquet target holds
-(read as SPEC §10 tells readers to) and its comparison with ``tests/e2e/trigger_oracle.py``.
+(read as docs/contract/when-results-leave.md tells readers to) and its comparison with ``tests/e2e/trigger_oracle.py``.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def in_order(got: dict[int, tuple[list[Row], list[Row]]]) -> Iterator[tuple[int,
 
 
 def check_against_oracle(path: str, expected: Outcome, cfg: Config) -> dict[int, tuple[list[Row], list[Row]]]:
-    """Every batch's rows (kinds, values, SPEC order) and the flush's, ``_emit_seq`` numbering them."""
+    """Every batch's rows (kinds, values, the contract's order) and the flush's, ``_emit_seq`` numbering them."""
     got = read_target(path)
     want = {b: (rows, expected.flush if b == len(expected.batches) - 1 else []) for b, rows in enumerate(expected.batches)}
     want = {b: w for b, w in want.items() if w[0] or w[1]}

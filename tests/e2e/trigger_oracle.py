@@ -1,4 +1,5 @@
-"""Ground truth for emission triggers and retractions (SPEC §10 on top of §2, §3 and §8): plain Python, batch by batch.
+"""Ground truth for emission triggers and retractions (docs/contract/when-results-leave.md on top of
+windows.md, late-data.md and emission.md): plain Python, batch by batch.
 
 It imports nothing from ``ematix_dagster``: the window starts, the NULL-aware group key and the
 aggregates are those of the fixed-window oracle (``tests/oracle.py``); sessions are formed here,
@@ -82,7 +83,7 @@ class Unit:
 
 @dataclass
 class Outcome:
-    batches: list[list[Row]] = field(default_factory=list)  # each batch's rows, in SPEC order
+    batches: list[list[Row]] = field(default_factory=list)  # each batch's rows, in the contract's order
     flush: list[Row] = field(default_factory=list)  # the end-of-input flush's rows (after the last batch's)
     tables: list[dict[Key, Row]] = field(default_factory=list)  # the reader's view after each batch
     final_table: dict[Key, Row] = field(default_factory=dict)  # ... after the flush (the last table if none)
@@ -197,7 +198,7 @@ class TriggerOracle:
                 **_aggregate(mine, self.cfg.aggregations), "_emit_kind": kind}
 
     def _write(self, new_rows: dict[Key, Row], vanished: Iterable[Key]) -> list[Row]:
-        """The batch's rows in SPEC order: retracts of vanished keys (and, with retractions, of
+        """The batch's rows in the contract's order: retracts of vanished keys (and, with retractions, of
         superseded ones), then the new rows; the target's current rows follow."""
         retract = set(vanished)
         if self.cfg.retractions:
@@ -279,7 +280,7 @@ class TriggerOracle:
 
 
 def end_lt(end: int, W: int | None) -> bool:
-    """A session closes once window_end < W (SPEC §8)."""
+    """A session closes once window_end < W (docs/contract/windows.md#session-windows)."""
     return W is not None and end < W
 
 

@@ -1,4 +1,4 @@
-"""The end-of-input flush continues the ``_emit_seq`` of the last batch's rows (SPEC §10), also in a
+"""The end-of-input flush continues the ``_emit_seq`` of the last batch's rows (docs/contract/emission.md), also in a
 later run that has no batch of its own: the count then comes back from the state store.
 
 Run 1 (``end_of_input = "keep"``) reads one file: batch 0 writes the closed window [0 s, 60 s) and

@@ -1,4 +1,4 @@
-"""How input files are read, on real Spark (issue 13): read errors of the sources Spark streams are classified
+"""How input files are read, on real Spark: read errors of the sources Spark streams are classified
 (terminal), the parquet footer check refuses only what Spark refuses, ``on_unreadable_file`` is checked at load,
 managed and streamed sources share a pipeline, and which files a batch reads (the checkpoint's source log).
 """

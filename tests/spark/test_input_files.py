@@ -1,4 +1,4 @@
-"""Unreadable input files and parquet TIMESTAMP(NANOS) columns (issue 13), on real Spark.
+"""Unreadable input files and parquet TIMESTAMP(NANOS) columns, on real Spark.
 
 A truncated parquet file, one whose column type drifted, or one whose data pages are corrupt used
 to fail every retry as a transient Spark error; a parquet file written by ``pandas.to_parquet``

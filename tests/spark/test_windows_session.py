@@ -28,7 +28,7 @@ GAP_MS, CAP_MS = 10, 100
 GAP, CAP = GAP_MS * 1_000, CAP_MS * 1_000  # µs
 WINDOW = SimpleNamespace(group_by=["k"], late_data="drop", gap_ms=GAP_MS, max_session_duration_ms=CAP_MS,
                          retention_ms=0)
-SPEC = SimpleNamespace(sources=[SimpleNamespace(name="s1"), SimpleNamespace(name="s2")])
+PIPELINE = SimpleNamespace(sources=[SimpleNamespace(name="s1"), SimpleNamespace(name="s2")])
 HELPERS = {"_ts", "_bucket", "_new", "_sid", PRIMARY, CLASS}
 
 # (k, v, event time µs or None, source, reason)
@@ -43,7 +43,7 @@ def aggregates(gate: Column) -> Aggregates:
 def with_counts(gate: Column) -> Aggregates:
     # the rows whose event time counts towards their source's newest: no reason, or a rejection's
     timed = F.col("_reason").isNull() | F.col("_reason").isin("sql_error", "key_too_large", "out_of_range")
-    return Aggregates([], aggregates(gate).columns + _source_counts(SPEC, timed))  # type: ignore[arg-type]
+    return Aggregates([], aggregates(gate).columns + _source_counts(PIPELINE, timed))  # type: ignore[arg-type]
 
 
 def frame(spark: SparkSession, rows: list[Row], with_reason: bool = True) -> DataFrame:
@@ -182,7 +182,7 @@ def test_bad_rows_are_class_rows_and_feed_the_batch_counters(spark: SparkSession
     assert sessions == expected_sessions(rows, closed) == [("a", BASE + 5 * GAP, BASE + 7 * GAP, 3, 7)]
     assert classes == expected_classes(rows, closed) == {"invalid_event_time": 2, "future": 1, "late": 1}
     frames = planned(spark, rows, closed, aggs=with_counts)
-    stats, late = batch_counts(SPEC, frames.partials.toArrow(), None)  # type: ignore[arg-type]
+    stats, late = batch_counts(PIPELINE, frames.partials.toArrow(), None)  # type: ignore[arg-type]
     assert late == {"late_rows": 1, "late_assignments": 0, "reopened_rows": 0, "rejected": {}, "rows": len(rows)}
     assert stats == {"rows_0": 3, "max_0": BASE + 7 * GAP, "invalid_0": 1, "future_0": 0, "malformed_0": 0,
                      "rows_1": 4, "max_1": BASE + 6 * GAP, "invalid_1": 1, "future_1": 1, "malformed_1": 0}

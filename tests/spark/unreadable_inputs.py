@@ -1,4 +1,4 @@
-"""Input files for the unreadable-file tests of tests/spark (issue 13): rows, good and bad parquet / CSV / JSON
+"""Input files for the unreadable-file tests of tests/spark: rows, good and bad parquet / CSV / JSON
 files, the pipeline over them, and what it emitted and dead-lettered.
 """
 

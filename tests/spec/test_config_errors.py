@@ -1,4 +1,4 @@
-"""Spec validation errors (docs/contract/toml-reference.md, seed 000 "SQL surface"; session windows:
+"""Spec validation errors (docs/contract/toml-reference.md; session windows:
 docs/contract/windows.md; emission triggers and retractions: docs/contract/emission.md).
 
 Error cases are one table: a mutation of the reference TOML (docs/contract/toml-reference.md with a parquet target and
@@ -85,7 +85,7 @@ ERROR_CASES: list[tuple[str, dict[str, Any], str, tuple[str, ...]]] = [
                             ("interval", {"interval_ms": 1_000}))],
     ("bad-time-mode", {f"{W}.time_mode": "wall"}, f"{W}.time_mode", ("'wall'", '"event" or "processing"')),
     ("bad-event-time-unit", {f"{W}.event_time_unit": "ns"}, f"{W}.event_time_unit", ("'ns'", '"ms"')),
-    # --- output columns (seed 000 "Output schema")
+    # --- output columns (docs/contract/emission.md#output-columns)
     ("alias-is-group-column", {f"{A0}.as": "user_id"}, f"{A0}.as", ("'user_id'", "group_by column", "unique alias")),
     ("alias-is-group-column-other-case", {f"{A0}.as": "User_ID"}, f"{A0}.as", ("'User_ID'", "group_by column")),
     ("alias-is-another-alias", {f"{A2}.as": "unique_pages"}, f"{A2}.as",
@@ -114,7 +114,7 @@ ERROR_CASES: list[tuple[str, dict[str, Any], str, tuple[str, ...]]] = [
      ("'_event_ts'", "reserved", "payload column")),
     ("group-reserved-source", {f"{W}.group_by": ["user_id", "_source"]}, f"{W}.group_by[1]", ("'_source'", "reserved")),
     ("alias-invalid", {f"{A0}.as": "unique pages"}, f"{A0}.as", ("'unique pages'", "letters, digits and _")),
-    # --- memory caps (seed 000 "Memory caps")
+    # --- memory caps (docs/contract/failure-modes.md#caps-fail-loud)
     ("missing-max-groups", {f"{W}.max_groups_per_window": DELETE}, f"{W}.max_groups_per_window",
      ("mandatory", "1_000_000")),
     ("max-groups-zero", {f"{W}.max_groups_per_window": 0}, f"{W}.max_groups_per_window", ("0", "> 0")),
@@ -138,14 +138,15 @@ ERROR_CASES: list[tuple[str, dict[str, Any], str, tuple[str, ...]]] = [
      ("'exactly_once'", "persisted")),
     ("persisted-in-memory-store", {f"{W}.crash_recovery": "persisted", "state_store": {"kind": "in_memory"}},
      f"{W}.crash_recovery", ("persisted", "durable")),
-    # --- seed 001 spellings name the canonical key
-    ("seed001-kind", {f"{A1}.agg": DELETE, f"{A1}.kind": "count"}, f"{A1}.kind", ("seed 001", "'count'", "'agg'")),
-    ("seed001-input-column", {f"{A2}.column": DELETE, f"{A2}.input_column": "amount"}, f"{A2}.input_column",
-     ("seed 001", "'amount'", "'column'")),
-    ("seed001-output-name", {f"{A2}.as": DELETE, f"{A2}.output_name": "amount_sum"}, f"{A2}.output_name",
-     ("seed 001", "'amount_sum'", "'as'")),
-    ("seed001-width-ms", {f"{W}.duration_ms": DELETE, f"{W}.width_ms": 60_000}, f"{W}.width_ms",
-     ("seed 001", "60000", "'duration_ms'")),
+    # --- other engines' spellings name the canonical key
+    ("foreign-kind", {f"{A1}.agg": DELETE, f"{A1}.kind": "count"}, f"{A1}.kind",
+     ("not this engine's spelling", "'count'", "'agg'")),
+    ("foreign-input-column", {f"{A2}.column": DELETE, f"{A2}.input_column": "amount"}, f"{A2}.input_column",
+     ("not this engine's spelling", "'amount'", "'column'")),
+    ("foreign-output-name", {f"{A2}.as": DELETE, f"{A2}.output_name": "amount_sum"}, f"{A2}.output_name",
+     ("not this engine's spelling", "'amount_sum'", "'as'")),
+    ("foreign-width-ms", {f"{W}.duration_ms": DELETE, f"{W}.width_ms": 60_000}, f"{W}.width_ms",
+     ("not this engine's spelling", "60000", "'duration_ms'")),
     # --- unknown keys anywhere
     ("unknown-top-level", {"owner": "me"}, "owner", ("unknown top-level key", "pipeline_name")),
     ("unknown-in-source", {"sources[0].compression": "snappy"}, "sources[0].compression",

@@ -1,4 +1,4 @@
-"""``[emit] sql`` (SPEC §11, docs/contract/delayed-windows.md): exactly ``SELECT * FROM windows WHERE
+"""``[emit] sql`` (docs/contract/delayed-windows.md): exactly ``SELECT * FROM windows WHERE
 <predicate>``, the predicate naming only window bounds, session_id and group columns, read at load time by
 the row pipelines' release plan; each refusal names its key and says why and how to fix it."""
 

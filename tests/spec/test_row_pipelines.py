@@ -1,4 +1,4 @@
-"""Row pipelines' spec (docs/contract/row-pipelines.md, SPEC §11): a pipeline without ``[transform.window]`` writes
+"""Row pipelines' spec (docs/contract/row-pipelines.md): a pipeline without ``[transform.window]`` writes
 its SQL's rows; its watermark keys and ``max_buffered_rows`` live in ``[transform]``; ``WATERMARK_TS()`` is read at
 load time; ``[target] key`` upserts on postgres. Each refusal names its key and says why and how to fix it.
 """
@@ -152,7 +152,7 @@ ROW_REFUSALS: list[tuple[str, dict[str, Any], str, tuple[str, ...]]] = [
     ("sql-missing", {f"{T}.sql": DELETE}, f"{T}.sql", ("required for a row pipeline", "SELECT list", "[transform.window]")),
     ("sql-empty", {f"{T}.sql": "  "}, f"{T}.sql", ("is empty",)),
     ("sql-does-not-parse", {f"{T}.sql": "SELECT user_id FROM source WHERE user_id ="}, f"{T}.sql", ("does not parse",)),
-    # --- WATERMARK_TS() (SPEC §11: each a load-time error)
+    # --- WATERMARK_TS() (docs/contract/row-pipelines.md: each a load-time error)
     ("lower-bound", LOWER_BOUND, f"{T}.sql", ("branch 1", "lower bound", "expr <= WATERMARK_TS()")),
     ("two-time-varying-conditions", TWO_BOUNDS, f"{T}.sql", ("branch 1", "2 time-varying conditions")),
     ("in-a-subquery", SUBQUERY, f"{T}.sql", ("in a subquery",)),

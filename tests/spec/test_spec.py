@@ -1,4 +1,4 @@
-"""Spec loading and round-tripping (docs/contract/toml-reference.md, seed 000 "SQL surface", "Output schema") and
+"""Spec loading and round-tripping (docs/contract/toml-reference.md; output columns: docs/contract/emission.md) and
 ``${ENV}`` placeholders. The sample specs live in tests/spec/toml_samples.py.
 """
 

@@ -1,4 +1,5 @@
-"""State sizing of a spec's window (seed 000 "Memory caps"): the upper bound ``estimate_state`` gives."""
+"""State sizing of a spec's window (docs/contract/failure-modes.md#caps-fail-loud): the upper bound ``estimate_state``
+gives."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from ematix_dagster.streaming.state_size import estimate_state
 from tests.spec.toml_samples import MINIMAL_TOML
 
 # ---------------------------------------------------------------------------------------------
-# State sizing (seed 000 "Memory caps")
+# State sizing (docs/contract/failure-modes.md#caps-fail-loud)
 
 
 class _Expected:

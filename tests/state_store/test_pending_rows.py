@@ -1,4 +1,5 @@
-"""Schema step 7 on the three stores: pending rows, output rows held back by ``WATERMARK_TS()`` (SPEC §11).
+"""Schema step 7 on the three stores: pending rows, output rows held back by ``WATERMARK_TS()``
+(docs/contract/row-pipelines.md).
 
 The store contract of ``BatchCommit.pending_inserts`` / ``pending_released`` / ``pending_released_up_to``, ``load_pending``,
 ``pending_summary`` and ``reset``'s count; the step itself on a store at version 6 (as

@@ -1,5 +1,5 @@
-"""``[emit] sql``'s buffer (SPEC §11 ``[emit]``): replacement by key, cancel by retract, flush rows wait, release
-order, the cap, and the store round trip. Expected values are written out by hand from the SPEC's rules."""
+"""``[emit] sql``'s buffer (docs/contract/delayed-windows.md): replacement by key, cancel by retract, flush rows wait,
+release order, the cap, and the store round trip. Expected values are written out by hand from the contract's rules."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Rows of every emit kind through the writers (SPEC §10): ``early`` and ``retract`` rows on real parquet
-files read back with pyarrow, on the console, and in a real PostgreSQL, for a tumbling window's output
-schema (no session id: deletes and ``_emit_seq`` hold for every kind, not only sessions).
+"""Rows of every emit kind through the writers (docs/contract/emission.md): ``early`` and ``retract`` rows on real
+parquet files read back with pyarrow, on the console, and in a real PostgreSQL, for a tumbling window's output schema
+(no session id: deletes and ``_emit_seq`` hold for every kind, not only sessions).
 
 The engine that writes early rows is tested elsewhere; here its output is built by hand, so each
 test states the rows a batch holds and the target a reader must end up with.

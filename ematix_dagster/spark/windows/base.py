@@ -8,10 +8,9 @@ instead of a separate observation pass over every row. ``PRIMARY`` marks one cop
 row (a hopping row is copied into each of its windows), so counters count rows, not copies.
 
 A fixed window's class shares one grouping column with its start (``class_slot``): a grouping
-column of its own made every batch's aggregation cost a sixth more in the executors (measured:
-task CPU 0.73 against 0.62 s per 2,000,000 rows). Sliding windows keep a ``CLASS`` grouping
-column, as their start is a raw event time, which leaves no int64 free for a code; sessions keep
-it too (not measured there).
+column of its own makes every batch's aggregation cost more in the executors.
+Sliding windows keep a ``CLASS`` grouping column, as their start is a raw event time, which leaves
+no int64 free for a code; sessions keep it too.
 """
 
 from __future__ import annotations
@@ -57,8 +56,8 @@ def rules_slot(rules: Sequence[Rule], start: Column) -> Column:
     first rule's class that holds, else ``start``.
 
     The same slot as :func:`class_slot` over the rules' ``_reason`` column, without that string
-    column: a tumbling batch then needs one projection before its groupBy instead of two (measured
-    on 20 batches of 100,000 rows: the plan's CPU 3.17 -> 2.43 s, most of it the JVM's planning).
+    column: a tumbling batch then needs one projection before its groupBy instead of two, and
+    the JVM plans each batch's query faster.
     """
     return first_holding(rules, lambda name: F.lit(class_code(name))).otherwise(start) if rules else start
 
@@ -81,7 +80,7 @@ class Aggregates:
     Spark generates code for an aggregate such as ``count`` or ``sum`` with its input expression,
     but an imperative one (``hll_sketch_agg``, ``collect_set``) evaluates its input expression row
     by row, interpreted; projected before the groupBy, the expression is generated code and the
-    aggregate reads a column (measured: an eighth of a sketch groupBy's time).
+    aggregate reads a column.
     """
 
     inputs: list[Column]  # projected onto the rows before the groupBy

@@ -117,8 +117,8 @@ def run_rows(kids: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 def _searched(column: np.ndarray, queries: np.ndarray, side: str) -> np.ndarray:
     """``np.searchsorted`` of ``queries`` in order: NumPy's search starts each query where the
-    last one ended, so in order it runs several times faster than in a random order (measured,
-    100,000 queries in 400,000 rows: 23 ms against 3.5, 6 with the sort)."""
+    last one ended, so in order it runs several times faster than in a random order, sorting
+    included."""
     if (queries[1:] >= queries[:-1]).all():
         return np.searchsorted(column, queries, side)  # type: ignore[call-overload]
     order = np.argsort(queries, kind="stable")

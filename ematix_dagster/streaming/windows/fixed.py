@@ -1,8 +1,8 @@
 """Tumbling and hopping windows: ``[start, start + duration)`` at every multiple of the hop.
 
 A timestamp ``t`` belongs to the starts that are multiples of ``hop`` in ``(t - duration, t]``.
-Seed 000's formula (``[t - D + hop, t]``) misses windows when D is not a multiple of the hop; this
-one does not. A tumbling window is a hopping window whose hop is its duration.
+The tempting ``[t - D + hop, t]`` misses windows when D is not a multiple of the hop; this one does
+not. A tumbling window is a hopping window whose hop is its duration.
 """
 
 from __future__ import annotations

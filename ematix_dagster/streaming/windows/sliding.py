@@ -42,7 +42,7 @@ class SlidingWindows(KeyedByStart):
     """
 
     own_keys = ("max_events_per_group",)
-    #: watermark only (seed 002, docs/contract/windows.md): a row counts in every window ending in
+    #: watermark only (docs/contract/windows.md#sliding-windows): a row counts in every window ending in
     #: ``[x, x + D]``, so early rows would rewrite each of them for every row that reaches it
     early_triggers = False
     #: a window's values are computed from the partials when it is written, never held: the row a

@@ -1,4 +1,4 @@
-"""Spark readStream sources, each adding ``_event_ts`` and ``_source`` (docs/contract/toml-reference.md-2).
+"""Spark readStream sources, each adding ``_event_ts`` and ``_source`` (docs/contract/toml-reference.md).
 
 Every source yields its payload columns plus ``_event_ts`` (TIMESTAMP, NULL when the event time
 is missing or unparseable), ``_source`` (its name) and ``_corrupt_record`` (the raw line of a

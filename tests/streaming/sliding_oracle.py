@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ematix_dagster.spec import Aggregation, Window
+from ematix_dagster.streaming.kinds.kind_state import StoredGroup
 from ematix_dagster.streaming.micro_batch import BatchInput, Engine, SourceStats
-from ematix_dagster.streaming.state.base import StoredGroup
 from tests.streaming.store_changes import take_changes
 
 Key = tuple[Any, ...]

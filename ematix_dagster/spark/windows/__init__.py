@@ -2,7 +2,7 @@
 
 It assigns the rows of the SQL's output to their open windows, splits off the late ones and
 pre-aggregates one partial per (window, group), by the rules of the kind's driver-side module
-(``ematix_dagster.streaming.windows``).
+(``ematix_dagster.streaming.kinds``).
 """
 
 from __future__ import annotations

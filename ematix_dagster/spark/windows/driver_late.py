@@ -29,8 +29,8 @@ from ematix_dagster.spark.windows.base import (
     with_inputs,
 )
 from ematix_dagster.spec import Window
-from ematix_dagster.streaming.windows import FixedWindows
-from ematix_dagster.streaming.windows.fixed import first_start
+from ematix_dagster.streaming.kinds import FixedWindows
+from ematix_dagster.streaming.kinds.fixed.fixed_rules import first_start
 
 #: the aggregates of a batch, given which rows update windows and which rows' event times count
 #: towards their source's newest (``spark.batch_columns``)

@@ -3,7 +3,7 @@
 Lateness is decided per (row, window) against the watermark before the batch (docs/contract/windows.md): with
 ``closed_before`` the end at or below which windows are closed, a row's open starts are the
 multiples of the hop in ``(max(t - D, closed_before - D), t]``; a row with none is late. This is
-:meth:`~ematix_dagster.streaming.windows.FixedWindows.row_windows` as column arithmetic.
+:meth:`~ematix_dagster.streaming.kinds.FixedWindows.row_windows` as column arithmetic.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from ematix_dagster.spark.windows.base import (
     with_inputs,
 )
 from ematix_dagster.spec import Window
-from ematix_dagster.streaming.windows import FixedWindows
+from ematix_dagster.streaming.kinds import FixedWindows
 
 #: the plan's own columns, dropped from dead-letter rows
 HELPERS = (TS, LAST, FIRST, FIRST_OPEN, PRIMARY, WINDOW_START, SLOT)

@@ -4,10 +4,10 @@ A session's end depends on its rows, so no row-local arithmetic names its window
 starts do): the rows of each (group key, cap bucket) are ordered by event time and a new session
 starts where a row is more than ``gap`` after the previous one (``lag``, then a running ``sum`` of
 the starts as the session's index). Each batch-local session becomes one partial row (first and
-last event time, partial aggregates) that :meth:`~ematix_dagster.streaming.state.session.SessionState.merge`
+last event time, partial aggregates) that :meth:`~ematix_dagster.streaming.kinds.sessions.session_state.SessionState.merge`
 folds into the key's open sessions, so the driver never receives raw rows. The late rule needs no
 session: a row is late iff its event time is before ``closed_before`` (the previous watermark, less
-the allowance under ``reopen``), which is :meth:`~ematix_dagster.streaming.windows.SessionWindows.is_late`
+the allowance under ``reopen``), which is :meth:`~ematix_dagster.streaming.kinds.SessionWindows.is_late`
 as a column. Late and bad rows ride along as class rows (``ematix_dagster.spark.windows.base``),
 which keep their group columns only to spread the window's partitions and sessionize nothing.
 
@@ -46,7 +46,7 @@ from ematix_dagster.columns import (
 )
 from ematix_dagster.spark.windows.base import Aggregates, WindowedFrames, dead_letter_rows
 from ematix_dagster.spec import Window
-from ematix_dagster.streaming.windows.session import SessionWindows
+from ematix_dagster.streaming.kinds.sessions.session_rules import SessionWindows
 
 #: helper columns this plan adds to the SQL's output (dropped from dead letters)
 HELPERS = (TS, BUCKET, NEW_SESSION, SESSION_INDEX, PRIMARY, CLASS)

@@ -3,8 +3,8 @@
 A row at ``x`` belongs to every window of its key ending in ``[x, x + D]``, which only the driver
 knows (windows exist where the key has rows), so Spark does not assign windows: it pre-aggregates
 the batch's accepted rows per (key, event time), ``_ws`` being the event time in µs, and the
-driver's :class:`~ematix_dagster.streaming.state.sliding.SlidingState` derives the windows. The
-late rule is :meth:`~ematix_dagster.streaming.windows.SlidingWindows.is_late` as a column: a row is
+driver's :class:`~ematix_dagster.streaming.kinds.sliding.sliding_state.SlidingState` derives the windows. The
+late rule is :meth:`~ematix_dagster.streaming.kinds.SlidingWindows.is_late` as a column: a row is
 late iff ``x + D < closed_before``. ``REOPENED`` counts the rows accepted behind the previous
 watermark under ``reopen`` (they can only reach emitted windows or create one behind it).
 """
@@ -30,7 +30,7 @@ from ematix_dagster.columns import (
 )
 from ematix_dagster.spark.windows.base import Aggregates, WindowedFrames, dead_letter_rows, with_inputs
 from ematix_dagster.spec import Window
-from ematix_dagster.streaming.windows import SlidingWindows
+from ematix_dagster.streaming.kinds import SlidingWindows
 
 
 class SlidingPlan:

@@ -66,7 +66,7 @@ class FixedPlan:
         # window bound once timestamps exceed 2^53 µs.
         last = ts - F.pmod(ts, F.lit(hop))
 
-        def first_start(t: Column) -> Column:  # streaming.windows.first_start(t, D, hop)
+        def first_start(t: Column) -> Column:  # streaming.kinds.first_start(t, D, hop)
             before = t - F.lit(duration)
             return before - F.pmod(before, F.lit(hop)) + F.lit(hop)
 

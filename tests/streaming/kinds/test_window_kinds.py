@@ -1,4 +1,4 @@
-"""Which windows a time falls in, their bounds and how they print (``ematix_dagster/streaming/windows``; no Spark).
+"""Which windows a time falls in, their bounds and how they print (``ematix_dagster/streaming/kinds``; no Spark).
 
 Every expected value is computed independently in the test (by hand or with plain Python), never by
 calling the code under test a second time.

@@ -29,8 +29,8 @@ from ematix_dagster.errors import PipelineConfigError, first_line
 from ematix_dagster.spark.aggregation_input import INTEGRAL, AggregationInput
 from ematix_dagster.spark.batch_columns import BatchColumns, driver_late_plan
 from ematix_dagster.spark.safe_sql import SourceRow, guard_sql
-from ematix_dagster.spark.windows.base import Aggregates
 from ematix_dagster.spark.windows.driver_late import DriverLatePlan
+from ematix_dagster.spark.windows.kind_plan import Aggregates
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.spec.window import WINDOW_KINDS
 from ematix_dagster.streaming.aggregators import Aggregator, make_aggregator, window_aggregators

@@ -32,8 +32,8 @@ from pyspark.sql import functions as F
 
 from ematix_dagster.columns import CLOSED_BEFORE, EMITTED_BEFORE
 from ematix_dagster.spark.windows import PLANS
-from ematix_dagster.spark.windows.base import Aggregates, WindowedFrames
-from ematix_dagster.spark.windows.fixed import FixedPlan
+from ematix_dagster.spark.windows.fixed_plan import FixedPlan
+from ematix_dagster.spark.windows.kind_plan import Aggregates, WindowedFrames
 from ematix_dagster.spec import Aggregation, Window
 from ematix_dagster.spec.window import WINDOW_KINDS, TumblingSpec
 from ematix_dagster.streaming.kinds import KINDS_BY_NAME, FixedKind, WindowBounds, WindowKind

@@ -8,7 +8,7 @@ last event time, partial aggregates) that :meth:`~ematix_dagster.streaming.kinds
 folds into the key's open sessions, so the driver never receives raw rows. The late rule needs no
 session: a row is late iff its event time is before ``closed_before`` (the previous watermark, less
 the allowance under ``reopen``), which is :meth:`~ematix_dagster.streaming.kinds.SessionWindows.is_late`
-as a column. Late and bad rows ride along as class rows (``ematix_dagster.spark.windows.base``),
+as a column. Late and bad rows ride along as class rows (``ematix_dagster.spark.windows.kind_plan``),
 which keep their group columns only to spread the window's partitions and sessionize nothing.
 
 ``partials`` columns: ``CLASS``, the group columns, ``_bucket`` (``t // cap``) and ``_sid`` (the
@@ -44,7 +44,7 @@ from ematix_dagster.columns import (
     SESSION_INDEX,
     TS,
 )
-from ematix_dagster.spark.windows.base import Aggregates, WindowedFrames, dead_letter_rows
+from ematix_dagster.spark.windows.kind_plan import Aggregates, WindowedFrames, dead_letter_rows
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.kinds.sessions.session_rules import SessionWindows
 

@@ -1,4 +1,4 @@
-"""The class slot (``spark.windows.base``): a row's class and window start share one grouping column.
+"""The class slot (``spark.windows.kind_plan``): a row's class and window start share one grouping column.
 
 The ground truth is the rows themselves: grouped by their slot, each (class, start) pair must come
 back exactly once, as it went in, with its rows counted; the window starts include the extremes a
@@ -14,7 +14,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ematix_dagster.columns import CLASS, SLOT, WINDOW_START
-from ematix_dagster.spark.windows.base import CLASSES, class_slot, rules_slot, slot_outputs
+from ematix_dagster.spark.windows.kind_plan import CLASSES, class_slot, rules_slot, slot_outputs
 
 INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 #: window starts of whole milliseconds nearest int64's two ends, and around 0

@@ -28,7 +28,7 @@ from ematix_dagster.columns import (
     TS,
     WINDOW_START,
 )
-from ematix_dagster.spark.windows.base import Aggregates, WindowedFrames, dead_letter_rows, with_inputs
+from ematix_dagster.spark.windows.kind_plan import Aggregates, WindowedFrames, dead_letter_rows, with_inputs
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.kinds import SlidingWindows
 

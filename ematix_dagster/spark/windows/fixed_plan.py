@@ -31,7 +31,7 @@ from ematix_dagster.columns import (
     TS,
     WINDOW_START,
 )
-from ematix_dagster.spark.windows.base import (
+from ematix_dagster.spark.windows.kind_plan import (
     Aggregates,
     WindowedFrames,
     class_slot,

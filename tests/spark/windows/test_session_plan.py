@@ -21,8 +21,8 @@ from ematix_dagster.columns import CLASS, PRIMARY, ROWS
 from ematix_dagster.spark.batch_columns import _source_counts
 from ematix_dagster.spark.batch_counts import batch_counts
 from ematix_dagster.spark.batch_values import with_batch_values
-from ematix_dagster.spark.windows.base import Aggregates
-from ematix_dagster.spark.windows.session import SessionPlan
+from ematix_dagster.spark.windows.kind_plan import Aggregates
+from ematix_dagster.spark.windows.session_plan import SessionPlan
 
 GAP_MS, CAP_MS = 10, 100
 GAP, CAP = GAP_MS * 1_000, CAP_MS * 1_000  # µs

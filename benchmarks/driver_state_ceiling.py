@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ematix_dagster.spec import Aggregation, Window  # noqa: E402
 from ematix_dagster.streaming.durable import batch_commit, restore_engine  # noqa: E402
+from ematix_dagster.streaming.kinds.kind_state import StoredSize  # noqa: E402
 from ematix_dagster.streaming.micro_batch import BatchInput, Engine, SourceStats  # noqa: E402
-from ematix_dagster.streaming.state.base import StoredSize  # noqa: E402
 from state_store.base import make_holder  # noqa: E402
 
 GIB = 1 << 30

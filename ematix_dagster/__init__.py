@@ -31,10 +31,6 @@ from ematix_dagster.spec import (
     load_pipeline_str,
 )
 
-# The window kinds and aggregators fill the spec's registries (``spec.registries``) on import.
-from ematix_dagster.streaming import aggregators as _aggregators  # noqa: F401
-from ematix_dagster.streaming import windows as _windows  # noqa: F401
-
 __all__ = [
     "Aggregation", "AggregationOverflow", "Backfill", "BackfillSource", "DeadLetter", "EmatixError", "EmitRelease",
     "EmitTrigger", "PipelineConfigError",

@@ -27,7 +27,7 @@ CORRUPT = "_corrupt_record"
 #: marker: the heartbeat source's ``_source`` value and its place in the checkpoint's offsets
 HEARTBEAT = "_heartbeat"
 
-# --- dead letters (spark/windows/base.py, spark/input_files.py, targets/) -------------------------
+# --- dead letters (spark/windows/kind_plan.py, spark/input_files.py, targets/) -------------------------
 
 #: the micro-batch a dead-letter row was written by, added to every dead-letter row
 BATCH_ID = "_batch_id"
@@ -85,7 +85,7 @@ LAST = "_last"
 #: the row's first window start not yet closed (µs), fixed plan
 FIRST_OPEN = "_first_open"
 #: the one grouping column of a row's window start or, for a row that updates no window, a code of
-#: its class, fixed plan (spark/windows/base.py: ``class_slot``)
+#: its class, fixed plan (spark/windows/kind_plan.py: ``class_slot``)
 SLOT = "_slot"
 #: the event time's bucket (``t // cap``) a session is found in, session plan
 BUCKET = "_bucket"

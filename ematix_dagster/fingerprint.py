@@ -28,8 +28,8 @@ import json
 from typing import Any
 
 from ematix_dagster.spec import PipelineSpec
+from ematix_dagster.spec.window import WINDOW_KINDS
 from ematix_dagster.streaming.aggregators import make_aggregator
-from ematix_dagster.streaming.windows import KINDS
 
 #: items that are left out at their default, and that default (what an absent item means)
 _DEFAULTS: dict[str, Any] = {"window.emit_trigger": "watermark", "target.retractions": False, "emit.sql": None}
@@ -47,7 +47,7 @@ def fingerprint_doc(spec: PipelineSpec) -> dict[str, Any]:
     doc = {
         "sources": [[s.name, s.kind] for s in spec.sources],
         "window.kind": w.kind,
-        **KINDS[w.kind].fingerprint(w),
+        **WINDOW_KINDS[w.kind].fingerprint(w),
         "window.group_by": list(w.group_by),
         "window.aggregations": [make_aggregator(a, None, w.hll_precision).fingerprint(a) for a in w.aggregations],
         "window.hll_precision": w.hll_precision,

@@ -19,8 +19,8 @@ from ematix_dagster.spark import checkpoint
 from ematix_dagster.spark.recovery import Problem, validate_checkpoint
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.stores import make_store
-from ematix_dagster.streaming.windows import window_kind
-from ematix_dagster.streaming.windows.units import format_us
+from ematix_dagster.streaming.kinds import window_kind
+from ematix_dagster.streaming.kinds.time_units import format_us
 from state_store.base import PendingSummary, PipelineRecord, StateStore, make_holder
 from state_store.codec import STATE_VERSION
 from state_store.segment_replay import replayed

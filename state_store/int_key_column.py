@@ -2,7 +2,7 @@
 
 The most common group key is one integer (a user or device id). A batch brings tens of thousands of
 them from Spark's Arrow table, a window state holds them as int64 ids already
-(``ematix_dagster.streaming.state.keys.IntKeys``), and a commit encodes them again: built as one
+(``ematix_dagster.streaming.kinds.state_keys.IntKeys``), and a commit encodes them again: built as one
 tuple per key in between, the keys cost more than the merge they served. :class:`IntKeyColumn` hands
 the column itself along, and reads as the keys it holds, one-element tuples, wherever code walks
 keys one by one.

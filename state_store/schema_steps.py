@@ -24,7 +24,7 @@ window_end, group_key)`` in meaning, so window kinds whose end is not ``start + 
 Step 4 drops the pipelines row's ``emitted`` list (window starts already emitted). It was rewritten
 whole on every commit, which a kind with 100,000 open windows (sessions) cannot afford; a fixed
 window's emission follows from its bounds and the committed watermark (see
-``ematix_dagster.streaming.state.fixed``), and a kind whose windows can be emitted and still
+``ematix_dagster.streaming.kinds.fixed.fixed_state``), and a kind whose windows can be emitted and still
 change keeps that flag on its own rows.
 
 Step 5 (``emitted``): that flag, a nullable boolean on every state row (SQLite: INTEGER 0/1).

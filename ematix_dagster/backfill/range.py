@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from ematix_dagster.errors import BackfillRefused
 from ematix_dagster.spec import PipelineSpec, Window
 from ematix_dagster.spec.backfill import PARTITION_UNITS, Backfill, parse_instant
-from ematix_dagster.streaming.windows.units import format_us
+from ematix_dagster.streaming.kinds.time_units import format_us
 
 _US_PER_MS = 1_000
 

@@ -14,7 +14,7 @@ import dagster as dg
 
 from ematix_dagster.dagster.versions import batch_data_version
 from ematix_dagster.spark.batch_report import BatchReport, RowCounts
-from ematix_dagster.streaming.windows import format_us
+from ematix_dagster.streaming.kinds import format_us
 
 DEFAULT_THROTTLE_SECONDS = 10.0
 DEFAULT_SUMMARY_SECONDS = 300.0

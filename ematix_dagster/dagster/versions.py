@@ -27,7 +27,7 @@ from dagster._core.definitions.data_version import (
     get_input_event_pointer_tag,
 )
 
-from ematix_dagster.streaming.windows import format_us
+from ematix_dagster.streaming.kinds import format_us
 
 
 def batch_data_version(report: Any) -> dg.DataVersion:

@@ -46,7 +46,7 @@ def _hll_input(col: Column, dtype: T.DataType) -> Column:
 class AggregationInput:
     """One aggregation's input column as :class:`~ematix_dagster.streaming.aggregators.SparkInput`.
 
-    ``projected``: where the canonical forms go (:class:`~ematix_dagster.spark.windows.base.Aggregates`):
+    ``projected``: where the canonical forms go (:class:`~ematix_dagster.spark.windows.kind_plan.Aggregates`):
     the names' prefix and the list of columns projected before the groupBy; None: inline.
     """
 

@@ -29,10 +29,10 @@ from ematix_dagster.columns import (
 from ematix_dagster.spark.reasons import Rule, reason_column
 from ematix_dagster.spark.rejects import REJECT_REASONS, reject_rules
 from ematix_dagster.spark.windows import PartialPlan, partial_plan
-from ematix_dagster.spark.windows.base import Aggregates
 from ematix_dagster.spark.windows.driver_late import CountedAggregates, DriverLatePlan
+from ematix_dagster.spark.windows.kind_plan import Aggregates
 from ematix_dagster.spec import PipelineSpec
-from ematix_dagster.streaming.windows import MICROS_PER_MS
+from ematix_dagster.streaming.kinds import MICROS_PER_MS
 
 
 def pre_sql_rules(spec: PipelineSpec, future_in_spark: bool = True) -> list[Rule]:

@@ -16,8 +16,8 @@ from ematix_dagster.columns import CLASS, LATE_ASSIGNMENTS, REOPENED, ROWS, SOUR
 from ematix_dagster.spark.observed import Observed
 from ematix_dagster.spark.rejects import REJECT_REASONS
 from ematix_dagster.spec import PipelineSpec
+from ematix_dagster.streaming.kinds import MICROS_PER_MS
 from ematix_dagster.streaming.micro_batch import SourceStats
-from ematix_dagster.streaming.windows import MICROS_PER_MS
 
 
 def batch_counts(spec: PipelineSpec, table: pa.Table, source_stats: Observed | None) -> tuple[dict[str, Any], dict[str, Any]]:

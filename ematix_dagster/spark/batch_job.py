@@ -29,7 +29,7 @@ from ematix_dagster.spark.readers import source_rows
 
 @dataclass
 class BatchFrames:
-    """The lazily built frames of one batch (``ematix_dagster.spark.windows.base``: one job)."""
+    """The lazily built frames of one batch (``ematix_dagster.spark.windows.kind_plan``: one job)."""
 
     partials: DataFrame  # partials, class rows and hidden counters: read with ``spark.batch_counts``
     source_stats: Observed | None  # with [transform] sql: pre-SQL counts, observed as the job runs

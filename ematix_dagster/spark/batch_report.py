@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from ematix_dagster.streaming.windows import format_us
+from ematix_dagster.streaming.kinds import format_us
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from pyspark.sql.pandas.types import to_arrow_type
 from ematix_dagster.columns import EMIT_KIND, EMIT_SEQ, PARTIAL_PREFIX, WINDOW_START
 from ematix_dagster.spark.plan import BatchPlan
 from ematix_dagster.streaming.emitted import Column, Emitted, GroupKey
-from ematix_dagster.streaming.state.columns import ints
-from ematix_dagster.streaming.windows import window_kind
+from ematix_dagster.streaming.kinds import window_kind
+from ematix_dagster.streaming.kinds.state_columns import ints
 from state_store.int_key_column import IntKeyColumn
 
 UTC_MICROS = pa.timestamp("us", tz="UTC")

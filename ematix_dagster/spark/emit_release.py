@@ -73,7 +73,7 @@ class EmitStage:
         (``validate`` calls it too): a predicate Spark refuses (a type mismatch, an unknown function) is a
         ``PipelineConfigError`` on ``emit.sql`` before any batch, not a failed batch."""
         assert spec.emit is not None and spec.emit.max_buffered_rows is not None  # the spec requires both
-        columns = predicate_columns(spec)
+        columns = predicate_columns(spec.window)
         plan = emit_plan(spec.emit.sql, columns)
         tree = parse_statement(plan.sql, KEY)
         view = f"_emit_windows_{spec.pipeline_name.replace('-', '_')}"  # the pipeline's own, in a shared session

@@ -29,9 +29,10 @@ from ematix_dagster.errors import PipelineConfigError, first_line
 from ematix_dagster.spark.aggregation_input import INTEGRAL, AggregationInput
 from ematix_dagster.spark.batch_columns import BatchColumns, driver_late_plan
 from ematix_dagster.spark.safe_sql import SourceRow, guard_sql
-from ematix_dagster.spark.windows.base import Aggregates
 from ematix_dagster.spark.windows.driver_late import DriverLatePlan
+from ematix_dagster.spark.windows.kind_plan import Aggregates
 from ematix_dagster.spec import PipelineSpec
+from ematix_dagster.spec.window import WINDOW_KINDS
 from ematix_dagster.streaming.aggregators import Aggregator, make_aggregator, window_aggregators
 
 #: Plan nodes that make a query look at more than one row at a time.
@@ -72,7 +73,7 @@ class BatchPlan:
         """
         spec = self.spec
         window = spec.window
-        if (window.kind != "tumbling" or window.time_mode != "event" or spec.transform_sql
+        if (not WINDOW_KINDS[window.kind].late_on_driver or window.time_mode != "event" or spec.transform_sql
                 or any(a.bytes_per_value for a in self.aggregators)):
             return None
         return driver_late_plan(spec, self.output_types, self.partial_columns)

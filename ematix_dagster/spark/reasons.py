@@ -3,7 +3,7 @@
 One list of rules serves two readings. The exact plans write it as the string ``_reason`` column
 (:func:`reason_column`), which the dead-letter rows and the per-source counters read; a tumbling
 plan whose lateness the driver decides writes it straight into its grouping slot
-(``spark.windows.base.rules_slot``), with no string column per row.
+(``spark.windows.kind_plan.rules_slot``), with no string column per row.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ Every rule is checked when the spec is built, so a bad config fails before Spark
 spec as written (from the dataclass annotations: TOML gives ``"false"`` where a boolean was meant),
 values on the resolved copy (``table = "${SCHEMA}.clicks"`` is a valid table once SCHEMA is set).
 
-The dataclasses live in :mod:`.window`, :mod:`.rows` (row pipelines) and :mod:`.model`, the TOML
+The dataclasses live in :mod:`.window` (with what the spec knows of each window kind), :mod:`.rows`
+(row pipelines), :mod:`.sources`, :mod:`.sinks` and :mod:`.model`, the TOML
 I/O in :mod:`.toml_io`, the ``${NAME}`` handling in :mod:`.environment`, the type checks in
 :mod:`.type_checks` and the shared values and bounds in :mod:`.rules`; callers import from this
 package.
@@ -18,10 +19,12 @@ package.
 
 from ematix_dagster.spec.backfill import Backfill, BackfillSource
 from ematix_dagster.spec.emit import EmitRelease
-from ematix_dagster.spec.environment import resolve_env, spec_warnings
-from ematix_dagster.spec.model import DeadLetter, PipelineSpec, Run, Source, StateStoreConfig, Target
+from ematix_dagster.spec.environment import resolve_env
+from ematix_dagster.spec.model import PipelineSpec, Run, StateStoreConfig, spec_warnings
 from ematix_dagster.spec.rows import RowTransform
 from ematix_dagster.spec.rules import JAVA_INT_MAX, MAX_DURATION_MS, STATE_STORE_KINDS
+from ematix_dagster.spec.sinks import DeadLetter, Target
+from ematix_dagster.spec.sources import Source
 from ematix_dagster.spec.toml_io import (
     dump_pipeline,
     load_pipeline,

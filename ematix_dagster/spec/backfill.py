@@ -42,7 +42,7 @@ def start_datetime(us: int) -> dt.datetime:
 
 
 def _text(us: int) -> str:
-    """A boundary as this module's messages show it (``streaming.windows.units.format_us`` is above the spec)."""
+    """A boundary as this module's messages show it (``streaming.kinds.time_units.format_us`` is above the spec)."""
     return start_datetime(us).isoformat().replace("+00:00", "Z")
 
 

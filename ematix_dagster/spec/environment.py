@@ -5,13 +5,10 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import fields, is_dataclass, replace
-from typing import TYPE_CHECKING, Iterator, TypeVar
+from typing import Iterable, Iterator, TypeVar
 
 from ematix_dagster.errors import PipelineConfigError
 from ematix_dagster.spec.rules import _child, _fail
-
-if TYPE_CHECKING:
-    from ematix_dagster.spec.model import PipelineSpec
 
 #: a ``${NAME}`` placeholder (the Redis reader, shipped to Spark's workers with this module, expands
 #: its URL's with it too)
@@ -98,13 +95,10 @@ def _literal_password(url: str) -> bool:
     return any(ENV_PLACEHOLDER.sub("", password).strip("'") for password in found)
 
 
-def spec_warnings(spec: PipelineSpec) -> list[str]:
-    """One line per unwise but valid setting of ``spec`` as written: today, each URL whose password
-    is typed into the file (files are shared, versioned and printed). The password is never shown."""
-    urls = (("target.url", spec.target.url, "EMATIX_TARGET_URL"),
-            ("dead_letter.url", spec.dead_letter.url if spec.dead_letter is not None else None, "EMATIX_DLQ_URL"),
-            ("state_store.url", spec.state_store.url, "EMATIX_STATE_URL"),
-            *((f"sources[{i}].url", s.url, "REDIS_URL") for i, s in enumerate(spec.sources)))
+def password_warnings(urls: Iterable[tuple[str, str | None, str]]) -> list[str]:
+    """One line per ``(key, url, variable)`` whose URL holds a password typed into the file (files
+    are shared, versioned and printed); ``variable`` is the environment variable to suggest. The
+    password is never shown."""
     return [f"{key}: the URL holds a password written in the pipeline file; move the password to an environment "
             f'variable, e.g. url = "postgresql://user:${{PGPASSWORD}}@host/db" (any string may use ${{NAME}}), '
             f'or the whole URL, e.g. url = "${{{variable}}}"'

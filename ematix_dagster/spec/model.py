@@ -9,153 +9,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ematix_dagster.columns import HEARTBEAT
 from ematix_dagster.spec.backfill import Backfill
 from ematix_dagster.spec.emit import EmitRelease, validate_emit
-from ematix_dagster.spec.environment import resolved_spec
-from ematix_dagster.spec.message_sources import MESSAGE_KEYS, validate_message_source
-from ematix_dagster.spec.registries import WINDOW_KINDS
+from ematix_dagster.spec.environment import password_warnings, resolved_spec
 from ematix_dagster.spec.rows import RowTransform, validate_row_pipeline
 from ematix_dagster.spec.rules import (
     _IDENT_RE,
     _NAME_RE,
     END_OF_INPUT,
-    FILE_FORMATS,
-    ON_UNREADABLE_FILE,
-    SOURCE_KINDS,
     STATE_STORE_KINDS,
-    TARGET_KINDS,
-    TIME_UNITS,
     TRIGGERS,
     WatermarkKeys,
     _fail,
     _listed_as_tuple,
-    _non_negative,
     _positive,
 )
-from ematix_dagster.spec.sinks import DeadLetter, validate_sink_fields
+from ematix_dagster.spec.sinks import DeadLetter, Target
+from ematix_dagster.spec.sources import Source
 from ematix_dagster.spec.type_checks import _check_types
-from ematix_dagster.spec.window import Window
+from ematix_dagster.spec.window import WINDOW_KINDS, Window
 from ematix_dagster.sql.release import WATERMARK_TS, uses_watermark_ts
-
-
-@dataclass(frozen=True)
-class Source:
-    """One ``[[sources]]`` entry; its ``name`` becomes the ``_source`` value of its rows."""
-
-    name: str
-    kind: str
-    format: str | None = None
-    path: str | None = None
-    schema: str | None = None
-    event_time_column: str | None = None
-    event_time_unit: str = "ms"
-    max_files_per_trigger: int | None = None
-    max_future_skew_ms: int = 3_600_000
-    rows_per_second: int | None = None
-    bootstrap_servers: str | None = None
-    topic: str | None = None
-    max_offsets_per_trigger: int | None = None
-    starting_offsets: str | None = None
-    header: bool | None = None
-    #: files only: what a file that cannot be read (truncated, not in its format, a column of another
-    #: type) does to the run. None means "fail": stop, naming the file (terminal); "skip": leave the
-    #: file out of its batch, count it and record it in the dead letters (``spark.input_files.InputFiles``).
-    on_unreadable_file: str | None = None
-    #: redis_stream (docs/contract/redis-streams.md). ``url`` is expanded by the reader, never by
-    #: :meth:`PipelineSpec.resolved`: a password in it must not reach Spark's options.
-    url: str | None = field(default=None, repr=False, metadata={"expanded_by_reader": True})
-    streams: tuple[str, ...] = ()
-    start: str | None = None
-    max_entries_per_trigger: int | None = None
-    on_trimmed: str | None = None
-    json_field: str | None = None
-
-    def __post_init__(self) -> None:
-        _listed_as_tuple(self, "streams")
-
-    @property
-    def skips_unreadable_files(self) -> bool:
-        return self.on_unreadable_file == "skip"
-
-    def validate(self, key: str) -> None:
-        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
-            _fail(f"{key}.name", f"{self.name!r} is not a valid source name", "use [a-z0-9_-]")
-        if self.name == HEARTBEAT:
-            _fail(f"{key}.name", f'"{HEARTBEAT}" is reserved for the engine', "pick another name")
-        if self.kind not in SOURCE_KINDS:
-            _fail(f"{key}.kind", f"unknown source kind {self.kind!r}",
-                  'use "files", "rate", "kafka" or "redis_stream"')
-        if self.event_time_unit not in TIME_UNITS:
-            _fail(f"{key}.event_time_unit", f"unknown unit {self.event_time_unit!r}", 'use "ms", "us" or "s"')
-        _non_negative(f"{key}.max_future_skew_ms", self.max_future_skew_ms)
-        allowed = {
-            "files": {"format", "path", "schema", "event_time_column", "max_files_per_trigger", "header",
-                      "on_unreadable_file"},
-            "rate": {"rows_per_second"},
-            **MESSAGE_KEYS,
-        }[self.kind]
-        optional = set().union(*MESSAGE_KEYS.values(), {"path", "max_files_per_trigger", "rows_per_second",
-                                                        "header", "on_unreadable_file"})
-        for f in sorted(optional - allowed):
-            if getattr(self, f) not in (None, ()):
-                _fail(f"{key}.{f}", f"does not apply to a {self.kind} source", "remove it")
-        if self.kind == "files":
-            if self.format not in FILE_FORMATS:
-                _fail(f"{key}.format", f"{self.format!r} is not a file format", 'use "parquet", "json" or "csv"')
-            if not self.path:
-                _fail(f"{key}.path", "is required for a files source", "name the directory to watch")
-            if not self.schema:
-                _fail(f"{key}.schema", "is required for a files source (streaming reads infer nothing)",
-                      'give a DDL schema such as "user_id BIGINT, ts TIMESTAMP"')
-            if not self.event_time_column:
-                _fail(f"{key}.event_time_column", "is required for a files source",
-                      "name the column that holds each row's event time")
-            if self.max_files_per_trigger is not None:
-                _positive(f"{key}.max_files_per_trigger", self.max_files_per_trigger)
-            if self.header is not None and self.format != "csv":
-                _fail(f"{key}.header", f"header = {str(self.header).lower()} only applies to csv files, "
-                      f"not {self.format}", "remove it")
-            if self.on_unreadable_file is not None and self.on_unreadable_file not in ON_UNREADABLE_FILE:
-                _fail(f"{key}.on_unreadable_file", f"unknown value {self.on_unreadable_file!r}",
-                      'use "fail" (stop and name the file) or "skip" (leave it out, count it, dead-letter it)')
-        elif self.kind == "rate":
-            if self.rows_per_second is not None:
-                _positive(f"{key}.rows_per_second", self.rows_per_second)
-        else:
-            validate_message_source(self, key)
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where closed windows go (``[target]``)."""
-
-    kind: str
-    url: str | None = field(default=None, repr=False)  # resolved, it may hold a password
-    table: str | None = None
-    create_table: bool = False
-    same_transaction: bool = False
-    path: str | None = None
-    #: append targets (parquet, console) precede every superseding row with a ``retract`` of the one
-    #: it replaces (docs/contract/emission.md)
-    retractions: bool = False
-    #: a row pipeline's postgres upsert key (docs/contract/row-pipelines.md); a windowed pipeline's
-    #: key is always its window start and group columns
-    key: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        _listed_as_tuple(self, "key")
-
-    def validate(self, key: str = "target") -> None:
-        if self.kind not in TARGET_KINDS:
-            _fail(f"{key}.kind", f"unknown target kind {self.kind!r}", 'use "postgres", "parquet" or "console"')
-        validate_sink_fields(key, self.kind, self.url, self.table, self.path)
-        if self.same_transaction and self.kind != "postgres":
-            _fail(f"{key}.same_transaction", "only a postgres target can share the store's transaction", "remove it")
-        if self.retractions and self.kind == "postgres":
-            _fail(f"{key}.retractions", "a postgres target keeps one row per key and deletes the keys that "
-                  "disappear, so a retract row has nothing to mean there",
-                  "remove it: retractions = true applies to parquet and console targets")
 
 
 @dataclass(frozen=True)
@@ -307,11 +180,11 @@ class PipelineSpec:
             self.dead_letter.validate()
         self.state_store.validate()
         if isinstance(self.shape, RowTransform):
-            validate_row_pipeline(self, self.shape)
+            validate_row_pipeline(self.shape, self.transform_sql, self.state_store.durable, self.target)
         else:
             self._validate_windowed(self.shape)
         if self.emit is not None:
-            validate_emit(self, self.emit)
+            validate_emit(self.emit, self.window_spec, self.state_store.durable)
         if self.target.same_transaction and self.state_store.kind != "postgres":
             _fail("target.same_transaction", "needs a postgres [state_store] in the same database",
                   'set [state_store] kind = "postgres" or remove same_transaction')
@@ -349,7 +222,7 @@ class PipelineSpec:
         if self.window_spec is None:
             _fail("backfill", "applies to windowed pipelines: a row pipeline has no windows to recompute",
                   "remove [backfill]")
-        if self.window_spec.kind not in ("tumbling", "hopping"):
+        if not WINDOW_KINDS[self.window_spec.kind].backfills:
             _fail("backfill", f"does not apply to {self.window_spec.kind} windows: a range boundary would cut their "
                   "windows (a session or a sliding window that starts in the range takes in rows from before "
                   "it), so rewriting the range would change windows outside it", "remove [backfill]")
@@ -369,3 +242,13 @@ class PipelineSpec:
     @property
     def source_names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.sources)
+
+
+def spec_warnings(spec: PipelineSpec) -> list[str]:
+    """One line per unwise but valid setting of ``spec`` as written: today, each URL whose password
+    is typed into the file (files are shared, versioned and printed). The password is never shown."""
+    return password_warnings((
+        ("target.url", spec.target.url, "EMATIX_TARGET_URL"),
+        ("dead_letter.url", spec.dead_letter.url if spec.dead_letter is not None else None, "EMATIX_DLQ_URL"),
+        ("state_store.url", spec.state_store.url, "EMATIX_STATE_URL"),
+        *((f"sources[{i}].url", s.url, "REDIS_URL") for i, s in enumerate(spec.sources))))

@@ -18,14 +18,12 @@ ematix_dagster.errors.PipelineConfigError: transform.max_buffered_rows: 0 must b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from ematix_dagster.columns import BATCH_ID, EVENT_TS
 from ematix_dagster.spec.rules import _fail, _is_ident, _positive, _validate_watermark
+from ematix_dagster.spec.sinks import Target
 from ematix_dagster.sql.release import WATERMARK_TS, release_plan
-
-if TYPE_CHECKING:
-    from ematix_dagster.spec.model import PipelineSpec, Target
 
 _CALL = f"{WATERMARK_TS}()"
 
@@ -52,18 +50,19 @@ class RowTransform:
             _positive(f"{key}.max_buffered_rows", self.max_buffered_rows)
 
 
-def validate_row_pipeline(spec: PipelineSpec, rows: RowTransform) -> None:
-    """The rules between a row pipeline's ``[transform]`` (``rows``) and its other tables.
+def validate_row_pipeline(rows: RowTransform, sql: str | None, durable: bool, target: Target) -> None:
+    """The rules between a row pipeline's ``[transform]`` (``rows``, its ``sql``) and its other
+    tables (a ``durable`` state store, the ``target``).
 
     The SQL is read here, at load time, so that every misuse of ``WATERMARK_TS()`` (docs/contract/row-pipelines.md) is a
     configuration error before Spark starts: ``validate`` exits 2 and nothing runs.
     """
     rows.validate()
-    if spec.transform_sql is None:
+    if sql is None:
         _fail("transform.sql", "is required for a row pipeline (one without [transform.window]): its SELECT list "
               "is the output's columns, in its order",
               'write sql = "SELECT ... FROM source", or add [transform.window] to aggregate')
-    plan = release_plan(spec.transform_sql)  # refuses WATERMARK_TS() anywhere but as an upper bound in the WHERE
+    plan = release_plan(sql)  # refuses WATERMARK_TS() anywhere but as an upper bound in the WHERE
     if plan is None:
         if rows.max_buffered_rows is not None:
             _fail("transform.max_buffered_rows", f"max_buffered_rows = {rows.max_buffered_rows} bounds the rows "
@@ -74,10 +73,10 @@ def validate_row_pipeline(spec: PipelineSpec, rows: RowTransform) -> None:
             _fail("transform.max_buffered_rows", f"is mandatory with {_CALL}: the rows it holds back wait in the "
                   "state store, and this caps how many (the run fails loud past it)",
                   "set the most rows that may wait for the watermark, e.g. max_buffered_rows = 1_000_000")
-        if not spec.state_store.durable:
+        if not durable:
             _fail("state_store.kind", f'"in_memory" cannot hold the rows {_CALL} holds back: they are not written '
                   "yet, so a restart would lose them", 'use kind = "sqlite" or "postgres"')
-    _validate_row_target(spec.target)
+    _validate_row_target(target)
 
 
 def _validate_row_target(target: Target) -> None:

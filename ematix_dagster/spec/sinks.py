@@ -1,14 +1,21 @@
-"""Where rows go besides the target: the dead letters, and the fields every sink kind takes.
+"""Where rows go: the target, the dead letters, and the fields every sink kind takes.
 
-Kept apart from ``spec.model`` (the pipeline spec), which uses both: ``[target]`` is checked with
-:func:`validate_sink_fields` too.
+Kept apart from ``spec.model`` (the pipeline spec), which uses them, so the row pipeline's rules
+(``spec.rows``) can check the target without importing the pipeline spec.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ematix_dagster.spec.rules import _IDENT_RE, DEAD_LETTER_KINDS, SOURCE_ROW_CHOICES, _fail
+from ematix_dagster.spec.rules import (
+    _IDENT_RE,
+    DEAD_LETTER_KINDS,
+    SOURCE_ROW_CHOICES,
+    TARGET_KINDS,
+    _fail,
+    _listed_as_tuple,
+)
 
 
 @dataclass(frozen=True)
@@ -56,3 +63,35 @@ def validate_sink_fields(key: str, kind: str, url: str | None, table: str | None
     else:
         if url is not None or table is not None or path is not None:
             _fail(f"{key}.kind", "console takes no url, table or path", "remove them")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where closed windows go (``[target]``)."""
+
+    kind: str
+    url: str | None = field(default=None, repr=False)  # resolved, it may hold a password
+    table: str | None = None
+    create_table: bool = False
+    same_transaction: bool = False
+    path: str | None = None
+    #: append targets (parquet, console) precede every superseding row with a ``retract`` of the one
+    #: it replaces (docs/contract/emission.md)
+    retractions: bool = False
+    #: a row pipeline's postgres upsert key (docs/contract/row-pipelines.md); a windowed pipeline's
+    #: key is always its window start and group columns
+    key: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _listed_as_tuple(self, "key")
+
+    def validate(self, key: str = "target") -> None:
+        if self.kind not in TARGET_KINDS:
+            _fail(f"{key}.kind", f"unknown target kind {self.kind!r}", 'use "postgres", "parquet" or "console"')
+        validate_sink_fields(key, self.kind, self.url, self.table, self.path)
+        if self.same_transaction and self.kind != "postgres":
+            _fail(f"{key}.same_transaction", "only a postgres target can share the store's transaction", "remove it")
+        if self.retractions and self.kind == "postgres":
+            _fail(f"{key}.retractions", "a postgres target keeps one row per key and deletes the keys that "
+                  "disappear, so a retract row has nothing to mean there",
+                  "remove it: retractions = true applies to parquet and console targets")

@@ -1,12 +1,16 @@
-"""``[transform.window]`` and its aggregations, with their value rules."""
+"""``[transform.window]`` and its aggregations, with their value rules, and what the spec knows of
+each window kind (:class:`WindowKindSpec`): its own keys and their rules, its hop, whether it takes
+early triggers, retractions of corrections and backfills, and whether the driver can decide its
+rows' lateness. The driver's rules and state of each kind (``streaming.kinds``) name the spec kinds
+they run; the spec needs neither.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ematix_dagster.columns import EVENT_TS
-from ematix_dagster.spec.registries import AGGREGATIONS, WINDOW_KINDS
 from ematix_dagster.spec.rules import (
     LATE_POLICIES,
     _fail,
@@ -17,6 +21,9 @@ from ematix_dagster.spec.rules import (
     _validate_watermark,
 )
 from ematix_dagster.spec.trigger import EmitTrigger
+
+#: the ``agg`` names a spec may use (``streaming.aggregators.AGGREGATORS`` builds each, in this order)
+AGGREGATIONS = ("count", "count_col", "sum", "min", "max", "avg", "first", "last", "count_distinct")
 
 
 @dataclass(frozen=True)
@@ -208,10 +215,209 @@ class Window:
 
     @property
     def hop(self) -> int:
-        """Distance between window starts (the duration for tumbling windows)."""
-        return self.hop_ms if self.kind == "hopping" else self.duration_ms  # type: ignore[return-value]
+        """Distance between window starts (the duration for tumbling windows): the kind's answer."""
+        return WINDOW_KINDS[self.kind].hop(self)  # type: ignore[return-value]
 
     @property
     def retention_ms(self) -> int:
         """How long past its end a window stays in state (0 unless ``reopen``)."""
         return (self.allowed_lateness_ms or 0) if self.late_data == "reopen" else 0
+
+
+# -- what the spec knows of each window kind ----------------------------------------------------
+
+#: the session windows' id column (docs/contract/windows.md)
+SESSION_ID = "session_id"
+
+
+def format_span_ms(ms: int) -> str:
+    """A spec's duration for messages: whole seconds as seconds.
+
+    >>> format_span_ms(60_000), format_span_ms(1_500)
+    ('60 s', '1500 ms')
+    """
+    return f"{ms // 1000} s" if ms % 1000 == 0 else f"{ms} ms"
+
+
+class WindowKindSpec:
+    """What the spec asks of a window kind, by its ``kind`` name: the keys only it takes and their
+    rules, its windows in words, the sizes its stored state depends on, and the kind's answers to
+    every question the spec, the fingerprint and the Spark plan ask of it."""
+
+    #: the spec's ``kind``
+    name: ClassVar[str]
+    #: ``[transform.window]`` keys only this kind takes (another kind's spec refuses them)
+    own_keys: ClassVar[tuple[str, ...]] = ()
+    #: the kind takes an ``emit_trigger`` other than ``"watermark"`` (docs/contract/emission.md)
+    early_triggers: ClassVar[bool] = True
+    #: the kind keeps the rows it wrote, so a ``correction`` under ``reopen`` can be preceded by a
+    #: retraction of the row it supersedes (``[target] retractions``)
+    retracts_corrections: ClassVar[bool] = True
+    #: a column the kind adds to its output after the window bounds (sessions: session_id)
+    id_column: ClassVar[str | None] = None
+    #: a time range's boundaries never cut a window, so ``[backfill]`` can rewrite the windows in it
+    backfills: ClassVar[bool] = False
+    #: a row is late exactly when its one window is, so the driver can decide lateness without
+    #: joining the batch values to every row (``spark.windows.driver_late``)
+    late_on_driver: ClassVar[bool] = False
+
+    @classmethod
+    def validate(cls, window: Window, key: str) -> None:
+        """Refuse a spec of this kind whose own keys are missing or wrong, naming the key."""
+        raise NotImplementedError
+
+    @classmethod
+    def shape(cls, window: Window) -> str:
+        """A spec of this kind's windows in words, for messages and descriptions."""
+        raise NotImplementedError
+
+    @classmethod
+    def fingerprint(cls, window: Window) -> dict[str, Any]:
+        """The spec's sizes that the stored state depends on (docs/contract/operations.md), by fingerprint key."""
+        raise NotImplementedError
+
+    @classmethod
+    def hop(cls, window: Window) -> int | None:
+        """The distance between window starts (the duration, where windows do not hop)."""
+        return window.duration_ms
+
+
+class FixedSpec(WindowKindSpec):
+    """Fixed-size windows ``[start, start + duration)``: tumbling and hopping."""
+
+    backfills = True
+
+    @classmethod
+    def validate(cls, window: Window, key: str) -> None:
+        window.validate_duration(key, "the window's length")
+        if window.hop_ms is not None:
+            _fail(f"{key}.hop_ms", f"hop_ms = {window.hop_ms!r} only applies to hopping windows, not {window.kind!r}",
+                  'remove it or use kind = "hopping"')
+
+    @classmethod
+    def shape(cls, window: Window) -> str:
+        assert window.duration_ms is not None
+        return f"{window.kind} windows of {format_span_ms(window.duration_ms)}"
+
+    @classmethod
+    def fingerprint(cls, window: Window) -> dict[str, Any]:
+        return {"window.duration_ms": window.duration_ms, "window.hop_ms": window.hop_ms}
+
+
+class TumblingSpec(FixedSpec):
+    """Tumbling windows: fixed windows whose hop is their duration, so a row is in one window."""
+
+    name = "tumbling"
+    late_on_driver = True
+
+
+class HoppingSpec(FixedSpec):
+    """Hopping windows: fixed windows starting every ``hop_ms``, at most ``duration_ms`` apart."""
+
+    name = "hopping"
+
+    @classmethod
+    def validate(cls, window: Window, key: str) -> None:
+        window.validate_duration(key, "the window's length")
+        assert window.duration_ms is not None
+        if window.hop_ms is None:
+            _fail(f"{key}.hop_ms", "is required for hopping windows",
+                  "set hop_ms (the distance between window starts), <= duration_ms")
+        _positive(f"{key}.hop_ms", window.hop_ms)
+        if window.hop_ms > window.duration_ms:
+            _fail(f"{key}.hop_ms", f"{window.hop_ms} is larger than duration_ms={window.duration_ms}",
+                  "use hop_ms <= duration_ms (gaps between windows would drop rows)")
+
+    @classmethod
+    def shape(cls, window: Window) -> str:
+        return f"{super().shape(window)} every {format_span_ms(window.hop)}"
+
+    @classmethod
+    def hop(cls, window: Window) -> int | None:
+        return window.hop_ms
+
+
+class SessionSpec(WindowKindSpec):
+    """Session windows (docs/contract/windows.md): runs of a key's rows at most ``gap_ms`` apart,
+    cut at multiples of ``max_session_duration_ms``. Sessions merge, so the rows written for one
+    may be retracted (docs/contract/emission.md)."""
+
+    name = "session"
+    own_keys = ("gap_ms", "max_session_duration_ms")
+    id_column = SESSION_ID
+
+    @classmethod
+    def validate(cls, window: Window, key: str) -> None:
+        """docs/contract/windows.md's rules, each naming its key."""
+        for name in ("duration_ms", "hop_ms"):
+            if getattr(window, name) is not None:
+                _fail(f"{key}.{name}", f"{name} does not apply to session windows (a session's length "
+                      "follows its rows)", "remove it; set gap_ms and max_session_duration_ms")
+        if window.gap_ms is None:
+            _fail(f"{key}.gap_ms", "is required for session windows",
+                  "set the most time (ms) between a key's consecutive rows of one session")
+        _positive(f"{key}.gap_ms", window.gap_ms)
+        if window.max_session_duration_ms is None:
+            _fail(f"{key}.max_session_duration_ms", "is required for session windows",
+                  "set the longest a session may run (ms); sessions are cut at its multiples")
+        _positive(f"{key}.max_session_duration_ms", window.max_session_duration_ms)
+        if window.max_session_duration_ms <= window.gap_ms:
+            _fail(f"{key}.max_session_duration_ms", f"{window.max_session_duration_ms} is not larger than "
+                  f"gap_ms={window.gap_ms}", "use a cap larger than the gap")
+        names = [*window.group_by, *(a.as_ for a in window.aggregations)]
+        if SESSION_ID in (n.lower() for n in names):
+            _fail(f"{key}.group_by", "session_id is the session windows' id column", "rename that column or alias")
+        if not window.group_by:
+            _fail(f"{key}.group_by", "is required for session windows (sessions are per key)",
+                  'group by the column that identifies a session\'s owner, e.g. group_by = ["user_id"]')
+
+    @classmethod
+    def shape(cls, window: Window) -> str:
+        assert window.gap_ms is not None and window.max_session_duration_ms is not None
+        return (f"session windows (gap {format_span_ms(window.gap_ms)}, "
+                f"cut every {format_span_ms(window.max_session_duration_ms)})")
+
+    @classmethod
+    def fingerprint(cls, window: Window) -> dict[str, Any]:
+        return {"window.gap_ms": window.gap_ms, "window.max_session_duration_ms": window.max_session_duration_ms}
+
+
+class SlidingSpec(WindowKindSpec):
+    """Sliding windows (docs/contract/windows.md, KIP-450): one window ``[t - D, t]`` per distinct
+    event time of a key, at most ``max_events_per_group`` event times per key."""
+
+    name = "sliding"
+    own_keys = ("max_events_per_group",)
+    #: watermark only (docs/contract/windows.md): a row counts in every window ending in
+    #: ``[x, x + D]``, so early rows would rewrite each of them for every row that reaches it
+    early_triggers = False
+    #: a window's values are computed from the partials when it is written, never held: the row a
+    #: correction supersedes is not kept (docs/contract/emission.md)
+    retracts_corrections = False
+
+    @classmethod
+    def validate(cls, window: Window, key: str) -> None:
+        """docs/contract/windows.md's rules, each naming its key."""
+        window.validate_duration(key, "the time difference D (each window is [t - D, t])")
+        if window.hop_ms is not None:
+            _fail(f"{key}.hop_ms", "hop_ms does not apply to sliding windows (one window per distinct event time)",
+                  'remove it, or use kind = "hopping" for windows at fixed steps')
+        if window.max_events_per_group is None:
+            _fail(f"{key}.max_events_per_group", "is required for sliding windows",
+                  "set the most distinct event times one key may retain, e.g. 10_000")
+        _positive(f"{key}.max_events_per_group", window.max_events_per_group)
+
+    @classmethod
+    def shape(cls, window: Window) -> str:
+        assert window.duration_ms is not None
+        return f"sliding windows of {format_span_ms(window.duration_ms)} (one per event time)"
+
+    @classmethod
+    def fingerprint(cls, window: Window) -> dict[str, Any]:
+        return {"window.duration_ms": window.duration_ms}
+
+
+#: every window kind a spec may name, in the order messages list them
+WINDOW_KIND_SPECS: tuple[type[WindowKindSpec], ...] = (TumblingSpec, HoppingSpec, SessionSpec, SlidingSpec)
+#: spec ``kind`` -> what the spec knows of it (built from :data:`WINDOW_KIND_SPECS`)
+WINDOW_KINDS: dict[str, type[WindowKindSpec]] = {kind.name: kind for kind in WINDOW_KIND_SPECS}

@@ -15,8 +15,8 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 import pyarrow as pa
 
 from ematix_dagster.streaming.emitted import GroupKey
-from ematix_dagster.streaming.micro_batch import Engine
-from ematix_dagster.streaming.state.base import (
+from ematix_dagster.streaming.kinds import WindowKind
+from ematix_dagster.streaming.kinds.kind_state import (
     ColumnChanges,
     KindState,
     StoredColumns,
@@ -24,8 +24,8 @@ from ematix_dagster.streaming.state.base import (
     StoredSize,
     WrittenRow,
 )
+from ematix_dagster.streaming.micro_batch import Engine
 from ematix_dagster.streaming.watermark import Watermarks
-from ematix_dagster.streaming.windows import WindowKind
 from state_store.base import BatchCommit, PipelineRecord, RecoveredState, SourceProgress
 from state_store.codec import (
     STATE_VERSION,

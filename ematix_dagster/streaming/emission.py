@@ -1,7 +1,7 @@
 """Which rows a batch writes, decided once for every window kind (docs/contract/windows.md, docs/contract/emission.md).
 
 A kind's state reports, as columns, every (window, group) the batch may write a row for, with
-three flags (``streaming.state.base.Report``); at most one row per (window, group) and batch:
+three flags (``streaming.kinds.kind_state.Report``); at most one row per (window, group) and batch:
 
 - ``final``: the window is closed at the new watermark and no ``final`` or ``correction`` of it
   was written (at most one ``final`` per window and group);
@@ -20,8 +20,8 @@ retention rule (``WindowKind.evicted_before``); the written rows are kept for a 
 only where that rule keeps their window, judged once here for every kind.
 
 >>> from ematix_dagster.streaming.aggregators import Count
->>> from ematix_dagster.streaming.state.fixed import FixedState
->>> from ematix_dagster.streaming.windows import FixedWindows
+>>> from ematix_dagster.streaming.kinds.fixed.fixed_state import FixedState
+>>> from ematix_dagster.streaming.kinds import FixedWindows
 >>> state = FixedState("p", [Count()], ["n"], 10, FixedWindows(duration=10, hop=10), keeps_written=True)
 >>> state.merge([0, 0], [("b",), ("a",)], [[1, 2]])
 >>> [(row.key, row.values, row.kind) for row in emit(state, None, 10, retention=5).rows]
@@ -39,12 +39,12 @@ import numpy as np
 
 from ematix_dagster.columns import CORRECTION, EARLY, FINAL, RETRACT
 from ematix_dagster.streaming.emitted import Column, Emitted, EmittedRow, GroupKey, picked, plain
-from ematix_dagster.streaming.state.base import CLOSING, OPEN
-from ematix_dagster.streaming.state.order import row_order
+from ematix_dagster.streaming.kinds.kind_state import CLOSING, OPEN
+from ematix_dagster.streaming.kinds.row_order import row_order
 from state_store.int_key_column import taken
 
 if TYPE_CHECKING:
-    from ematix_dagster.streaming.state.base import KindState, Report
+    from ematix_dagster.streaming.kinds.kind_state import KindState, Report
     from ematix_dagster.streaming.triggers import TriggerClock
 
 

@@ -29,10 +29,10 @@ from ematix_dagster.spec import Window
 from ematix_dagster.streaming.aggregators import describe_value, window_aggregators, window_aliases
 from ematix_dagster.streaming.emission import emit
 from ematix_dagster.streaming.emitted import Emitted, EmittedRow, GroupKey
-from ematix_dagster.streaming.state.base import KindState, StoredColumns, StoredGroup, WrittenRow
+from ematix_dagster.streaming.kinds import MICROS_PER_MS, window_kind
+from ematix_dagster.streaming.kinds.kind_state import KindState, StoredColumns, StoredGroup, WrittenRow
 from ematix_dagster.streaming.triggers import TriggerClock
 from ematix_dagster.streaming.watermark import Watermarks
-from ematix_dagster.streaming.windows import MICROS_PER_MS, window_kind
 from state_store.errors import RESTORE_OR_RESET
 
 

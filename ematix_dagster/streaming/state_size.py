@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ematix_dagster.spec import Window
 from ematix_dagster.streaming.aggregators import window_aggregators
-from ematix_dagster.streaming.windows import MICROS_PER_MS, window_kind
+from ematix_dagster.streaming.kinds import MICROS_PER_MS, window_kind
 
 GIB = 1 << 30
 

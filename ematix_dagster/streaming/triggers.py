@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ematix_dagster.spec.trigger import COUNT, EVERY_BATCH, INTERVAL, EmitTrigger
-from ematix_dagster.streaming.state.base import CHANGED, CLOSING, OPEN
-from ematix_dagster.streaming.windows.units import MICROS_PER_MS
+from ematix_dagster.streaming.kinds.kind_state import CHANGED, CLOSING, OPEN
+from ematix_dagster.streaming.kinds.time_units import MICROS_PER_MS
 
 
 @dataclass
@@ -37,7 +37,7 @@ class TriggerClock:
     fired_at_us: int | None = None
 
     def scope(self, batch_time_us: int) -> str:
-        """Which open groups the batch's report must include (``streaming.state.base``)."""
+        """Which open groups the batch's report must include (``streaming.kinds.kind_state``)."""
         kind = self.trigger.kind
         if kind in (EVERY_BATCH, COUNT):
             return CHANGED

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ematix_dagster.spec.rules import WatermarkKeys
-from ematix_dagster.streaming.windows.units import MICROS_PER_MS
+from ematix_dagster.streaming.kinds.time_units import MICROS_PER_MS
 
 
 @dataclass

@@ -51,7 +51,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ematix_dagster.errors import PipelineConfigError
-from ematix_dagster.streaming.windows.units import DATETIME_MAX_US, DATETIME_MIN_US
+from ematix_dagster.streaming.kinds.time_units import DATETIME_MAX_US, DATETIME_MIN_US
 
 #: the earliest instant PostgreSQL's timestamptz holds (4713-11-24 BC), µs since the epoch; its
 #: latest (294276 AD) is after every instant Spark holds

@@ -106,8 +106,8 @@ def test_check_reports_corrupt_checkpoint(setup):
 
 def test_check_groups_vets_decoded_state_before_spark_knows_the_column_types(tmp_path, request):
     """``check_groups`` (for a run's preflight and for ``check``): no Spark, so sums may be int, float or decimal."""
+    from ematix_dagster.streaming.kinds.kind_state import StoredGroup
     from ematix_dagster.streaming.micro_batch import check_groups
-    from ematix_dagster.streaming.state.base import StoredGroup
 
     window = Setup("sqlite", tmp_path, request).spec.window
     good = [StoredGroup(start, None, key, accs) for (start, key), accs in GOOD.items()]

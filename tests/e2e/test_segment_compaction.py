@@ -17,8 +17,8 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from ematix_dagster.streaming.durable import batch_commit, restore_engine
+from ematix_dagster.streaming.kinds.kind_state import StoredSize
 from ematix_dagster.streaming.micro_batch import Engine
-from ematix_dagster.streaming.state.base import StoredSize
 from state_store.memory import InMemoryStateStore
 from state_store.segment_replay import Live, replay
 from state_store.segments import decode_segment

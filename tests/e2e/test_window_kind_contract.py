@@ -1,7 +1,8 @@
 """The window-kind contract, for every registered kind, and a kind registered from the tests.
 
-Every kind in ``streaming.windows.KINDS`` must:
-- build from a spec of its kind, validate it, and name only Window fields as its own keys;
+Every kind in ``streaming.kinds.KINDS_BY_NAME`` must:
+- build from a spec of its kind, validate it (its ``spec.window.WindowKindSpec``), and name only
+  Window fields as its own keys;
 - have a Spark plan registered under the same name, saying which partial columns its state takes;
 - give a state that, driven through the real ``Engine`` batch by batch, emits each (window, group)
   ``final`` at most once and only once its window is closed at the watermark, in (start, key)
@@ -10,7 +11,7 @@ Every kind in ``streaming.windows.KINDS`` must:
   exactly: a restart after any batch emits what the uninterrupted engine emits.
 
 The second half registers a kind the engine has never seen, tumbling windows shifted by an
-offset, from here (``OffsetWindows`` and its Spark plan), and runs it end to end through the
+offset, from here (``OffsetSpec``, ``OffsetWindows`` and its Spark plan), and runs it end to end through the
 runner, the SQLite state store (a second run resumes from it) and a parquet target; the ground
 truth is pandas over the same events, with no engine code.
 """
@@ -31,12 +32,13 @@ from pyspark.sql import functions as F
 
 from ematix_dagster.columns import CLOSED_BEFORE, EMITTED_BEFORE
 from ematix_dagster.spark.windows import PLANS
-from ematix_dagster.spark.windows.base import Aggregates, WindowedFrames
-from ematix_dagster.spark.windows.fixed import FixedPlan
+from ematix_dagster.spark.windows.fixed_plan import FixedPlan
+from ematix_dagster.spark.windows.kind_plan import Aggregates, WindowedFrames
 from ematix_dagster.spec import Aggregation, Window
+from ematix_dagster.spec.window import WINDOW_KINDS, TumblingSpec
+from ematix_dagster.streaming.kinds import KINDS_BY_NAME, FixedKind, WindowBounds, WindowKind
+from ematix_dagster.streaming.kinds.kind_state import StoredGroup
 from ematix_dagster.streaming.micro_batch import BatchInput, Engine, SourceStats
-from ematix_dagster.streaming.state.base import StoredGroup
-from ematix_dagster.streaming.windows import KINDS, FixedWindows, WindowBounds, WindowKind
 from tests.e2e.windows_helpers import at, parquet_target, pipeline, read_parquet_target, run, to_us
 from tests.streaming.store_changes import StoreChanges, take_changes
 
@@ -131,19 +133,22 @@ def random_batches(seed: int) -> list[list[tuple[Key, int, int]]]:
     return batches
 
 
-@pytest.mark.parametrize("name", sorted(KINDS))
+@pytest.mark.parametrize("name", sorted(KINDS_BY_NAME))
 def test_every_registered_kind_has_a_sample_and_a_spark_plan(name: str) -> None:
     assert name in SAMPLES, f"window kind {name!r} is registered: add its sample spec to SAMPLES here"
     window = sample_window(name)
     window.validate()
     assert window.shape.startswith(f"{name} windows"), window.shape
-    kind = KINDS[name].for_window(window)
-    assert set(kind.own_keys) <= set(Window.__dataclass_fields__), kind.own_keys
+    kind = KINDS_BY_NAME[name].for_window(window)
+    spec = WINDOW_KINDS[name]
+    assert spec in type(kind).specs and spec.name == name
+    assert set(spec.own_keys) <= set(Window.__dataclass_fields__), spec.own_keys
+    assert spec.id_column == kind.id_column
     assert name in PLANS, f"window kind {name!r} has no Spark plan in ematix_dagster.spark.windows.PLANS"
     plan = PLANS[name]
     assert isinstance(plan.start_column, str) and isinstance(plan.sort_by_start, bool)
     assert (plan.last_column is None) == (SAMPLES[name][1] is not None)  # a state that takes lasts gets them
-    assert isinstance(KINDS[name].fingerprint(window), dict)
+    assert isinstance(spec.fingerprint(window), dict)
     state = kind.make_state("p", [], [], 10)
     for member in ("merge", "report", "accumulators", "values", "set_marks", "mark_emitted", "evict", "take_column_changes",
                    "restore", "group_count", "window_count", "state_rows", "flush_watermark", "open_windows",
@@ -203,7 +208,8 @@ def test_a_window_is_final_only_once_closed() -> None:
                     assert kind.is_final(WindowBounds(start, end), result.watermark), (name, start, end)
 
 
-ENGINE_CORE = ("streaming/micro_batch.py", "streaming/durable.py", "spark/batch.py", "spark/convert.py")
+ENGINE_CORE = ("streaming/micro_batch.py", "streaming/durable.py", "spark/batch.py", "spark/convert.py",
+               "spark/plan.py", "spec/model.py", "spec/emit.py", "fingerprint.py")
 
 
 @pytest.mark.parametrize("module", ENGINE_CORE)
@@ -212,9 +218,11 @@ def test_the_engine_core_never_asks_which_kind_it_runs(module: str) -> None:
     kind's differences are answers of its ``WindowKind``, its state and its Spark plan."""
     path = Path(__file__).resolve().parents[2] / "ematix_dagster" / module
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    kinds = set(KINDS) | {"tumbling_offset"}
-    names = {"WindowKind", "KeyedByStart", "FixedWindows", "SessionWindows", "SlidingWindows",
-             "KindState", "StateBase", "FixedState", "SessionState", "SlidingState", "WindowState"}
+    kinds = set(KINDS_BY_NAME) | {"tumbling_offset"}
+    names = {"WindowKind", "KeyedByStart", "FixedWindows", "SessionWindows", "SlidingWindows", "StatefulKind",
+             "FixedKind", "SessionKind", "SlidingKind", "KindState", "StateBase", "FixedState", "SessionState",
+             "SlidingState", "WindowState", "WindowKindSpec", "TumblingSpec", "HoppingSpec", "SessionSpec",
+             "SlidingSpec"}
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
@@ -234,9 +242,19 @@ def test_the_engine_core_never_asks_which_kind_it_runs(module: str) -> None:
 OFFSET_MS = 15_000
 
 
-class OffsetWindows(FixedWindows):
+class OffsetSpec(TumblingSpec):
+    """What the spec knows of the offset windows: a tumbling window's keys and rules, by its own name."""
+
+    name = "tumbling_offset"
+    late_on_driver = False  # the driver-late plan computes unshifted windows
+    backfills = False
+
+
+class OffsetWindows(FixedKind):
     """Tumbling windows ``[offset + k * D, offset + (k + 1) * D)``: a fixed window whose starts are
     not multiples of its duration. Its state is the fixed windows' (any start works there)."""
+
+    specs = (OffsetSpec,)
 
     offset = OFFSET_MS * MS
 
@@ -278,12 +296,12 @@ class OffsetPlan:
 @pytest.fixture
 def offset_kind() -> Iterator[str]:
     name = "tumbling_offset"
-    KINDS[name], PLANS[name] = OffsetWindows, OffsetPlan  # type: ignore[assignment]
+    WINDOW_KINDS[name], KINDS_BY_NAME[name], PLANS[name] = OffsetSpec, OffsetWindows, OffsetPlan  # type: ignore[assignment]
     SAMPLES[name] = ({"duration_ms": 10}, lambda kind, t, closed: [w.start for w in kind.row_windows(t, closed)])
     try:
         yield name
     finally:
-        del KINDS[name], PLANS[name], SAMPLES[name]
+        del WINDOW_KINDS[name], KINDS_BY_NAME[name], PLANS[name], SAMPLES[name]
 
 
 def test_offset_kind_obeys_the_contract(offset_kind: str) -> None:

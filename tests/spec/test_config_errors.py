@@ -15,7 +15,7 @@ import pytest
 
 from ematix_dagster.errors import PipelineConfigError
 from ematix_dagster.spec import Aggregation, load_pipeline_str
-from ematix_dagster.streaming.windows import SessionWindows
+from ematix_dagster.spec.window import SessionSpec
 from tests.spec.toml_samples import (
     A0,
     A1,
@@ -302,9 +302,9 @@ def test_session_rules_name_the_key(changes: dict[str, Any], field: str, words: 
     base = load_pipeline_str(MINIMAL_TOML).window
     good = replace(base, kind="session", duration_ms=None, gap_ms=30_000, max_session_duration_ms=3_600_000,
                    group_by=("user_id",))
-    SessionWindows.validate(good, "transform.window")  # the valid one passes
+    SessionSpec.validate(good, "transform.window")  # the valid one passes
     with pytest.raises(PipelineConfigError) as exc:
-        SessionWindows.validate(replace(good, **changes), "transform.window")
+        SessionSpec.validate(replace(good, **changes), "transform.window")
     assert exc.value.key == f"transform.window.{field}"
     assert all(w in str(exc.value) for w in words), str(exc.value)
 

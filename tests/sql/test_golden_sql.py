@@ -68,7 +68,7 @@ def _windowed(spec: PipelineSpec) -> dict[str, Any]:
     if spec.transform_sql:  # the batches run the guarded form; the written one is analysed at start
         out.update(_guarded("windowed.guarded", guarded_sql(spec.transform_sql, source_row(spec))))
     if spec.emit is not None:
-        columns = predicate_columns(spec)
+        columns = predicate_columns(spec.window)
         plan = emit_plan(spec.emit.sql, columns)
         read = _plan(plan)
         # EmitStage.analysed: the plan's query over the pipeline's own view (windows renamed), guarded

@@ -1,6 +1,6 @@
 """Ground truths for the streaming unit tests, written out by hand, independent of the code under test.
 
-Shared by ``tests/streaming/test_aggregators.py``, ``test_windows.py`` and ``test_micro_batch.py``.
+Shared by ``tests/streaming/test_aggregators.py``, ``kinds/test_window_kinds.py`` and ``test_micro_batch.py``.
 """
 
 from __future__ import annotations

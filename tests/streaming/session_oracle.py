@@ -1,4 +1,4 @@
-"""The session-window oracle and Spark's session partials, for tests/streaming/test_state_session.py and the e2e tests.
+"""The session-window oracle and Spark's session partials, for tests/streaming/kinds/sessions/test_session_state.py and the e2e tests.
 
 The oracle imports nothing from the engine: each batch it applies the late rule against the
 previous watermark, recomputes every key's sessions from all accepted rows so far (per key and cap

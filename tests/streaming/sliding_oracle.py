@@ -1,5 +1,5 @@
 """The sliding-window oracle (KIP-450, docs/contract/windows.md), Spark's partials and the harness stepping the real
-Engine beside the oracle, for tests/streaming/test_state_sliding.py and the e2e tests.
+Engine beside the oracle, for tests/streaming/kinds/sliding/test_sliding_state.py and the e2e tests.
 
 The oracle imports nothing from the engine. It keeps every accepted row with the number of
 the batch that brought it and, each batch, applies §9 from scratch:
@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ematix_dagster.spec import Aggregation, Window
+from ematix_dagster.streaming.kinds.kind_state import StoredGroup
 from ematix_dagster.streaming.micro_batch import BatchInput, Engine, SourceStats
-from ematix_dagster.streaming.state.base import StoredGroup
 from tests.streaming.store_changes import take_changes
 
 Key = tuple[Any, ...]

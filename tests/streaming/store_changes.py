@@ -12,8 +12,8 @@ from itertools import repeat
 from typing import Any
 
 from ematix_dagster.streaming.emitted import GroupKey
-from ematix_dagster.streaming.state.base import KindState, StoredGroup
-from ematix_dagster.streaming.state.columns import accumulator_rows
+from ematix_dagster.streaming.kinds.kind_state import KindState, StoredGroup
+from ematix_dagster.streaming.kinds.state_columns import accumulator_rows
 
 
 @dataclass

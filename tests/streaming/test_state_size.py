@@ -17,9 +17,9 @@ from datasketches import hll_sketch
 from ematix_dagster.spec import Aggregation, Window
 from ematix_dagster.streaming.aggregators import make_aggregator
 from ematix_dagster.streaming.emission import emit
-from ematix_dagster.streaming.state.fixed import FixedState
+from ematix_dagster.streaming.kinds import window_kind
+from ematix_dagster.streaming.kinds.fixed.fixed_state import FixedState
 from ematix_dagster.streaming.state_size import estimate_state
-from ematix_dagster.streaming.windows import window_kind
 
 GROUPS = 20_000
 

@@ -2,7 +2,7 @@
 
 It assigns the rows of the SQL's output to their open windows, splits off the late ones and
 pre-aggregates one partial per (window, group), by the rules of the kind's driver-side module
-(``ematix_dagster.streaming.windows``).
+(``ematix_dagster.streaming.kinds``).
 """
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ from typing import Callable
 
 from pyspark.sql import Column
 
-from ematix_dagster.spark.windows import fixed, session, sliding
-from ematix_dagster.spark.windows.base import Aggregates, PartialPlan, WindowedFrames
+from ematix_dagster.spark.windows import fixed_plan, session_plan, sliding_plan
+from ematix_dagster.spark.windows.kind_plan import Aggregates, PartialPlan, WindowedFrames
 from ematix_dagster.spec import Window
 
 #: spec ``kind`` -> its Spark plan (a new kind adds its line here)
 PLANS: dict[str, type[PartialPlan]] = {
-    "tumbling": fixed.FixedPlan,
-    "hopping": fixed.FixedPlan,
-    "session": session.SessionPlan,
-    "sliding": sliding.SlidingPlan,
+    "tumbling": fixed_plan.FixedPlan,
+    "hopping": fixed_plan.FixedPlan,
+    "session": session_plan.SessionPlan,
+    "sliding": sliding_plan.SlidingPlan,
 }
 
 

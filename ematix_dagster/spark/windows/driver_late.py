@@ -4,7 +4,7 @@ A tumbling row is late exactly when its window is, so Spark only groups each row
 start, or by its class's code where a rule says it updates no window (``rules_slot``), and the
 driver classes the closed windows' partials after the job (:func:`late_windows`). Which pipelines
 may run this way is ``spark.plan.BatchPlan.late_on_driver``'s rule. A batch that may hold rows from
-the future runs the exact plan (``spark.windows.fixed``) instead, and dead-letter rows always come
+the future runs the exact plan (``spark.windows.fixed_plan``) instead, and dead-letter rows always come
 from the exact plan's frames (``spark.batch_job.build_batch``).
 """
 
@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from ematix_dagster.columns import CLASS, EVENT_TS, PRIMARY, REOPENED, ROWS, SLOT, TS, WINDOW_START
 from ematix_dagster.spark.reasons import Rule
 from ematix_dagster.spark.rejects import REJECT_REASONS
-from ematix_dagster.spark.windows.base import (
+from ematix_dagster.spark.windows.kind_plan import (
     FIRST_WINDOW_SLOT,
     Aggregates,
     class_code,
@@ -29,8 +29,8 @@ from ematix_dagster.spark.windows.base import (
     with_inputs,
 )
 from ematix_dagster.spec import Window
-from ematix_dagster.streaming.windows import FixedWindows
-from ematix_dagster.streaming.windows.fixed import first_start
+from ematix_dagster.streaming.kinds import FixedWindows
+from ematix_dagster.streaming.kinds.fixed.fixed_rules import first_start
 
 #: the aggregates of a batch, given which rows update windows and which rows' event times count
 #: towards their source's newest (``spark.batch_columns``)
@@ -53,7 +53,7 @@ class DriverLatePlan:
         if kind.hop != kind.duration:
             raise ValueError("only a tumbling window's lateness is its window's")
         ts = F.unix_micros(EVENT_TS)
-        start = ts - F.pmod(ts, F.lit(kind.hop))  # integer arithmetic: see spark.windows.fixed
+        start = ts - F.pmod(ts, F.lit(kind.hop))  # integer arithmetic: see spark.windows.fixed_plan
         self.assigned = [ts.alias(TS), F.lit(True).alias(PRIMARY), rules_slot(rules, start).alias(SLOT)]
         slot = F.col(SLOT)
         windowed = slot >= F.lit(FIRST_WINDOW_SLOT)

@@ -2,8 +2,9 @@
 
 Spark computes one *partial* per (window, group) and batch on the executors; these classes fold
 partials into an accumulator that lives in window state and turn it into the output value.
-A new aggregator is one class (``basic`` or its own module) and one line in ``AGGREGATORS``,
-which the spec's validation reads; the class checks its input column (``input_problem``).
+A new aggregator is one class (``basic`` or its own module), one line in ``AGGREGATORS`` and its
+name in the spec's ``spec.window.AGGREGATIONS``, which the spec's validation reads; the class checks
+its input column (``input_problem``).
 
 >>> Sum(integral=True).result(Sum(integral=True).merge(3, 4))
 7
@@ -22,7 +23,6 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from ematix_dagster.spec import Aggregation, Window
-from ematix_dagster.spec.registries import AGGREGATIONS
 from ematix_dagster.streaming.aggregators.base import (
     SCALAR_TYPES,
     Aggregator,
@@ -36,9 +36,8 @@ from ematix_dagster.streaming.aggregators.distinct import ApproxDistinct, ExactD
 from ematix_dagster.streaming.aggregators.trigger_rows import TRIGGER_ROWS_ALIAS, TriggerRows
 
 #: spec ``agg`` -> (the spec entry, whether a sum is integral, hll_precision) -> its aggregator; the
-#: spec's own registry, which the spec validates against
-AGGREGATORS: dict[str, Callable[[Aggregation, bool | None, int], Aggregator]] = AGGREGATIONS
-AGGREGATORS.update({
+#: names are the spec's ``spec.window.AGGREGATIONS``, in its order
+AGGREGATORS: dict[str, Callable[[Aggregation, bool | None, int], Aggregator]] = {
     "count": lambda a, integral, lg_k: Count(),
     "count_col": lambda a, integral, lg_k: Count(),
     "sum": lambda a, integral, lg_k: Sum(integral),
@@ -49,7 +48,7 @@ AGGREGATORS.update({
     "last": lambda a, integral, lg_k: Last(),
     "count_distinct": lambda a, integral, lg_k: ApproxDistinct(lg_k) if a.distinct_mode == "approximate"
     else ExactDistinct(a.max_distinct_values_per_group or 0),
-})
+}
 
 
 def make_aggregator(agg: Aggregation, integral: bool | None, hll_precision: int) -> Aggregator:

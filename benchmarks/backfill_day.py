@@ -42,7 +42,7 @@ from run_setup import add_data_arguments, settle  # noqa: E402
 
 from ematix_dagster.backfill import run_backfill  # noqa: E402
 from ematix_dagster.spark.runner import PipelineRunner  # noqa: E402
-from ematix_dagster.spark.session import get_spark  # noqa: E402
+from ematix_dagster.spark.spark_session import get_spark  # noqa: E402
 from ematix_dagster.spec import load_pipeline_str  # noqa: E402
 
 PIPELINE = "bench-backfill"

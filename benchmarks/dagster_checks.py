@@ -36,7 +36,7 @@ from ematix_dagster.dagster import EmatixPipeline, streaming_pipeline_asset  # n
 from ematix_dagster.dagster.check_reports import StepChecks, report_stored_checks, stored_results  # noqa: E402
 from ematix_dagster.dagster.checks import CheckBounds  # noqa: E402
 from ematix_dagster.spark.runner import PipelineRunner  # noqa: E402
-from ematix_dagster.spark.session import get_spark  # noqa: E402
+from ematix_dagster.spark.spark_session import get_spark  # noqa: E402
 from ematix_dagster.spec import load_pipeline_str  # noqa: E402
 from ematix_dagster.stores import make_store  # noqa: E402
 

@@ -32,7 +32,7 @@ from ematix_dagster.spec import Aggregation, Window  # noqa: E402
 from ematix_dagster.streaming.durable import batch_commit, restore_engine  # noqa: E402
 from ematix_dagster.streaming.kinds.kind_state import StoredSize  # noqa: E402
 from ematix_dagster.streaming.micro_batch import BatchInput, Engine, SourceStats  # noqa: E402
-from state_store.base import make_holder  # noqa: E402
+from state_store.contract import make_holder  # noqa: E402
 
 GIB = 1 << 30
 AGGS = {
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
     stores = [("sqlite", None)] + ([("postgres", args.postgres)] if args.postgres else [])
     for kind, url in stores:
-        from state_store.postgres import PostgresStateStore
+        from state_store.postgres_store import PostgresStateStore
         from state_store.sqlite import SqliteStateStore
 
         with tempfile.TemporaryDirectory() as tmp:

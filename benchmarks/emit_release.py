@@ -40,7 +40,7 @@ from run_setup import add_data_arguments, add_variant_arguments, install_timers,
 from windowed_engines import our_spec, profile_run, run_spec, target_rows  # noqa: E402
 
 from ematix_dagster.spec import EmitRelease  # noqa: E402
-from ematix_dagster.streaming.emit_release import EmitBuffer  # noqa: E402
+from ematix_dagster.streaming.emit_buffer import EmitBuffer  # noqa: E402
 
 VARIANTS = ("plain", "emit")
 CALLBACK = "foreachBatch callback"  # driver thread CPU in our code: the batch's callback

@@ -43,7 +43,7 @@ from results import Result, median_result, print_splits  # noqa: E402
 from run_setup import add_data_arguments, add_variant_arguments, install_timers, prepare, rotated_runs  # noqa: E402
 from windowed_engines import profile_ours, run_ours  # noqa: E402
 
-from ematix_dagster.spark.batch import BatchStep  # noqa: E402
+from ematix_dagster.spark.batch.batch_step import BatchStep  # noqa: E402
 from ematix_dagster.streaming.micro_batch import Engine  # noqa: E402
 
 #: variant -> ``our_spec`` keywords besides the window's duration and the end-of-input flush

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure import CpuMeter  # noqa: E402
 
 from ematix_dagster.spark.runner import PipelineRunner  # noqa: E402
-from ematix_dagster.spark.session import get_spark  # noqa: E402
+from ematix_dagster.spark.spark_session import get_spark  # noqa: E402
 from ematix_dagster.spec import load_pipeline_str  # noqa: E402
 
 SCHEMA = "key BIGINT, amount DOUBLE, item STRING, ts TIMESTAMP"

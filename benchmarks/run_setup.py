@@ -18,15 +18,15 @@ from generated_data import generate  # noqa: E402
 from measure import MB, DriverTimer  # noqa: E402
 from results import Result  # noqa: E402
 
-from ematix_dagster.spark import window_call as window_call_mod  # noqa: E402
-from ematix_dagster.spark.batch import BatchStep  # noqa: E402
-from ematix_dagster.spark.row_call import RowCall  # noqa: E402
-from ematix_dagster.spark.session import get_spark  # noqa: E402
+from ematix_dagster.spark.batch import window_call as window_call_mod  # noqa: E402
+from ematix_dagster.spark.batch.batch_step import BatchStep  # noqa: E402
+from ematix_dagster.spark.batch.row_call import RowCall  # noqa: E402
+from ematix_dagster.spark.spark_session import get_spark  # noqa: E402
 from ematix_dagster.streaming import micro_batch as micro_batch_mod  # noqa: E402
 from ematix_dagster.streaming.kinds.fixed.fixed_state import FixedState  # noqa: E402
 from ematix_dagster.streaming.micro_batch import Engine  # noqa: E402
 from ematix_dagster.streaming.row_release import RowEngine  # noqa: E402
-from state_store.postgres import PostgresStateStore  # noqa: E402
+from state_store.postgres_store import PostgresStateStore  # noqa: E402
 from state_store.sqlite import SqliteStateStore  # noqa: E402
 
 

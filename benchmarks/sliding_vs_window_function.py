@@ -59,7 +59,7 @@ from results import Result, median_result, print_splits  # noqa: E402
 from run_setup import add_data_arguments, install_timers, prepare, settle  # noqa: E402
 from windowed_engines import profile_run  # noqa: E402
 
-from ematix_dagster.spark.batch import BatchStep  # noqa: E402
+from ematix_dagster.spark.batch.batch_step import BatchStep  # noqa: E402
 from ematix_dagster.spark.runner import PipelineRunner  # noqa: E402
 from ematix_dagster.spec import load_pipeline_str  # noqa: E402
 from ematix_dagster.streaming.micro_batch import Engine  # noqa: E402

@@ -26,8 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from state_store import codec  # noqa: E402
-from state_store.base import BatchCommit, PipelineRecord, SourceProgress, StateStore  # noqa: E402
-from state_store.postgres import PostgresStateStore  # noqa: E402
+from state_store.contract import BatchCommit, PipelineRecord, SourceProgress, StateStore  # noqa: E402
+from state_store.postgres_store import PostgresStateStore  # noqa: E402
 from state_store.segment_replay import Live, replay  # noqa: E402
 from state_store.segments import Segment, encode_segment  # noqa: E402
 from state_store.sqlite import SqliteStateStore  # noqa: E402

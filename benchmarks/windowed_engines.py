@@ -34,11 +34,11 @@ from results import Result  # noqa: E402
 from run_setup import settle  # noqa: E402
 
 from ematix_dagster.columns import HEARTBEAT  # noqa: E402
-from ematix_dagster.spark.batch_report import RowCounts  # noqa: E402
-from ematix_dagster.spark.checkpoint import batch_files  # noqa: E402
-from ematix_dagster.spark.input_files import read_files  # noqa: E402
-from ematix_dagster.spark.readers import union_sources  # noqa: E402
+from ematix_dagster.spark.batch.batch_report import RowCounts  # noqa: E402
+from ematix_dagster.spark.input.checkpoint import batch_files  # noqa: E402
+from ematix_dagster.spark.input.input_files import read_files  # noqa: E402
 from ematix_dagster.spark.runner import PipelineRunner  # noqa: E402
+from ematix_dagster.spark.sources.readers import union_sources  # noqa: E402
 from ematix_dagster.spec import load_pipeline_str  # noqa: E402
 
 WINDOW_US = 60_000_000

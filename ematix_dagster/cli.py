@@ -16,17 +16,17 @@ from pathlib import Path
 from typing import Sequence
 
 from ematix_dagster.errors import BackfillRefused, ConfigError, UnexpectedError
-from ematix_dagster.spark.failures import classify
+from ematix_dagster.spark.failures.classify import classify
 from ematix_dagster.spec import PipelineSpec, load_pipeline, spec_warnings
 
 
 def _validate(spec: PipelineSpec) -> None:
-    from ematix_dagster.spark.convert import output_schema
-    from ematix_dagster.spark.emit_release import EmitStage
-    from ematix_dagster.spark.plan import analyse
-    from ematix_dagster.spark.readers import union_sources
-    from ematix_dagster.spark.row_plan import analyse_rows
-    from ematix_dagster.spark.session import get_spark
+    from ematix_dagster.spark.batch.convert import output_schema
+    from ematix_dagster.spark.batch.emit_stage import EmitStage
+    from ematix_dagster.spark.plans.row_plan import analyse_rows
+    from ematix_dagster.spark.plans.window_plan import analyse
+    from ematix_dagster.spark.sources.readers import union_sources
+    from ematix_dagster.spark.spark_session import get_spark
 
     resolved = spec.resolved()
     spark = get_spark(f"ematix-validate-{spec.pipeline_name}")

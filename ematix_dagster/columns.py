@@ -14,7 +14,7 @@ the project, so every layer (``spec``, ``streaming``, ``spark``, ``targets``) ma
 
 from __future__ import annotations
 
-# --- what every source's rows carry (spark/readers.py) -------------------------------------------
+# --- what every source's rows carry (spark/sources/readers.py) -------------------------------------------
 
 #: the row's event time (TIMESTAMP; NULL when missing or unparseable), added by every reader
 EVENT_TS = "_event_ts"
@@ -27,35 +27,35 @@ CORRUPT = "_corrupt_record"
 #: marker: the heartbeat source's ``_source`` value and its place in the checkpoint's offsets
 HEARTBEAT = "_heartbeat"
 
-# --- dead letters (spark/windows/kind_plan.py, spark/input_files.py, targets/) -------------------------
+# --- dead letters (spark/plans/windows/kind_plan.py, spark/input/input_files.py, targets/) -------------------------
 
 #: the micro-batch a dead-letter row was written by, added to every dead-letter row
 BATCH_ID = "_batch_id"
-#: why a row updates no window (NULL when it does): set by spark/batch_columns.py, rejects, window plans
+#: why a row updates no window (NULL when it does): set by spark/batch/batch_columns.py, rejects, window plans
 REASON = "_reason"
 #: envelope columns of dead-letter rows, in the order of the Postgres dead-letter table
 DEAD_LETTER_COLUMNS = (BATCH_ID, SOURCE, EVENT_TS, REASON)
-#: an unreadable file's path, in its dead-letter row (spark/input_files.py)
+#: an unreadable file's path, in its dead-letter row (spark/input/input_files.py)
 FILE_PATH = "_file_path"
-#: why the file could not be read, in its dead-letter row (spark/input_files.py)
+#: why the file could not be read, in its dead-letter row (spark/input/input_files.py)
 FILE_ERROR = "_file_error"
-#: the rows the file's footer declares (NULL if unknown), in its dead-letter row (spark/input_files.py)
+#: the rows the file's footer declares (NULL if unknown), in its dead-letter row (spark/input/input_files.py)
 FILE_ROWS = "_file_rows"
 
-# --- the transform's output (spark/safe_sql.py, sql/release.py) -----------------------------------
+# --- the transform's output (spark/plans/safe_sql.py, sql/release_plan.py) -----------------------------------
 
 #: the first failing expression of a guarded SQL's row (NULL when none failed), added by guard_sql
 SQL_ERROR = "_sql_error"
 #: the row as read, before the SQL (JSON; NULL where ``[dead_letter] include_source_row`` leaves it
 #: out), added by guard_sql: what a ``sql_error`` dead letter's failing value was
 SOURCE_ROW = "_source_row"
-#: a row's release time under ``WATERMARK_TS()`` (µs; NULL: never released), added by sql/release.py
+#: a row's release time under ``WATERMARK_TS()`` (µs; NULL: never released), added by sql/release_plan.py
 RELEASE_COLUMN = "_release_us"
 #: a row pipeline's hidden column: the row's ``_event_ts`` in µs, appended beside
 #: ``RELEASE_COLUMN`` (release order and the output watermark read it; the SELECT may drop ``_event_ts``)
 EVENT_US = "_event_us"
 
-# --- a batch's own values as columns (spark/batch_values.py; µs, bounds NULL before a watermark) ---
+# --- a batch's own values as columns (spark/batch/batch_values.py; µs, bounds NULL before a watermark) ---
 
 #: the batch's processing time (µs), joined onto every row by with_batch_values
 BATCH_TIME = "_batch_time_us"
@@ -66,7 +66,7 @@ EMITTED_BEFORE = "_emitted_before_us"
 #: the batch-value columns, in the order with_batch_values adds them
 BATCH_VALUES = (BATCH_TIME, CLOSED_BEFORE, EMITTED_BEFORE)
 
-# --- the window plans' helper columns (spark/batch_columns.py, spark/windows/) -------------------
+# --- the window plans' helper columns (spark/batch/batch_columns.py, spark/plans/windows/) -------------------
 
 #: the event time in µs (BIGINT), added by the batch's classification and the window plans
 TS = "_ts"
@@ -85,7 +85,7 @@ LAST = "_last"
 #: the row's first window start not yet closed (µs), fixed plan
 FIRST_OPEN = "_first_open"
 #: the one grouping column of a row's window start or, for a row that updates no window, a code of
-#: its class, fixed plan (spark/windows/kind_plan.py: ``class_slot``)
+#: its class, fixed plan (spark/plans/windows/kind_plan.py: ``class_slot``)
 SLOT = "_slot"
 #: the event time's bucket (``t // cap``) a session is found in, session plan
 BUCKET = "_bucket"
@@ -93,13 +93,13 @@ BUCKET = "_bucket"
 NEW_SESSION = "_new"
 #: a session's index in its bucket (meaningless outside the batch), session plan
 SESSION_INDEX = "_sid"
-#: per-source hidden result columns ``<prefix><source index>`` (several sources): its rows, spark/batch_columns.py
+#: per-source hidden result columns ``<prefix><source index>`` (several sources): its rows, spark/batch/batch_columns.py
 SOURCE_ROWS_PREFIX = "_rows_"
-#: per-source hidden result columns ``<prefix><source index>``: its newest valid event time (µs), spark/batch_columns.py
+#: per-source hidden result columns ``<prefix><source index>``: its newest valid event time (µs), spark/batch/batch_columns.py
 SOURCE_MAX_PREFIX = "_max_"
-#: an aggregation's partial columns ``<prefix><aggregation index>`` (and the aggregator's suffixes), spark/plan.py
+#: an aggregation's partial columns ``<prefix><aggregation index>`` (and the aggregator's suffixes), spark/plans/window_plan.py
 PARTIAL_PREFIX = "_p"
-#: an aggregation's input projected before the groupBy, ``<prefix><n>``, spark/plan.py
+#: an aggregation's input projected before the groupBy, ``<prefix><n>``, spark/plans/window_plan.py
 INPUT_PREFIX = "_in"
 #: hidden result column every kind provides: the rows of the group
 ROWS = "_n"
@@ -108,9 +108,9 @@ LATE_ASSIGNMENTS = "_late_assignments"
 #: hidden result column (under ``reopen``): the rows that reopen windows emitted before the batch
 REOPENED = "_reopened"
 
-# --- window rows written to targets (spark/convert.py, targets/) ----------------------------------
+# --- window rows written to targets (spark/batch/convert.py, targets/) ----------------------------------
 
-#: a window row's kind, one of FINAL, CORRECTION, RETRACT, added by spark/convert.py
+#: a window row's kind, one of FINAL, CORRECTION, RETRACT, added by spark/batch/convert.py
 EMIT_KIND = "_emit_kind"
 #: a row's order within its batch (session windows, whose batches may retract rows: docs/contract/emission.md)
 EMIT_SEQ = "_emit_seq"

@@ -15,14 +15,14 @@ from typing import Any, Iterator
 
 from ematix_dagster.errors import CorruptCheckpoint, CorruptState, StateVersionError
 from ematix_dagster.fingerprint import describe_changes, fingerprint, fingerprint_doc
-from ematix_dagster.spark import checkpoint
+from ematix_dagster.spark.input import checkpoint
 from ematix_dagster.spark.recovery import Problem, validate_checkpoint
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.stores import make_store
 from ematix_dagster.streaming.kinds import window_kind
 from ematix_dagster.streaming.kinds.time_units import format_us
-from state_store.base import PendingSummary, PipelineRecord, StateStore, make_holder
 from state_store.codec import STATE_VERSION
+from state_store.contract import PendingSummary, PipelineRecord, StateStore, make_holder
 from state_store.segment_replay import replayed
 
 
@@ -174,7 +174,7 @@ def summary(spec: PipelineSpec, windows: bool = True) -> dict[str, Any]:
 
 def _skipped(spec: PipelineSpec, record: PipelineRecord | None) -> dict[str, int]:
     """Per redis_stream source, the trimmed entries ``on_trimmed = "skip"`` went past (its offsets count them)."""
-    from ematix_dagster.spark.redis_source import skipped_entries
+    from ematix_dagster.spark.sources.redis_source import skipped_entries
 
     offsets = record.offsets if record else {}
     return {s.name: skipped_entries(offsets[s.name]) for s in spec.sources

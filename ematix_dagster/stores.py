@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ematix_dagster.spec import PipelineSpec, StateStoreConfig
 from state_store import create_store
-from state_store.base import StateStore
+from state_store.contract import StateStore
 
 DEFAULT_SQLITE_PATH = ".ematix/state.db"
 

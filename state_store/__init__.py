@@ -54,7 +54,7 @@ Decisions shared by the three stores:
 
 from __future__ import annotations
 
-from state_store.base import (
+from state_store.contract import (
     BatchCommit,
     PendingRow,
     PendingSummary,
@@ -80,7 +80,7 @@ def create_store(kind: str, *, path: str | None = None, url: str | None = None, 
             raise ValueError("a sqlite state store needs a path")
         return SqliteStateStore(path)
     if kind == "postgres":
-        from state_store.postgres import PostgresStateStore
+        from state_store.postgres_store import PostgresStateStore
 
         if not url:
             raise ValueError("a postgres state store needs a url")

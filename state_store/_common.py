@@ -8,7 +8,7 @@ import re
 from typing import Any, Callable, Iterable
 
 from state_store import codec, whole_window
-from state_store.base import BatchCommit, PipelineRecord, SourceProgress
+from state_store.contract import BatchCommit, PipelineRecord, SourceProgress
 from state_store.errors import RESTORE_OR_RESET, CorruptState, LeaseHeld, StateVersionError
 from state_store.names import PIPELINES_TABLE
 from state_store.pending import check_pending

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from state_store import pending
 from state_store._common import check_batch, check_record_version, lease_held
-from state_store.base import BatchCommit, PendingRow, PendingSummary, PipelineRecord, RecoveredState, StateStore
+from state_store.contract import BatchCommit, PendingRow, PendingSummary, PipelineRecord, RecoveredState, StateStore
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Pending rows (schema step 7, ``WATERMARK_TS()``): a commit's checks, and the SQL of both databases.
 
 A pending row is an output row held back until the watermark reaches its release time
-(``state_store.base.PendingRow``), keyed by ``(release_us, arrival_batch, seq)``, the release
+(``state_store.contract.PendingRow``), keyed by ``(release_us, arrival_batch, seq)``, the release
 order (``state_store.migrations``, step 7). Decisions shared by the three stores:
 
 * A commit inserts ``BatchCommit.pending_inserts``, then deletes ``BatchCommit.pending_released``
@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import psycopg
 from psycopg import sql
 
-from state_store.base import BatchCommit, PendingRow, PendingSummary
+from state_store.contract import BatchCommit, PendingRow, PendingSummary
 from state_store.errors import RESTORE_OR_RESET, CorruptState
 from state_store.migrations import sqlite_names
 

@@ -2,8 +2,8 @@
 
 Stores of schema 7 and older hold state rows; commits no longer write any (they append segments,
 ``state_store.segment_rows``), so rows are only read on load, rewritten by ``migrate_state`` and
-deleted. Kept beside ``state_store.postgres`` (the store's lifecycle, leases and commit) so that
-module stays small. Rows are ``(window_start, window_end, key, blob)`` (``state_store.base``); their
+deleted. Kept beside ``state_store.postgres_store`` (the store's lifecycle, leases and commit) so that
+module stays small. Rows are ``(window_start, window_end, key, blob)`` (``state_store.contract``); their
 ``emitted`` flags (schema step 5) and last written rows (``written_row``, schema step 6) travel
 beside them, keyed by ``(window_start, key)``.
 """

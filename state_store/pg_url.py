@@ -5,7 +5,7 @@ A URL may hold a password. It never appears in a description, a log line or an e
 * ``parse_url`` reads a URL (``postgresql://...`` or ``key=value`` conninfo) and registers its
   password, so ``redact`` removes it from any text afterwards, whatever produced that text;
 * ``redact`` also removes passwords written in URL, query-string and ``password=`` form;
-* a log filter on the ``psycopg``, ``psycopg.pool`` and ``state_store.postgres`` loggers redacts
+* a log filter on the ``psycopg``, ``psycopg.pool`` and ``state_store.postgres_store`` loggers redacts
   every record once a password is known;
 * ``describe`` names the server without the password (and without details when the URL does not
   parse: psycopg's text may echo it); ``server_address`` without the user either (Dagster metadata).
@@ -38,7 +38,7 @@ _KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORE
 _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&\s]*", re.IGNORECASE)
 
 #: The loggers whose records are redacted (the driver's, its pool's and the store's).
-REDACTED_LOGGERS = ("psycopg", "psycopg.pool", "state_store.postgres")
+REDACTED_LOGGERS = ("psycopg", "psycopg.pool", "state_store.postgres_store")
 
 
 #: a password this short cannot be cut out of a text without garbling it: the text is withheld

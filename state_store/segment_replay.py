@@ -15,8 +15,8 @@ import heapq
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence, cast
 
-from state_store.base import RecoveredState
 from state_store.codec import encode_state
+from state_store.contract import RecoveredState
 from state_store.segments import Segment, decode_segment
 
 #: (window_start, key bytes) -> (window end, accumulators, emitted flag or None, written row or None)

@@ -21,7 +21,7 @@ import sqlite3
 
 from psycopg import sql
 
-from state_store.base import BatchCommit
+from state_store.contract import BatchCommit
 from state_store.migrations import sqlite_names
 
 _N = sqlite_names()

@@ -43,7 +43,7 @@ from state_store._common import (
     sources_to_json,
     where,
 )
-from state_store.base import BatchCommit, PendingRow, PendingSummary, RecoveredState, StateStore
+from state_store.contract import BatchCommit, PendingRow, PendingSummary, RecoveredState, StateStore
 from state_store.errors import CorruptState, StorePermissionError, StoreUnavailable
 from state_store.loaded_groups import gc_paused
 from state_store.private_files import PRIVATE, create_private, warn_if_shared

@@ -14,7 +14,7 @@ from tests.pg import drop_schema, ensure_postgres, fresh_schema
 
 @pytest.fixture(scope="session")
 def spark():
-    from ematix_dagster.spark.session import get_spark
+    from ematix_dagster.spark.spark_session import get_spark
 
     session = get_spark("ematix-tests")
     yield session

@@ -19,8 +19,8 @@ import dagster as dg
 from ematix_dagster.fingerprint import fingerprint, fingerprint_doc
 from ematix_dagster.spec import Aggregation, PipelineSpec, Run, Source, StateStoreConfig, Target, Window
 from ematix_dagster.stores import make_store
-from state_store.base import BatchCommit, PipelineRecord, SourceProgress, make_holder
 from state_store.codec import STATE_VERSION
+from state_store.contract import BatchCommit, PipelineRecord, SourceProgress, make_holder
 from tests.state_store.legacy_rows import write_rows
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ematix_dagster.cli import main
-from ematix_dagster.spark.readers import kafka_options
+from ematix_dagster.spark.sources.readers import kafka_options
 from ematix_dagster.spec import load_pipeline, load_pipeline_str
 from tests.spec.toml_samples import DELETE, ROW_TOML, mutated_toml
 

@@ -178,9 +178,9 @@ def _in(module: str, prefixes: tuple[str, ...]) -> bool:
 
 def test_the_import_graph_is_found():
     graph = _import_graph()
-    assert {"ematix_dagster.spark.readers", "ematix_dagster.spark.input_files", "ematix_dagster.spark.read_errors",
+    assert {"ematix_dagster.spark.sources.readers", "ematix_dagster.spark.input.input_files", "ematix_dagster.spark.failures.read_errors",
             "state_store.names", "pipelines.definitions"} <= set(graph)
-    assert "ematix_dagster.spark.read_errors" in graph["ematix_dagster.spark.failures"]
+    assert "ematix_dagster.spark.failures.read_errors" in graph["ematix_dagster.spark.failures.classify"]
     assert "state_store.names" in graph["state_store.migrations"]
 
 
@@ -221,18 +221,18 @@ def test_streaming_imports_no_spark():
 
 
 def test_input_files_reads_and_the_batch_step_retries():
-    """``spark/input_files.py`` returns frames and left-out files to the batch step, which owns the
+    """``spark/input/input_files.py`` returns frames and left-out files to the batch step, which owns the
     retries: it imports neither the batch step nor what a batch produces (``streaming``)."""
-    path = ROOT / "ematix_dagster" / "spark" / "input_files.py"
-    above = ("ematix_dagster.streaming", "ematix_dagster.spark.batch", "ematix_dagster.spark.runner")
+    path = ROOT / "ematix_dagster" / "spark" / "input" / "input_files.py"
+    above = ("ematix_dagster.streaming", "ematix_dagster.spark.batch.batch_step", "ematix_dagster.spark.runner")
     offending = [f"line {line}: imports {name}" for line, name in _imports(path) if _in(name, above)]
     assert not offending, "input_files must not drive the batch:\n" + "\n".join(offending)
 
 
 def test_classifying_a_failure_loads_no_spark():
-    """The CLI and the Dagster asset module import ``spark.failures`` when they load; that must not
+    """The CLI and the Dagster asset module import ``spark.failures.classify`` when they load; that must not
     start importing pyspark (``read_errors`` reads Spark's texts only)."""
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import ematix_dagster.spark.failures; "
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import ematix_dagster.spark.failures.classify; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'py4j')))")
     out = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
@@ -271,7 +271,7 @@ def test_sql_imports_only_sqlglot_and_the_bottom():
             outside = top not in project and top not in sys.stdlib_module_names and top not in ("sqlglot", "__future__")
             if outside or (top in project and not _in(name, allowed)):
                 offending.append(f"{path.relative_to(ROOT)}:{line}: imports {name}")
-    assert (ROOT / "ematix_dagster" / "sql" / "release.py").exists()
+    assert (ROOT / "ematix_dagster" / "sql" / "release_plan.py").exists()
     assert not offending, "sql must import only sqlglot, the standard library, errors and columns:\n" + \
         "\n".join(offending)
 
@@ -299,7 +299,7 @@ def test_the_spec_registries_are_explicit_and_need_no_streaming():
 def test_state_store_modules_are_found():
     modules = sorted((ROOT / BOTTOM).rglob("*.py"))
     names = {p.name for p in modules}
-    assert {"__init__.py", "base.py", "codec.py", "postgres.py", "sqlite.py", "memory.py"} <= names
+    assert {"__init__.py", "contract.py", "codec.py", "postgres_store.py", "sqlite.py", "memory.py"} <= names
 
 
 def test_state_store_imports_nothing_above_it():
@@ -334,7 +334,7 @@ def test_the_dagster_layer_re_exports_the_store_errors():
 
 def test_a_bad_store_setting_is_a_config_error_without_the_password():
     from state_store.errors import ConfigError, StoreConfigError
-    from state_store.postgres import PostgresStateStore
+    from state_store.postgres_store import PostgresStateStore
 
     with pytest.raises(StoreConfigError, match=r"^state_store\.schema: must be a non-empty schema name$"):
         PostgresStateStore("postgresql://u@h/db", "")

@@ -22,7 +22,7 @@ from ematix_dagster.backfill.lock import backfill_lock
 from ematix_dagster.backfill.range import BackfillRange
 from ematix_dagster.errors import BackfillRefused
 from ematix_dagster.spec import PipelineSpec
-from ematix_dagster.targets.postgres import PostgresDeadLetterWriter, PostgresWindowWriter
+from ematix_dagster.targets.postgres_target import PostgresDeadLetterWriter, PostgresWindowWriter
 
 
 @dataclass

@@ -42,7 +42,7 @@ from ematix_dagster.dagster.translator import EmatixTranslator
 from ematix_dagster.dagster.versions import batch_provenance
 from ematix_dagster.dagster.watcher import DEFAULT_WATCH_INTERVAL_SECONDS, RunWatcher
 from ematix_dagster.errors import CheckpointDiverged, LeaseHeld
-from ematix_dagster.spark.failures import classify
+from ematix_dagster.spark.failures.classify import classify
 from ematix_dagster.spec import PipelineSpec, spec_warnings
 
 log = logging.getLogger("ematix_dagster")

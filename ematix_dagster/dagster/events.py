@@ -13,7 +13,7 @@ from typing import Any, Callable, Generator, Iterable, Iterator, Mapping, Option
 import dagster as dg
 
 from ematix_dagster.dagster.versions import batch_data_version
-from ematix_dagster.spark.batch_report import BatchReport, RowCounts
+from ematix_dagster.spark.batch.batch_report import BatchReport, RowCounts
 from ematix_dagster.streaming.kinds import format_us
 
 DEFAULT_THROTTLE_SECONDS = 10.0

@@ -31,7 +31,7 @@ class EmatixSparkResource(LazyPySparkResource):
 
     As in ``LazyPySparkResource``, the session is created on the first access to
     :attr:`spark_session` inside a step (so a checks or migration run never starts a JVM); this
-    resource builds it with ematix's settings (:func:`ematix_dagster.spark.session.get_spark`).
+    resource builds it with ematix's settings (:func:`ematix_dagster.spark.spark_session.get_spark`).
     When a SparkSession is already active in the process (a test session, a notebook) it is reused
     and never stopped. A session this resource created is stopped after the step, together with
     any streaming query still active in it (dagster-pyspark never stops its session).
@@ -66,7 +66,7 @@ class EmatixSparkResource(LazyPySparkResource):
         if existing is not None:
             self._spark_session, self._created = existing, False
         else:
-            from ematix_dagster.spark.session import get_spark
+            from ematix_dagster.spark.spark_session import get_spark
 
             self._spark_session = get_spark(self.app_name, self.master, dict(self.spark_config))
             self._created = True

@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ematix_dagster.columns import HEARTBEAT
-from ematix_dagster.spark import checkpoint
+from ematix_dagster.spark.input import checkpoint
 from ematix_dagster.spec import PipelineSpec
-from state_store.base import PipelineRecord
 from state_store.codec import STATE_VERSION
+from state_store.contract import PipelineRecord
 
 RESET = "or start over with `ematix-dagster reset PIPELINE.toml --yes` (deletes the state and the checkpoint, " \
         "never the target; the input is then processed again from the start)"

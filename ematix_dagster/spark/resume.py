@@ -22,11 +22,11 @@ import uuid
 
 from ematix_dagster.columns import HEARTBEAT
 from ematix_dagster.errors import CheckpointDiverged
-from ematix_dagster.spark import checkpoint
+from ematix_dagster.spark.input import checkpoint
 from ematix_dagster.spark.recovery import offset_names, unseekable
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.stores import make_store
-from state_store.base import PipelineRecord, make_holder
+from state_store.contract import PipelineRecord, make_holder
 
 
 def resume_from_store(spec: PipelineSpec) -> str:

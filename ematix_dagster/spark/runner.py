@@ -2,8 +2,8 @@
 
 This module owns the query's lifetime: preflight (lease, fingerprint, checkpoint checks), start,
 the ``foreachBatch`` callback's locking, stop and cleanup. What one micro-batch does is
-:class:`~ematix_dagster.spark.batch.BatchStep`, with the engine call of the pipeline's shape
-(``spark.engine_calls``). Blocking py4j calls (waiting for the query) run on a background thread and batch reports travel
+:class:`~ematix_dagster.spark.batch.batch_step.BatchStep`, with the engine call of the pipeline's shape
+(``spark.batch.engine_calls``). Blocking py4j calls (waiting for the query) run on a background thread and batch reports travel
 through a queue, so the caller's thread (the CLI, or a Dagster step that may be interrupted)
 never sits inside py4j (docs/dagster.md).
 """
@@ -27,20 +27,20 @@ from ematix_dagster.errors import (
 )
 from ematix_dagster.fingerprint import describe_changes, fingerprint, fingerprint_doc
 from ematix_dagster.metrics import StreamingMetrics, default_metrics, serve
-from ematix_dagster.spark import checkpoint
-from ematix_dagster.spark.batch import BatchStep
-from ematix_dagster.spark.batch_report import BatchReport
-from ematix_dagster.spark.engine_calls import engine_call
-from ematix_dagster.spark.failures import classify, query_failure
-from ematix_dagster.spark.quiet import QuietFailures
-from ematix_dagster.spark.readers import union_sources
+from ematix_dagster.spark.batch.batch_report import BatchReport
+from ematix_dagster.spark.batch.batch_step import BatchStep
+from ematix_dagster.spark.batch.engine_calls import engine_call
+from ematix_dagster.spark.failures.classify import classify, query_failure
+from ematix_dagster.spark.failures.quiet import QuietFailures
+from ematix_dagster.spark.input import checkpoint
 from ematix_dagster.spark.recovery import validate_checkpoint
-from ematix_dagster.spark.session import get_spark
+from ematix_dagster.spark.sources.readers import union_sources
+from ematix_dagster.spark.spark_session import get_spark
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.stores import guarantee, make_store
 from ematix_dagster.streaming.durable import Provenance
 from ematix_dagster.targets import DeadLetterWriter, RowWriter, WindowWriter, make_dead_letter_writer
-from state_store.base import RecoveredState, StateStore, make_holder
+from state_store.contract import RecoveredState, StateStore, make_holder
 
 
 class _BatchAbandoned(Exception):

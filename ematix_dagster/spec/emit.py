@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ematix_dagster.spec.rules import _fail, _positive
 from ematix_dagster.spec.window import WINDOW_KINDS, Window
 from ematix_dagster.sql.emit_query import emit_plan
-from ematix_dagster.sql.release import WATERMARK_TS
+from ematix_dagster.sql.release_plan import WATERMARK_TS
 
 _CALL = f"{WATERMARK_TS}()"
 

@@ -28,7 +28,7 @@ from ematix_dagster.spec.sinks import DeadLetter, Target
 from ematix_dagster.spec.sources import Source
 from ematix_dagster.spec.type_checks import _check_types
 from ematix_dagster.spec.window import WINDOW_KINDS, Window
-from ematix_dagster.sql.release import WATERMARK_TS, uses_watermark_ts
+from ematix_dagster.sql.release_plan import WATERMARK_TS, uses_watermark_ts
 
 
 @dataclass(frozen=True)

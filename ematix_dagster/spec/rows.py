@@ -23,7 +23,7 @@ from typing import ClassVar
 from ematix_dagster.columns import BATCH_ID, EVENT_TS
 from ematix_dagster.spec.rules import _fail, _is_ident, _positive, _validate_watermark
 from ematix_dagster.spec.sinks import Target
-from ematix_dagster.sql.release import WATERMARK_TS, release_plan
+from ematix_dagster.sql.release_plan import WATERMARK_TS, release_plan
 
 _CALL = f"{WATERMARK_TS}()"
 

@@ -108,7 +108,7 @@ class Source:
     header: bool | None = None
     #: files only: what a file that cannot be read (truncated, not in its format, a column of another
     #: type) does to the run. None means "fail": stop, naming the file (terminal); "skip": leave the
-    #: file out of its batch, count it and record it in the dead letters (``spark.input_files.InputFiles``).
+    #: file out of its batch, count it and record it in the dead letters (``spark.input.input_files.InputFiles``).
     on_unreadable_file: str | None = None
     #: redis_stream (docs/contract/redis-streams.md). ``url`` is expanded by the reader, never by
     #: :meth:`PipelineSpec.resolved`: a password in it must not reach Spark's options.

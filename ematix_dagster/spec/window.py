@@ -258,7 +258,7 @@ class WindowKindSpec:
     #: a time range's boundaries never cut a window, so ``[backfill]`` can rewrite the windows in it
     backfills: ClassVar[bool] = False
     #: a row is late exactly when its one window is, so the driver can decide lateness without
-    #: joining the batch values to every row (``spark.windows.driver_late``)
+    #: joining the batch values to every row (``spark.plans.windows.driver_late``)
     late_on_driver: ClassVar[bool] = False
 
     @classmethod

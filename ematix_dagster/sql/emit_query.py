@@ -2,7 +2,7 @@
 
 ``[emit] sql`` delays a windowed pipeline's rows: it is exactly ``SELECT * FROM windows WHERE
 <predicate>``, the predicate calling ``WATERMARK_TS()`` as a row pipeline's WHERE does, and it is
-read by the same :func:`~ematix_dagster.sql.release.release_plan`. What is checked here is what
+read by the same :func:`~ematix_dagster.sql.release_plan.release_plan`. What is checked here is what
 makes it an emission schedule rather than a filter of values:
 
 - the shape: ``SELECT *`` over the view ``windows`` and nothing else (no projection, join or
@@ -33,7 +33,7 @@ from sqlglot import exp
 from ematix_dagster.errors import PipelineConfigError
 from ematix_dagster.sql.grammar import check_predicate
 from ematix_dagster.sql.parsing import parse_statement, text
-from ematix_dagster.sql.release import WATERMARK_TS, ReleasePlan, release_plan
+from ematix_dagster.sql.release_plan import WATERMARK_TS, ReleasePlan, release_plan
 
 #: the view the ``[emit] sql`` reads: the pipeline's emitted rows
 VIEW = "windows"

@@ -2,7 +2,7 @@
 the query a node sits.
 
 The SQL is parsed once, by sqlglot, as Spark 4 runs it with ANSI mode on (:class:`AnsiSpark`), and
-printed back in that dialect, so a query rewritten here (``release``) or there (``spark.safe_sql``)
+printed back in that dialect, so a query rewritten here (``release``) or there (``spark.plans.safe_sql``)
 reads the same when the next step parses it again. Every problem is a ``PipelineConfigError`` that
 names the key the SQL came from (``transform.sql``, ``emit.sql``).
 

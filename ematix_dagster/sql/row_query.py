@@ -16,7 +16,7 @@ from sqlglot import exp
 
 from ematix_dagster.columns import EVENT_TS, EVENT_US
 from ematix_dagster.sql.parsing import parse_statement, text, top_selects
-from ematix_dagster.sql.release import ReleasePlan, release_plan
+from ematix_dagster.sql.release_plan import ReleasePlan, release_plan
 
 
 def row_query(sql: str, key: str = "transform.sql") -> tuple[str, ReleasePlan | None]:

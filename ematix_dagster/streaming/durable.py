@@ -26,7 +26,6 @@ from ematix_dagster.streaming.kinds.kind_state import (
 )
 from ematix_dagster.streaming.micro_batch import Engine
 from ematix_dagster.streaming.watermark import Watermarks
-from state_store.base import BatchCommit, PipelineRecord, RecoveredState, SourceProgress
 from state_store.codec import (
     STATE_VERSION,
     decode_key,
@@ -37,6 +36,7 @@ from state_store.codec import (
     encode_state,
     encoded_key_array,
 )
+from state_store.contract import BatchCommit, PipelineRecord, RecoveredState, SourceProgress
 from state_store.errors import RESTORE_OR_RESET, CorruptState
 from state_store.loaded_groups import decode_groups, gc_paused
 from state_store.segment_replay import Live, SegmentFacts, SegmentSizes, dead_prefix, replay, replayed

@@ -1,7 +1,7 @@
 """What a batch emits, as the target's columns.
 
 A fixed window emits all its groups at once, tens of thousands of them in one batch: they go from
-the window state to the Arrow table the target writes (``spark.convert.rows_to_arrow``) as
+the window state to the Arrow table the target writes (``spark.batch.convert.rows_to_arrow``) as
 columns (``streaming.emission``), where a Python object per row cost more than merging the
 batch. :class:`EmittedRow` is for the few rows built one by one (a session's retractions).
 

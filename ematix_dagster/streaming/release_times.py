@@ -1,7 +1,7 @@
 """The release time of each emitted row under ``[emit] sql``, computed over the rows' Arrow table
 (docs/contract/delayed-windows.md).
 
-The predicate's OR branches (``sql.release``: a guard, and an upper bound on ``WATERMARK_TS()``)
+The predicate's OR branches (``sql.release_plan``: a guard, and an upper bound on ``WATERMARK_TS()``)
 give a row its release time: the least bound of the branches whose guard is TRUE, the bound in µs
 (+1 for a strict ``<``), :data:`RELEASE_NOW` for a branch without one, NULL when no guard is TRUE.
 The batch computes it here, in its driver callback, over the table it writes the target from: a second
@@ -16,7 +16,7 @@ divisor an error. An expression that fails on a row is :class:`RowFailed`, namin
 position: a window's row is never dead-lettered, so the batch stops with a terminal error naming it.
 
 >>> import pyarrow as pa
->>> from ematix_dagster.sql.release import ReleaseBranch
+>>> from ematix_dagster.sql.release_plan import ReleaseBranch
 >>> times = ReleaseTimes((ReleaseBranch("k = 'b'", "window_end + INTERVAL 1 SECOND", False),
 ...                       ReleaseBranch("k <> 'b'", None, False)), ("window_end", "k"))
 >>> rows = pa.table({"window_end": pa.array([10, 20, 30], pa.timestamp("us", "UTC")), "k": ["b", "a", None]})
@@ -40,7 +40,7 @@ from sqlglot import exp
 
 from ematix_dagster.sql.grammar import interval_us, timestamp_literal
 from ematix_dagster.sql.parsing import AnsiSpark
-from ematix_dagster.sql.release import RELEASE_NOW, ReleaseBranch
+from ematix_dagster.sql.release_plan import RELEASE_NOW, ReleaseBranch
 
 Value = Union[pa.Array, pa.Scalar]
 _INT32 = 2**31

@@ -2,17 +2,17 @@
 
 A row pipeline's batch hands the driver its SQL's output rows, each with its event time in µs
 (:data:`~ematix_dagster.columns.EVENT_US`) and, under ``WATERMARK_TS()``, its release time
-(:data:`~ematix_dagster.columns.RELEASE_COLUMN`, computed once in Spark by ``sql.release``).
+(:data:`~ematix_dagster.columns.RELEASE_COLUMN`, computed once in Spark by ``sql.release_plan``).
 :meth:`RowEngine.process` advances the watermark W, then:
 
 - a row whose release time is NULL is never released: it is counted (``not_released``) and dropped;
 - a row whose release time W has reached (or ``RELEASE_NOW``) is written in this batch;
-- any other row is held back: a :class:`~state_store.base.PendingRow` the batch's commit inserts;
+- any other row is held back: a :class:`~state_store.contract.PendingRow` the batch's commit inserts;
 - held rows W has reached now come back from the store (``load_due``) and are written too, and
   the commit deletes every held row due by W at once.
 
 The due rule, the cap, the output watermark and the commit's shape are the release rules every
-held row follows (``streaming.release``).
+held row follows (``streaming.release_rules``).
 
 The batch's rows leave ordered by (release time, arrival batch, event time, values in SELECT order),
 so a replay writes the same file. A held row keeps its values as the store's codec encodes them
@@ -39,11 +39,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ematix_dagster.columns import EVENT_US, RELEASE_COLUMN
-from ematix_dagster.sql.release import RELEASE_NOW
-from ematix_dagster.streaming.release import PendingCap, PendingChanges, due, output_watermark
+from ematix_dagster.sql.release_plan import RELEASE_NOW
+from ematix_dagster.streaming.release_rules import PendingCap, PendingChanges, due, output_watermark
 from ematix_dagster.streaming.watermark import Watermarks
-from state_store.base import PendingRow
 from state_store.codec import decode_row, encode_row
+from state_store.contract import PendingRow
 
 #: the release order's hidden column besides the row's own (dropped before the target sees them)
 ARRIVAL = "_arrival_batch"

@@ -91,13 +91,13 @@ import pyarrow as pa
 from ematix_dagster.columns import EMIT_KIND
 from ematix_dagster.errors import PipelineConfigError
 from ematix_dagster.spec import DeadLetter, Target
-from ematix_dagster.targets.base import DeadLetterWriter, RowWriter, WindowWriter
 from ematix_dagster.targets.console import ConsoleWriter
 from ematix_dagster.targets.parquet import ParquetWriter
 from ematix_dagster.targets.pg_table import PostgresTable
 from ematix_dagster.targets.pg_types import postgres_type
-from ematix_dagster.targets.postgres import PostgresDeadLetterWriter, PostgresWindowWriter
 from ematix_dagster.targets.postgres_rows import PostgresRowWriter
+from ematix_dagster.targets.postgres_target import PostgresDeadLetterWriter, PostgresWindowWriter
+from ematix_dagster.targets.writer import DeadLetterWriter, RowWriter, WindowWriter
 from state_store.pg_url import redact as redact_url
 
 __all__ = [

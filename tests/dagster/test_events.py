@@ -7,7 +7,7 @@ import dataclasses
 import dagster as dg
 
 from ematix_dagster.dagster.events import EmatixEventIterator
-from ematix_dagster.spark.batch_report import BatchReport, RowCounts, WindowCounts
+from ematix_dagster.spark.batch.batch_report import BatchReport, RowCounts, WindowCounts
 
 KEY = dg.AssetKey(["ematix", "t"])
 T0 = 1_767_225_600  # 2026-01-01T00:00:00Z, epoch seconds

@@ -22,7 +22,7 @@ from ematix_dagster.dagster import (
 from ematix_dagster.dagster.events import EmatixEventIterator
 from ematix_dagster.dagster.lineage import output_schema_metadata
 from ematix_dagster.metrics import default_metrics
-from ematix_dagster.spark.batch import BatchStep, EngineCall
+from ematix_dagster.spark.batch.batch_step import BatchStep, EngineCall
 from ematix_dagster.spec import PipelineSpec, Source, Target
 from ematix_dagster.streaming.durable import Provenance
 from ematix_dagster.targets import WindowWriter

@@ -23,8 +23,8 @@ from ematix_dagster.stores import make_store
 from ematix_dagster.streaming.durable import restore_engine
 from ematix_dagster.streaming.micro_batch import Engine
 from state_store import migrations
-from state_store.base import BatchCommit, PipelineRecord, SourceProgress, StateStore
 from state_store.codec import STATE_VERSION, encode_key, encode_state
+from state_store.contract import BatchCommit, PipelineRecord, SourceProgress, StateStore
 from tests.pipeline_toml import postgres_store, sqlite_store, windowed_pipeline_toml
 from tests.state_store.legacy_rows import write_rows
 

@@ -16,7 +16,7 @@ import tomli_w
 from prometheus_client import CollectorRegistry
 
 from ematix_dagster.metrics import StreamingMetrics
-from ematix_dagster.spark.checkpoint import read_offsets, source_log
+from ematix_dagster.spark.input.checkpoint import read_offsets, source_log
 from ematix_dagster.spark.runner import PipelineRunner, RunSummary
 from ematix_dagster.spec import load_pipeline_str
 from tests import oracle

@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 import redis
 
-from ematix_dagster.spark.checkpoint import read_offsets
+from ematix_dagster.spark.input.checkpoint import read_offsets
 from tests import oracle
 from tests.e2e.lateness_helpers import us
 

@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import tomli_w
 
-from ematix_dagster.spark.rejects import MAX_KEY_BYTES
+from ematix_dagster.spark.batch.rejects import MAX_KEY_BYTES
 from ematix_dagster.spec import load_pipeline_str
 from tests.e2e.lateness_helpers import files_source, metric, run
 from tests.e2e.test_rejected_rows import hopping_into_postgres

@@ -12,7 +12,7 @@ import pytest
 
 from ematix_dagster.errors import CorruptCheckpoint, CorruptState
 from ematix_dagster.operations import check
-from ematix_dagster.spark import checkpoint
+from ematix_dagster.spark.input import checkpoint
 from tests.e2e.corrupt_state_setup import (  # noqa: F401 - setup_fixture is the setup fixture
     GOOD,
     INTEGRAL,

@@ -7,8 +7,8 @@ import pytest
 
 from ematix_dagster.cli import main
 from ematix_dagster.operations import check, migrate, summary
-from state_store.base import BatchCommit
 from state_store.codec import encode_key
+from state_store.contract import BatchCommit
 from state_store.segments import FORMAT_VERSION, MAGIC, Segment, encode_segment
 from tests.e2e.corrupt_state_setup import (  # noqa: F401 - setup_fixture is the setup fixture
     PIPELINE,

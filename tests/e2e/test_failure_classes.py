@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from ematix_dagster import errors
 from ematix_dagster.cli import main
 from ematix_dagster.metrics import StreamingMetrics
-from ematix_dagster.spark.failures import classify
+from ematix_dagster.spark.failures.classify import classify
 from ematix_dagster.spark.runner import PipelineRunner
 from ematix_dagster.spec import load_pipeline_str
 from state_store.sqlite import SqliteStateStore

@@ -187,7 +187,7 @@ def test_tumbling_lateness_on_the_driver_with_future_rows_and_two_sources(spark,
                                                                            policy):
     """The plan without batch values: late windows are classed on the driver, and a batch whose
     newest event time may be in the future runs the exact way (batch 2 here)."""
-    from ematix_dagster.spark import window_call as batch_module
+    from ematix_dagster.spark.batch import window_call as batch_module
 
     calls = {"driver": 0, "exact": 0}
 

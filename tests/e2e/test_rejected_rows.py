@@ -20,7 +20,7 @@ import pyarrow as pa
 import pytest
 import tomli_w
 
-from ematix_dagster.spark.rejects import MAX_KEY_BYTES
+from ematix_dagster.spark.batch.rejects import MAX_KEY_BYTES
 from ematix_dagster.spec import load_pipeline_str
 from tests.e2e.lateness_helpers import metric, run
 from tests.pipeline_toml import postgres_dead_letter, postgres_target, sqlite_store, windowed_pipeline_toml
@@ -156,10 +156,10 @@ def test_a_data_error_the_guard_cannot_catch_is_terminal_and_names_the_input(spa
 def test_a_tumbling_batch_without_batch_values_rejects_by_the_same_rules(spark, tmp_path, batch_files, pg_dsn,
                                                                          pg_schema, monkeypatch):
     """A tumbling pipeline without SQL runs the plan whose lateness the driver decides
-    (``spark.windows.driver_late``), which writes the rejection rules straight into its grouping
+    (``spark.plans.windows.driver_late``), which writes the rejection rules straight into its grouping
     slot: the rejected rows are counted and dead-lettered as the exact plan would, and the newest
     of them, whose event time is valid, moves the watermark (lateness 0: to that event time)."""
-    from ematix_dagster.spark import window_call as batch_module
+    from ematix_dagster.spark.batch import window_call as batch_module
 
     driver_classed = []
     real = batch_module.late_windows

@@ -28,15 +28,15 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-from ematix_dagster.spark.convert import UTC_MICROS, rows_to_arrow
+from ematix_dagster.spark.batch.convert import UTC_MICROS, rows_to_arrow
 from ematix_dagster.spec import Aggregation, Target, Window, load_pipeline_str
 from ematix_dagster.streaming.durable import batch_commit, restore_engine
 from ematix_dagster.streaming.micro_batch import BatchInput, BatchResult, Engine, SourceStats
 from ematix_dagster.targets import make_window_writer
-from state_store.base import StateStore
 from state_store.codec import encode_key
+from state_store.contract import StateStore
 from state_store.memory import InMemoryStateStore
-from state_store.postgres import PostgresStateStore
+from state_store.postgres_store import PostgresStateStore
 from state_store.segment_replay import replayed
 from state_store.sqlite import SqliteStateStore
 from tests.e2e.lateness_helpers import Feed, files_source, make_spec, metric, read_batch_dirs, row, run, us

@@ -183,7 +183,7 @@ def _old_store(kind: str, tmp_path: Path, request):
     from psycopg import sql
     from psycopg.types.json import Jsonb
 
-    from state_store.postgres import PostgresStateStore
+    from state_store.postgres_store import PostgresStateStore
 
     dsn, schema = request.getfixturevalue("pg_dsn"), request.getfixturevalue("pg_schema")
     with psycopg.connect(dsn) as conn:
@@ -207,7 +207,7 @@ def _old_store(kind: str, tmp_path: Path, request):
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 def test_schema_steps_fill_window_end_and_drop_the_emitted_list(kind, tmp_path, request):
-    from state_store.base import BatchCommit, PipelineRecord
+    from state_store.contract import BatchCommit, PipelineRecord
 
     build, query = _old_store(kind, tmp_path, request)
     assert query("SELECT max(version) FROM ematix_streaming_schema_version") == [(OLD_STEPS,)]

@@ -31,9 +31,9 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from ematix_dagster.columns import CLOSED_BEFORE, EMITTED_BEFORE
-from ematix_dagster.spark.windows import PLANS
-from ematix_dagster.spark.windows.fixed_plan import FixedPlan
-from ematix_dagster.spark.windows.kind_plan import Aggregates, WindowedFrames
+from ematix_dagster.spark.plans.windows import PLANS
+from ematix_dagster.spark.plans.windows.fixed_plan import FixedPlan
+from ematix_dagster.spark.plans.windows.kind_plan import Aggregates, WindowedFrames
 from ematix_dagster.spec import Aggregation, Window
 from ematix_dagster.spec.window import WINDOW_KINDS, TumblingSpec
 from ematix_dagster.streaming.kinds import KINDS_BY_NAME, FixedKind, WindowBounds, WindowKind
@@ -144,7 +144,7 @@ def test_every_registered_kind_has_a_sample_and_a_spark_plan(name: str) -> None:
     assert spec in type(kind).specs and spec.name == name
     assert set(spec.own_keys) <= set(Window.__dataclass_fields__), spec.own_keys
     assert spec.id_column == kind.id_column
-    assert name in PLANS, f"window kind {name!r} has no Spark plan in ematix_dagster.spark.windows.PLANS"
+    assert name in PLANS, f"window kind {name!r} has no Spark plan in ematix_dagster.spark.plans.windows.PLANS"
     plan = PLANS[name]
     assert isinstance(plan.start_column, str) and isinstance(plan.sort_by_start, bool)
     assert (plan.last_column is None) == (SAMPLES[name][1] is not None)  # a state that takes lasts gets them
@@ -208,8 +208,8 @@ def test_a_window_is_final_only_once_closed() -> None:
                     assert kind.is_final(WindowBounds(start, end), result.watermark), (name, start, end)
 
 
-ENGINE_CORE = ("streaming/micro_batch.py", "streaming/durable.py", "spark/batch.py", "spark/convert.py",
-               "spark/plan.py", "spec/model.py", "spec/emit.py", "fingerprint.py")
+ENGINE_CORE = ("streaming/micro_batch.py", "streaming/durable.py", "spark/batch/batch_step.py", "spark/batch/convert.py",
+               "spark/plans/window_plan.py", "spec/model.py", "spec/emit.py", "fingerprint.py")
 
 
 @pytest.mark.parametrize("module", ENGINE_CORE)

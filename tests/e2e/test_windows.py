@@ -43,7 +43,7 @@ from tests.e2e.windows_helpers import (
 @pytest.fixture(params=["one_task", "spark_split"])
 def reads(request, spark):
     """How a batch of few bytes is read: in one task without a shuffle (the engine's way,
-    ``spark/batch_shuffle.py``), or as Spark splits files, with the partial aggregation's shuffle
+    ``spark/batch/batch_shuffle.py``), or as Spark splits files, with the partial aggregation's shuffle
     (any opening cost below the files' bytes)."""
     if request.param == "spark_split":
         spark.conf.set("spark.sql.files.openCostInBytes", "1")

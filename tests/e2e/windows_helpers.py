@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ematix_dagster.spark.checkpoint import source_log
+from ematix_dagster.spark.input.checkpoint import source_log
 from ematix_dagster.spark.runner import PipelineRunner
 from ematix_dagster.spec import load_pipeline_str
 

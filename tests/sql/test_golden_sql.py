@@ -1,9 +1,9 @@
 """Every SQL text the engine makes of the example pipelines is the committed one, byte for byte.
 
 The texts are what Spark runs or analyses: a windowed pipeline's ``[transform] sql`` as written and
-guarded (``spark.plan.apply_sql``); a row pipeline's release plan, its row query and that query
-guarded (``spark.row_plan``, ``spark.row_call.RowPlan``); an ``[emit] sql``'s release plan and the
-guarded release query over the pipeline's own view (``spark.emit_release.EmitStage``); a
+guarded (``spark.plans.window_plan.apply_sql``); a row pipeline's release plan, its row query and that query
+guarded (``spark.plans.row_plan``, ``spark.batch.row_call.RowPlan``); an ``[emit] sql``'s release plan and the
+guarded release query over the pipeline's own view (``spark.batch.emit_stage.EmitStage``); a
 ``[backfill]``'s SQL restricted to its first partition (``backfill.compute.derived_spec``), guarded.
 :func:`sql_texts` recomputes them through the package's functions, without Spark, and
 ``tests/fixtures/golden_sql/<file stem>.json`` holds what they were (``make_snapshots.py`` wrote
@@ -28,16 +28,16 @@ from sqlglot import exp
 from ematix_dagster.backfill.compute import derived_spec
 from ematix_dagster.backfill.range import BackfillRange
 from ematix_dagster.columns import EVENT_TS, SOURCE
-from ematix_dagster.spark.convert import output_schema
-from ematix_dagster.spark.emit_release import EmitStage
-from ematix_dagster.spark.plan import VIEW, analyse, guarded_sql, source_row
-from ematix_dagster.spark.row_call import RowPlan
-from ematix_dagster.spark.safe_sql import GuardedSql, SourceRow, guard_sql
+from ematix_dagster.spark.batch.convert import output_schema
+from ematix_dagster.spark.batch.emit_stage import EmitStage
+from ematix_dagster.spark.batch.row_call import RowPlan
+from ematix_dagster.spark.plans.safe_sql import GuardedSql, SourceRow, guard_sql
+from ematix_dagster.spark.plans.window_plan import VIEW, analyse, guarded_sql, source_row
 from ematix_dagster.spec import PipelineSpec, load_pipeline, load_pipeline_str
 from ematix_dagster.spec.emit import predicate_columns
 from ematix_dagster.sql.emit_query import KEY, emit_plan
 from ematix_dagster.sql.parsing import parse_statement, text
-from ematix_dagster.sql.release import ReleasePlan, release_plan
+from ematix_dagster.sql.release_plan import ReleasePlan, release_plan
 from ematix_dagster.sql.row_query import row_query
 from pipelines.examples import PIPELINES  # sets EMATIX_PG_URL's default: clicks-per-minute's target names it
 

@@ -13,9 +13,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from state_store.base import StateStore
+from state_store.contract import StateStore
 from state_store.memory import InMemoryStateStore
-from state_store.postgres import PostgresStateStore
+from state_store.postgres_store import PostgresStateStore
 from state_store.sqlite import SqliteStateStore
 from tests.state_store.contract_stores import KINDS
 

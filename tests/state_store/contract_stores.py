@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from state_store import codec
-from state_store.base import PipelineRecord, SourceProgress
+from state_store.contract import PipelineRecord, SourceProgress
 from state_store.segments import Segment, encode_segment
 
 ROOT = Path(__file__).resolve().parent.parent.parent

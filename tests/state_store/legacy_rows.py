@@ -14,8 +14,8 @@ from typing import Any, Sequence
 from psycopg import sql
 
 from state_store import migrations
-from state_store.base import StateStore
-from state_store.postgres import PostgresStateStore
+from state_store.contract import StateStore
+from state_store.postgres_store import PostgresStateStore
 from state_store.sqlite import SqliteStateStore
 
 #: the stores that hold state rows: the in-memory one starts empty in every process, so it never has any

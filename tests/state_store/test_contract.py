@@ -16,7 +16,7 @@ import pytest
 
 from ematix_dagster.errors import LeaseHeld, StateVersionError
 from state_store import codec, create_store
-from state_store.base import BatchCommit, make_holder
+from state_store.contract import BatchCommit, make_holder
 from state_store.memory import InMemoryStateStore
 from tests.state_store.contract_stores import blob, end, key, record, same_state, segment
 from tests.state_store.legacy_rows import ROW_KINDS, write_rows

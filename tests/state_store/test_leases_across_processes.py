@@ -12,7 +12,7 @@ import time
 import pytest
 
 from ematix_dagster.errors import LeaseHeld
-from state_store.base import BatchCommit, StateStore, make_holder
+from state_store.contract import BatchCommit, StateStore, make_holder
 from tests.state_store.contract_stores import ROOT, record
 
 # ---- leases across processes -----------------------------------------------------------------

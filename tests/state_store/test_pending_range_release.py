@@ -3,7 +3,7 @@ by W in one statement (a row pipeline's release), on the three stores."""
 
 from __future__ import annotations
 
-from state_store.base import BatchCommit
+from state_store.contract import BatchCommit
 from tests.state_store.contract_stores import record
 from tests.state_store.test_pending_rows import ALL, P, row
 

@@ -20,7 +20,7 @@ from psycopg import sql
 
 from ematix_dagster.errors import CorruptState
 from state_store import codec, migrations, pending
-from state_store.base import BatchCommit, PendingRow, PendingSummary
+from state_store.contract import BatchCommit, PendingRow, PendingSummary
 from state_store.sqlite import SqliteStateStore
 from tests.state_store.contract_stores import blob, groups_of, key, record, segment
 from tests.state_store.legacy_rows import insert_rows

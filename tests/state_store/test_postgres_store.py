@@ -13,8 +13,8 @@ import pytest
 from psycopg import sql
 
 from ematix_dagster.errors import StoreAccessDenied, StorePermissionError, StoreUnavailable
-from state_store.base import BatchCommit, make_holder
-from state_store.postgres import PostgresStateStore
+from state_store.contract import BatchCommit, make_holder
+from state_store.postgres_store import PostgresStateStore
 from tests.state_store.contract_stores import record, segment
 
 # ---- PostgreSQL only -------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 
 from ematix_dagster.errors import StateVersionError
 from state_store import codec, migrations
-from state_store.base import BatchCommit
+from state_store.contract import BatchCommit
 from tests.state_store.contract_stores import blob, key, record
 from tests.state_store.legacy_rows import write_rows
 from tests.state_store.old_schemas import store_at_schema

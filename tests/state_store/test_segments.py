@@ -17,7 +17,7 @@ import pytest
 
 from ematix_dagster.errors import CorruptState, StateVersionError
 from state_store import codec
-from state_store.base import PipelineRecord, RecoveredState
+from state_store.contract import PipelineRecord, RecoveredState
 from state_store.segment_replay import SegmentFacts, SegmentSizes, replay, replayed
 from state_store.segments import FORMAT_VERSION, MAGIC, Segment, decode_segment, encode_segment
 from tests.fixtures.state_v1.make_fixtures import CASES

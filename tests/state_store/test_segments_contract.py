@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from state_store import codec, migrations
-from state_store.base import BatchCommit
+from state_store.contract import BatchCommit
 from tests.state_store.contract_stores import blob, end, key, record, same_state
 from tests.state_store.legacy_rows import ROW_KINDS, write_rows
 from tests.state_store.old_schemas import store_at_schema

@@ -9,7 +9,7 @@ import pytest
 
 from ematix_dagster.errors import CorruptState, LeaseHeld, StateVersionError
 from state_store import codec, loaded_groups, whole_window
-from state_store.base import BatchCommit, make_holder
+from state_store.contract import BatchCommit, make_holder
 from tests.state_store.contract_stores import FIXTURES, blob, end, groups_of, key, record
 from tests.state_store.legacy_rows import ROW_KINDS, write_rows
 

@@ -15,7 +15,7 @@ from psycopg import sql
 from ematix_dagster.errors import CorruptState
 from state_store import codec, migrations, whole_window
 from state_store._common import PIPELINE_COLUMNS, record_from_row
-from state_store.base import BatchCommit
+from state_store.contract import BatchCommit
 from tests.state_store.contract_stores import FIXTURES, blob, end, groups_of, key, record, segment
 from tests.state_store.legacy_rows import ROW_KINDS, write_rows
 
@@ -110,7 +110,7 @@ def test_a_trigger_timer_that_is_not_an_integer_is_corrupt_state(value):
 
 def test_a_trigger_timer_damaged_in_postgres_fails_the_load(pg_dsn, pg_schema):
     """Damaged with plain SQL (the column retyped to text): the load names pipeline, store and column."""
-    from state_store.postgres import PostgresStateStore
+    from state_store.postgres_store import PostgresStateStore
 
     store = PostgresStateStore(pg_dsn, pg_schema)
     try:

@@ -16,8 +16,8 @@ import pytest
 from ematix_dagster.spec import Aggregation, Window
 from ematix_dagster.streaming.durable import batch_commit, decoded_groups, decoded_written, restore_engine
 from ematix_dagster.streaming.micro_batch import BatchInput, Engine, SourceStats
-from state_store.base import BatchCommit
 from state_store.codec import decode_key, encode_key
+from state_store.contract import BatchCommit
 from state_store.errors import CorruptState
 from state_store.segment_replay import replayed
 from state_store.segments import Segment, decode_segment, encode_segment

@@ -65,7 +65,7 @@ def spark_input(engine: Engine, cfg: Config, batch_id: int, time_us: int, rows: 
     if not isinstance(cfg.emit_trigger, str):  # interval, count: the hidden count(*) partial
         columns.append(columns[0])
     keys: Sequence[tuple] = [k for (_, k), _ in ordered]
-    if keys and {type(k[0]) for k in keys} == {int}:  # as ``spark.convert.partial_lists`` hands them over
+    if keys and {type(k[0]) for k in keys} == {int}:  # as ``spark.batch.convert.partial_lists`` hands them over
         keys = IntKeyColumn(np.array([k[0] for k in keys]))
     starts: Sequence[int] = [s for (s, _), _ in ordered]
     partials: list[Any] = columns

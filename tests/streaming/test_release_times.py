@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from ematix_dagster.sql.release import ReleaseBranch
+from ematix_dagster.sql.release_plan import ReleaseBranch
 from ematix_dagster.streaming.release_times import ReleaseTimes, RowFailed
 
 UTC = pa.timestamp("us", tz="UTC")

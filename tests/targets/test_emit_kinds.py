@@ -17,7 +17,7 @@ import pytest
 from psycopg import sql
 
 from ematix_dagster.errors import PipelineConfigError
-from ematix_dagster.spark.convert import rows_to_arrow
+from ematix_dagster.spark.batch.convert import rows_to_arrow
 from ematix_dagster.spec import Target
 from ematix_dagster.streaming.emitted import Emitted, EmittedRow
 from ematix_dagster.targets import make_window_writer

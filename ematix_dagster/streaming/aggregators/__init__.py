@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from ematix_dagster.spec import Aggregation, Window
-from ematix_dagster.streaming.aggregators.base import (
+from ematix_dagster.streaming.aggregators.aggregator import (
     SCALAR_TYPES,
     Aggregator,
     PartialRowError,

@@ -17,7 +17,7 @@ import pyarrow as pa
 from ematix_dagster.columns import TS
 from ematix_dagster.errors import AggregationOverflow
 from ematix_dagster.spec import Aggregation
-from ematix_dagster.streaming.aggregators.base import (
+from ematix_dagster.streaming.aggregators.aggregator import (
     BIGINT_MAX,
     BIGINT_MIN,
     NONE,

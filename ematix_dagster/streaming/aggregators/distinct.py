@@ -9,7 +9,7 @@ from datasketches import hll_sketch, hll_union
 
 from ematix_dagster.errors import CorruptState, StateCapExceeded
 from ematix_dagster.spec import Aggregation
-from ematix_dagster.streaming.aggregators.base import (
+from ematix_dagster.streaming.aggregators.aggregator import (
     NONE,
     Aggregator,
     SparkInput,

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ematix_dagster.streaming.aggregators.base import NONE, Aggregator
+from ematix_dagster.streaming.aggregators.aggregator import NONE, Aggregator
 from ematix_dagster.streaming.aggregators.basic import Count
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
 
-    from ematix_dagster.streaming.aggregators.base import SparkInput
+    from ematix_dagster.streaming.aggregators.aggregator import SparkInput
 
 #: its name in messages about stored state (an alias no user column can take)
 TRIGGER_ROWS_ALIAS = "_trigger_rows"

@@ -125,7 +125,7 @@ def test_integer_keys_move_to_an_index_when_another_key_arrives(odd_key: tuple) 
 
 
 def test_typed_partials_fold_into_typed_columns_exactly_as_python_values_would() -> None:
-    """Counts and float sums that arrive as NumPy arrays (as ``spark.convert.partial_lists`` hands
+    """Counts and float sums that arrive as NumPy arrays (as ``spark.batch.convert.partial_lists`` hands
     them to fixed windows) are held in typed columns; a batch whose float partials hold a NULL
     (Python values) turns that column to objects. Ground truth: the partials added up in batch
     order by plain Python, a group with only NULL sums keeping None, a first partial of -0.0 kept."""

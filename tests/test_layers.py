@@ -284,12 +284,12 @@ def test_the_spec_registries_are_explicit_and_need_no_streaming():
             "AGGREGATIONS, WINDOW_KINDS; print(sorted(WINDOW_KINDS), len(AGGREGATIONS), "
             "[m for m in sys.modules if m.startswith('ematix_dagster.streaming')])")
     out = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, check=True)
-    from ematix_dagster.spec.window import AGGREGATIONS, WINDOW_KIND_SPECS, WINDOW_KINDS
+    from ematix_dagster.spec.window import AGGREGATIONS, ALL_WINDOW_KINDS, WINDOW_KINDS
     from ematix_dagster.streaming.aggregators import AGGREGATORS
     from ematix_dagster.streaming.kinds import KINDS, KINDS_BY_NAME
 
     assert out.stdout.strip() == f"{sorted(WINDOW_KINDS)} {len(AGGREGATIONS)} []", out.stdout + out.stderr
-    assert WINDOW_KINDS == {spec.name: spec for spec in WINDOW_KIND_SPECS}
+    assert WINDOW_KINDS == {spec.name: spec for spec in ALL_WINDOW_KINDS}
     assert tuple(AGGREGATORS) == AGGREGATIONS
     assert KINDS_BY_NAME == {spec.name: kind for kind in KINDS for spec in kind.specs}
     assert all(WINDOW_KINDS[spec.name] is spec for kind in KINDS for spec in kind.specs)

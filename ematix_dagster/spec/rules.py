@@ -12,7 +12,7 @@ from typing import Any, NoReturn, Protocol
 from ematix_dagster.columns import EVENT_TS, RESERVED_COLUMNS
 from ematix_dagster.errors import PipelineConfigError
 
-# Window kinds and aggregators are listed in ``spec.window`` (``WINDOW_KIND_SPECS``, ``AGGREGATIONS``).
+# Window kinds and aggregators are listed in ``spec.window`` (``ALL_WINDOW_KINDS``, ``AGGREGATIONS``).
 LATE_POLICIES = ("drop", "reopen", "dlq")
 TIME_MODES = ("event", "processing")
 TIME_UNITS = ("ms", "us", "s")

@@ -418,6 +418,6 @@ class SlidingSpec(WindowKindSpec):
 
 
 #: every window kind a spec may name, in the order messages list them
-WINDOW_KIND_SPECS: tuple[type[WindowKindSpec], ...] = (TumblingSpec, HoppingSpec, SessionSpec, SlidingSpec)
-#: spec ``kind`` -> what the spec knows of it (built from :data:`WINDOW_KIND_SPECS`)
-WINDOW_KINDS: dict[str, type[WindowKindSpec]] = {kind.name: kind for kind in WINDOW_KIND_SPECS}
+ALL_WINDOW_KINDS: tuple[type[WindowKindSpec], ...] = (TumblingSpec, HoppingSpec, SessionSpec, SlidingSpec)
+#: spec ``kind`` -> what the spec knows of it (built from :data:`ALL_WINDOW_KINDS`)
+WINDOW_KINDS: dict[str, type[WindowKindSpec]] = {kind.name: kind for kind in ALL_WINDOW_KINDS}

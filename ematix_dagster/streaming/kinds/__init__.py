@@ -6,7 +6,7 @@ rules (a :class:`WindowKind`, ``kind``), its driver state (a ``KindState``, ``ki
 kind joining them (a :class:`StatefulKind`); what the spec knows of a kind (its keys, hop,
 backfills) is its ``spec.window.WindowKindSpec``. The registry is explicit: :data:`KINDS` lists the
 kinds, :data:`KINDS_BY_NAME` is built from it by the spec names each runs. A new kind is a folder,
-a line in :data:`KINDS`, a ``WindowKindSpec`` in ``spec.window.WINDOW_KIND_SPECS`` and a Spark plan
+a line in :data:`KINDS`, a ``WindowKindSpec`` in ``spec.window.ALL_WINDOW_KINDS`` and a Spark plan
 registered in ``ematix_dagster.spark.plans.windows.PLANS``, all by its spec name; no engine module
 changes. Times are microseconds since the epoch (UTC).
 

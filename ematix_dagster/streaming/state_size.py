@@ -39,8 +39,11 @@ class StateEstimate:
         return self.open_windows * self.groups_per_window * self.bytes_per_group
 
     def describe(self) -> str:
-        text = (f"{self.total_bytes / (1 << 20):,.0f} MiB ({self.open_windows} {self.held} x "
-                f"max_groups_per_window={self.groups_per_window} x {self.bytes_per_group} bytes per group)")
+        """The bound and how it is made: a pipeline holding a few groups must not read as one about to
+        take gigabytes."""
+        text = (f"at most {self.total_bytes / (1 << 20):,.0f} MiB, an upper bound reached only when every one of "
+                f"{self.open_windows} {self.held} holds max_groups_per_window = {self.groups_per_window:,} groups "
+                f"of {self.bytes_per_group} bytes")
         if self.bytes_per_distinct_value:
             text += f", plus {self.bytes_per_distinct_value} bytes per value an exact distinct set holds"
         return text

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from ematix_dagster.spark.batch.window_call import WindowCall
 from ematix_dagster.spec import Aggregation, PipelineSpec, load_pipeline_str
 from ematix_dagster.streaming.state_size import estimate_state
 from tests.spec.toml_samples import MINIMAL_TOML
@@ -82,3 +83,19 @@ def test_state_upper_bound_reflects_aggregation_state() -> None:
                                   aggregations=(Aggregation("count_distinct", "d", column="x", mode="exact",
                                                             max_distinct_values_per_group=100_000),))
                           ).total_bytes < (1 << 30)  # once "894.1 GiB" (two caps multiplied)
+
+
+def test_the_start_warning_names_an_upper_bound_and_what_makes_it() -> None:
+    """The warning a large cap gives at start says it is a bound reached only at the cap, not an expectation
+    (a demo holding a few groups read as one about to take gigabytes)."""
+    window = replace(load_pipeline_str(MINIMAL_TOML).window, max_groups_per_window=50_000_000,
+                     aggregations=(Aggregation("count", "n"),))
+    spec = replace(load_pipeline_str(MINIMAL_TOML), shape=window)
+    estimate = estimate_state(window)
+    (warning,) = WindowCall.start_warnings(spec)
+    mib = f"{estimate.total_bytes / (1 << 20):,.0f}"
+    assert warning == (f"window state may take at most {mib} MiB, an upper bound reached only when every one of "
+                       f"{estimate.open_windows} open windows holds max_groups_per_window = 50,000,000 groups of "
+                       f"{estimate.bytes_per_group} bytes; lower max_groups_per_window or hll_precision if that is "
+                       "more than this machine has")
+    assert WindowCall.start_warnings(load_pipeline_str(MINIMAL_TOML)) == []  # a small cap warns of nothing

@@ -70,7 +70,7 @@ class WindowCall:
         expected = estimate_state(spec.window)
         if expected.total_bytes <= GIB:
             return []
-        return [f"window state is expected to reach {expected.describe()}; lower max_groups_per_window or "
+        return [f"window state may take {expected.describe()}; lower max_groups_per_window or "
                 "hll_precision if that is more than this machine has"]
 
     @staticmethod

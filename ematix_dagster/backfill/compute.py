@@ -75,7 +75,10 @@ def compute_windows(spec: PipelineSpec, rng: BackfillRange, scratch: Path, spark
     from ematix_dagster.spark.runner import PipelineRunner
 
     derived = derived_spec(spec, rng, scratch)
-    summary = PipelineRunner(derived, spark=spark, progress=progress, batch_progress=lambda report: None).run()
+    progress(f"[{spec.pipeline_name}] backfill {rng}: recomputing its windows in one run over the archived input; "
+             "the target's rows of the range are replaced in one transaction at the end")
+    summary = PipelineRunner(derived, spark=spark, progress=progress, batch_progress=lambda report: None,
+                             announce=False).run()
     rows = _in_range(scratch / "windows", spec.window.window_start_column, rng)
     return ComputedWindows(rows, summary.rows_in, _in_range(scratch / "dead_letters", EVENT_TS, rng))
 

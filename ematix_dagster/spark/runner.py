@@ -70,7 +70,8 @@ class PipelineRunner:
     def __init__(self, spec: PipelineSpec, spark: SparkSession | Callable[[], SparkSession] | None = None,
                  metrics: StreamingMetrics | None = None, progress: Callable[[str], None] | None = None,
                  store: StateStore | None = None, run_label: str | None = None,
-                 batch_progress: Callable[[BatchReport], None] | None = None, quiet_failures: bool = True) -> None:
+                 batch_progress: Callable[[BatchReport], None] | None = None, quiet_failures: bool = True,
+                 announce: bool = True) -> None:
         # Sources, stores, targets and the checkpoint are opened with ``${NAME}`` expanded; the
         # fingerprint that the state records keeps the placeholders (never a value).
         self.spec = spec.resolved()
@@ -79,6 +80,9 @@ class PipelineRunner:
         self._spark = spark if spark is not None else (lambda: get_spark(f"ematix-{spec.pipeline_name}"))
         self.metrics = metrics or default_metrics()
         self.progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+        # A streaming run states its guarantee and its state's bound at start; a backfill's one-shot run
+        # (``announce=False``) has neither a restart to survive nor a state that outlives it.
+        self.announce = announce
         # Hook: a caller reporting batches itself (Dagster: no line for heartbeat-only batches) gets each report here.
         self.batch_progress = batch_progress
         self.query: StreamingQuery | None = None
@@ -115,6 +119,8 @@ class PipelineRunner:
             self._open_store()
         if spec.metrics_port:
             serve(spec.metrics_port, pipeline=name)
+        if not self.announce:
+            return
         for warning in engine_call(spec).start_warnings(spec):
             self.progress(f"[{name}] warning: {warning}")
         if spec.target.kind == "console":

@@ -19,6 +19,7 @@ in the cursor), and every skip says why.
 """
 
 import json
+import logging
 import time
 from typing import Any, Callable, Optional, Sequence
 
@@ -222,6 +223,13 @@ def tag_unclassified_failure(instance: dg.DagsterInstance, run: Any, step_failur
     return instance.get_run_by_id(run.run_id) or run
 
 
+def failure_log_level(run: Any) -> int:
+    """WARNING for a pipeline run whose failure is transient (the keep-alive sensor restarts it: nothing for
+    an operator to do yet), ERROR for every other failed run."""
+    transient = run.tags.get(PIPELINE_TAG) is not None and run.tags.get(FAILURE_TAG) == "transient"
+    return logging.WARNING if transient else logging.ERROR
+
+
 def run_failure_sensor(
     *,
     name: str = "ematix_run_failure_sensor",
@@ -242,7 +250,7 @@ def run_failure_sensor(
         step_failures = context.get_step_failure_events()
         run = tag_unclassified_failure(context.instance, context.dagster_run, step_failures, context.failure_event)
         text = describe_failure(run, step_failures)
-        context.log.error(text)
+        context.log.log(failure_log_level(run), text)
         if report is not None:
             report(text)
         return None
@@ -250,5 +258,6 @@ def run_failure_sensor(
     return _report
 
 
-__all__ = ["ACTIVE_STATUSES", "active_runs", "checkpoint_check_failed", "describe_failure", "keep_alive_decision",
+__all__ = ["ACTIVE_STATUSES", "active_runs", "checkpoint_check_failed", "describe_failure", "failure_log_level",
+           "keep_alive_decision",
            "keep_alive_sensor", "run_failure_sensor", "tag_unclassified_failure"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from ematix_dagster.dagster import (
     state_migration_job,
     streaming_pipeline_asset,
 )
+from ematix_dagster.dagster.sensors import failure_log_level
 from ematix_dagster.spec import StateStoreConfig, Target
 from ematix_dagster.stores import make_store
 from state_store import codec
@@ -344,6 +346,7 @@ def test_a_terminal_failure_stops_the_keep_alive_sensor_and_is_reported_not_rest
     assert sensor(context) is None  # it reports, it never requests a run
     assert len(reports) == 1
     assert "tiny-clicks" in reports[0] and "(terminal)" in reports[0] and "state store" in reports[0]
+    assert failure_log_level(run) == logging.ERROR  # the operator must act
 
     # a second run while the lease is held fails fast (before Spark) and does not block the sensor
     with HeldLease(loc.spec, "cli run"):
@@ -371,6 +374,8 @@ def test_a_run_that_failed_outside_its_step_is_tagged_transient_by_the_failure_s
     tags = loc.instance.get_run_by_id(run.run_id).tags
     assert (tags[FAILURE_TAG], tags["ematix/error"]) == ("transient", "UNEXPECTED_TERMINATION")
     assert "(transient)" in reports[0] and "restarts it after its backoff" in reports[0]
+    assert failure_log_level(loc.instance.get_run_by_id(run.run_id)) == logging.WARNING  # restarted: a warning
+    assert failure_log_level(run) == logging.ERROR  # before the sensor classified it
     assert "backing off after 1 transient failure" in skip_text(loc.sense())
 
 

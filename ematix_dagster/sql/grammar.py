@@ -27,6 +27,7 @@ ematix_dagster.errors.PipelineConfigError: k: uses RAND(): a function outside th
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import NoReturn
 
 from sqlglot import exp
@@ -69,7 +70,8 @@ def check_predicate(node: exp.Expr, key: str, allowed_calls: tuple[str, ...] = (
                 _refuse(key, child, "IS compares with NULL only", "write x = TRUE, or IS NULL / IS NOT NULL")
         elif isinstance(child, exp.In):
             if child.args.get("query") or child.args.get("unnest") or child.args.get("field") or not all(
-                    isinstance(e, (exp.Literal, exp.Boolean, exp.Null, exp.Neg)) for e in child.expressions):
+                    isinstance(e, (exp.Literal, exp.Boolean, exp.Null))
+                    or (isinstance(e, exp.Neg) and isinstance(e.this, exp.Literal)) for e in child.expressions):
                 _refuse(key, child, "IN takes a list of literals", "write x IN (1, 2, 3)")
         elif isinstance(child, exp.Cast):
             timestamp_literal(child, key)
@@ -90,13 +92,18 @@ def interval_us(node: exp.Interval, key: str) -> int:
     return int(value) * INTERVAL_US[unit]
 
 
-def timestamp_literal(node: exp.Cast, key: str) -> str:
-    """The text of ``TIMESTAMP '...'``: the one cast the grammar holds."""
+def timestamp_literal(node: exp.Cast, key: str) -> datetime:
+    """The moment ``TIMESTAMP '...'`` names, the one cast the grammar holds: ISO 8601, in UTC (the session
+    time zone) unless it says otherwise."""
     if not (isinstance(node.this, exp.Literal) and node.this.is_string
             and node.to.this in (exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPTZ)):
         _refuse(key, node, "a cast; the grammar holds only TIMESTAMP '<ISO 8601>' literals",
                 "compare values of the same type: a window bound with a TIMESTAMP literal or an interval sum")
-    return node.this.name
+    try:
+        moment = datetime.fromisoformat(node.this.name)
+    except ValueError:
+        _refuse(key, node, "not an ISO 8601 date or date-time", "write TIMESTAMP '2024-01-01 00:00:00'")
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
 
 
 def _check_call(node: exp.Anonymous, key: str, allowed_calls: tuple[str, ...]) -> None:

@@ -27,7 +27,6 @@ True
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
 from decimal import Decimal
 from functools import partial
 from typing import Callable, Sequence, Union
@@ -38,13 +37,13 @@ import pyarrow.compute as pc
 import sqlglot
 from sqlglot import exp
 
+from ematix_dagster.sql.emit_query import KEY
 from ematix_dagster.sql.grammar import interval_us, timestamp_literal
 from ematix_dagster.sql.parsing import AnsiSpark
 from ematix_dagster.sql.release_plan import RELEASE_NOW, ReleaseBranch
 
 Value = Union[pa.Array, pa.Scalar]
 _INT32 = 2**31
-_KEY = "emit.sql"
 
 
 class RowFailed(Exception):
@@ -138,13 +137,10 @@ class ReleaseTimes:
         return pa.scalar(None, pa.null())
 
     def _interval(self, node: exp.Interval, rows: pa.Table) -> Value:
-        return pa.scalar(interval_us(node, _KEY), pa.duration("us"))
+        return pa.scalar(interval_us(node, KEY), pa.duration("us"))
 
     def _timestamp(self, node: exp.Cast, rows: pa.Table) -> Value:
-        moment = datetime.fromisoformat(timestamp_literal(node, _KEY))
-        if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=timezone.utc)  # the session time zone
-        return pa.scalar(moment, pa.timestamp("us", "UTC"))
+        return pa.scalar(timestamp_literal(node, KEY), pa.timestamp("us", "UTC"))
 
     def _paren(self, node: exp.Paren, rows: pa.Table) -> Value:
         return self._value(node.this, rows)

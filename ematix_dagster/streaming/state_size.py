@@ -3,8 +3,8 @@
 The estimate multiplies the window kind's steady-state number of open windows by the group cap
 and by bytes per group measured for the kind's real in-memory layout (its state class's
 ``bytes_per_group``; ``tests/streaming/test_state_size.py`` measures them with tracemalloc). Exact distinct sets grow with their data, which no spec can
-predict, so their per-value cost is stated as a rate instead of assuming every set is full:
-multiplying two caps gave warnings such as "894.1 GiB" for pipelines that hold a few hundred MB.
+predict, so their per-value cost is stated as a rate instead of assuming every set is full (two
+caps multiplied would warn of hundreds of GiB for pipelines that hold a few hundred MB).
 
 >>> from ematix_dagster.spec import Aggregation, Window
 >>> w = Window(kind="tumbling", duration_ms=60_000, max_groups_per_window=100_000, group_by=("k",),

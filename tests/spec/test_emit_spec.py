@@ -71,6 +71,10 @@ def test_session_id_is_a_predicate_column_of_session_windows_only() -> None:
     ("SELECT * FROM windows WHERE rand() < 0.5 AND window_end <= WATERMARK_TS()", ("uses RAND()", "function")),
     ("SELECT * FROM windows WHERE CAST(user_id AS STRING) = '1' AND window_end <= WATERMARK_TS()", ("a cast",)),
     ("SELECT * FROM windows WHERE window_end + INTERVAL 1 MONTH <= WATERMARK_TS()", ("day-time interval",)),
+    ("SELECT * FROM windows WHERE window_start > TIMESTAMP 'yesterday' AND window_end <= WATERMARK_TS()",
+     ("not an ISO 8601",)),
+    ("SELECT * FROM windows WHERE user_id IN (1, -user_id) AND window_end <= WATERMARK_TS()",
+     ("IN takes a list of literals",)),
     ("SELECT * FROM windows WHERE abs(user_id, 2) > 0 AND window_end <= WATERMARK_TS()", ("with 2 arguments",)),
 ])
 def test_other_shapes_and_columns_are_refused(sql: str, words: tuple[str, ...]) -> None:

@@ -62,6 +62,14 @@ at-least-once delivery of Spark into effectively-once output:
   ``_emit_seq``, a row pipeline's rows as they are); a replay prints it again, so the console
   target is at-least-once (``idempotent = False``; the engine warns at start).
 
+Table size
+----------
+The PostgreSQL target writers (not the dead-letter writer) keep their table's size in
+``<schema>.ematix_row_counts``, changed by every write in the transaction that changes the rows
+(rows inserted minus rows deleted), whichever path commits it; ``row_count()`` reads it
+(:class:`~.writer.CountsRows`, :mod:`.pg_count`). It is Dagster's ``dagster/row_count``. Parquet
+and console writers keep no count.
+
 Empty batches are a no-op for every writer (nothing is written, nothing is deleted): a replay
 recomputes the same rows, so a batch that is empty on replay was empty the first time.
 
@@ -74,12 +82,12 @@ stripped from every message and raw DSNs are never printed. Data errors raised b
 (a value that does not fit an existing column, ...) are also :class:`TargetError` but with
 ``terminal = True``. A table that does not fit is a :class:`PipelineConfigError`.
 
-:mod:`.base` holds the writer protocols, :mod:`.postgres` (windows, dead letters),
+:mod:`.writer` holds the writer protocols, :mod:`.postgres_target` (windows, dead letters),
 :mod:`.postgres_rows` (row pipelines), :mod:`.parquet` and :mod:`.console` the writers,
 :mod:`.pg_table` the PostgreSQL connection, catalog and DDL they share with the Dagster checks,
 :mod:`.pg_write` the statements every PostgreSQL writer runs in a batch's transaction (COPY,
-staging, upsert, batch delete, commit), and :mod:`.pg_types` the Arrow -> PostgreSQL type mapping
-and value conversion.
+staging, upsert, batch delete, commit), :mod:`.pg_count` the table size the target writers keep,
+and :mod:`.pg_types` the Arrow -> PostgreSQL type mapping and value conversion.
 """
 
 from __future__ import annotations
@@ -97,13 +105,14 @@ from ematix_dagster.targets.pg_table import PostgresTable
 from ematix_dagster.targets.pg_types import postgres_type
 from ematix_dagster.targets.postgres_rows import PostgresRowWriter
 from ematix_dagster.targets.postgres_target import PostgresDeadLetterWriter, PostgresWindowWriter
-from ematix_dagster.targets.writer import DeadLetterWriter, RowWriter, WindowWriter
+from ematix_dagster.targets.writer import CountsRows, DeadLetterWriter, RowWriter, WindowWriter
 from state_store.pg_url import redact as redact_url
 
 __all__ = [
     "WindowWriter",
     "RowWriter",
     "DeadLetterWriter",
+    "CountsRows",
     "PostgresTable",
     "PostgresWindowWriter",
     "PostgresRowWriter",

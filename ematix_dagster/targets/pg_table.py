@@ -80,10 +80,16 @@ class PostgresTable:
     # -- connection
 
     def connect(self) -> psycopg.Connection:
-        if self._conn is not None and not self._conn.closed:
-            return self._conn
+        """The writer's connection (opened once, reused by every batch it writes)."""
+        if self._conn is None or self._conn.closed:
+            self._conn = self.new_connection()
+        return self._conn
+
+    def new_connection(self, autocommit: bool = False) -> psycopg.Connection:
+        """A connection of its own, for a read that must not run inside the writer's transaction
+        (nor from another thread on the writer's connection); the caller closes it."""
         url = self._resolve()
-        kwargs: dict[str, Any] = {"autocommit": False}
+        kwargs: dict[str, Any] = {"autocommit": autocommit}
         if "connect_timeout" not in conninfo_to_dict(url):
             kwargs["connect_timeout"] = _CONNECT_TIMEOUT_S
         try:
@@ -95,7 +101,6 @@ class PostgresTable:
             conn.close()
             raise PipelineConfigError(f"{self.key}.url", f"PostgreSQL {version // 10000} on {self.where} is too old",
                                       "use PostgreSQL 15 or later (UNIQUE NULLS NOT DISTINCT)")
-        self._conn = conn
         return conn
 
     def close(self) -> None:

@@ -77,9 +77,11 @@ def copy_rows(cur: psycopg.Cursor, table: sql.Composable, columns: Sequence[str]
             copy.write_row(row)
 
 
-def delete_batch(cur: psycopg.Cursor, table: sql.Composable, batch_id: int) -> None:
-    """Delete the rows an earlier attempt of batch ``batch_id`` wrote (a replay then writes them again)."""
+def delete_batch(cur: psycopg.Cursor, table: sql.Composable, batch_id: int) -> int:
+    """Delete the rows an earlier attempt of batch ``batch_id`` wrote (a replay then writes them
+    again); how many."""
     cur.execute(sql.SQL("DELETE FROM {} WHERE {} = %s").format(table, sql.Identifier(BATCH_ID)), (batch_id,))
+    return cur.rowcount
 
 
 def delete_time_range(cur: psycopg.Cursor, table: sql.Composable, column: str, start_us: int, end_us: int) -> int:
@@ -110,14 +112,19 @@ def stage_rows(cur: psycopg.Cursor, stage: str, pg: PostgresTable, rows: pa.Tabl
 
 
 def upsert(cur: psycopg.Cursor, pg: PostgresTable, rows: pa.Table, columns: Sequence[str],
-           key: Sequence[str]) -> None:
-    """Insert ``rows`` into ``pg``'s table, replacing the row of each ``key`` already there.
+           key: Sequence[str]) -> int:
+    """Insert ``rows`` into ``pg``'s table, replacing the row of each ``key`` already there; how
+    many rows it inserted (new keys: the table's growth, for :class:`~.pg_count.RowCount`).
 
     The rows are staged, and of several rows with one key the *last* in ``rows`` wins
     (``DISTINCT ON`` over the staged position; NULL key values are one key, as in the table's
     ``UNIQUE NULLS NOT DISTINCT`` constraint). A row whose values equal the stored ones is not
     rewritten, so a replay touches nothing. When every column is a key column there is nothing to
     update and a present key is kept as it is.
+
+    A new row is told from an updated one by its ``xmax``: 0 for a row this statement inserted, the
+    transaction's id for one ``ON CONFLICT DO UPDATE`` rewrote (unchanged and kept rows are not
+    returned at all).
     """
     stage = stage_rows(cur, "ematix_stage_rows", pg, rows, columns, ordinal=True)
     values = [sql.Identifier(c) for c in columns if c not in key]
@@ -130,9 +137,12 @@ def upsert(cur: psycopg.Cursor, pg: PostgresTable, rows: pa.Table, columns: Sequ
             old=sql.SQL(", ").join(sql.SQL("t.{}").format(v) for v in values),
             new=sql.SQL(", ").join(sql.SQL("EXCLUDED.{}").format(v) for v in values))
     cur.execute(sql.SQL(
-        "INSERT INTO {target} AS t ({cols}) "
+        "WITH merged AS (INSERT INTO {target} AS t ({cols}) "
         "SELECT {cols} FROM (SELECT DISTINCT ON ({keys}) {cols} FROM {stage} ORDER BY {keys}, {ord} DESC) s "
-        "ON CONFLICT ({keys}) {on_conflict}").format(
+        "ON CONFLICT ({keys}) {on_conflict} RETURNING t.xmax = 0 AS inserted) "
+        "SELECT count(*) FILTER (WHERE inserted) FROM merged").format(
             target=pg.ident, cols=col_list, keys=key_list, stage=stage, ord=sql.Identifier(_ORD_COLUMN),
             on_conflict=on_conflict))
+    row = cur.fetchone()
     cur.execute(sql.SQL("DROP TABLE {}").format(stage))
+    return int(row[0]) if row else 0

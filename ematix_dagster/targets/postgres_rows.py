@@ -11,6 +11,9 @@ How a replayed batch is kept from duplicating rows depends on whether the target
   and an upsert, as the window target does: a replay rewrites identical values, a later batch
   replaces a key's row.
 
+Either way the transaction that changes the rows also changes the table's size in the count table
+(:mod:`~.pg_count`), which :meth:`PostgresRowWriter.row_count` reads.
+
 An empty batch writes nothing and deletes nothing, like every other writer. That is safe because
 a replay recomputes the same rows from the same input and the same committed state: a batch that
 is empty on replay was empty the first time, and left no rows to replace.
@@ -26,6 +29,7 @@ import pyarrow as pa
 from ematix_dagster.columns import BATCH_ID
 from ematix_dagster.errors import PipelineConfigError
 from ematix_dagster.spec import Target
+from ematix_dagster.targets.pg_count import RowCount
 from ematix_dagster.targets.pg_table import PostgresTable
 from ematix_dagster.targets.pg_types import _python_columns, postgres_type
 from ematix_dagster.targets.pg_write import (
@@ -75,6 +79,7 @@ class PostgresRowWriter:
         self.types = {n: postgres_type(schema.field(n).type, n, "target") for n in self.columns}
         if not self.key_columns:
             self.types[BATCH_ID] = "bigint"
+        self._count = RowCount(self._pg)
         self._opened = False
 
     @property
@@ -88,9 +93,9 @@ class PostgresRowWriter:
 
     def open(self) -> None:
         """Create the table (``create_table = true``), then check its columns and, with a key, its
-        unique key: an unfit table is a :class:`PipelineConfigError` before any batch runs."""
-        check = self._check_unique_key if self.key_columns else None
-        self._pg.prepare(self._create if self.create_table else None, self.types, "table", check)
+        unique key: an unfit table is a :class:`PipelineConfigError` before any batch runs. Its row
+        count is made if missing."""
+        self._pg.prepare(self._create if self.create_table else None, self.types, "table", self._check)
         self._opened = True
 
     def _create(self, cur: psycopg.Cursor) -> None:
@@ -98,9 +103,15 @@ class PostgresRowWriter:
         if not self.key_columns:
             self._pg.create_batch_id_index(cur)
 
-    def _check_unique_key(self, conn: psycopg.Connection, oid: int) -> None:
-        # any key column of a SELECT may be NULL
-        self._pg.check_unique_key(conn, oid, self.key_columns, nullable=self.key_columns)
+    def _check(self, conn: psycopg.Connection, oid: int) -> None:
+        if self.key_columns:  # any key column of a SELECT may be NULL
+            self._pg.check_unique_key(conn, oid, self.key_columns, nullable=self.key_columns)
+        self._count.ensure(conn)
+
+    def row_count(self) -> int | None:
+        """The table's size as of the last commit (see :mod:`~.pg_count`); None before any writer
+        opened it. Safe from any thread, also while a batch is written."""
+        return self._count.read()
 
     def write(self, batch_id: int, rows: pa.Table, part: str = "part-0") -> None:
         """``part`` names a file part; a table's write replaces the batch's rows whatever the part."""
@@ -118,12 +129,19 @@ class PostgresRowWriter:
         require_transaction(conn)
         require_columns(batch_id, rows, self.columns)
         with conn.cursor() as cur:
-            if self.key_columns:
-                upsert(cur, self._pg, rows, self.columns, self.key_columns)
-                return
-            delete_batch(cur, self._pg.ident, batch_id)
-            values = zip(*_python_columns(rows, self.columns))
-            copy_rows(cur, self._pg.ident, [*self.columns, BATCH_ID], ((*row, batch_id) for row in values))
+            if self.key_columns:  # an updated key does not change the table's size
+                change = upsert(cur, self._pg, rows, self.columns, self.key_columns)
+            else:
+                change = self._replace(cur, batch_id, rows)
+            self._count.add(cur, change)
+
+    def _replace(self, cur: psycopg.Cursor, batch_id: int, rows: pa.Table) -> int:
+        """Without a key: replace the batch's rows; how many more rows the table holds (COPY writes
+        every row or fails)."""
+        deleted = delete_batch(cur, self._pg.ident, batch_id)
+        values = zip(*_python_columns(rows, self.columns))
+        copy_rows(cur, self._pg.ident, [*self.columns, BATCH_ID], ((*row, batch_id) for row in values))
+        return rows.num_rows - deleted
 
     def close(self) -> None:
         self._pg.close()

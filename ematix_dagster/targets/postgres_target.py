@@ -28,6 +28,7 @@ from psycopg import sql
 
 from ematix_dagster.columns import BATCH_ID, DEAD_LETTER_COLUMNS, EMIT_KIND, EMIT_SEQ, EVENT_TS, REASON, RETRACT, SOURCE
 from ematix_dagster.spec import DeadLetter, Target
+from ematix_dagster.targets.pg_count import RowCount
 from ematix_dagster.targets.pg_table import PostgresTable
 from ematix_dagster.targets.pg_types import (
     PG_MIN_US,
@@ -66,6 +67,10 @@ class PostgresWindowWriter:
     early): a key's row may then be an ``early`` one its window's ``final`` will replace, and only
     the column tells readers which. With the watermark trigger every row is final or a correction
     and the table holds the output columns only.
+
+    Each transaction that changes the table also changes its size in the count table
+    (:mod:`~ematix_dagster.targets.pg_count`), which :meth:`row_count` reads: Dagster's
+    ``dagster/row_count`` without a ``count(*)`` per batch.
     """
 
     idempotent = True
@@ -81,6 +86,7 @@ class PostgresWindowWriter:
         if len(set(self.columns)) != len(self.columns):
             raise ValueError(f"duplicate output column names: {self.columns}")
         self.types = {n: postgres_type(schema.field(n).type, n, "target") for n in self.columns}
+        self._count = RowCount(self._pg)
         self._opened = False
 
     @property
@@ -92,15 +98,22 @@ class PostgresWindowWriter:
         return self._pg.table_text
 
     def open(self) -> None:
-        self._pg.prepare(self._create if self.create_table else None, self.types, "table", self._check_unique_key)
+        """Create the table (``create_table = true``), check it, and make its row count if missing."""
+        self._pg.prepare(self._create if self.create_table else None, self.types, "table", self._check)
         self._opened = True
 
     def _create(self, cur: psycopg.Cursor) -> None:
         self._pg.create(cur, self.types, unique_key=self.key_columns)
 
-    def _check_unique_key(self, conn: psycopg.Connection, oid: int) -> None:
+    def _check(self, conn: psycopg.Connection, oid: int) -> None:
         # window_start (the key's first column) is never NULL, group values may be
         self._pg.check_unique_key(conn, oid, self.key_columns, nullable=self.key_columns[1:])
+        self._count.ensure(conn)
+
+    def row_count(self) -> int | None:
+        """The table's size as of the last commit (see :mod:`~ematix_dagster.targets.pg_count`);
+        None before any writer opened it. Safe from any thread, also while a batch is written."""
+        return self._count.read()
 
     def write(self, batch_id: int, rows: pa.Table, part: str = "part-0") -> None:
         commit_write(self, batch_id, rows, f"writing batch {batch_id} to")
@@ -116,15 +129,11 @@ class PostgresWindowWriter:
             return
         require_transaction(conn)
         require_columns(batch_id, rows, self.columns)
-        if EMIT_KIND in rows.column_names:
-            retract = pc.fill_null(pc.equal(rows.column(EMIT_KIND), RETRACT), False)
-            if pc.any(retract).as_py():
-                self._delete_keys(conn, rows.filter(retract))
-                rows = rows.filter(pc.invert(retract))
-                if rows.num_rows == 0:
-                    return
+        retracts, rows = _split_retracts(rows)
         with conn.cursor() as cur:
-            upsert(cur, self._pg, rows, self.columns, self.key_columns)
+            deleted = self._delete_keys(cur, retracts) if retracts.num_rows else 0
+            inserted = upsert(cur, self._pg, rows, self.columns, self.key_columns) if rows.num_rows else 0
+            self._count.add(cur, inserted - deleted)
 
     def replace_windows(self, start_us: int, end_us: int, rows: pa.Table,
                         in_transaction: Sequence[Callable[[psycopg.Connection], None]] = ()) -> int:
@@ -136,8 +145,10 @@ class PostgresWindowWriter:
             self.open()
         conn = self._pg.connect()
         try:
+            self._count.ensure(conn)  # an empty range leaves the writer unopened
             with conn.cursor() as cur:
                 deleted = delete_time_range(cur, self._pg.ident, self.key_columns[0], start_us, end_us)
+                self._count.add(cur, -deleted)
             self.write_in_transaction(conn, 0, rows)
             for callback in in_transaction:
                 callback(conn)
@@ -150,23 +161,34 @@ class PostgresWindowWriter:
             raise
         return deleted
 
-    def _delete_keys(self, conn: psycopg.Connection, retracts: pa.Table) -> None:
+    def _delete_keys(self, cur: psycopg.Cursor, retracts: pa.Table) -> int:
         """Delete the rows whose key a retract row names (NULL group values match NULL: the key is
-        ``NULLS NOT DISTINCT``). The keys are staged with the table's own column types."""
+        ``NULLS NOT DISTINCT``); how many. The keys are staged with the table's own column types."""
         keys = [sql.Identifier(c) for c in self.key_columns]
         # window_start is never NULL (the unique key's first column); group values may be
         match = sql.SQL(" AND ").join(
             sql.SQL("t.{k} = s.{k}").format(k=k) if i == 0 else
             sql.SQL("(t.{k} = s.{k} OR (t.{k} IS NULL AND s.{k} IS NULL))").format(k=k) for i, k in enumerate(keys))
-        with conn.cursor() as cur:
-            stage = stage_rows(cur, "ematix_stage_retracts", self._pg, retracts, self.key_columns)
-            cur.execute(sql.SQL("DELETE FROM {target} AS t USING {stage} AS s WHERE {match}").format(
-                target=self._pg.ident, stage=stage, match=match))
-            cur.execute(sql.SQL("DROP TABLE {}").format(stage))
+        stage = stage_rows(cur, "ematix_stage_retracts", self._pg, retracts, self.key_columns)
+        cur.execute(sql.SQL("DELETE FROM {target} AS t USING {stage} AS s WHERE {match}").format(
+            target=self._pg.ident, stage=stage, match=match))
+        deleted = cur.rowcount
+        cur.execute(sql.SQL("DROP TABLE {}").format(stage))
+        return deleted
 
     def close(self) -> None:
         self._pg.close()
         self._opened = False
+
+
+def _split_retracts(rows: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """``rows``' retract rows (their keys are deleted) and the others (upserted)."""
+    if EMIT_KIND not in rows.column_names:
+        return rows.slice(0, 0), rows
+    retract = pc.fill_null(pc.equal(rows.column(EMIT_KIND), RETRACT), False)
+    if not pc.any(retract).as_py():  # the usual batch: nothing to copy
+        return rows.slice(0, 0), rows
+    return rows.filter(retract), rows.filter(pc.invert(retract))
 
 
 class PostgresDeadLetterWriter:

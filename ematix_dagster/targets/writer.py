@@ -59,3 +59,14 @@ class WritesInTransaction(Protocol):
     """A writer that also writes inside another connection's transaction (the PostgreSQL writers)."""
 
     def write_in_transaction(self, conn: Any, batch_id: int, rows: pa.Table) -> None: ...
+
+
+@runtime_checkable
+class CountsRows(Protocol):
+    """A writer that knows its target's size from a count it keeps with each commit (the PostgreSQL
+    writers, :mod:`~ematix_dagster.targets.pg_count`). Parquet and console writers have none: a
+    parquet target is a log of every batch's rows (corrections and retractions included), whose
+    row total is not a table's size and would take reading every file's footer; the console keeps
+    nothing."""
+
+    def row_count(self) -> int | None: ...

@@ -33,7 +33,7 @@ from ematix_dagster.spark.input.input_files import UNREADABLE_FILE, InputFiles
 from ematix_dagster.spark.recovery import named_offsets, offset_names
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.streaming.durable import Progress, Provenance
-from ematix_dagster.targets.writer import DeadLetterWriter, RowWriter, WindowWriter, WritesInTransaction
+from ematix_dagster.targets.writer import CountsRows, DeadLetterWriter, RowWriter, WindowWriter, WritesInTransaction
 from state_store.contract import BatchCommit, PipelineRecord, StateStore
 from state_store.loaded_groups import gc_paused
 
@@ -146,6 +146,14 @@ class BatchStep(Generic[In, Out]):
     def schema(self) -> pa.Schema:
         """The rows the target receives (Dagster's column schema of the output)."""
         return self.call.schema
+
+    def target_row_count(self) -> int | None:
+        """The target table's size as of its last commit (Dagster's ``dagster/row_count``): a
+        count the PostgreSQL target keeps with each commit, read on a connection of its own, so
+        any thread may ask while a batch is written. None for a target that keeps none (parquet,
+        console) or before its writer first opened the table; a
+        :class:`~ematix_dagster.errors.TargetError` when the database cannot be read."""
+        return self.target.row_count() if isinstance(self.target, CountsRows) else None
 
     def run(self, df: DataFrame, batch_id: int) -> BatchReport | None:
         """Process Spark's batch ``batch_id``; None when the store already holds it (a replay).

@@ -28,7 +28,8 @@ Configuration comes from the environment, with safe local defaults:
 ================================  ===========================================================
 
 Data lives under ``.ematix/`` (inputs in ``.ematix/data``, checkpoints, state, Parquet output);
-``python -m pipelines.sample_data`` writes a few minutes of sample input.
+``python -m pipelines.sample_data`` writes a few minutes of sample input (and, into an empty clicks
+directory, the two complete UTC days before today, which the backfill asset can rewrite).
 """
 
 import os
@@ -82,10 +83,11 @@ PIPELINES = [clicks_per_minute, clicks_hopping, user_sessions, card_payments, em
 
 # -- assets, with their checks and their inputs as upstream assets --------------------------------------
 # .ematix/data/clicks is one asset, read by five pipelines, and the Redis stream ematix:clicks another
-# (redis/ematix/clicks); each asset's step evaluates its own checks
-assets = streaming_pipeline_assets(PIPELINES, owners=["team:data-platform"])
+# (redis/ematix/clicks-stream, labelled clicks-stream in the graph); each asset's step evaluates its own checks
+OWNERS = ["team:data-platform"]
+assets = streaming_pipeline_assets(PIPELINES, owners=OWNERS)
 # partitioned backfills of the pipelines with [backfill]: rewrite past days from archived input
-backfill_assets = [backfill_asset(p) for p in PIPELINES if p.spec.backfill is not None]
+backfill_assets = [backfill_asset(p, owners=OWNERS) for p in PIPELINES if p.spec.backfill is not None]
 
 # -- jobs, sensors, schedules -----------------------------------------------------------------------
 pipeline_jobs = {p.name: pipeline_job(p) for p in PIPELINES}

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from ematix_dagster import faults
@@ -37,6 +38,7 @@ class BackfillResult:
     rows_read: int = 0
     dead_letters: int = 0  # the range's dead letters written (with a PostgreSQL table beside the target)
     seconds: float = 0.0
+    schema: pa.Schema | None = None  # the rows sent to the target (None: the range held no window start)
 
 
 def run_backfill(spec: PipelineSpec, start: str, end: str, spark: SparkSession | None = None,
@@ -79,6 +81,7 @@ def run_backfill(spec: PipelineSpec, start: str, end: str, spark: SparkSession |
                 letters.close()
         result.dead_letters = computed.dead_letters.num_rows if letters is not None else 0
         result.rows_written = computed.rows.num_rows
+        result.schema = computed.rows.schema
         if computed.rows.num_rows:
             result.windows = len(set(computed.rows.column(window.window_start_column).to_pylist()))
     result.seconds = time.perf_counter() - began

@@ -1,4 +1,5 @@
-"""Asset checks of a pipeline: checkpoint consistency, idempotent target, watermark lag, late rows.
+"""Asset checks of a pipeline: checkpoint consistency, idempotent target, watermark lag, late rows;
+and of its backfill asset: the rewritten range.
 
 The checks are declared on the pipeline's asset (:func:`check_specs`), not as separate
 ``@asset_check`` steps: a streaming step never ends, so a check step planned after it would show
@@ -7,9 +8,14 @@ The checks are declared on the pipeline's asset (:func:`check_specs`), not as se
 session), the checkpoint check blocking the start when it fails; then lag and late rows over its
 recent batches after each materialization. The checks job reports them for pipelines that are not
 running. The evaluations here are plain functions of the store's values or of a run's batches.
+
+A backfill asset's step evaluates its one check after it has rewritten a range
+(:func:`backfill_check_specs`): the backfill reports what it wrote, and the check reads the target
+back, so the operator sees what the table holds, not only what was sent to it.
 """
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Optional
 
 import dagster as dg
@@ -24,6 +30,7 @@ CHECKPOINT_CHECK = "checkpoint_consistency"
 IDEMPOTENT_TARGET_CHECK = "idempotent_target"
 WATERMARK_LAG_CHECK = "watermark_lag"
 LATE_ROW_RATIO_CHECK = "late_row_ratio"
+REWRITTEN_RANGE_CHECK = "rewritten_range"
 
 DEFAULT_MAX_WATERMARK_LAG_SECONDS = 600.0
 DEFAULT_MAX_LATE_ROW_RATIO = 0.01
@@ -80,6 +87,15 @@ def check_specs(pipeline: EmatixPipeline, bounds: CheckBounds) -> list[dg.AssetC
         specs.append(dg.AssetCheckSpec(WATERMARK_LAG_CHECK, asset=key, metadata={_BOUND: bound},
                                        description=f"now - global watermark <= {bound:.0f} s."))
     return specs
+
+
+def backfill_check_specs(key: dg.AssetKey) -> list[dg.AssetCheckSpec]:
+    """The checks declared on a backfill asset (its step evaluates them after the rewrite)."""
+    return [dg.AssetCheckSpec(
+        REWRITTEN_RANGE_CHECK, asset=key,
+        description="After a backfill, the target holds exactly the rows it wrote for the range: as many rows whose "
+                    "window starts in the range as the backfill wrote (none left from before, none from another "
+                    "writer).")]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,6 +167,49 @@ def _postgres_key_warnings(spec: PipelineSpec, key: list[str]) -> list[str]:
     return []
 
 
+def range_row_count(spec: PipelineSpec, start: datetime, end: datetime) -> int:
+    """Rows of the PostgreSQL target whose window starts in [start, end), read back after a backfill."""
+    from psycopg import sql
+
+    from ematix_dagster.targets import PostgresTable
+
+    target = spec.resolved().target
+    column = sql.Identifier(spec.window.window_start_column)
+    table = PostgresTable(target.url, target.table, spec.pipeline_name, "target")
+    try:
+        conn = table.connect()
+        row = conn.execute(sql.SQL("SELECT count(*) FROM {t} WHERE {c} >= %s AND {c} < %s").format(
+            t=table.ident, c=column), (start, end)).fetchone()
+        conn.rollback()
+    finally:
+        table.close()
+    return int(row[0]) if row else 0
+
+
+def evaluate_rewritten_range(key: dg.AssetKey, spec: PipelineSpec, start: datetime, end: datetime, span: str,
+                             written: int) -> dg.AssetCheckResult:
+    """The backfill of [start, end) (``span``, as its result names it) wrote ``written`` rows: does the
+    target hold as many? A target that cannot be read back fails the check instead of the step, whose
+    rewrite has committed."""
+    import psycopg
+
+    from ematix_dagster.errors import EmatixError
+
+    try:
+        in_target = range_row_count(spec, start, end)
+    except (EmatixError, psycopg.Error) as exc:
+        return dg.AssetCheckResult(asset_key=key, check_name=REWRITTEN_RANGE_CHECK, passed=False,
+                                   severity=dg.AssetCheckSeverity.ERROR,
+                                   description=f"cannot read the target back: {exc}",
+                                   metadata={"range": span, "rows_written": written})
+    passed = in_target == written
+    return dg.AssetCheckResult(
+        asset_key=key, check_name=REWRITTEN_RANGE_CHECK, passed=passed, severity=dg.AssetCheckSeverity.ERROR,
+        description=(f"the target holds {in_target} rows of {span}; the backfill wrote {written}"
+                     + ("" if passed else ": another writer has changed the range since the rewrite committed")),
+        metadata={"range": span, "rows_written": written, "rows_in_target": in_target})
+
+
 def late_row_ratio(counters: dict[str, int]) -> tuple[int, int]:
     """(late rows, rows consumed) from the stored counters."""
     consumed = sum(v for k, v in counters.items() if k.startswith("rows_consumed:"))
@@ -216,5 +275,6 @@ def late_row_ratio_result(pipeline: EmatixPipeline, late: int, consumed: int, la
 
 
 __all__ = ["CHECKPOINT_CHECK", "CheckBounds", "DEFAULT_CHECK_BOUNDS", "IDEMPOTENT_TARGET_CHECK", "LATE_ROW_RATIO_CHECK",
-           "WATERMARK_LAG_CHECK", "check_specs", "evaluate_checkpoint", "evaluate_idempotent_target",
-           "idempotency_warnings", "late_row_ratio", "latest_evaluation", "late_row_ratio_result", "watermark_lag_result"]
+           "REWRITTEN_RANGE_CHECK", "WATERMARK_LAG_CHECK", "backfill_check_specs", "check_specs", "evaluate_checkpoint",
+           "evaluate_idempotent_target", "evaluate_rewritten_range", "idempotency_warnings", "late_row_ratio",
+           "latest_evaluation", "late_row_ratio_result", "range_row_count", "watermark_lag_result"]

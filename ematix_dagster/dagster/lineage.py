@@ -2,7 +2,10 @@
 
 A pipeline's sources become upstream assets: an external ``AssetSpec`` per input (a files path, a
 Kafka topic, Redis streams; a ``rate`` source generates its rows and has none), keyed by where the data is, not by
-the source's name, so pipelines reading the same directory share one upstream asset. A source that
+the source's name, so pipelines reading the same directory share one upstream asset. The asset graph
+labels a node with its key's last part only, so a topic's and a stream's last part names its kind
+(``clicks-topic``, ``clicks-stream``): a directory ``clicks`` and a Redis stream ``ematix:clicks``
+would otherwise be two nodes both labelled ``clicks``. A source that
 reads what another pipeline of the same location writes (its Parquet directory) is that pipeline's
 asset instead: the reading pipeline is downstream of it.
 
@@ -38,14 +41,20 @@ def _key_parts(text: str) -> list[str]:
 
 def default_source_key(source: Source) -> Optional[dg.AssetKey]:
     """``files`` + the path's parts (``.ematix/data/clicks`` -> ``files/ematix/data/clicks``),
-    ``kafka`` + the topic; None for a ``rate`` source."""
+    ``kafka`` + the topic + ``-topic`` (``shop.orders`` -> ``kafka/shop_orders-topic``), ``redis`` + the
+    streams + ``-stream`` (``ematix:clicks`` -> ``redis/ematix/clicks-stream``); None for a ``rate`` source."""
     if source.kind == "files" and source.path:
         return dg.AssetKey(["files", *_key_parts(source.path.strip().lstrip("."))])
     if source.kind == "kafka" and source.topic:
-        return dg.AssetKey(["kafka", *_key_parts(source.topic)])
+        return dg.AssetKey(["kafka", *_labelled(_key_parts(source.topic), "topic")])
     if source.kind == "redis_stream" and source.streams:
-        return dg.AssetKey(["redis", *_key_parts("+".join(source.streams))])
+        return dg.AssetKey(["redis", *_labelled(_key_parts("+".join(source.streams)), "stream")])
     return None
+
+
+def _labelled(parts: list[str], kind: str) -> list[str]:
+    """``parts`` with ``kind`` on the last one, the part the asset graph shows as the node's label."""
+    return [*parts[:-1], f"{parts[-1]}-{kind}"] if parts else [kind]
 
 
 def source_uri(source: Source) -> Optional[str]:
@@ -81,6 +90,18 @@ def target_uri(target: Target) -> Optional[str]:
     return None
 
 
+def target_metadata(target: Target) -> dict[str, Any]:
+    """``dagster/table_name`` and ``dagster/uri`` of a target, for every asset that writes it (a
+    pipeline's and its backfill's), so the UI shows both on the same table."""
+    meta: dict[str, Any] = {}
+    if target.kind == "postgres" and target.table:
+        meta["dagster/table_name"] = target.table
+    uri = target_uri(target)
+    if uri is not None:
+        meta["dagster/uri"] = uri
+    return meta
+
+
 def _where(path: str) -> str:
     return path if "://" in path else os.path.normpath(os.path.abspath(path))
 
@@ -105,4 +126,4 @@ def output_schema_metadata(step: Any) -> dict[str, Any]:
 
 
 __all__ = ["default_source_key", "files_uri", "output_schema_metadata", "postgres_uri", "source_location", "source_uri", "target_location",
-           "target_uri"]
+           "target_metadata", "target_uri"]

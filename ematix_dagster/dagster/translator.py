@@ -5,7 +5,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import dagster as dg
 
-from ematix_dagster.dagster.lineage import default_source_key, source_uri, target_uri
+from ematix_dagster.dagster.lineage import default_source_key, source_uri, target_metadata
 from ematix_dagster.dagster.pipeline import (
     NAME_METADATA_KEY,
     PIPELINE_TAG,
@@ -73,12 +73,7 @@ class EmatixTranslator:
         }
         if pipeline.source_path is not None:
             meta["ematix/toml_path"] = dg.MetadataValue.path(str(pipeline.source_path))
-        if spec.target.kind == "postgres" and spec.target.table:
-            meta["dagster/table_name"] = spec.target.table
-        uri = target_uri(spec.target)
-        if uri is not None:
-            meta["dagster/uri"] = uri
-        return meta
+        return {**meta, **target_metadata(spec.target)}
 
     def get_source_asset_key(self, pipeline: EmatixPipeline, source: Source) -> Optional[dg.AssetKey]:
         """The upstream asset of one source (None: it has none, like a ``rate`` source). Pipelines

@@ -19,9 +19,9 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 EXPECTED_ASSETS = {"public/user_clicks_1min", "ematix/clicks-hopping-5min", "ematix/user-sessions",
                    "ematix/card-payments", "ematix/revenue-per-channel", "ematix/embargoed-clicks",
                    "ematix/clicks-hourly-delayed", "ematix/clicks-redis"}
-BACKFILL_ASSETS = {"public/user_clicks_1min-backfill"}  # partitioned, no streaming checks
+BACKFILL_ASSETS = {"public/user_clicks_1min-backfill"}  # partitioned, its own check (rewritten_range)
 EXPECTED_SOURCES = {"files/ematix/data/clicks", "files/ematix/data/payments", "files/ematix/data/orders-web",
-                    "files/ematix/data/orders-mobile", "redis/ematix/clicks"}  # the inputs, as upstream assets
+                    "files/ematix/data/orders-mobile", "redis/ematix/clicks-stream"}  # the inputs, as upstream assets
 EXPECTED_SENSORS = {"clicks_per_minute_keep_alive", "revenue_per_channel_keep_alive", "ematix_run_failure_sensor"}
 EXPECTED_JOBS = {"clicks_per_minute_job", "clicks_hopping_5min_job", "user_sessions_job", "card_payments_job",
                  "revenue_per_channel_job", "embargoed_clicks_job", "clicks_hourly_delayed_job", "clicks_redis_job", "ematix_state_migration_job", "ematix_validate_job",
@@ -76,6 +76,7 @@ def test_loading_the_code_location_starts_no_spark_and_opens_no_connection():
     assert "public/user_clicks_1min:watermark_lag" in found["checks"]
     assert "ematix/clicks-hopping-5min:watermark_lag" not in found["checks"]
     assert "ematix/card-payments:watermark_lag" not in found["checks"]
+    assert "public/user_clicks_1min-backfill:rewritten_range" in found["checks"]
 
 
 def test_dagster_cli_validates_the_workspace():

@@ -55,6 +55,21 @@ def test_the_example_location_shares_the_clicks_input_and_gives_every_source_an_
     assert uri == (Path.cwd() / ".ematix" / "data" / "clicks").as_uri()
 
 
+def test_no_two_inputs_of_the_example_location_share_a_label():
+    """The asset graph labels a node with its key's last part: the clicks files and the clicks Redis
+    stream were two nodes both labelled "clicks"."""
+    from pipelines import definitions
+
+    asset_graph = definitions.defs.get_repository_def().asset_graph
+    sources = [key for key in asset_graph.get_all_asset_keys() if asset_graph.get(key).is_external]
+    labels = {key.to_user_string(): key.path[-1] for key in sources}
+    assert len(set(labels.values())) == len(labels) == 5, labels
+    assert labels["files/ematix/data/clicks"] == "clicks"
+    assert labels["redis/ematix/clicks-stream"] == "clicks-stream"
+    redis = asset_graph.get(dg.AssetKey(["redis", "ematix", "clicks-stream"]))
+    assert redis.description == "Input of streaming pipelines: Redis stream(s) `ematix:clicks`."
+
+
 def test_a_pipeline_reading_another_ones_parquet_output_is_downstream_of_it(tmp_path):
     first = small_spec(tmp_path / "a", "first")
     second = small_spec(tmp_path / "b", "second")
@@ -137,7 +152,7 @@ def test_kafka_topics_are_upstream_assets_and_rate_sources_have_none():
     from ematix_dagster.dagster.lineage import default_source_key, source_uri
 
     kafka = Source(name="orders", kind="kafka", bootstrap_servers="k1:9092,k2:9092", topic="shop.orders")
-    assert default_source_key(kafka) == dg.AssetKey(["kafka", "shop_orders"])
+    assert default_source_key(kafka) == dg.AssetKey(["kafka", "shop_orders-topic"])
     assert source_uri(kafka) == "kafka://k1:9092/shop.orders"
     rate = Source(name="ticks", kind="rate", rows_per_second=5)
     assert default_source_key(rate) is None and source_uri(rate) is None

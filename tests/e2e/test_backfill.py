@@ -14,7 +14,8 @@ of 01-01, ``k = 'c'`` left out) and 2024-01-01 is backfilled from the archive:
 * then the backfill itself: the day's rows equal pandas over the archive's rows of that day
   under the new SQL (the late row and the unstreamed file included: nothing is late in a
   backfill), every other row is byte-equal to before; the day's dead letters are replaced in the
-  same transaction (its late row gone, the overflow a ``sql_error``), 01-02's late row stays.
+  same transaction (its late row gone, the overflow a ``sql_error``), 01-02's late row stays;
+  the backfill asset's ``rewritten_range`` check, reading the day back from the table, passes.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import signal
 import tomllib
 from pathlib import Path
 
+import dagster as dg
 import pandas as pd
 import psycopg
 import pyarrow as pa
@@ -33,6 +35,7 @@ import tomli_w
 
 from ematix_dagster.backfill import run_backfill
 from ematix_dagster.backfill.lock import lock_name
+from ematix_dagster.dagster.checks import evaluate_rewritten_range
 from ematix_dagster.errors import BackfillBusy, BackfillRefused
 from ematix_dagster.spec import load_pipeline_str
 from tests.conftest import BatchFiles
@@ -157,6 +160,13 @@ def test_a_fixed_day_is_rewritten_from_the_archive_and_nothing_else_moves(spark,
         "the late row counts in the backfill"
     assert result.rows_written == len(expected) and result.windows == len({start for start, *_ in expected})
     assert result.rows_deleted == sum(1 for r in before if r[0] < jan_2)
+    assert {"window_start", "k", "n", "s"} <= set(result.schema.names)  # the backfill asset's column schema
+    # the backfill asset's check reads the range back from the table
+    check = evaluate_rewritten_range(dg.AssetKey("backfilled-backfill"), fixed, at(1, 0), jan_2, str(result.span),
+                                     result.rows_written)
+    assert check.passed, check.description
+    assert check.description == (f"the target holds {len(expected)} rows of {result.span}; "
+                                 f"the backfill wrote {len(expected)}")
     # the day's dead letters replaced in the same transaction: its late row counted now, the fixed SQL's
     # overflow dead-lettered (as a backfill's, _batch_id -1); 01-02's late row untouched
     assert dead_letters(pg_dsn, pg_schema) == [(at(1, 6, 6), "sql_error", -1), (at(2, 5), "late", 2)]

@@ -16,6 +16,7 @@ from state_store.errors import (
     CorruptState,
     EmatixError,
     LeaseHeld,
+    LeaseLost,
     StateVersionError,
     StoreAccessDenied,
     StoreConfigError,
@@ -129,7 +130,7 @@ class CorruptCheckpoint(EmatixError):
 
 
 __all__ = ["AggregationOverflow", "BackfillBusy", "BackfillRefused", "BatchDataError", "CheckpointDiverged", "ConfigError", "CorruptCheckpoint", "CorruptState",
-           "EmatixError", "FingerprintChanged", "InputSchemaMismatch", "LeaseHeld", "PipelineConfigError",
+           "EmatixError", "FingerprintChanged", "InputSchemaMismatch", "LeaseHeld", "LeaseLost", "PipelineConfigError",
            "SourceAccessDenied", "SourceTrimmed", "SourceUnavailable", "SparkQueryFailed", "StateCapExceeded", "StateNotDurableError", "StateVersionError",
            "StoreAccessDenied", "StoreConfigError", "StorePermissionError", "StoreUnavailable", "TargetError",
            "UnexpectedError", "UnreadableInputFile", "first_line"]

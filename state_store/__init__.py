@@ -32,6 +32,11 @@ Decisions shared by the three stores:
   in ``.holder``. A store object that writes (commit / reset / migrate_state) without holding the
   lease takes it for the duration of that write, so it never writes while another run holds it.
   ``acquire_lease`` by the current holder only updates the text; ``close`` releases every lease.
+* A lock outlives a run that was given up while its process lives on, so each acquisition also
+  raises the pipeline's lease epoch (schema step 10) and the holder's writes check it in their own
+  transaction: a replacement run may take the lease over (``acquire_lease(..., take_over=...)``),
+  which raises the epoch at once, and the old holder's next commit rolls back whole with
+  ``LeaseLost`` (a ``LeaseHeld``) instead of writing after it; ``reset`` keeps the epoch.
 * A stored row's ``emitted`` flag (schema step 5, sessions; NULL for a fixed window) and its last
   written row (``written_row``, schema step 6, NULL when none was kept, never on a whole-window
   row) are loaded in the same snapshot as the rows: ``RecoveredState.emitted`` and

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
-from typing import Any, Callable, Iterable
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Iterable, TypeVar
 
 from state_store import codec, whole_window
-from state_store.contract import BatchCommit, PipelineRecord, SourceProgress
-from state_store.errors import RESTORE_OR_RESET, CorruptState, LeaseHeld, StateVersionError
+from state_store.contract import BatchCommit, PipelineRecord, SourceProgress, TakeOver
+from state_store.errors import RESTORE_OR_RESET, CorruptState, LeaseHeld, LeaseLost, StateVersionError
 from state_store.names import PIPELINES_TABLE
 from state_store.pending import check_pending
 
@@ -232,6 +235,107 @@ def lease_held(pipeline: str, store: str, holder: str | None) -> LeaseHeld:
     err.pipeline = pipeline
     err.holder = text
     return err
+
+
+#: a pipeline's stored lease epoch and holder text, as a fence check reads them (None: no pipeline row)
+LeaseRow = tuple[int, str | None] | None
+Lock = TypeVar("Lock")
+_POLL_S = 0.1  # how often a take-over looks whether the fenced holder let go of its lock
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LeaseSteps(Generic[Lock]):
+    """A store's own parts of an acquisition, which :func:`take_lease` puts in order. ``Lock`` is
+    what holds the store's lock (a file descriptor, an advisory lock's key)."""
+
+    #: (the lock, None) when this call took it; (None, the holder's text or None) when another holds it
+    try_lock: Callable[[], tuple[Lock | None, str | None]]
+    unlock: Callable[[Lock], None]
+    #: raise the stored epoch by one and write this holder's text beside it, in one transaction: the new epoch
+    fence: Callable[[], int]
+    #: write this holder's text where the stored epoch is still the one given (and into the lock, if it
+    #: holds text): None when it was, else the stored ``LeaseRow`` that moved on
+    claim: Callable[[Lock, int], LeaseRow]
+
+
+def take_lease(pipeline: str, store: str, steps: LeaseSteps[Lock], take_over: TakeOver | None,
+               wait_s: float) -> tuple[Lock, int]:
+    """The lock and the epoch of a new acquisition, the epoch raised once whichever way it went.
+
+    A free lock is taken, then fenced at the next epoch. A held one is refused with ``LeaseHeld``
+    unless ``take_over`` says yes for its holder: then the holder is fenced first and its lock
+    awaited for up to ``wait_s`` seconds, since only its own end (a refused commit stops it) frees it.
+    """
+    lock, other = steps.try_lock()
+    epoch: int | None = None
+    if lock is None:
+        if take_over is None or not take_over(other):
+            raise lease_held(pipeline, store, other)
+        epoch = steps.fence()
+        log.warning("pipeline %r: taking the lease in %s over from %s: fenced at epoch %d, waiting up to %g s "
+                    "for it to let go", pipeline, store, other, epoch, wait_s)
+        lock = _await_lock(steps, wait_s)
+        if lock is None:
+            raise _not_let_go(pipeline, store, other, epoch, wait_s)
+    try:
+        if epoch is None:
+            epoch = steps.fence()
+        later = steps.claim(lock, epoch)
+        if later is not None:  # a second take-over fenced this one while it waited
+            raise lease_held(pipeline, store, later[1])
+    except BaseException:
+        steps.unlock(lock)
+        raise
+    return lock, epoch
+
+
+def renew_lease(pipeline: str, store: str, steps: LeaseSteps[Lock], lock: Lock, held: int) -> None:
+    """A holder's acquisition again: its text renewed at the epoch it holds, ``LeaseLost`` once that moved on."""
+    check_fence(pipeline, store, held, steps.claim(lock, held), "the lease was not renewed")
+
+
+def _await_lock(steps: LeaseSteps[Lock], wait_s: float) -> Lock | None:
+    deadline = time.monotonic() + wait_s
+    while True:
+        lock = steps.try_lock()[0]
+        left = deadline - time.monotonic()
+        if lock is not None or left <= 0:
+            return lock
+        time.sleep(min(_POLL_S, left))
+
+
+def _not_let_go(pipeline: str, store: str, holder: str | None, epoch: int, wait_s: float) -> LeaseHeld:
+    text = holder or "another process (holder text not written yet)"
+    err = LeaseHeld(
+        f"pipeline {pipeline!r}: its lease in {store} is held by {text}, which this run fenced at epoch {epoch} "
+        f"but which did not let go within {wait_s:g} s; that run commits nothing more and frees the lease when it "
+        "stops: retry then, or stop its process")
+    err.pipeline, err.holder = pipeline, text
+    return err
+
+
+def check_fence(pipeline: str, store: str, held: int | None, stored: LeaseRow, undone: str,
+                batch: int | None = None) -> None:
+    """Inside a write's transaction: ``LeaseLost`` when the stored epoch moved on from ``held``.
+
+    ``held`` None (the writer holds no lease, it writes under the lock alone) and ``stored`` None
+    (no pipeline row yet: nobody fenced anything) pass. ``undone`` says what the refusal leaves
+    undone ("batch 7 was not committed"), ``batch`` is the refused batch's id.
+    """
+    if held is None or stored is None or stored[0] == held:
+        return
+    taker = stored[1] or "another run"
+    err = LeaseLost(f"pipeline {pipeline!r}: the lease in {store} was taken over by {taker} (epoch {stored[0]}, "
+                    f"this run held epoch {held}); {undone}: this run stops")
+    err.pipeline, err.holder, err.epoch, err.held_epoch, err.batch = pipeline, taker, stored[0], held, batch
+    raise err
+
+
+def not_committed(batch: BatchCommit) -> str:
+    batch_id = batch.record.last_batch_id
+    return f"batch {batch_id} was not committed" if batch_id is not None else "the batch was not committed"
 
 
 _SAFE = re.compile(r"^[A-Za-z0-9_-]{1,100}$")

@@ -55,6 +55,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, NamedTuple
 
+#: ``acquire_lease``'s question before it fences another holder: given that holder's text (None when
+#: it wrote none yet), take the lease over?
+TakeOver = Callable[[str | None], bool]
+
 
 @dataclass
 class SourceProgress:
@@ -173,8 +177,20 @@ class StateStore(ABC):
         """Connect, create tables and apply schema migrations."""
 
     @abstractmethod
-    def acquire_lease(self, pipeline: str, holder: str) -> None:
-        """Become the pipeline's only writer until ``release_lease``; raise ``LeaseHeld`` naming the holder."""
+    def acquire_lease(self, pipeline: str, holder: str, take_over: TakeOver | None = None, *,
+                      take_over_wait_s: float = 60.0) -> None:
+        """Become the pipeline's only writer until ``release_lease``; raise ``LeaseHeld`` naming the holder.
+
+        The lock alone outlives a run that was given up (a SIGKILLed Dagster run worker leaves its
+        step process running, lock and all), so each acquisition raises the pipeline's *lease
+        epoch* and this object keeps the one it got (``lease_epoch``): every commit, reset and
+        migration of the holder checks it in its own transaction and rolls back with ``LeaseLost``
+        once it moved on. ``take_over`` decides, given the current holder's text, whether to fence
+        that holder instead of refusing: the epoch is raised at once (its next commit is refused,
+        so it stops, and its lock goes with its process), then the lock is awaited for up to
+        ``take_over_wait_s`` seconds and taken at that epoch; ``LeaseHeld`` when it was not freed
+        in time (the holder stays fenced). Acquiring a lease this object holds only renews its text.
+        """
 
     @abstractmethod
     def release_lease(self, pipeline: str) -> None: ...
@@ -184,12 +200,17 @@ class StateStore(ABC):
         """Who holds the lease now (None when free)."""
 
     @abstractmethod
+    def lease_epoch(self, pipeline: str) -> int | None:
+        """The epoch this object holds the pipeline's lease at (None when it does not hold it)."""
+
+    @abstractmethod
     def load(self, pipeline: str, groups: bool = True) -> RecoveredState:
         """The pipeline's record and (unless ``groups`` is False: checks, sensors) its window state."""
 
     @abstractmethod
     def commit(self, batch: BatchCommit) -> None:
-        """Apply the whole unit of work in one transaction, or nothing."""
+        """Apply the whole unit of work in one transaction, or nothing (``LeaseLost``: the lease
+        was taken over since this object acquired it)."""
 
     @abstractmethod
     def load_pending(self, pipeline: str, up_to_release_us: int, limit: int | None = None) -> list[PendingRow]:

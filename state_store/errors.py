@@ -84,6 +84,22 @@ class LeaseHeld(EmatixError):
     holder: str | None = None
 
 
+class LeaseLost(LeaseHeld):
+    """Another run took this run's lease over (``acquire_lease(..., take_over=...)``) while it ran.
+
+    The take-over raised the pipeline's lease epoch; the commit (or reset, or migration) that found
+    the epoch moved on rolled back whole, its ``in_transaction`` writes with it. Terminal for this
+    run: the taker is the pipeline's writer now, so this run must stop rather than retry. A
+    ``LeaseHeld`` as well, so whoever treats a refused lease as "another run is at work" (Dagster's
+    ``lease_held`` failures) treats this one alike. ``holder`` names the taker, ``epoch`` is the
+    stored epoch, ``held_epoch`` this run's, ``batch`` the batch id that was not committed.
+    """
+
+    epoch: int | None = None
+    held_epoch: int | None = None
+    batch: int | None = None
+
+
 class StateVersionError(EmatixError):
     """Stored state is newer than this code, or cannot be migrated."""
 
@@ -92,5 +108,5 @@ class CorruptState(EmatixError):
     """A stored blob or key does not decode."""
 
 
-__all__ = ["RESTORE_OR_RESET", "ConfigError", "CorruptState", "EmatixError", "LeaseHeld", "StateVersionError", "StoreAccessDenied",
+__all__ = ["RESTORE_OR_RESET", "ConfigError", "CorruptState", "EmatixError", "LeaseHeld", "LeaseLost", "StateVersionError", "StoreAccessDenied",
            "StoreConfigError", "StorePermissionError", "StoreUnavailable"]

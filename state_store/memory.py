@@ -2,7 +2,8 @@
 
 Data lives in a process-global dict keyed by the store's ``name``, so two store objects with the
 same name see the same data (that is how tests simulate a restart within one process) and the
-lease works between them. ``durable`` is False: the engine must refuse to resume a checkpoint
+lease works between them, its epoch included (a take-over waits, outside the store's lock, for
+the fenced object to be released by another thread). ``durable`` is False: the engine must refuse to resume a checkpoint
 with it (docs/contract/targets-and-guarantees.md). Its window state is the committed segments
 only: state rows exist only in stores written at schema 7 or older, which this one never is.
 """
@@ -16,8 +17,26 @@ import threading
 from dataclasses import dataclass, field
 
 from state_store import pending
-from state_store._common import check_batch, check_record_version, lease_held
-from state_store.contract import BatchCommit, PendingRow, PendingSummary, PipelineRecord, RecoveredState, StateStore
+from state_store._common import (
+    LeaseRow,
+    LeaseSteps,
+    check_batch,
+    check_fence,
+    check_record_version,
+    lease_held,
+    not_committed,
+    renew_lease,
+    take_lease,
+)
+from state_store.contract import (
+    BatchCommit,
+    PendingRow,
+    PendingSummary,
+    PipelineRecord,
+    RecoveredState,
+    StateStore,
+    TakeOver,
+)
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +54,8 @@ class _Pipeline:
 class _Space:
     pipelines: dict[str, _Pipeline] = field(default_factory=dict)
     leases: dict[str, tuple[int, str]] = field(default_factory=dict)  # pipeline -> (owner id, holder)
+    #: pipeline -> (lease epoch, the text of the holder that raised it), as a database's pipeline row keeps them
+    epochs: dict[str, tuple[int, str]] = field(default_factory=dict)
 
 
 _SPACES: dict[str, _Space] = {}
@@ -50,6 +71,7 @@ class InMemoryStateStore(StateStore):
         self.name = name
         self._open = False
         self._owner = next(_OWNERS)  # identifies this object as a lease owner
+        self._epochs: dict[str, int] = {}  # pipeline -> the lease epoch this object holds it at
 
     @property
     def description(self) -> str:
@@ -82,16 +104,47 @@ class InMemoryStateStore(StateStore):
 
     # ---- lease ---------------------------------------------------------------------------------
 
-    def acquire_lease(self, pipeline: str, holder: str) -> None:
+    def acquire_lease(self, pipeline: str, holder: str, take_over: TakeOver | None = None, *,
+                      take_over_wait_s: float = 60.0) -> None:
+        """Outside ``_LOCK`` but for each step: a take-over waits for another thread to release."""
+        steps = self._lease_steps(pipeline, holder)
+        if pipeline in self._epochs:
+            renew_lease(pipeline, self.description, steps, self._owner, self._epochs[pipeline])
+        else:
+            _, self._epochs[pipeline] = take_lease(pipeline, self.description, steps, take_over, take_over_wait_s)
+        with _LOCK:
+            self._space().leases[pipeline] = (self._owner, holder)
+
+    def _lease_steps(self, pipeline: str, holder: str) -> LeaseSteps[int]:
+        return LeaseSteps(try_lock=lambda: self._try_lock(pipeline, holder),
+                          unlock=lambda _owner: self.release_lease(pipeline),
+                          fence=lambda: self._fence(pipeline, holder),
+                          claim=lambda _owner, epoch: self._claim(pipeline, epoch))
+
+    def _try_lock(self, pipeline: str, holder: str) -> tuple[int | None, str | None]:
         with _LOCK:
             leases = self._space().leases
             current = leases.get(pipeline)
             if current is not None and current[0] != self._owner:
-                raise lease_held(pipeline, self.description, current[1])
+                return None, current[1]
             leases[pipeline] = (self._owner, holder)
+            return self._owner, None
+
+    def _fence(self, pipeline: str, holder: str) -> int:
+        with _LOCK:
+            epochs = self._space().epochs
+            epoch = epochs.get(pipeline, (0, holder))[0] + 1
+            epochs[pipeline] = (epoch, holder)
+            return epoch
+
+    def _claim(self, pipeline: str, epoch: int) -> LeaseRow:
+        with _LOCK:
+            stored = self._space().epochs.get(pipeline)
+            return None if stored is None or stored[0] == epoch else stored
 
     def release_lease(self, pipeline: str) -> None:
         with _LOCK:
+            self._epochs.pop(pipeline, None)
             leases = self._space().leases
             if pipeline in leases and leases[pipeline][0] == self._owner:
                 del leases[pipeline]
@@ -101,10 +154,15 @@ class InMemoryStateStore(StateStore):
             current = self._space().leases.get(pipeline)
             return current[1] if current else None
 
-    def _check_writer(self, pipeline: str) -> None:
-        current = self._space().leases.get(pipeline)
+    def lease_epoch(self, pipeline: str) -> int | None:
+        return self._epochs.get(pipeline)
+
+    def _check_writer(self, pipeline: str, undone: str, batch: int | None = None) -> None:
+        space = self._space()
+        current = space.leases.get(pipeline)
         if current is not None and current[0] != self._owner:
             raise lease_held(pipeline, self.description, current[1])
+        check_fence(pipeline, self.description, self._epochs.get(pipeline), space.epochs.get(pipeline), undone, batch)
 
     # ---- data ----------------------------------------------------------------------------------
 
@@ -124,7 +182,7 @@ class InMemoryStateStore(StateStore):
         record = copy.deepcopy(batch.record)
         with _LOCK:
             space = self._space()
-            self._check_writer(pipeline)
+            self._check_writer(pipeline, not_committed(batch), batch.record.last_batch_id)
             # Everything that can fail happens before the first change: the types were checked
             # above, re-inserted pending rows are compared, and the callbacks (there is no
             # connection to give them) run first.
@@ -167,14 +225,14 @@ class InMemoryStateStore(StateStore):
     def reset(self, pipeline: str) -> int:
         with _LOCK:
             space = self._space()
-            self._check_writer(pipeline)
+            self._check_writer(pipeline, "the reset was not done")
             data = space.pipelines.pop(pipeline, None)
             return len(data.pending) if data else 0
 
     def migrate_state(self, pipeline: str) -> int:
         """Nothing to rewrite: only state rows are migrated in place, and this store never holds any."""
         with _LOCK:
-            self._check_writer(pipeline)
+            self._check_writer(pipeline, "the migration was not done")
             return 0
 
     def close(self) -> None:
@@ -183,6 +241,7 @@ class InMemoryStateStore(StateStore):
             if space is not None:
                 for pipeline in [p for p, (owner, _) in space.leases.items() if owner == self._owner]:
                     del space.leases[pipeline]
+        self._epochs.clear()
         self._open = False
 
 

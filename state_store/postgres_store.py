@@ -15,6 +15,13 @@
   write without the lease); a store object that does not hold the lease writes under
   ``pg_try_advisory_xact_lock`` and so never while another run holds it. Session advisory locks
   need a direct connection (or PgBouncer in session mode), not a transaction-pooling proxy.
+* A live process keeps its advisory lock however long it was given up for, so the lease also
+  has an epoch on the pipeline row (schema step 10), raised by every acquisition and by a
+  take-over while the old holder still has the lock. The first statement of each write
+  transaction of the holder locks that row (``SELECT lease_epoch ... FOR UPDATE``): a take-over's
+  UPDATE then waits for a commit in flight (which lands, and the taker sees it) or lands first (and
+  the commit, its ``in_transaction`` writes included, rolls back with ``LeaseLost``). A take-over
+  writes its holder text to the row at once, so the fenced run's refusal names it.
 * The URL arrives resolved (``PipelineSpec.resolved``: this package does not read pipeline specs)
   and may hold a password. The password never appears in ``description``, in logs or in error
   messages: it is removed from DSNs and from psycopg's texts (``state_store.pg_url``), and errors
@@ -39,17 +46,31 @@ from psycopg_pool import ConnectionPool
 from state_store import codec, loaded_groups, migrations, pending, segment_rows
 from state_store._common import (
     PIPELINE_COLUMNS,
+    LeaseRow,
+    LeaseSteps,
     bring_forward,
     bring_forward_stored,
     check_batch,
+    check_fence,
     check_record_version,
     expand_windows,
     fill_window_ends,
     lease_held,
+    not_committed,
     record_from_row,
+    renew_lease,
+    take_lease,
     where,
 )
-from state_store.contract import BatchCommit, PendingRow, PendingSummary, PipelineRecord, RecoveredState, StateStore
+from state_store.contract import (
+    BatchCommit,
+    PendingRow,
+    PendingSummary,
+    PipelineRecord,
+    RecoveredState,
+    StateStore,
+    TakeOver,
+)
 from state_store.errors import EmatixError, StoreConfigError, StoreUnavailable
 from state_store.names import lease_key
 from state_store.pg_rows import read_beside, rewrite_blobs, select_groups
@@ -78,6 +99,7 @@ class PostgresStateStore(StateStore):
         self._lease_conn: psycopg.Connection | None = None
         self._lease_pid: int | None = None
         self._leases: dict[str, str] = {}  # pipeline -> holder text
+        self._epochs: dict[str, int] = {}  # pipeline -> the lease epoch this object holds it at
         self._lock = threading.RLock()
         self._names = migrations.postgres_names(schema)
 
@@ -185,34 +207,61 @@ class PostgresStateStore(StateStore):
             return None, None
         return row[0], row[1] or f"PostgreSQL backend pid {row[0]} (holder text not written yet)"
 
-    def acquire_lease(self, pipeline: str, holder: str) -> None:
-        with self._lock:
-            self._guard("acquiring the lease", pipeline, lambda: self._acquire(pipeline, holder))
+    def acquire_lease(self, pipeline: str, holder: str, take_over: TakeOver | None = None, *,
+                      take_over_wait_s: float = 60.0) -> None:
+        self._guard("acquiring the lease", pipeline, lambda: self._acquire(pipeline, holder, take_over, take_over_wait_s))
 
-    def _acquire(self, pipeline: str, holder: str) -> None:
+    def _acquire(self, pipeline: str, holder: str, take_over: TakeOver | None, wait_s: float) -> None:
         self._ensure_open()
-        if pipeline not in self._leases:
-            conn = self._lease_connection()
-            key = self._lock_parts(pipeline)[0]
-            if not cast(tuple, conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone())[0]:  # one row
-                with self._connection() as other:
-                    _, text = self._holder(other, pipeline)
-                raise lease_held(pipeline, self.description, text)
-            try:
-                self._write_holder(pipeline, holder)
-            except BaseException:
-                conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
-                raise
-        else:
-            self._write_holder(pipeline, holder)
-        self._leases[pipeline] = holder
+        steps = self._lease_steps(pipeline, holder)
+        with self._lock:
+            if pipeline in self._leases:
+                renew_lease(pipeline, self.description, steps, self._lock_parts(pipeline)[0], self._epochs[pipeline])
+                self._leases[pipeline] = holder
+                return
+        # each step locks on its own: a take-over's wait must not stop every other use of this object
+        _, epoch = take_lease(pipeline, self.description, steps, take_over, wait_s)
+        with self._lock:
+            self._leases[pipeline], self._epochs[pipeline] = holder, epoch
 
-    def _write_holder(self, pipeline: str, holder: str | None) -> None:
+    def _lease_steps(self, pipeline: str, holder: str) -> LeaseSteps[int]:
+        key = self._lock_parts(pipeline)[0]
+        return LeaseSteps(try_lock=lambda: self._try_lock(pipeline, key), unlock=self._unlock,
+                          fence=lambda: self._fence(pipeline, holder),
+                          claim=lambda _key, epoch: self._claim(pipeline, holder, epoch))
+
+    def _try_lock(self, pipeline: str, key: int) -> tuple[int | None, str | None]:
+        with self._lock:
+            conn = self._lease_connection()
+            if cast(tuple, conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone())[0]:  # one row
+                return key, None
+        with self._connection() as other:
+            return None, self._holder(other, pipeline)[1]
+
+    def _unlock(self, key: int) -> None:
+        with self._lock:
+            self._lease_connection().execute("SELECT pg_advisory_unlock(%s)", (key,))
+
+    def _fence(self, pipeline: str, holder: str) -> int:
         with self._connection() as conn:
-            conn.execute(sql.SQL(
-                "INSERT INTO {pipelines} (pipeline_name, lease_holder) VALUES (%s, %s) ON CONFLICT (pipeline_name) "
-                "DO UPDATE SET lease_holder = EXCLUDED.lease_holder, updated_at = now()").format(**self._names),
-                (pipeline, holder))
+            return cast(tuple, conn.execute(sql.SQL(
+                "INSERT INTO {pipelines} AS p (pipeline_name, lease_holder, lease_epoch) VALUES (%s, %s, 1) "
+                "ON CONFLICT (pipeline_name) DO UPDATE SET lease_holder = EXCLUDED.lease_holder, "
+                "lease_epoch = p.lease_epoch + 1, updated_at = now() RETURNING p.lease_epoch").format(**self._names),
+                (pipeline, holder)).fetchone())[0]
+
+    def _claim(self, pipeline: str, holder: str, epoch: int) -> LeaseRow:
+        with self._connection() as conn:
+            claimed = conn.execute(sql.SQL(
+                "UPDATE {pipelines} SET lease_holder = %s, updated_at = now() "
+                "WHERE pipeline_name = %s AND lease_epoch = %s").format(**self._names), (holder, pipeline, epoch))
+            return None if claimed.rowcount else self._lease_row(conn, pipeline)
+
+    def _lease_row(self, conn: psycopg.Connection, pipeline: str, for_update: bool = False) -> LeaseRow:
+        """The stored (epoch, holder text) of the pipeline; ``for_update`` locks its row till the transaction ends."""
+        return conn.execute(sql.SQL("SELECT lease_epoch, lease_holder FROM {pipelines} WHERE pipeline_name = %s{lock}")
+                            .format(lock=sql.SQL(" FOR UPDATE" if for_update else ""), **self._names),
+                            (pipeline,)).fetchone()
 
     def release_lease(self, pipeline: str) -> None:
         with self._lock:
@@ -220,6 +269,7 @@ class PostgresStateStore(StateStore):
 
     def _release(self, pipeline: str) -> None:
         holder = self._leases.pop(pipeline, None)
+        self._epochs.pop(pipeline, None)
         if holder is None:
             return
         try:
@@ -243,10 +293,18 @@ class PostgresStateStore(StateStore):
 
         return self._guard("asking for the lease holder", pipeline, ask)
 
-    def _check_writer(self, conn: psycopg.Connection, pipeline: str) -> None:
-        """Inside a write transaction: make sure no other run holds the pipeline's lease."""
+    def lease_epoch(self, pipeline: str) -> int | None:
+        return self._epochs.get(pipeline)
+
+    def _check_writer(self, conn: psycopg.Connection, pipeline: str, undone: str, batch: int | None = None) -> None:
+        """First in a write transaction: make sure no other run holds the pipeline's lease, nor took it over.
+
+        The fence comes first: its row lock is what a take-over's UPDATE serializes with.
+        """
         key, hi, lo = self._lock_parts(pipeline)
         if pipeline in self._leases:
+            check_fence(pipeline, self.description, self._epochs[pipeline],
+                        self._lease_row(conn, pipeline, for_update=True), undone, batch)
             ours = conn.execute(
                 "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
                 "AND classid::bigint = %s AND objid::bigint = %s AND pid = %s "
@@ -304,7 +362,7 @@ class PostgresStateStore(StateStore):
         record, n = batch.record, self._names
         pipeline = record.pipeline
         with self._connection() as conn, conn.transaction():
-            self._check_writer(conn, pipeline)
+            self._check_writer(conn, pipeline, not_committed(batch), record.last_batch_id)
             segment_rows.pg_drop(conn, n, batch)
             segment_rows.pg_append(conn, n, batch)
             pending.pg_commit(conn, n, batch, self.description)
@@ -353,15 +411,18 @@ class PostgresStateStore(StateStore):
 
     def _reset(self, pipeline: str) -> int:
         with self._connection() as conn, conn.transaction():
-            self._check_writer(conn, pipeline)
+            self._check_writer(conn, pipeline, "the reset was not done")
+            stored = self._lease_row(conn, pipeline)
+            epoch = self._epochs.get(pipeline, stored[0] if stored else 0)
             for table in ("state", "offsets", "pipelines"):
                 conn.execute(sql.SQL("DELETE FROM {t} WHERE pipeline_name = %s").format(t=self._names[table]),
                              (pipeline,))
             discarded = pending.pg_discard(conn, self._names, pipeline)
             segment_rows.pg_discard(conn, self._names, pipeline)
-            if pipeline in self._leases:  # keep showing who holds the lease
-                conn.execute(sql.SQL("INSERT INTO {pipelines} (pipeline_name, lease_holder) VALUES (%s, %s)")
-                             .format(**self._names), (pipeline, self._leases[pipeline]))
+            if pipeline in self._leases or epoch:  # keep showing who holds the lease; an epoch never goes back
+                conn.execute(sql.SQL("INSERT INTO {pipelines} (pipeline_name, lease_holder, lease_epoch) "
+                                     "VALUES (%s, %s, %s)").format(**self._names),
+                             (pipeline, self._leases.get(pipeline), epoch))
             return discarded
 
     def migrate_state(self, pipeline: str) -> int:
@@ -369,7 +430,7 @@ class PostgresStateStore(StateStore):
 
     def _migrate_state(self, pipeline: str) -> int:
         with self._connection() as conn, conn.transaction():
-            self._check_writer(conn, pipeline)
+            self._check_writer(conn, pipeline, "the migration was not done")
             cur = conn.cursor(binary=True)
             cur.execute(select_groups(self._names, stale_only=True), (pipeline, codec.STATE_VERSION))
             rows, migrated = bring_forward_stored(pipeline, self.description, cur.fetchall())
@@ -384,6 +445,7 @@ class PostgresStateStore(StateStore):
                     self._release(pipeline)
                 except Exception:  # noqa: BLE001 - closing the connection below frees the locks anyway
                     self._leases.pop(pipeline, None)
+                    self._epochs.pop(pipeline, None)
             if self._lease_conn is not None:
                 self._lease_conn.close()
                 self._lease_conn = self._lease_pid = None

@@ -106,6 +106,21 @@ Step 8 (``ematix_streaming_segments``): session and sliding window state as colu
   every older store readable as they were. A new table: the step rewrites and locks nothing.
   Every window kind has committed segments since, so commits write no state row: the state table
   is read on load, rewritten by ``migrate_state`` and emptied by a rebase or ``reset``.
+
+Step 10 (``lease_epoch``): a fence for the lease. A lock alone cannot stop a holder that lives on
+after its run was given up (a SIGKILLed Dagster run worker leaves its step process running, lock
+and all), so a replacement run may *take the lease over*: it raises the epoch, and every write of
+the holder checks, in its own transaction, that the stored epoch is still the one it acquired.
+Layout decision:
+
+* A column of the pipelines row, ``bigint NOT NULL DEFAULT 0`` (SQLite: INTEGER): the epoch is per
+  pipeline and is read in the transaction that writes that row anyway (PostgreSQL locks the row
+  with ``SELECT ... FOR UPDATE`` first, so a take-over's UPDATE and a commit serialize; SQLite's
+  write lock serializes them). Every acquisition raises it by one in a transaction; existing rows
+  start at 0, "never acquired under a fence". Not part of ``PIPELINE_COLUMNS``: a commit's upsert
+  never writes it, and a ``reset`` keeps it, so an epoch never goes back.
+* A constant default: a catalog-only change on both databases (PostgreSQL 11+ rewrites no table
+  for a non-volatile default), whatever the number of pipelines.
 """
 
 from __future__ import annotations
@@ -295,6 +310,11 @@ STEPS: tuple[SchemaStep, ...] = (
                     counters = json_remove(counters, '$.emit_release_watermark', '$.last_batch_rows_written')
                 WHERE json_valid(counters) AND json_type(counters) = 'object'""",
         ),
+    ),
+    SchemaStep(
+        10, "the lease epoch on the pipelines row: raised by every acquisition, checked by every commit of the holder",
+        postgres=("ALTER TABLE {pipelines} ADD COLUMN lease_epoch bigint NOT NULL DEFAULT 0",),
+        sqlite=("ALTER TABLE {pipelines} ADD COLUMN lease_epoch INTEGER NOT NULL DEFAULT 0",),
     ),
 )
 

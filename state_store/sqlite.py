@@ -10,6 +10,12 @@
   text is also written to the pipeline row (``lease_holder``), for people reading the tables. A
   store object that writes without holding the lease takes the lock for the duration of the
   write, so a commit/reset/migration never runs while another process holds the lease.
+* A flock cannot be taken from a live process, so the lease also has an epoch on the pipeline
+  row (schema step 10), raised by every acquisition and by a take-over while the old holder still
+  has the lock. The holder's writes read it inside their ``BEGIN IMMEDIATE`` transaction: SQLite
+  has one writer at a time, so a take-over's raise lands wholly before such a write (which is then
+  refused) or after it. A take-over writes its holder text to the row at once (the fenced run's
+  refusal names it) and to the lock file once it has the lock.
 * Lock files are never deleted (deleting a lock file another process may be opening is a race).
 * Files the store creates (the database, its -wal and -shm, lock files) are mode 0600; an existing
   file keeps its mode (``state_store.private_files``). Pending rows: ``state_store.pending``.
@@ -26,24 +32,30 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, cast
 
 from state_store import codec, migrations, pending, segment_rows
 from state_store._common import (
     PIPELINE_COLUMNS,
+    LeaseRow,
+    LeaseSteps,
     bring_forward,
     bring_forward_stored,
     check_batch,
+    check_fence,
     check_record_version,
     expand_windows,
     file_safe,
     fill_window_ends,
     lease_held,
+    not_committed,
     record_from_row,
+    renew_lease,
     sources_to_json,
+    take_lease,
     where,
 )
-from state_store.contract import BatchCommit, PendingRow, PendingSummary, RecoveredState, StateStore
+from state_store.contract import BatchCommit, PendingRow, PendingSummary, RecoveredState, StateStore, TakeOver
 from state_store.errors import CorruptState, StorePermissionError, StoreUnavailable
 from state_store.loaded_groups import gc_paused
 from state_store.private_files import PRIVATE, create_private, warn_if_shared
@@ -68,6 +80,11 @@ _PIPELINE_UPSERT = (f"INSERT INTO {_N['pipelines']} (pipeline_name, {_PIPELINE_C
                     f"VALUES ({', '.join('?' * (len(PIPELINE_COLUMNS) + 2))}) "
                     "ON CONFLICT (pipeline_name) DO UPDATE SET "
                     + ", ".join(f"{c} = excluded.{c}" for c in PIPELINE_COLUMNS) + ", updated_at = excluded.updated_at")
+#: a lease's fence: the epoch raised by one (the first is 1), the holder's text written beside it
+_FENCE = (f"INSERT INTO {_N['pipelines']} (pipeline_name, lease_holder, lease_epoch, updated_at) "
+          f"VALUES (?, ?, 1, {_NOW}) ON CONFLICT (pipeline_name) DO UPDATE SET lease_holder = excluded.lease_holder, "
+          "lease_epoch = lease_epoch + 1, updated_at = excluded.updated_at RETURNING lease_epoch")
+_LEASE_ROW = f"SELECT lease_epoch, lease_holder FROM {_N['pipelines']} WHERE pipeline_name = ?"
 
 
 class SqliteStateStore(StateStore):
@@ -80,6 +97,7 @@ class SqliteStateStore(StateStore):
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.RLock()
         self._leases: dict[str, tuple[int, str]] = {}  # pipeline -> (lock file descriptor, holder)
+        self._epochs: dict[str, int] = {}  # pipeline -> the lease epoch this object holds it at
 
     @property
     def description(self) -> str:
@@ -182,41 +200,50 @@ class SqliteStateStore(StateStore):
         finally:
             os.close(fd)
 
-    def acquire_lease(self, pipeline: str, holder: str) -> None:
-        with self._lock:
+    def acquire_lease(self, pipeline: str, holder: str, take_over: TakeOver | None = None, *,
+                      take_over_wait_s: float = 60.0) -> None:
+        with self._errors("acquiring the lease", pipeline):
             self._db()
-            fd: int | None
-            if pipeline in self._leases:
-                fd = self._leases[pipeline][0]
-            else:
-                with self._errors("acquiring the lease", pipeline):
-                    fd, other = self._try_lock(pipeline)
-                if fd is None:
-                    raise lease_held(pipeline, self.description, other)
-            try:
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, holder.encode("utf-8"), 0)
-                with self._errors("acquiring the lease", pipeline), self._transaction() as conn:
-                    conn.execute(f"INSERT INTO {_N['pipelines']} (pipeline_name, lease_holder, updated_at) "
-                                 f"VALUES (?, ?, {_NOW}) ON CONFLICT (pipeline_name) DO UPDATE SET "
-                                 "lease_holder = excluded.lease_holder, updated_at = excluded.updated_at",
-                                 (pipeline, holder))
-            except BaseException:
-                self._leases.pop(pipeline, None)
-                self._unlock(fd, clear=True)
-                raise
-            self._leases[pipeline] = (fd, holder)
+            steps = self._lease_steps(pipeline, holder)
+            with self._lock:
+                if pipeline in self._leases:
+                    fd = self._leases[pipeline][0]
+                    renew_lease(pipeline, self.description, steps, fd, self._epochs[pipeline])
+                    self._leases[pipeline] = (fd, holder)
+                    return
+            # each step locks on its own: a take-over's wait must not stop every other use of this object
+            fd, epoch = take_lease(pipeline, self.description, steps, take_over, take_over_wait_s)
+            with self._lock:
+                self._leases[pipeline], self._epochs[pipeline] = (fd, holder), epoch
+
+    def _lease_steps(self, pipeline: str, holder: str) -> LeaseSteps[int]:
+        return LeaseSteps(try_lock=lambda: self._try_lock(pipeline), unlock=lambda fd: self._unlock(fd, clear=True),
+                          fence=lambda: self._fence(pipeline, holder),
+                          claim=lambda fd, epoch: self._claim(fd, pipeline, holder, epoch))
+
+    def _fence(self, pipeline: str, holder: str) -> int:
+        with self._lock, self._transaction() as conn:
+            return cast(int, conn.execute(_FENCE, (pipeline, holder)).fetchone()[0])
+
+    def _claim(self, fd: int, pipeline: str, holder: str, epoch: int) -> LeaseRow:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, holder.encode("utf-8"), 0)
+        with self._lock, self._transaction() as conn:
+            claimed = conn.execute(f"UPDATE {_N['pipelines']} SET lease_holder = ?, updated_at = {_NOW} "
+                                   "WHERE pipeline_name = ? AND lease_epoch = ?", (holder, pipeline, epoch)).rowcount
+            return None if claimed else conn.execute(_LEASE_ROW, (pipeline,)).fetchone()
 
     def release_lease(self, pipeline: str) -> None:
         with self._lock:
             lease = self._leases.pop(pipeline, None)
+            self._epochs.pop(pipeline, None)
             if lease is None:
                 return
             try:
-                if self._conn is not None:
+                if self._conn is not None:  # a taker's text stays
                     with self._errors("releasing the lease", pipeline), self._transaction() as conn:
-                        conn.execute(f"UPDATE {_N['pipelines']} SET lease_holder = NULL WHERE pipeline_name = ?",
-                                     (pipeline,))
+                        conn.execute(f"UPDATE {_N['pipelines']} SET lease_holder = NULL "
+                                     "WHERE pipeline_name = ? AND lease_holder = ?", (pipeline, lease[1]))
             finally:
                 self._unlock(lease[0], clear=True)
 
@@ -231,6 +258,15 @@ class SqliteStateStore(StateStore):
             if other is None and not self.lock_path(pipeline).exists():
                 return None
             return other or "another process (holder text not written yet)"
+
+    def lease_epoch(self, pipeline: str) -> int | None:
+        return self._epochs.get(pipeline)
+
+    def _check_fence(self, conn: sqlite3.Connection, pipeline: str, undone: str, batch: int | None = None) -> None:
+        """First thing in a write transaction of the holder (see the module's docstring)."""
+        if pipeline in self._epochs:
+            check_fence(pipeline, self.description, self._epochs[pipeline],
+                        conn.execute(_LEASE_ROW, (pipeline,)).fetchone(), undone, batch)
 
     @contextmanager
     def _writer(self, pipeline: str) -> Iterator[None]:
@@ -281,6 +317,7 @@ class SqliteStateStore(StateStore):
         pipeline = record.pipeline
         with self._lock, self._errors("committing a batch", pipeline), self._writer(pipeline):
             with self._transaction() as conn:
+                self._check_fence(conn, pipeline, not_committed(batch), record.last_batch_id)
                 now = conn.execute(f"SELECT {_NOW}").fetchone()[0]
                 segment_rows.sqlite_drop(conn, batch)
                 segment_rows.sqlite_append(conn, batch)
@@ -315,18 +352,23 @@ class SqliteStateStore(StateStore):
     def reset(self, pipeline: str) -> int:
         with self._lock, self._errors("resetting state", pipeline), self._writer(pipeline):
             with self._transaction() as conn:
+                self._check_fence(conn, pipeline, "the reset was not done")
+                stored = conn.execute(_LEASE_ROW, (pipeline,)).fetchone()
+                epoch = self._epochs.get(pipeline, stored[0] if stored else 0)
                 for table in ("state", "offsets", "pipelines"):
                     conn.execute(f"DELETE FROM {_N[table]} WHERE pipeline_name = ?", (pipeline,))
                 discarded = pending.sqlite_discard(conn, pipeline)
                 segment_rows.sqlite_discard(conn, pipeline)
-                if pipeline in self._leases:  # keep showing who holds the lease
-                    conn.execute(f"INSERT INTO {_N['pipelines']} (pipeline_name, lease_holder, updated_at) "
-                                 f"VALUES (?, ?, {_NOW})", (pipeline, self._leases[pipeline][1]))
+                if pipeline in self._leases or epoch:  # keep showing who holds the lease; an epoch never goes back
+                    holder = self._leases[pipeline][1] if pipeline in self._leases else None
+                    conn.execute(f"INSERT INTO {_N['pipelines']} (pipeline_name, lease_holder, lease_epoch, "
+                                 f"updated_at) VALUES (?, ?, ?, {_NOW})", (pipeline, holder, epoch))
                 return discarded
 
     def migrate_state(self, pipeline: str) -> int:
         with self._lock, self._errors("migrating state", pipeline), self._writer(pipeline):
             with self._transaction() as conn:
+                self._check_fence(conn, pipeline, "the migration was not done")
                 rows = conn.execute(_GROUPS + " AND state_version <> ?", (pipeline, codec.STATE_VERSION)).fetchall()
                 rows, migrated = bring_forward_stored(pipeline, self.description, rows)
                 now = conn.execute(f"SELECT {_NOW}").fetchone()[0]

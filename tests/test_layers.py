@@ -326,7 +326,7 @@ def test_the_dagster_layer_re_exports_the_store_errors():
     import state_store.errors as lower
 
     for name in ("EmatixError", "ConfigError", "StoreConfigError", "StoreUnavailable", "StoreAccessDenied",
-                 "StorePermissionError", "LeaseHeld", "StateVersionError", "CorruptState"):
+                 "StorePermissionError", "LeaseHeld", "LeaseLost", "StateVersionError", "CorruptState"):
         assert getattr(upper, name) is getattr(lower, name), name
     assert issubclass(upper.PipelineConfigError, lower.ConfigError)
     assert not lower.StoreUnavailable.terminal and lower.StoreConfigError.terminal

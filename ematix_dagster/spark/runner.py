@@ -22,6 +22,7 @@ from pyspark.sql.streaming import StreamingQuery
 from ematix_dagster.errors import (
     CheckpointDiverged,
     FingerprintChanged,
+    LeaseLost,
     StateNotDurableError,
     first_line,
 )
@@ -40,7 +41,7 @@ from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.stores import guarantee, make_store
 from ematix_dagster.streaming.durable import Provenance
 from ematix_dagster.targets import DeadLetterWriter, RowWriter, WindowWriter, make_dead_letter_writer
-from state_store.contract import RecoveredState, StateStore, make_holder
+from state_store.contract import RecoveredState, StateStore, TakeOver, make_holder
 
 
 class _BatchAbandoned(Exception):
@@ -71,7 +72,7 @@ class PipelineRunner:
                  metrics: StreamingMetrics | None = None, progress: Callable[[str], None] | None = None,
                  store: StateStore | None = None, run_label: str | None = None,
                  batch_progress: Callable[[BatchReport], None] | None = None, quiet_failures: bool = True,
-                 announce: bool = True) -> None:
+                 announce: bool = True, take_over_lease: TakeOver | None = None) -> None:
         # Sources, stores, targets and the checkpoint are opened with ``${NAME}`` expanded; the
         # fingerprint that the state records keeps the placeholders (never a value).
         self.spec = spec.resolved()
@@ -94,6 +95,9 @@ class PipelineRunner:
         self.store: StateStore | None = store if store is not None else (
             make_store(self.spec.state_store) if spec.state_store.durable else None)
         self.run_label = run_label
+        # Asked, with the holder's text, when another run holds the lease: yes fences that run (a
+        # replacement for one whose worker was killed) instead of refusing this one (``acquire_lease``).
+        self.take_over_lease = take_over_lease
         self.recovered = RecoveredState(record=None)
         self.fingerprint_doc = fingerprint_doc(spec)  # as written
         self.fingerprint = fingerprint(self.fingerprint_doc)
@@ -135,7 +139,7 @@ class PipelineRunner:
         store.open()
         self._store_open = True
         try:
-            store.acquire_lease(name, make_holder(self.run_label))
+            store.acquire_lease(name, make_holder(self.run_label), take_over=self.take_over_lease)
             self.recovered = store.load(name)
             record = self.recovered.record
             if record is not None and record.fingerprint and record.fingerprint != self.fingerprint:
@@ -268,6 +272,9 @@ class PipelineRunner:
             yield from self._run_events()
         except Exception as exc:
             classified = classify(exc, self.spec.pipeline_name)
+            if isinstance(classified, LeaseLost):
+                self.progress(f"[{self.spec.pipeline_name}] the lease was taken over by {classified.holder}: "
+                              f"this run stops without committing batch {classified.batch}")
             if classified is exc:
                 raise
             raise classified from exc

@@ -12,6 +12,8 @@ from __future__ import annotations
 import shutil
 import socket
 import sqlite3
+import threading
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -255,3 +257,50 @@ def test_cleanup_errors_never_replace_the_original(tmp_path):
             store.open()
             release("failures")
             store.close()
+
+
+def test_a_run_whose_lease_is_taken_over_stops_without_committing(tmp_path, spark, monkeypatch):
+    """A replacement run fences this one while its batch 1 is between the target write and the commit:
+    the commit is refused whole, the run ends with that LeaseLost (not wrapped), and says so in one line."""
+    tmp = tmp_path
+    files = BatchFiles(tmp / "in")
+    for b in range(2):
+        files.write([row(10 * b + i, f"k{i % 2}", i, at(b, 10 * i)) for i in range(4)])
+    monkeypatch.setenv("EMATIX_FAULT_DIR", str(tmp / "faults"))
+    monkeypatch.setenv("EMATIX_FAULT_PAUSE", "target_write:1")
+    lines: list[str] = []
+    runner = _runner(load_pipeline_str(_toml(tmp)), spark=spark, lines=lines)
+    ended: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            runner.run()
+        except BaseException as exc:  # noqa: BLE001 - the test asserts on it
+            ended.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    paused, deadline = tmp / "faults" / "target_write-1.paused", time.monotonic() + 120
+    while not paused.exists():
+        assert thread.is_alive() and time.monotonic() < deadline, ended
+        time.sleep(0.1)
+    taker = SqliteStateStore(str(tmp / "state.db"))
+    try:
+        with pytest.raises(errors.LeaseHeld, match="fenced at epoch 2"):  # the paused run keeps its lock
+            taker.acquire_lease("failures", "host=elsewhere pid=4242 run=replacement", take_over=lambda _h: True,
+                                take_over_wait_s=0.1)
+        (tmp / "faults" / "target_write-1.resume").write_text("")
+        thread.join(120)
+        assert not thread.is_alive()
+        [lost] = ended
+        assert type(lost) is errors.LeaseLost and lost.terminal and lost.batch == 1, repr(lost)
+        assert "run=replacement" in str(lost) and "batch 1 was not committed" in str(lost)
+        assert classify(lost, "failures") is lost
+        assert [line for line in lines if "lease was taken over" in line] == [
+            "[failures] the lease was taken over by host=elsewhere pid=4242 run=replacement: this run stops "
+            "without committing batch 1"]
+        assert taker.load("failures").record.last_batch_id == 0
+        taker.acquire_lease("failures", "host=elsewhere pid=4242 run=replacement")  # the stopped run let go
+        assert taker.lease_epoch("failures") == 3
+    finally:
+        taker.close()

@@ -1,4 +1,4 @@
-"""State-store schema migrations (SQLite, PostgreSQL): recorded versions, steps in order, steps 5 and 6
+"""State-store schema migrations (SQLite, PostgreSQL): recorded versions, steps in order, steps 5, 6, 9 and 10
 (step 7: test_pending_rows.py)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from ematix_dagster.errors import StateVersionError
 from state_store import codec, migrations
-from state_store.contract import BatchCommit
+from state_store.contract import BatchCommit, make_holder
 from tests.state_store.contract_stores import blob, key, record
 from tests.state_store.legacy_rows import write_rows
 from tests.state_store.old_schemas import store_at_schema
@@ -27,7 +27,7 @@ def test_schema_versions_are_recorded_and_newer_schemas_refused(schema_store):
     store.close()
     conn = connect()
     rows = conn.execute("SELECT version, description FROM ematix_streaming_schema_version ORDER BY version").fetchall()
-    assert [r[0] for r in rows] == [s.version for s in migrations.STEPS] == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert [r[0] for r in rows] == [s.version for s in migrations.STEPS] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
     conn.execute("INSERT INTO ematix_streaming_schema_version (version, description, applied_at) "
                  "VALUES (99, 'from the future', '2030-01-01')")
     if kind == "sqlite":
@@ -172,3 +172,32 @@ def test_step_9_moves_the_release_watermark_and_the_last_batch_rows_out_of_the_c
         assert again is not None and (again.release_watermark, again.last_batch_rows) == (5, 0)
     finally:
         store.close()
+
+
+def test_step_10_adds_a_lease_epoch_of_0_in_place_that_the_next_acquisition_raises(schema_store):
+    """Schema step 10: a pipeline row of schema 9 reads as "never acquired under a fence" (epoch 0), a
+    catalog-only change (PostgreSQL rewrites no table); its holder's first acquisition takes epoch 1 and
+    commits as before, with the record as it was."""
+    kind, build, connect = schema_store
+    conn = connect()
+    store_at_schema(kind, conn, 9, "v9", [])
+    before = conn.execute(_FILENODES).fetchone() if kind == "postgres" else None
+    conn.close()
+    store = build()
+    store.open()
+    try:
+        check = connect()
+        assert check.execute("SELECT pipeline_name, lease_epoch FROM ematix_streaming_pipelines").fetchall() == [("v9", 0)]
+        if before:
+            assert check.execute(_FILENODES).fetchone() == before  # no table rewrite
+        check.close()
+        assert store.load("v9").record.last_batch_id == 3
+        store.acquire_lease("v9", make_holder("after-migration"))
+        assert store.lease_epoch("v9") == 1
+        store.commit(BatchCommit(record("v9", 4)))
+        assert store.load("v9").record.last_batch_id == 4
+    finally:
+        store.close()
+    check = connect()
+    assert check.execute("SELECT lease_epoch, lease_holder FROM ematix_streaming_pipelines").fetchall() == [(1, None)]
+    check.close()

@@ -25,6 +25,9 @@ Configuration comes from the environment, with safe local defaults:
 ``EMATIX_CHECKS_SCHEDULE``        ``0``: that schedule starts stopped (default ``1``: running)
 ``EMATIX_KEEP_ALIVE_INTERVAL_S``  keep-alive sensors' minimum interval (``30``)
 ``EMATIX_KEEP_ALIVE_BACKOFF_S``   first backoff after a transient failure, doubled per failure (``30``)
+``EMATIX_MAX_WATERMARK_LAG_S``    every pipeline's ``watermark_lag`` bound (unset: 600 s for the running
+                                  pipelines, no lag check for the scheduled ones)
+``EMATIX_CHECK_INTERVAL_S``       how often a running pipeline evaluates its lag and late-row checks (``60``)
 ================================  ===========================================================
 
 Data lives under ``.ematix/`` (inputs in ``.ematix/data``, checkpoints, state, Parquet output);
@@ -38,6 +41,7 @@ from pathlib import Path
 import dagster as dg
 
 from ematix_dagster.dagster import (
+    CheckBounds,
     EmatixPipeline,
     EmatixSparkResource,
     MetricsResource,
@@ -85,7 +89,10 @@ PIPELINES = [clicks_per_minute, clicks_hopping, user_sessions, card_payments, em
 # .ematix/data/clicks is one asset, read by five pipelines, and the Redis stream ematix:clicks another
 # (redis/ematix/clicks-stream, labelled clicks-stream in the graph); each asset's step evaluates its own checks
 OWNERS = ["team:data-platform"]
-assets = streaming_pipeline_assets(PIPELINES, owners=OWNERS)
+_max_lag = os.environ.get("EMATIX_MAX_WATERMARK_LAG_S")
+checks = CheckBounds(max_watermark_lag_seconds=float(_max_lag) if _max_lag else None,
+                     check_interval_seconds=_env_seconds("EMATIX_CHECK_INTERVAL_S", 60.0))
+assets = streaming_pipeline_assets(PIPELINES, owners=OWNERS, checks=checks)
 # partitioned backfills of the pipelines with [backfill]: rewrite past days from archived input
 backfill_assets = [backfill_asset(p, owners=OWNERS) for p in PIPELINES if p.spec.backfill is not None]
 

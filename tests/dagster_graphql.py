@@ -3,6 +3,7 @@ their events, assets and their checks, sensors, pools."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -70,11 +71,40 @@ def check_statuses(dagit: Dagit, asset_path: list[str]) -> dict[str, tuple[str |
 
 
 def check_executions(dagit: Dagit, asset_path: list[str], check: str) -> list[dict]:
-    """Every execution of a check, newest first: status, run id and description."""
+    """Every execution of a check, newest first: status, run id, description and numeric metadata
+    (``evaluation.values``: label -> number)."""
     data = dagit.query("""query($key: AssetKeyInput!, $name: String!) {
-        assetCheckExecutions(assetKey: $key, checkName: $name, limit: 100) {
-            status runId evaluation { description } } }""", {"key": {"path": asset_path}, "name": check})
-    return data["assetCheckExecutions"]
+        assetCheckExecutions(assetKey: $key, checkName: $name, limit: 200) {
+            status runId evaluation { description metadataEntries { label
+                ... on IntMetadataEntry { intValue } ... on FloatMetadataEntry { floatValue } } } } }""",
+                       {"key": {"path": asset_path}, "name": check})
+    executions = data["assetCheckExecutions"]
+    for execution in executions:
+        evaluation = execution["evaluation"] or {}
+        evaluation["values"] = {e["label"]: e.get("intValue", e.get("floatValue"))
+                                for e in evaluation.get("metadataEntries", [])}
+    return executions
+
+
+def asset_events(dagit: Dagit, asset_path: list[str]) -> list[dict]:
+    """Every materialization and observation of an asset, newest first: ``kind``, ``run_id``,
+    ``description``, ``tags`` and ``metadata`` (label -> int, or the parsed JSON of a JSON entry)."""
+    entries = """metadataEntries { label ... on IntMetadataEntry { intValue } ... on JsonMetadataEntry { jsonString } }"""
+    data = dagit.query("""query($key: AssetKeyInput!) { assetOrError(assetKey: $key) { ... on Asset {
+        assetMaterializations(limit: 10000) { runId timestamp description tags { key value } %s }
+        assetObservations(limit: 10000) { runId timestamp description %s } } } }""" % (entries, entries),
+                       {"key": {"path": asset_path}})
+    asset = data["assetOrError"]
+    found = []
+    for kind, events in (("materialization", asset["assetMaterializations"]),
+                         ("observation", asset["assetObservations"])):
+        for event in events:
+            metadata = {e["label"]: json.loads(e["jsonString"]) if "jsonString" in e else e.get("intValue")
+                        for e in event["metadataEntries"]}
+            found.append({"kind": kind, "run_id": event["runId"], "timestamp": float(event["timestamp"]),
+                          "description": event["description"] or "",
+                          "tags": {t["key"]: t["value"] for t in event.get("tags", [])}, "metadata": metadata})
+    return sorted(found, key=lambda e: -e["timestamp"])
 
 
 def event_pid(dagit: Dagit, run_id: str, message_pattern: str) -> int | None:

@@ -111,6 +111,7 @@ CLICKS_OP = "public__user_clicks_1min"
 CLICKS_POOL = "ematix-clicks-per-minute"
 LOCATION = "pipelines.definitions"
 CLICKS_T0 = datetime(2025, 3, 1, 9, 0, tzinfo=timezone.utc)
+CLOSING_TS = datetime(2025, 3, 2, 0, 1, tzinfo=timezone.utc)  # the stream then has passed all of 2025-03-01
 
 
 def clicks_schema() -> Any:
@@ -126,19 +127,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def write_click_file(directory: Path, f: int) -> Any:
-    """Click file ``f`` (0-5: eight clicks 30 s apart per file; 6: one event 13 minutes ahead that
-    closes every window) written atomically with mtime order = file order; returns its rows."""
+def write_click_file(directory: Path, f: int, rows: list[dict] | None = None) -> Any:
+    """Click file ``f`` (0-5: eight clicks 30 s apart per file; 6: one event a minute into the next
+    day, which closes every window and completes the day for a backfill; later ones: ``rows``) written atomically with mtime order = file order;
+    returns its rows."""
     import pandas as pd
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     directory.mkdir(parents=True, exist_ok=True)
-    if f < 6:
+    if rows is None and f < 6:
         rows = [{"user_id": i % 3, "amount": float((i * 7 + f) % 11) - 1.0, "page": f"/p{(i + f) % 4}",
                  "ts": CLICKS_T0 + timedelta(seconds=30 * f + 3 * i)} for i in range(8)]
-    else:
-        rows = [{"user_id": 99, "amount": 1.0, "page": "/close", "ts": CLICKS_T0 + timedelta(minutes=13)}]
+    elif rows is None:
+        rows = [{"user_id": 99, "amount": 1.0, "page": "/close", "ts": CLOSING_TS}]
     tmp, final = directory / f".f{f}.tmp", directory / f"part-{f:03d}.parquet"
     pq.write_table(pa.Table.from_pylist(rows, schema=clicks_schema()), tmp)
     os.replace(tmp, final)
@@ -146,8 +148,23 @@ def write_click_file(directory: Path, f: int) -> Any:
     return pd.DataFrame(rows)
 
 
+def late_clicks() -> list[dict]:
+    """Eight clicks of the first minute: dropped as late once the closing event has passed."""
+    return [{"user_id": i % 3, "amount": 1.0, "page": "/late", "ts": CLICKS_T0 + timedelta(seconds=i)}
+             for i in range(8)]
+
+
+LIVE_USER = 98  # fresh clicks that bring the watermark near now (for the lag check): not in the ground truth
+
+
+def live_clicks(now: datetime) -> list[dict]:
+    """Four clicks of ``LIVE_USER`` in the last four seconds before ``now``."""
+    return [{"user_id": LIVE_USER, "amount": 1.0, "page": "/live", "ts": now - timedelta(seconds=4 - i)}
+            for i in range(4)]
+
+
 def write_click_inputs(directory: Path, files: range = range(7)) -> Any:
-    """Six files of clicks over three minutes, then one event 10 minutes ahead that closes them."""
+    """Six files of clicks over three minutes, then one event the next day that closes them."""
     import pandas as pd
 
     return pd.concat([write_click_file(directory, f) for f in files], ignore_index=True)

@@ -24,10 +24,15 @@ from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
 import dagster as dg
 from pydantic import Field
 
-from ematix_dagster.dagster.check_reports import StepChecks
+from ematix_dagster.dagster.check_reports import CheckTimer, StepChecks
 from ematix_dagster.dagster.checks import CHECKPOINT_CHECK, DEFAULT_CHECK_BOUNDS, CheckBounds, check_specs
 from ematix_dagster.dagster.events import DEFAULT_SUMMARY_SECONDS, DEFAULT_THROTTLE_SECONDS, EmatixEventIterator
-from ematix_dagster.dagster.lineage import output_schema_metadata, source_location, target_location
+from ematix_dagster.dagster.lineage import (
+    output_schema_metadata,
+    source_location,
+    table_size_metadata,
+    target_location,
+)
 from ematix_dagster.dagster.pipeline import (
     CODE_VERSION_TAG,
     ERROR_TAG,
@@ -39,9 +44,10 @@ from ematix_dagster.dagster.pipeline import (
 )
 from ematix_dagster.dagster.resources import EmatixSparkResource, MetricsResource, StateStoreResource
 from ematix_dagster.dagster.translator import EmatixTranslator
+from ematix_dagster.dagster.unreported import unreported_materialization
 from ematix_dagster.dagster.versions import batch_provenance
-from ematix_dagster.dagster.watcher import DEFAULT_WATCH_INTERVAL_SECONDS, RunWatcher
-from ematix_dagster.errors import CheckpointDiverged, LeaseHeld
+from ematix_dagster.dagster.watcher import DEFAULT_WATCH_INTERVAL_SECONDS, RunWatcher, lease_of_finished_run
+from ematix_dagster.errors import CheckpointDiverged, LeaseHeld, LeaseLost
 from ematix_dagster.spark.failures.classify import classify
 from ematix_dagster.spec import PipelineSpec, spec_warnings
 
@@ -110,6 +116,8 @@ def pipeline_failure(context: Any, pipeline: EmatixPipeline, exc: BaseException)
         "transient": "transient: retried with backoff",
         "lease_held": "another run holds the pipeline's lease; this run did nothing",
     }[kind]
+    if isinstance(exc, LeaseLost):
+        advice = "another run took the lease over; this run stopped without committing its batch"
     return dg.Failure(
         description=f"pipeline {pipeline.name}: {type(exc).__name__}: {text} ({advice})",
         metadata={"pipeline": pipeline.name, "failure": kind, "terminal": kind == "terminal",
@@ -152,6 +160,8 @@ def run_pipeline_events(context: Any, pipeline: EmatixPipeline, config: Pipeline
     run_id = context.run.run_id
     events: Optional[EmatixEventIterator] = None
     watcher: Optional[RunWatcher] = None
+    timer: Optional[CheckTimer] = None
+    checks: Optional[StepChecks] = None
     lease = ""
     try:
         _tag_run(context, {PIPELINE_TAG: name, CODE_VERSION_TAG: pipeline.code_version})
@@ -163,9 +173,12 @@ def run_pipeline_events(context: Any, pipeline: EmatixPipeline, config: Pipeline
         # The session starts when the runner holds the lease (a second run is refused without a JVM).
         # Per-batch lines are not logged (batch_progress): batches with data become the throttled
         # events below, and the summary line covers the rest (heartbeat-only batches included).
+        # A lease still held by a run Dagster has ended (its orphaned step) is taken over: the store
+        # fences that step, whose next commit is refused, and this run resumes once it has let go.
         runner = PipelineRunner(spec, spark=lambda: spark.spark_session, metrics=metrics.streaming_metrics(),
                                 progress=context.log.info, run_label=f"dagster:{run_id}",
-                                batch_progress=lambda report: None)
+                                batch_progress=lambda report: None,
+                                take_over_lease=lease_of_finished_run(context.instance))
         watcher = RunWatcher(context.instance, run_id, runner.request_stop,
                              report=lambda text: context.log.warning(f"pipeline {name}: {text}"),
                              interval_seconds=config.watch_seconds)
@@ -177,13 +190,21 @@ def run_pipeline_events(context: Any, pipeline: EmatixPipeline, config: Pipeline
                                          f"does not start:\n{checks.blocked.description}")
         context.log.info(f"pipeline {name}: starting ({spec.run.trigger}); state in "
                          f"{state_store.description(spec)}")
-        events = EmatixEventIterator(runner.events(), pipeline.key, throttle_seconds=config.throttle_seconds,
-                                     summary_seconds=config.summary_seconds, log=context.log.info, name=name,
-                                     final_metadata=lambda: {"run_id": run_id},
-                                     provenance=batch_provenance(context, pipeline.key, pipeline.code_version),
-                                     metadata=lambda: output_schema_metadata(runner.step),
-                                     after_report=None if checks is None else checks.after_report)
+        provenance = batch_provenance(context, pipeline.key, pipeline.code_version)
+
+        def step_metadata() -> dict[str, Any]:
+            return {**output_schema_metadata(runner.step), **table_size_metadata(runner.step)}
+
+        events = EmatixEventIterator(
+            runner.events(), pipeline.key, throttle_seconds=config.throttle_seconds,
+            summary_seconds=config.summary_seconds, log=context.log.info, name=name,
+            final_metadata=lambda: {"run_id": run_id}, provenance=provenance, metadata=step_metadata,
+            after_report=None if checks is None else checks.after_report,
+            catch_up=lambda: unreported_materialization(context.instance, pipeline.key, runner.recovered.record,
+                                                        provenance=provenance, metadata=step_metadata))
         watcher.start()
+        if checks is not None and pipeline.long_running:
+            timer = CheckTimer(checks).start()
         for event in events:
             if watcher.reason is not None:
                 # The run is no longer STARTED or its worker is gone: nothing more goes into it. The
@@ -209,20 +230,28 @@ def run_pipeline_events(context: Any, pipeline: EmatixPipeline, config: Pipeline
         context.log.info(f"pipeline {name}: terminate requested; the streaming query stopped at a batch boundary "
                          f"{_position(events)}{lease}")
         final = events if events is not None else EmatixEventIterator((), pipeline.key)
+        if timer is not None:
+            timer.close()
         yield final.final_result(stopped="terminated")
+        if checks is not None:
+            checks.repeat_latest()  # the latest results stand for the final materialization
     except dg.Failure:
         raise
     except Exception as exc:  # noqa: BLE001 - classified, tagged and re-raised as a Failure
+        if isinstance(exc, LeaseLost) and watcher is not None:
+            # a later run took the lease over: this run has ended for Dagster, so the step says why and
+            # ends like an orphan, writing no failure into it
+            watcher.reason = str(exc)
+            context.log.warning(f"pipeline {name}: {exc}")
         if watcher is not None and watcher.reason is not None:  # the stop broke the query: not this run's
             if events is not None:
                 events.close()
             watcher.end_process()
         raise pipeline_failure(context, pipeline, exc) from exc
     finally:
-        if watcher is not None:
-            watcher.close()
-        if events is not None:
-            events.close()
+        for closing in (timer, watcher, events):
+            if closing is not None:
+                closing.close()
 
 
 def streaming_pipeline_asset(

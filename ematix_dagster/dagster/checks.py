@@ -14,7 +14,7 @@ A backfill asset's step evaluates its one check after it has rewritten a range
 back, so the operator sees what the table holds, not only what was sent to it.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -34,33 +34,45 @@ REWRITTEN_RANGE_CHECK = "rewritten_range"
 
 DEFAULT_MAX_WATERMARK_LAG_SECONDS = 600.0
 DEFAULT_MAX_LATE_ROW_RATIO = 0.01
+DEFAULT_CHECK_INTERVAL_SECONDS = 60.0
 _BOUND = "bound"  # the check spec's metadata entry holding its bound
+_INTERVAL = "interval_seconds"  # and how often a running step evaluates it
 
 
 @dataclass(frozen=True)
 class CheckBounds:
-    """The bounds of the lag and late-row checks.
+    """The bounds of the lag and late-row checks, and how often a running step evaluates them.
 
     ``max_watermark_lag_seconds`` defaults to 600 s for ``processing_time`` pipelines; for
     ``available_now`` ones the lag check exists only when a bound is given (their watermark stands
-    still between runs by design).
+    still between runs by design). ``check_interval_seconds``: a running pipeline evaluates both
+    checks at least this often, with or without a batch, so that a stalled input fails the lag
+    check within its bound plus one interval.
     """
 
     max_watermark_lag_seconds: Optional[float] = None
     max_late_row_ratio: float = DEFAULT_MAX_LATE_ROW_RATIO
+    check_interval_seconds: float = DEFAULT_CHECK_INTERVAL_SECONDS
+
+    def __post_init__(self) -> None:
+        if not self.check_interval_seconds > 0:
+            raise ValueError(f"check_interval_seconds must be > 0, got {self.check_interval_seconds}")
 
     def for_pipeline(self, pipeline: EmatixPipeline) -> "CheckBounds":
         if self.max_watermark_lag_seconds is None and pipeline.long_running:
-            return CheckBounds(DEFAULT_MAX_WATERMARK_LAG_SECONDS, self.max_late_row_ratio)
+            return replace(self, max_watermark_lag_seconds=DEFAULT_MAX_WATERMARK_LAG_SECONDS)
         return self
 
     @classmethod
     def of_asset(cls, asset: dg.AssetsDefinition) -> "CheckBounds":
         """The bounds an asset's check specs were declared with."""
-        bounds = {spec.name: spec.metadata.get(_BOUND) for spec in asset.check_specs}
-        lag, late = bounds.get(WATERMARK_LAG_CHECK), bounds.get(LATE_ROW_RATIO_CHECK)
+        meta = {spec.name: spec.metadata for spec in asset.check_specs}
+        lag = meta.get(WATERMARK_LAG_CHECK, {}).get(_BOUND)
+        late = meta.get(LATE_ROW_RATIO_CHECK, {}).get(_BOUND)
+        interval = meta.get(LATE_ROW_RATIO_CHECK, {}).get(_INTERVAL)
         return cls(None if lag is None else float(lag),
-                   DEFAULT_MAX_LATE_ROW_RATIO if late is None else float(late))
+                   DEFAULT_MAX_LATE_ROW_RATIO if late is None else float(late),
+                   DEFAULT_CHECK_INTERVAL_SECONDS if interval is None else float(interval))
 
 
 #: The bounds a pipeline asset's checks get unless told otherwise.
@@ -70,6 +82,8 @@ DEFAULT_CHECK_BOUNDS = CheckBounds()
 def check_specs(pipeline: EmatixPipeline, bounds: CheckBounds) -> list[dg.AssetCheckSpec]:
     """The checks declared on a pipeline's asset (``bounds`` already resolved for it)."""
     key = pipeline.key
+    every = (f"While the pipeline runs its step evaluates it at least every {bounds.check_interval_seconds:.0f} s, "
+             "with or without new data.")
     specs = [
         dg.AssetCheckSpec(CHECKPOINT_CHECK, asset=key, blocking=True,
                           description="Spark's checkpoint and the state store agree (batch ids, offsets, query id, "
@@ -78,14 +92,16 @@ def check_specs(pipeline: EmatixPipeline, bounds: CheckBounds) -> list[dg.AssetC
         dg.AssetCheckSpec(IDEMPOTENT_TARGET_CHECK, asset=key,
                           description="The target makes replays idempotent (upsert on the natural key or batch "
                                       "directories); warns for console targets and missing unique keys."),
-        dg.AssetCheckSpec(LATE_ROW_RATIO_CHECK, asset=key, metadata={_BOUND: bounds.max_late_row_ratio},
+        dg.AssetCheckSpec(LATE_ROW_RATIO_CHECK, asset=key,
+                          metadata={_BOUND: bounds.max_late_row_ratio, _INTERVAL: bounds.check_interval_seconds},
                           description=f"Late rows dropped / rows read <= {bounds.max_late_row_ratio} (a running "
-                                      "pipeline: over its recent batches; else the stored counters)."),
+                                      f"pipeline: over its recent batches; else the stored counters). {every}"),
     ]
     if bounds.max_watermark_lag_seconds is not None:
         bound = float(bounds.max_watermark_lag_seconds)
-        specs.append(dg.AssetCheckSpec(WATERMARK_LAG_CHECK, asset=key, metadata={_BOUND: bound},
-                                       description=f"now - global watermark <= {bound:.0f} s."))
+        specs.append(dg.AssetCheckSpec(WATERMARK_LAG_CHECK, asset=key,
+                                       metadata={_BOUND: bound, _INTERVAL: bounds.check_interval_seconds},
+                                       description=f"now - global watermark <= {bound:.0f} s. {every}"))
     return specs
 
 
@@ -274,7 +290,8 @@ def late_row_ratio_result(pipeline: EmatixPipeline, late: int, consumed: int, la
                   "max_late_row_ratio": float(max_ratio), "over": over, "last_batch_id": int(last_batch_id)})
 
 
-__all__ = ["CHECKPOINT_CHECK", "CheckBounds", "DEFAULT_CHECK_BOUNDS", "IDEMPOTENT_TARGET_CHECK", "LATE_ROW_RATIO_CHECK",
-           "REWRITTEN_RANGE_CHECK", "WATERMARK_LAG_CHECK", "backfill_check_specs", "check_specs", "evaluate_checkpoint",
-           "evaluate_idempotent_target", "evaluate_rewritten_range", "idempotency_warnings", "late_row_ratio",
-           "latest_evaluation", "late_row_ratio_result", "range_row_count", "watermark_lag_result"]
+__all__ = ["CHECKPOINT_CHECK", "CheckBounds", "DEFAULT_CHECK_BOUNDS", "DEFAULT_CHECK_INTERVAL_SECONDS",
+           "IDEMPOTENT_TARGET_CHECK", "LATE_ROW_RATIO_CHECK", "REWRITTEN_RANGE_CHECK", "WATERMARK_LAG_CHECK",
+           "backfill_check_specs", "check_specs", "evaluate_checkpoint", "evaluate_idempotent_target",
+           "evaluate_rewritten_range", "idempotency_warnings", "late_row_ratio", "latest_evaluation",
+           "late_row_ratio_result", "range_row_count", "watermark_lag_result"]

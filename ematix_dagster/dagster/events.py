@@ -18,6 +18,8 @@ from ematix_dagster.streaming.kinds import format_us
 
 DEFAULT_THROTTLE_SECONDS = 10.0
 DEFAULT_SUMMARY_SECONDS = 300.0
+#: the metadata entry holding the store's counters after an event's last batch
+STORE_COUNTERS = "store_counters"
 
 
 def _seconds(us: Optional[int]) -> Optional[float]:
@@ -100,6 +102,8 @@ def position_metadata(report: Any, now_s: float) -> dict[str, Any]:
     for name, wm in sorted(report.source_watermarks.items()):
         if wm is not None:
             meta[f"watermark/{name}"] = dg.MetadataValue.timestamp(wm / 1e6)
+    if report.totals:  # where the next run's account of unreported batches starts (dagster/unreported.py)
+        meta[STORE_COUNTERS] = dg.MetadataValue.json(dict(sorted(report.totals.items())))
     return meta
 
 
@@ -119,8 +123,8 @@ def batch_metadata(report: Any, since: _Window, elapsed_s: float, now_s: float) 
     }
     if since.released_rows is not None:
         meta["released_rows"] = since.released_rows
-    if _wrote_rows(since):  # what these batches wrote (cheap; the table's size would need a count)
-        meta["dagster/row_count"] = rows_written(since)
+    if _wrote_rows(since):  # what these batches wrote; the table's size is dagster/row_count (lineage.py)
+        meta["rows_written"] = rows_written(since)
     for name, n in sorted(since.rows_by_source.items()):
         meta[f"rows_in/{name}"] = n
     meta.update(position_metadata(report, now_s))
@@ -192,6 +196,9 @@ class EmatixEventIterator(Iterator[Any]):
     * ``after_report(report, event)`` gives events to yield after each batch's report and its event
       (None: the batch gave none), and after the final result (``report`` None): the asset's check
       results (:class:`~ematix_dagster.dagster.check_reports.StepChecks`).
+    * ``catch_up()`` is called once, when the first report arrives (or before the final result
+      when none does), and its event, if any, is yielded first: the batches an earlier run
+      committed and never reported (:mod:`ematix_dagster.dagster.unreported`).
     """
 
     def __init__(self, reports: Iterable[Any], asset_key: dg.AssetKey, *,
@@ -202,7 +209,8 @@ class EmatixEventIterator(Iterator[Any]):
                  name: Optional[str] = None,
                  provenance: Optional[Callable[[Any], Mapping[str, str]]] = None,
                  metadata: Optional[Callable[[], Mapping[str, Any]]] = None,
-                 after_report: Optional[Callable[[Any, Any], Iterable[Any]]] = None) -> None:
+                 after_report: Optional[Callable[[Any, Any], Iterable[Any]]] = None,
+                 catch_up: Optional[Callable[[], Optional[Any]]] = None) -> None:
         self.asset_key = asset_key
         self.name = name or asset_key.to_user_string()
         self.throttle_seconds = max(0.0, float(throttle_seconds))
@@ -214,6 +222,7 @@ class EmatixEventIterator(Iterator[Any]):
         self._provenance = provenance
         self._metadata = metadata
         self._after_report = after_report
+        self._catch_up = catch_up
         self.totals = _Window()
         self.events_yielded = 0
         self.summaries_logged = 0
@@ -243,6 +252,7 @@ class EmatixEventIterator(Iterator[Any]):
         summary = _Window()
         summary_started = self._started
         for report in reports:
+            yield from self._caught_up()
             self.last_report = report
             self.totals.add(report)
             summary.add(report)
@@ -263,10 +273,18 @@ class EmatixEventIterator(Iterator[Any]):
                 last_event_at = now
             if self._after_report is not None:
                 yield from self._after_report(report, event)
+        yield from self._caught_up()
         final = self.final_result()
         yield final
         if self._after_report is not None:
             yield from self._after_report(None, final)
+
+    def _caught_up(self) -> Iterator[Any]:
+        catch_up, self._catch_up = self._catch_up, None
+        event = catch_up() if catch_up is not None else None
+        if event is not None:
+            self.events_yielded += 1
+            yield event
 
     def _event(self, now: float) -> Any:
         """The event for the data batches since the previous one (at the last of them)."""

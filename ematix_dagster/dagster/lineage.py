@@ -17,6 +17,7 @@ with the materializations rather than with the definition.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
@@ -24,10 +25,12 @@ from typing import Any, Optional
 
 import dagster as dg
 
-from ematix_dagster.errors import PipelineConfigError
+from ematix_dagster.errors import EmatixError, PipelineConfigError
 from ematix_dagster.spec import Source, Target
 from ematix_dagster.spec.environment import public_url, resolve_env
 from state_store.pg_url import server_address
+
+log = logging.getLogger("ematix_dagster")
 
 
 def files_uri(path: str) -> str:
@@ -125,5 +128,17 @@ def output_schema_metadata(step: Any) -> dict[str, Any]:
     return {"dagster/column_schema": dg.TableSchema(columns=columns)}
 
 
-__all__ = ["default_source_key", "files_uri", "output_schema_metadata", "postgres_uri", "source_location", "source_uri", "target_location",
-           "target_metadata", "target_uri"]
+def table_size_metadata(step: Any) -> dict[str, Any]:
+    """``dagster/row_count``: the target table's size, from the count the target keeps with each
+    commit (none for targets that keep none, before the query started, or when it cannot be read:
+    a materialization never fails for it)."""
+    try:
+        rows = step.target_row_count() if step is not None else None
+    except EmatixError as exc:
+        log.warning("could not read the target's row count: %s", exc)
+        return {}
+    return {} if rows is None else {"dagster/row_count": int(rows)}
+
+
+__all__ = ["default_source_key", "files_uri", "output_schema_metadata", "postgres_uri", "source_location", "source_uri",
+           "table_size_metadata", "target_location", "target_metadata", "target_uri"]

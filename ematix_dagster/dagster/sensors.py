@@ -5,7 +5,9 @@ requests a run of the pipeline's job only when
 
 1. no run of the pipeline is queued or in progress (runs tagged ``ematix/pipeline``, runs of its
    job, runs whose asset selection includes it);
-2. the store's lease is free (the lease is the truth: a run launched from the CLI holds it too);
+2. the store's lease is free (the lease is the truth: a run launched from the CLI holds it too), or
+   held by the orphaned step of a Dagster run that has ended, which the new run fences and takes
+   over (:func:`~ematix_dagster.dagster.watcher.lease_of_finished_run`);
 3. the latest checkpoint-consistency check did not fail;
 4. the last finished run did not fail terminally (config error, cap hit, fingerprint or checkpoint
    divergence, newer state): it waits until the operator acts (launches the asset by hand, or
@@ -37,6 +39,7 @@ from ematix_dagster.dagster.pipeline import (
     PipelineLike,
 )
 from ematix_dagster.dagster.resources import StateStoreResource
+from ematix_dagster.dagster.watcher import lease_of_finished_run
 
 ACTIVE_STATUSES = (
     dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
@@ -99,7 +102,7 @@ def keep_alive_decision(instance: dg.DagsterInstance, pipeline: EmatixPipeline, 
         holder = state_store.lease_holder(pipeline.spec)
     except Exception as exc:  # noqa: BLE001 - the store's messages carry no password
         return f"pipeline {name}: cannot ask the state store for the lease ({type(exc).__name__}: {exc}); retrying"
-    if holder is not None:
+    if holder is not None and not lease_of_finished_run(instance)(holder):
         return f"pipeline {name}: the lease is held by {holder}"
     failed_check = checkpoint_check_failed(instance, pipeline)
     if failed_check is not None:

@@ -23,6 +23,12 @@ ends its process (:meth:`RunWatcher.end_process`) instead of returning to Dagste
 would still write ``STEP_FAILURE`` into that run. The only word the run gets is the warning that
 says why the step stopped.
 
+An orphan that has not noticed yet cannot write past the next run: that run takes the lease over
+from a holder whose Dagster run has ended (:func:`lease_of_finished_run`), the store refuses the
+orphan's next commit (``LeaseLost``, checked in the commit's own transaction) and the orphan ends
+the same way, after one warning. The batches it committed before are reported by the next run
+(:mod:`ematix_dagster.dagster.unreported`).
+
 Under the default multiprocess executor the step's parent is the run worker. Under the
 ``in_process`` executor the step runs in the run worker itself, whose parent is the code server:
 there a changed parent means that the code server died, the run can no longer be terminated
@@ -32,6 +38,7 @@ one) is the safe reaction too.
 
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -156,4 +163,23 @@ class RunWatcher:
             return
 
 
-__all__ = ["DEFAULT_CANCELING_GRACE_SECONDS", "DEFAULT_WATCH_INTERVAL_SECONDS", "RunWatcher"]
+_DAGSTER_HOLDER = re.compile(r"\brun=dagster:(\S+)")
+
+
+def lease_of_finished_run(instance: Any) -> Callable[[Optional[str]], bool]:
+    """Whether a new run may take over a pipeline's lease from ``holder`` (the store's holder text):
+    only from the step of a run this instance has ended. Such a step is an orphan that has not
+    noticed yet; any other holder keeps its lease: a live run, the CLI, or a run this instance does
+    not know (another deployment's, or one deleted, whose step stops by itself when it looks)."""
+
+    def take_over(holder: Optional[str]) -> bool:
+        match = _DAGSTER_HOLDER.search(holder or "")
+        if match is None:
+            return False
+        run = instance.get_run_by_id(match.group(1))
+        return run is not None and run.is_finished
+
+    return take_over
+
+
+__all__ = ["DEFAULT_CANCELING_GRACE_SECONDS", "DEFAULT_WATCH_INTERVAL_SECONDS", "RunWatcher", "lease_of_finished_run"]

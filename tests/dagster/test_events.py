@@ -196,3 +196,13 @@ def test_after_report_events_follow_each_batch_and_its_event_and_the_final_resul
     # the heartbeat-only batch 1 gave no event of its own
     assert seen == [(0, "AssetMaterialization"), (1, "NoneType"), (2, "AssetObservation"),
                     (None, "MaterializeResult")]
+
+
+def test_every_event_carries_the_stores_counters_after_its_last_batch():
+    """What the next run needs to tell which committed batches no event covered (dagster/unreported.py)."""
+    reports = [dataclasses.replace(report(i, 10, emitted=1, watermark_s=T0 + 60 * i),
+                                   totals={"rows_consumed:a": 10 * (i + 1), "windows_emitted": i + 1}) for i in range(3)]
+    events = run(reports, Clock(), throttle=5.0, step=1.0)  # batches 1 and 2 are held back to the final result
+    assert [e.metadata["store_counters"].value for e in events] == [
+        {"rows_consumed:a": 10, "windows_emitted": 1}, {"rows_consumed:a": 30, "windows_emitted": 3}]
+    assert [getattr(e.metadata["batch_id"], "value", e.metadata["batch_id"]) for e in events] == [0, 2]

@@ -143,9 +143,23 @@ def test_the_output_columns_and_the_rows_written_go_on_materializations():
     events = list(EmatixEventIterator(reports, KEY, throttle_seconds=0,
                                       metadata=lambda: output_schema_metadata(SimpleNamespace(schema=schema))))
     observation, materialization, final = events
-    assert "dagster/row_count" not in observation.metadata  # consumed rows only
-    assert materialization.metadata["dagster/row_count"].value == 4  # 3 windows + 1 correction written
+    assert "rows_written" not in observation.metadata  # consumed rows only
+    assert materialization.metadata["rows_written"].value == 4  # 3 windows + 1 correction written
     assert "dagster/column_schema" in materialization.metadata and "dagster/column_schema" in final.metadata
+
+
+def test_the_table_size_is_the_targets_own_count_and_never_fails_a_materialization():
+    from ematix_dagster.dagster.lineage import table_size_metadata
+    from ematix_dagster.errors import TargetError
+
+    assert table_size_metadata(SimpleNamespace(target_row_count=lambda: 47)) == {"dagster/row_count": 47}
+    assert table_size_metadata(SimpleNamespace(target_row_count=lambda: None)) == {}  # parquet, console
+    assert table_size_metadata(None) == {}  # before the query started
+
+    def unreachable() -> int:
+        raise TargetError("target public.t: connection refused")
+
+    assert table_size_metadata(SimpleNamespace(target_row_count=unreachable)) == {}
 
 
 def test_kafka_topics_are_upstream_assets_and_rate_sources_have_none():

@@ -275,6 +275,15 @@ def test_migrate_state_with_restart_running_terminates_the_run_waits_for_the_lea
 # Sensors
 
 
+def test_keep_alive_sensor_restarts_a_pipeline_whose_lease_an_ended_runs_orphan_still_holds(tmp_path):
+    loc = Location(tmp_path)
+    ended = loc.add_run(dg.DagsterRunStatus.CANCELED, **{TERMINATED_BY_TAG: "ematix_state_migration_job"})
+    with HeldLease(loc.spec, f"dagster:{ended.run_id}"):  # its step has not noticed yet: the next run fences it
+        assert loc.sense().run_requests
+    with HeldLease(loc.spec, "dagster:a-run-of-another-deployment"):
+        assert "lease is held by" in skip_text(loc.sense())
+
+
 def test_keep_alive_sensor_requests_a_run_only_when_nothing_runs_and_the_lease_is_free(tmp_path):
     loc = Location(tmp_path)
     first = loc.sense()

@@ -15,7 +15,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from ematix_dagster.dagster.watcher import RunWatcher
+from ematix_dagster.dagster.watcher import RunWatcher, lease_of_finished_run
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -46,6 +46,22 @@ def test_a_started_run_keeps_going_a_failed_one_stops(instance):
     assert watcher.check() == "run run-1 is FAILURE in the Dagster instance, no longer STARTED"
     assert RunWatcher(instance, "no-such-run", stop=lambda: None).check() == \
         "run no-such-run no longer exists in the Dagster instance"
+
+
+def test_a_lease_is_taken_over_only_from_a_dagster_run_that_has_ended(instance):
+    take_over = lease_of_finished_run(instance)
+    live, ended, canceling = (started_run(instance, run_id) for run_id in ("live", "ended", "canceling"))
+    instance.report_run_failed(instance.get_run_by_id(ended.run_id))
+    instance.report_run_canceling(instance.get_run_by_id(canceling.run_id))
+
+    def holder(label: str) -> str:
+        return f"host=h pid=42 run={label} since=2026-11-29T04:00:00Z"
+
+    assert take_over(holder("dagster:ended"))  # an orphan's lease
+    assert not take_over(holder("dagster:live"))  # the run goes on: its lease stays
+    assert not take_over(holder("dagster:unknown"))  # another deployment's run, or a deleted one
+    assert not take_over(holder("dagster:canceling"))  # its step is stopping on its own
+    assert not take_over(holder("cli")) and not take_over(None)  # only Dagster's own runs are judged here
 
 
 def test_canceling_waits_for_dagsters_own_interrupt_then_stops(instance):
@@ -85,7 +101,7 @@ ORPHAN = textwrap.dedent("""
     import sys, time
     from pathlib import Path
     import dagster as dg
-    from ematix_dagster.dagster.watcher import RunWatcher
+    from ematix_dagster.dagster.watcher import RunWatcher, lease_of_finished_run
 
     out = Path(sys.argv[1])
     instance = dg.DagsterInstance.ephemeral()

@@ -12,8 +12,9 @@ terminates the run (it must reach CANCELED within 60 s and read as a cancel: no 
 step failure), launches it again (the new spec: FRESH once it ran), terminates it once its pipeline
 runs (the first run may have written every window already) and checks that the Postgres target
 equals a pandas ground truth: nothing lost, nothing counted twice. Last, Dagster's backfill launcher
-backfills two days of the partitioned backfill asset the stream has passed: one run, both
-partitions materialized with what the backfill did, the target untouched. Last, a pipeline whose
+backfills two days of the partitioned backfill asset the stream has passed, the second the day of
+the sample clicks: one run, both partitions materialized with what the backfill did, the day's
+windows rewritten (more than 0) with the values they had. Last, a pipeline whose
 store and checkpoint disagree is launched: its blocking checkpoint check fails and stops the start
 with its explanation.
 """
@@ -213,15 +214,15 @@ def test_dagster_dev_launch_terminate_relaunch(tmp_path, pg_dsn):
         # a partition backfill from Dagster's launcher: two days the stream has passed, in one run
         # (BackfillPolicy.single_run), each partition materialized with what the backfill did
         assert nodes[BACKFILL]["deps"] == {CLICKS_INPUT}
-        backfill_id = launch_partition_backfill(dagit, BACKFILL.split("/"), ["2025-02-27", "2025-02-28"])
+        backfill_id = launch_partition_backfill(dagit, BACKFILL.split("/"), ["2025-02-28", "2025-03-01"])
         status, runs = wait_for(lambda: (state := backfill_state(dagit, backfill_id))[0] not in (
             "REQUESTED", "CANCELING", "FAILING") and state, 300, "the partition backfill to end")
         assert status == "COMPLETED_SUCCESS" and len(runs) == 1, (status, runs)
         done = partition_materializations(dagit, BACKFILL.split("/"))
-        assert sorted(done) == ["2025-02-27", "2025-02-28"] and {m["run_id"] for m in done.values()} == set(runs)
-        assert all(m["range"] == "[2025-02-27T00:00:00Z, 2025-03-01T00:00:00Z)" and m["windows_rewritten"] == 0
-                   for m in done.values()), done
-        assert clicks_target(pg_dsn) == expected, "the backfilled days held no windows; nothing else moved"
+        assert sorted(done) == ["2025-02-28", "2025-03-01"] and {m["run_id"] for m in done.values()} == set(runs)
+        assert all(m["range"] == "[2025-02-28T00:00:00Z, 2025-03-02T00:00:00Z)" and
+                   m["windows_rewritten"] == len(expected) for m in done.values()), done
+        assert clicks_target(pg_dsn) == expected, "the sample day's windows rewritten with the values they had"
 
         # a failing blocking check stops a start with its explanation: the store holds batch 3 of user-sessions,
         # whose checkpoint does not exist

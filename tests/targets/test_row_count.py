@@ -146,6 +146,31 @@ def test_an_existing_table_is_counted_once_when_first_opened(dsn, schema):
     w.close()
 
 
+def test_a_table_dropped_and_created_again_is_counted_afresh(dsn, schema):
+    """The count's row names the table by OID: a table of the same name made anew does not inherit it."""
+    w = open_writer(pg_target(dsn, f"{schema}.out", create=True))
+    w.write(0, batch(SIMPLE, [window(1, 1, "a", 1), window(2, 1, "a", 1)]))
+    assert counted(w, dsn, schema) == 2
+    w.close()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(schema, "out")))
+    create_simple_table(dsn, schema, "out", rows=1)
+    assert w.row_count() is None  # the old count names a table that is gone
+    w.open()
+    assert counted(w, dsn, schema) == 1
+    w.write(1, batch(SIMPLE, [window(3, 2, "b", 1)]))
+    assert counted(w, dsn, schema) == 2
+    w.close()
+    with psycopg.connect(dsn, autocommit=True) as conn:  # dropped again, and the next write comes before an open
+        conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(schema, "out")))
+    create_simple_table(dsn, schema, "out", rows=0)
+    with psycopg.connect(dsn) as conn:  # a write in another transaction (the store's) meets the stale row
+        w.write_in_transaction(conn, 2, batch(SIMPLE, [window(4, 3, "c", 1)]))
+        conn.commit()
+    assert counted(w, dsn, schema) == 1
+    w.close()
+
+
 def test_writers_opening_at_once_make_one_count_table(dsn, schema):
     create_simple_table(dsn, schema, "a", rows=0)
     create_simple_table(dsn, schema, "b", rows=2)

@@ -8,7 +8,8 @@ report never carries the other shape's counts as zeros; a reader that sums count
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from typing import Mapping
 
 from ematix_dagster.streaming.kinds import format_us
 
@@ -67,6 +68,9 @@ class BatchReport:
     counts: WindowCounts | RowCounts
     #: rows the SQL left out (its WHERE; a row pipeline's never-released rows too)
     filtered_rows: int = 0
+    #: the store's counters once this batch is committed (cumulative over every run): what a reader
+    #: needs to tell later which committed batches no report of its own covered
+    totals: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def rows_written(self) -> int:

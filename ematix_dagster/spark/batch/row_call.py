@@ -194,7 +194,7 @@ class RowCall:
             source_watermarks=engine.watermarks.source_watermarks(),
             idle_sources=[s for s in engine.watermarks.sources if engine.watermarks.is_idle(s, batch_time)],
             seconds=seconds, counts=RowCounts(released_rows=outcome.released.num_rows, held_rows=outcome.pending),
-            filtered_rows=outcome.filtered + outcome.not_released)
+            filtered_rows=outcome.filtered + outcome.not_released, totals=dict(engine.counters))
 
     def left_open(self) -> int:
         """Rows held back by WATERMARK_TS()."""

@@ -196,7 +196,7 @@ class WindowCall:
             rows_by_source={k: s.rows for k, s in batch.sources.items()},
             dead_letter_rows=sum(batch.dead_letters.values()), watermark=outcome.watermark,
             source_watermarks=outcome.source_watermarks, idle_sources=outcome.idle_sources,
-            seconds=seconds or 0.0, counts=counts, filtered_rows=batch.filtered)
+            seconds=seconds or 0.0, counts=counts, filtered_rows=batch.filtered, totals=dict(self.engine.counters))
 
     def left_open(self) -> int:
         """Windows (sessions) not emitted yet."""

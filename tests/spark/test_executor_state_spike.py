@@ -1,4 +1,4 @@
-"""Spike for issue 50, ``[run] window_state = "executors"``: Spark's own stateful windowed aggregation
+"""What ``[run] window_state = "executors"`` builds on, pinned down: Spark's own stateful windowed aggregation
 on the RocksDB state store provider, written in append mode, on PySpark 4.3.0 (local[2], 2 shuffle
 partitions, parquet file sources read with ``maxFilesPerTrigger = 1``, so file i of a source is
 micro-batch i). Each test is one finding, asserted against a ground truth computed in plain
@@ -81,6 +81,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from tests.conftest import BatchFiles
+
+pytestmark = pytest.mark.slow  # a spike's findings: ~50 s of Spark, kept out of the fast set
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"

@@ -70,6 +70,13 @@ The PostgreSQL target writers (not the dead-letter writer) keep their table's si
 (:class:`~.writer.CountsRows`, :mod:`.pg_count`). It is Dagster's ``dagster/row_count``. Parquet
 and console writers keep no count.
 
+Batches written once
+--------------------
+When Spark holds the window state, :meth:`PostgresWindowWriter.write_batch_once` writes a batch
+only if its (query id, batch id) is not yet in ``<schema>.ematix_written_batches``, recording it in
+the rows' transaction (:mod:`.pg_fence`): a replay writes nothing. The parquet target needs no
+fence: a replay replaces ``batch_id=N/<part>.parquet`` with one rename.
+
 Empty batches are a no-op for every writer (nothing is written, nothing is deleted): a replay
 recomputes the same rows, so a batch that is empty on replay was empty the first time.
 
@@ -87,7 +94,8 @@ stripped from every message and raw DSNs are never printed. Data errors raised b
 :mod:`.pg_table` the PostgreSQL connection, catalog and DDL they share with the Dagster checks,
 :mod:`.pg_write` the statements every PostgreSQL writer runs in a batch's transaction (COPY,
 staging, upsert, batch delete, commit), :mod:`.pg_count` the table size the target writers keep,
-and :mod:`.pg_types` the Arrow -> PostgreSQL type mapping and value conversion.
+:mod:`.pg_fence` the batches the window target wrote, :mod:`.pg_bookkeeping` the table-by-OID
+bookkeeping tables both keep beside the target, and :mod:`.pg_types` the Arrow -> PostgreSQL type mapping and value conversion.
 """
 
 from __future__ import annotations

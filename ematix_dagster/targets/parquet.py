@@ -43,7 +43,12 @@ class _BatchDirectories:
             entry.unlink(missing_ok=True)
 
     def write(self, batch_id: int, rows: pa.Table, part: str = "part-0") -> None:
-        """Write ``batch_id=N/<part>.parquet`` with one atomic rename; a replay replaces the file."""
+        """Write ``batch_id=N/<part>.parquet`` with one atomic rename; a replay replaces the file.
+
+        The rows go to a hidden temporary file (readers skip names starting with ``.``), fsynced,
+        then renamed over ``<part>.parquet``: a reader sees the earlier attempt's whole file or this
+        one, never a part, and a replay leaves one file, not two. A write that fails removes its
+        temporary file and leaves the earlier file as it was."""
         if rows.num_rows == 0:
             return
         directory = self.root / f"batch_id={int(batch_id)}"
@@ -60,6 +65,9 @@ class _BatchDirectories:
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             raise self._fail(f"writing batch {batch_id}", exc) from None
+        except BaseException:  # e.g. a value Arrow cannot write: the earlier attempt's file stays whole
+            tmp.unlink(missing_ok=True)
+            raise
 
 
 def _dictionary_columns(schema: pa.Schema) -> list[str]:

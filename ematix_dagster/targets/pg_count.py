@@ -27,6 +27,7 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
+from ematix_dagster.targets.pg_bookkeeping import BookkeepingTable
 from ematix_dagster.targets.pg_table import PostgresTable
 
 COUNT_TABLE = "ematix_row_counts"
@@ -37,15 +38,16 @@ class RowCount:
 
     def __init__(self, pg: PostgresTable) -> None:
         self._pg = pg
-        self.ident = (sql.Identifier(pg.schema_name, COUNT_TABLE) if pg.schema_name
-                      else sql.Identifier(COUNT_TABLE))
+        self._table = BookkeepingTable(pg, COUNT_TABLE,
+                                       "table_name text PRIMARY KEY, table_oid oid NOT NULL, row_count bigint NOT NULL")
+        self.ident = self._table.ident
 
     def ensure(self, conn: psycopg.Connection) -> None:
         """Create the count table and the target table's row if missing, in ``conn``'s transaction
         (the caller commits); the row starts at a ``count(*)`` of the table, the only one, and so does
         the row of a table dropped and created again."""
         with conn.cursor() as cur:
-            self._create(cur)
+            self._table.create(cur)
             if not self._current(cur):
                 self._initialise(cur)
 
@@ -80,25 +82,10 @@ class RowCount:
             raise self._pg.error("reading the row count of", exc) from None
         return None if row is None else int(row[0])
 
-    def _create(self, cur: psycopg.Cursor) -> None:
-        name = self.ident.as_string(cur.connection)
-        cur.execute("SELECT to_regclass(%s) IS NOT NULL", (name,))
-        row = cur.fetchone()
-        if row and row[0]:
-            return
-        # Writers opening at once: CREATE TABLE IF NOT EXISTS alone can still collide in the catalog.
-        cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (name,))
-        cur.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (table_name text PRIMARY KEY, table_oid oid NOT NULL, "
-                            "row_count bigint NOT NULL)").format(self.ident))
-
-    def _oid(self, cur: psycopg.Cursor) -> sql.Composable:
-        """The target table's OID, as an SQL expression."""
-        return sql.SQL("{}::regclass::oid").format(sql.Literal(self._pg.ident.as_string(cur.connection)))
-
     def _current(self, cur: psycopg.Cursor) -> bool:
         """The table's row exists and counts this table (not one dropped under the same name)."""
         cur.execute(sql.SQL("SELECT 1 FROM {} WHERE table_name = %s AND table_oid = {}").format(
-            self.ident, self._oid(cur)), (self._pg.table_name,))
+            self.ident, self._table.target_oid(cur)), (self._pg.table_name,))
         return cur.fetchone() is not None
 
     def _initialise(self, cur: psycopg.Cursor) -> bool:
@@ -107,12 +94,12 @@ class RowCount:
         cur.execute(sql.SQL(
             "INSERT INTO {counts} AS c (table_name, table_oid, row_count) SELECT %s, {oid}, count(*) FROM {table} "
             "ON CONFLICT (table_name) DO UPDATE SET table_oid = EXCLUDED.table_oid, row_count = EXCLUDED.row_count "
-            "WHERE c.table_oid <> EXCLUDED.table_oid").format(counts=self.ident, oid=self._oid(cur),
+            "WHERE c.table_oid <> EXCLUDED.table_oid").format(counts=self.ident, oid=self._table.target_oid(cur),
                                                               table=self._pg.ident),
                     (self._pg.table_name,))
         return cur.rowcount == 1
 
     def _update(self, cur: psycopg.Cursor, delta: int) -> bool:
         cur.execute(sql.SQL("UPDATE {} SET row_count = row_count + %s WHERE table_name = %s AND table_oid = {}")
-                    .format(self.ident, self._oid(cur)), (delta, self._pg.table_name))
+                    .format(self.ident, self._table.target_oid(cur)), (delta, self._pg.table_name))
         return cur.rowcount == 1

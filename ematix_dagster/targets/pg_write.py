@@ -8,7 +8,7 @@ state and output together (exactly-once). Identifiers always go through :mod:`ps
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence, TypeVar
 
 import psycopg
 import pyarrow as pa
@@ -17,6 +17,8 @@ from psycopg import sql
 from ematix_dagster.columns import BATCH_ID
 from ematix_dagster.targets.pg_table import PostgresTable
 from ematix_dagster.targets.pg_types import _EPOCH, _python_columns
+
+R = TypeVar("R")
 
 #: a staged row's position in its batch, so that the last row of a key can win
 _ORD_COLUMN = "__ematix_row_ord"
@@ -39,13 +41,19 @@ def commit_write(writer: TransactionWriter, batch_id: int, rows: pa.Table, actio
     An empty batch neither connects nor writes: replays recompute the same rows, so a batch that
     is empty now was empty the first time and left nothing to replace.
     """
-    if rows.num_rows == 0:
-        return
+    if rows.num_rows:
+        commit_on_own_connection(writer, action, lambda conn: writer.write_in_transaction(conn, batch_id, rows))
+
+
+def commit_on_own_connection(writer: TransactionWriter, action: str, work: Callable[[psycopg.Connection], R]) -> R:
+    """Open the writer if it is not, run ``work`` in a transaction of the writer's own connection and
+    commit it; what ``work`` returned. Any failure rolls back (or drops a broken connection, so the
+    next call reconnects); a psycopg error becomes the writer's :class:`TargetError` for ``action``."""
     conn = writer._pg.connect()
     if not writer._opened:
         writer.open()
     try:
-        writer.write_in_transaction(conn, batch_id, rows)
+        result = work(conn)
         conn.commit()
     except psycopg.Error as exc:
         writer._pg.drop_broken_connection()
@@ -53,6 +61,7 @@ def commit_write(writer: TransactionWriter, batch_id: int, rows: pa.Table, actio
     except BaseException:
         writer._pg.drop_broken_connection()
         raise
+    return result
 
 
 def require_transaction(conn: psycopg.Connection) -> None:

@@ -29,6 +29,7 @@ from psycopg import sql
 from ematix_dagster.columns import BATCH_ID, DEAD_LETTER_COLUMNS, EMIT_KIND, EMIT_SEQ, EVENT_TS, REASON, RETRACT, SOURCE
 from ematix_dagster.spec import DeadLetter, Target
 from ematix_dagster.targets.pg_count import RowCount
+from ematix_dagster.targets.pg_fence import BatchFence
 from ematix_dagster.targets.pg_table import PostgresTable
 from ematix_dagster.targets.pg_types import (
     PG_MIN_US,
@@ -40,6 +41,7 @@ from ematix_dagster.targets.pg_types import (
     python_values,
 )
 from ematix_dagster.targets.pg_write import (
+    commit_on_own_connection,
     commit_write,
     copy_rows,
     delete_batch,
@@ -71,6 +73,10 @@ class PostgresWindowWriter:
     Each transaction that changes the table also changes its size in the count table
     (:mod:`~ematix_dagster.targets.pg_count`), which :meth:`row_count` reads: Dagster's
     ``dagster/row_count`` without a ``count(*)`` per batch.
+
+    :meth:`write_batch_once` writes a batch only if its (query, batch) is not in the fence table yet
+    (:mod:`~ematix_dagster.targets.pg_fence`): for when Spark, not a state store, holds the window
+    state, so that nothing else keeps a replayed batch from being written again.
     """
 
     idempotent = True
@@ -87,6 +93,7 @@ class PostgresWindowWriter:
             raise ValueError(f"duplicate output column names: {self.columns}")
         self.types = {n: postgres_type(schema.field(n).type, n, "target") for n in self.columns}
         self._count = RowCount(self._pg)
+        self._fence = BatchFence(self._pg)
         self._opened = False
 
     @property
@@ -98,7 +105,8 @@ class PostgresWindowWriter:
         return self._pg.table_text
 
     def open(self) -> None:
-        """Create the table (``create_table = true``), check it, and make its row count if missing."""
+        """Create the table (``create_table = true``), check it, and make its row count and the
+        batch fence table if missing."""
         self._pg.prepare(self._create if self.create_table else None, self.types, "table", self._check)
         self._opened = True
 
@@ -109,6 +117,7 @@ class PostgresWindowWriter:
         # window_start (the key's first column) is never NULL, group values may be
         self._pg.check_unique_key(conn, oid, self.key_columns, nullable=self.key_columns[1:])
         self._count.ensure(conn)
+        self._fence.ensure(conn)
 
     def row_count(self) -> int | None:
         """The table's size as of the last commit (see :mod:`~ematix_dagster.targets.pg_count`);
@@ -134,6 +143,33 @@ class PostgresWindowWriter:
             deleted = self._delete_keys(cur, retracts) if retracts.num_rows else 0
             inserted = upsert(cur, self._pg, rows, self.columns, self.key_columns) if rows.num_rows else 0
             self._count.add(cur, inserted - deleted)
+
+    def write_batch_once(self, query_id: str, batch_id: int, rows: pa.Table) -> bool:
+        """:meth:`write_batch_once_in_transaction` on the writer's own connection, committed."""
+        if rows.num_rows == 0:  # nothing to fence: see write_batch_once_in_transaction
+            return False
+        return commit_on_own_connection(self, f"writing batch {batch_id} to", lambda conn: (
+            self.write_batch_once_in_transaction(conn, query_id, batch_id, rows)))
+
+    def write_batch_once_in_transaction(self, conn: psycopg.Connection, query_id: str, batch_id: int,
+                                        rows: pa.Table) -> bool:
+        """Record (``query_id``, ``batch_id``) in the fence table and, only when it is new, write
+        ``rows`` as :meth:`write_in_transaction` does, in ``conn``'s transaction (the caller commits);
+        whether it wrote them. A batch some committed transaction already wrote (a replay) writes
+        nothing and returns False.
+
+        An empty batch records nothing, connects to nothing and returns False: Spark replays a batch
+        with the same offsets and state, so it is empty again on replay, and a fence row for it
+        would only cost a round trip per idle batch.
+        """
+        if rows.num_rows == 0:
+            return False
+        require_transaction(conn)
+        with conn.cursor() as cur:
+            if not self._fence.claim(cur, query_id, batch_id):
+                return False
+        self.write_in_transaction(conn, batch_id, rows)
+        return True
 
     def replace_windows(self, start_us: int, end_us: int, rows: pa.Table,
                         in_transaction: Sequence[Callable[[psycopg.Connection], None]] = ()) -> int:

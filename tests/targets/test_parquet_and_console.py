@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -59,6 +60,23 @@ def test_parquet_open_removes_files_a_crash_left_half_written(tmp_path):
     w2.open()
     assert sorted(p.name for p in (root / "batch_id=7").iterdir()) == ["part-0.parquet"]
     assert read_batch_dir(root / "batch_id=7")["n"].tolist() == [1]
+
+
+def test_a_failed_replay_of_a_parquet_batch_leaves_the_earlier_file_whole(tmp_path):
+    """Arrow refuses the replay's rows after the temporary file was opened: the earlier attempt's
+    file stays as it was, the temporary file goes, and the next attempt replaces the file."""
+    root = tmp_path / "out"
+    w = make_window_writer(Target(kind="parquet", path=str(root)), PIPE, SIMPLE, SIMPLE_KEY)
+    w.open()
+    w.write(4, batch(SIMPLE, [(ts(0), ts(1), 1, "a", 1, 1.0, "final")]))
+    unwritable = pa.table({"span": pa.array([pa.MonthDayNano([0, 1, 0])], type=pa.month_day_nano_interval())})
+    with pytest.raises(pa.ArrowNotImplementedError):
+        w.write(4, unwritable)
+    assert sorted(p.name for p in (root / "batch_id=4").iterdir()) == ["part-0.parquet"]
+    assert read_batch_dir(root / "batch_id=4")["n"].tolist() == [1]
+    w.write(4, batch(SIMPLE, [(ts(0), ts(1), 1, "a", 2, 1.0, "final")]))
+    assert sorted(p.name for p in (root / "batch_id=4").iterdir()) == ["part-0.parquet"]
+    assert read_batch_dir(root / "batch_id=4")["n"].tolist() == [2]
 
 
 def test_parquet_parts_of_one_batch_are_replaced_separately(tmp_path):

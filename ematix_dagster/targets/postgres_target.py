@@ -105,8 +105,7 @@ class PostgresWindowWriter:
         return self._pg.table_text
 
     def open(self) -> None:
-        """Create the table (``create_table = true``), check it, and make its row count and the
-        batch fence table if missing."""
+        """Create the table (``create_table = true``), check it, and make its row count if missing."""
         self._pg.prepare(self._create if self.create_table else None, self.types, "table", self._check)
         self._opened = True
 
@@ -117,7 +116,6 @@ class PostgresWindowWriter:
         # window_start (the key's first column) is never NULL, group values may be
         self._pg.check_unique_key(conn, oid, self.key_columns, nullable=self.key_columns[1:])
         self._count.ensure(conn)
-        self._fence.ensure(conn)
 
     def row_count(self) -> int | None:
         """The table's size as of the last commit (see :mod:`~ematix_dagster.targets.pg_count`);
@@ -165,6 +163,7 @@ class PostgresWindowWriter:
         if rows.num_rows == 0:
             return False
         require_transaction(conn)
+        self._fence.ensure(conn)  # made by its first user (a pipeline that never fences has none); undone by a rollback
         with conn.cursor() as cur:
             if not self._fence.claim(cur, query_id, batch_id):
                 return False

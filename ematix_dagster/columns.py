@@ -87,8 +87,10 @@ FIRST_OPEN = "_first_open"
 #: the one grouping column of a row's window start or, for a row that updates no window, a code of
 #: its class, fixed plan (spark/plans/windows/kind_plan.py: ``class_slot``)
 SLOT = "_slot"
-#: the event time's bucket (``t // cap``) a session is found in, session plan
+#: the event time's bucket (``t // cap``) a session is found in, session plan (and the executor plan's)
 BUCKET = "_bucket"
+#: Spark's window struct (``start``, ``end``) a row is grouped by, executor plan (spark/plans/executor_plan.py)
+WINDOW = "_window"
 #: 1 where a row starts a new session in its bucket (gap exceeded), session plan
 NEW_SESSION = "_new"
 #: a session's index in its bucket (meaningless outside the batch), session plan

@@ -52,6 +52,14 @@ from ematix_dagster.streaming.kinds.sessions.session_rules import SessionWindows
 HELPERS = (TS, BUCKET, NEW_SESSION, SESSION_INDEX, PRIMARY, CLASS)
 
 
+def cap_bucket(cap: int) -> Column:
+    """A row's cap bucket, ``t // cap`` (µs): rows in different buckets never join.
+
+    Integer floor division (pmod is a floor modulo): doubles would misplace rows past 2^53 µs.
+    """
+    return F.expr(f"(unix_micros(`{EVENT_TS}`) - pmod(unix_micros(`{EVENT_TS}`), {cap}L)) div {cap}L")
+
+
 class SessionPlan:
     """A run's session plan; ``has_reason``: the rows come with a ``_reason`` column."""
 
@@ -67,8 +75,7 @@ class SessionPlan:
         late = F.when(ts < F.col(CLOSED_BEFORE), F.lit("late"))
         # A NULL event time out of a SQL (its input had valid ones) joins no session: a class of its own.
         cls = F.coalesce(reason, F.when(ts.isNull(), F.lit("invalid_event_time")), late)
-        # Integer floor division (pmod is a floor modulo): doubles would misplace rows past 2^53 µs.
-        bucket = F.expr(f"(unix_micros(`{EVENT_TS}`) - pmod(unix_micros(`{EVENT_TS}`), {cap}L)) div {cap}L")
+        bucket = cap_bucket(cap)
         self.assigned = [ts.alias(TS), cls.alias(CLASS), F.when(cls.isNull(), bucket).alias(BUCKET),
                          F.lit(True).alias(PRIMARY)]
         windowed = F.col(CLASS).isNull()

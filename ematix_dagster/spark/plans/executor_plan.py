@@ -1,0 +1,245 @@
+"""The streaming aggregation Spark runs when window state lives on the executors (``[run] window_state =
+"executors"``): Spark's own stateful windowed aggregation, in append mode, on the RocksDB state store.
+
+Each window is written once, ``final``, in the micro-batch whose watermark reaches its end; nothing of
+it is held on the driver. The verified Spark 4.3 behaviours this builds on are the module docstring of
+``tests/spark/test_executor_state_spike.py``. What the plan gives:
+
+* each source's rows get ``withWatermark(_event_ts, lateness)`` before the union, and the session
+  runs under :data:`EXECUTOR_STATE_CONF` (``multipleWatermarkPolicy = min``), so the watermark is the
+  contract's min over the sources of (newest event time - ``lateness_ms``);
+* tumbling and hopping windows are Spark's ``window``: the same bounds, the same per-(row, window)
+  late rule (``end <= W_prev``) and the same emission (``end <= W``) as the driver;
+* sessions are Spark's ``session_window`` per (group key, cap bucket), each row's gap cut at its
+  bucket's end so that a session's end is the contract's ``min(last + gap, bucket end)``;
+* every aggregation is the driver's own partial expression (``streaming.aggregators``), so the values
+  are the driver's: the same NULL, NaN and tie rules, the same canonical input to ``hll_sketch_agg``.
+
+Where Spark cannot follow the contract, :func:`executor_refusals` says so, key by key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import reduce
+from typing import Final, Mapping
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from ematix_dagster.columns import BUCKET, EMIT_KIND, EMIT_SEQ, EVENT_TS, FINAL, PARTIAL_PREFIX, TS, WINDOW
+from ematix_dagster.spark.plans.aggregation_input import INTEGRAL, AggregationInput
+from ematix_dagster.spark.plans.window_plan import BatchPlan
+from ematix_dagster.spark.plans.windows.session_plan import cap_bucket
+from ematix_dagster.spark.sources.readers import managed
+from ematix_dagster.spec import Aggregation, PipelineSpec, Window
+from ematix_dagster.spec.window import WINDOW_KINDS
+from ematix_dagster.streaming.aggregators import Aggregator
+from ematix_dagster.streaming.aggregators.aggregator import BIGINT_MAX, BIGINT_MIN
+from ematix_dagster.streaming.kinds.sessions.session_rules import SessionWindows
+
+#: SQL confs of the session a query of this plan starts on (``spark.newSession()``): they are
+#: session-level and copied into the query at ``start()``, and a checkpoint keeps the provider and
+#: the watermark policy it was created with (its offset log), so they are set before the first run
+EXECUTOR_STATE_CONF: Final[dict[str, str]] = {
+    "spark.sql.streaming.stateStore.providerClass":
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    "spark.sql.streaming.multipleWatermarkPolicy": "min",
+}
+
+#: the start of the message a sum leaving BIGINT fails the query with (Spark's ``raise_error``)
+SUM_OVERFLOW = "AggregationOverflow: integer sum left the BIGINT range"
+#: the start of the message an exact distinct count over its cap fails the query with
+DISTINCT_CAP = "StateCapExceeded: max_distinct_values_per_group reached"
+_KEY = "transform.window"
+
+
+def executor_aggregation(spec: PipelineSpec, sources: Mapping[str, DataFrame]) -> DataFrame:
+    """The windows of ``sources`` (source name -> its streaming rows valid for aggregation, with
+    ``_event_ts``) as Spark's stateful aggregation, to be written in append mode.
+
+    Its columns are the driver's output columns of a ``final`` row except those that need the
+    batch's rows together (:func:`sink_columns`): the window bounds, the group columns, the
+    aggregations in declared order and ``_emit_kind`` (always ``final``).
+    """
+    window = spec.window
+    rows = reduce(DataFrame.unionByName, [
+        frame.withWatermark(EVENT_TS, f"{window.lateness_ms} milliseconds") for frame in sources.values()])
+    plan = BatchPlan(spec=spec, output_types={f.name: f.dataType for f in rows.schema.fields})
+    keys = [_window(window).alias(WINDOW), *[F.col(g) for g in window.group_by]]
+    if window.kind == "session":
+        keys.append(cap_bucket(SessionWindows.for_window(window).cap).alias(BUCKET))
+    partials, finals = _aggregates(plan)
+    grouped = rows.withColumn(TS, F.unix_micros(EVENT_TS)).groupBy(*keys).agg(*partials)
+    start, end = F.col(f"{WINDOW}.start"), F.col(f"{WINDOW}.end")
+    return grouped.select(start.alias(window.window_start_column), end.alias(window.window_end_column),
+                          *window.group_by, *finals, F.lit(FINAL).alias(EMIT_KIND))
+
+
+def sink_columns(window: Window) -> tuple[str, ...]:
+    """The driver's output columns the plan leaves to the sink, which sees a batch's rows together:
+    ``session_id`` (a hash of the state store's key encoding, ``streaming.kinds.sessions.session_ids``)
+    and ``_emit_seq`` (a row's place in the batch's order; a streaming query cannot sort in append mode)."""
+    id_column = WINDOW_KINDS[window.kind].id_column
+    return (*([id_column] if id_column else []), EMIT_SEQ)
+
+
+def _window(window: Window) -> Column:
+    """The row's windows as Spark's window struct (``start``, ``end``), by the spec's kind."""
+    if window.kind == "session":
+        return F.session_window(EVENT_TS, _capped_gap(SessionWindows.for_window(window)))
+    size = f"{window.duration_ms} milliseconds"
+    if window.kind == "hopping":
+        return F.window(EVENT_TS, size, f"{window.hop_ms} milliseconds")
+    return F.window(EVENT_TS, size)
+
+
+def _capped_gap(rules: SessionWindows) -> Column:
+    """Each row's gap, cut at its cap bucket's end: its session ``[t, min(t + gap, bucket end)]``, so
+    a merged session ends at the contract's ``min(last + gap, bucket end)``; rows of one bucket join
+    exactly when they are at most ``gap`` apart (a row is before its bucket's end). Grouping by the
+    bucket keeps a row at a bucket's start out of the session the bucket before ends at it."""
+    ts = F.unix_micros(EVENT_TS)
+    bucket_end = (cap_bucket(rules.cap) + F.lit(1)) * F.lit(rules.cap)
+    micros = F.least(F.lit(rules.gap), bucket_end - ts)
+    # session_window takes a CalendarInterval gap; decimal division keeps the microseconds exact
+    return F.make_interval(secs=(micros.cast("decimal(38,0)") / F.lit(1_000_000)).cast("decimal(18,6)"))
+
+
+def _aggregates(plan: BatchPlan) -> tuple[list[Column], list[Column]]:
+    """Every aggregation's buffer columns (named ``_p<i>`` and the aggregator's suffixes) and its
+    output column (named its ``as``), read from the buffers once the window is written."""
+    window = plan.spec.window
+    partials: list[Column] = []
+    finals: list[Column] = []
+    for i, (agg, aggregator) in enumerate(zip(window.aggregations, plan.aggregators)):
+        names = aggregator.partial_names(f"{PARTIAL_PREFIX}{i}")
+        dtype = plan.output_types[agg.column] if agg.column else None
+        partials += [expr.alias(name) for expr, name in zip(_partials(agg, aggregator, dtype), names)]
+        finals.append(_final(plan, agg, dtype, [F.col(n) for n in names]).alias(agg.as_))
+    return partials, finals
+
+
+def _partials(agg: Aggregation, aggregator: Aggregator, dtype: T.DataType | None) -> list[Column]:
+    """The driver's partial expressions: the same values, rules and canonical distinct input. A
+    decimal sum is summed at the output's DECIMAL(38, s) instead, the range the driver's sum has
+    (the driver adds its batches' sums in Python)."""
+    if agg.agg == "sum" and isinstance(dtype, T.DecimalType):
+        return [F.sum(F.col(agg.column).cast(T.DecimalType(38, dtype.scale)))]  # type: ignore[arg-type]
+    column = F.col(agg.column) if agg.column else None
+    return aggregator.spark_partials(AggregationInput(column, dtype))
+
+
+def _final(plan: BatchPlan, agg: Aggregation, dtype: T.DataType | None, parts: list[Column]) -> Column:
+    """An aggregation's output from its buffers, as the driver's ``Aggregator.result`` gives it."""
+    if agg.agg in ("first", "last"):
+        return parts[0].getField("v")  # the (event time, value) pair's value
+    if agg.agg == "avg":
+        total, count = parts
+        return F.when(count > 0, total / count)
+    if agg.agg == "count_distinct":
+        if agg.distinct_mode == "approximate":
+            return F.hll_sketch_estimate(parts[0])
+        size = F.size(parts[0])
+        return F.when(size <= agg.max_distinct_values_per_group, size).otherwise(  # type: ignore[operator]
+            _failure(plan, f"{DISTINCT_CAP} ({agg.max_distinct_values_per_group}) in {agg.as_}"))
+    if agg.agg == "sum" and isinstance(dtype, INTEGRAL):
+        total = parts[0]  # DECIMAL(38,0): no overflow while summing
+        in_range = total.isNull() | total.between(BIGINT_MIN, BIGINT_MAX)
+        return F.when(in_range, total.cast("bigint")).otherwise(_failure(plan, f"{SUM_OVERFLOW} in {agg.as_}"))
+    return parts[0]
+
+
+def _failure(plan: BatchPlan, what: str) -> Column:
+    """Fails the query with ``what``, the pipeline, the window's start and the group named (the
+    driver's ``AggregationOverflow`` / ``StateCapExceeded`` name the same)."""
+    window = plan.spec.window
+    named = [F.lit(f"{what}, pipeline {plan.spec.pipeline_name!r}, window starting "),
+             F.col(f"{WINDOW}.start").cast("string")]
+    if window.group_by:
+        named += [F.lit(", group "), F.to_json(F.struct(*window.group_by))]
+    return F.raise_error(F.concat(*named))
+
+
+# -- what this mode refuses ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A spec key this mode cannot honour (``refused``), or one that does not apply or behaves
+    otherwise in it (a warning), with why: for ``validate`` to name."""
+
+    key: str
+    reason: str
+    refused: bool = True
+
+
+def executor_refusals(spec: PipelineSpec) -> list[Refusal]:
+    """What ``window_state = "executors"`` refuses or warns about for ``spec``, key by key."""
+    window = spec.window
+    found = [*_window_refusals(window), *_source_refusals(spec)]
+    if spec.emit is not None:
+        found.append(Refusal("emit", "[emit] holds a window's rows back on the driver until the watermark reaches a "
+                             "time computed from them; Spark writes each window when it closes"))
+    if spec.run.end_of_input == "flush":
+        found.append(Refusal("run.end_of_input", '"flush" writes open windows at the end of the input; Spark writes '
+                             "a window only once the watermark reaches its end"))
+    if spec.target.retractions:
+        found.append(Refusal("target.retractions", "does not apply: every row is a final one, none supersedes "
+                             "another", refused=False))
+    return found
+
+
+def _window_refusals(window: Window) -> list[Refusal]:
+    found = []
+    if window.kind == "sliding":
+        found.append(Refusal(f"{_KEY}.kind", "sliding windows (one per distinct event time of a key) have no Spark "
+                             "window function; their windows are derived from the driver's partials"))
+    if window.kind == "session":
+        found.append(Refusal(f"{_KEY}.kind", "session windows differ from the contract at its edges: Spark drops "
+                             "a row only when the session it forms with its batch's rows of the key ends at or "
+                             "before the previous watermark (the contract: t < W_prev), and writes a session whose "
+                             "end equals the watermark (the contract waits for end < W: a row at exactly that end "
+                             "would still join)", refused=False))
+    if window.late_data in ("reopen", "dlq"):
+        found.append(Refusal(f"{_KEY}.late_data", f'"{window.late_data}" needs the late rows: Spark drops them inside '
+                             "its state operator (no SQL function reads the watermark) and evicts a window once "
+                             'written, so there is nothing to correct or dead-letter; use "drop"'))
+    else:
+        found.append(Refusal(f"{_KEY}.late_data", "Spark judges a batch's rows by the watermark in effect during "
+                             "the batch before (its late-row watermark lags one batch) and writes a window one batch "
+                             "after the driver would: a row of a window the previous batch's rows closed still counts "
+                             "in it, where the driver drops it as late", refused=False))
+    if window.emit_trigger.fires_early:
+        found.append(Refusal(f"{_KEY}.emit_trigger", "append mode writes a window once, when the watermark "
+                             'closes it: only "watermark" applies'))
+    if window.time_mode != "event":
+        found.append(Refusal(f"{_KEY}.time_mode", "Spark's watermark follows the rows' event times, not the "
+                             "batch time the driver stamps in processing-time mode"))
+    found.append(Refusal(f"{_KEY}.max_groups_per_window", "does not apply: the windows' state is in RocksDB on "
+                         "the executors, bounded by their disks, not by the driver's memory", refused=False))
+    for i, agg in enumerate(window.aggregations):
+        if agg.agg == "count_distinct" and agg.distinct_mode == "exact":
+            found.append(Refusal(f"{_KEY}.aggregations[{i}].max_distinct_values_per_group",
+                                 "is checked when the window is written, not as values arrive: the set may grow "
+                                 "past it in the state store until then", refused=False))
+    return found
+
+
+def _source_refusals(spec: PipelineSpec) -> list[Refusal]:
+    found = []
+    if len(spec.sources) > 1:
+        found.append(Refusal(f"{_KEY}.source_idleness_ms", "Spark's min watermark has no idle sources: a source "
+                             "without new rows holds every window open (and one without any row yet does not "
+                             "hold them at all)"))
+    for i, source in enumerate(spec.sources):
+        if source.skips_unreadable_files:
+            found.append(Refusal(f"sources[{i}].on_unreadable_file", '"skip" needs the engine to read each batch\'s '
+                                 "files itself inside foreachBatch, after Spark's stateful operator"))
+        elif managed(source):
+            found.append(Refusal(f"sources[{i}]", "a local parquet source is read by Spark's parquet stream here, "
+                                 "not by the engine: no footer check naming a bad file, and TIMESTAMP(NANOS) "
+                                 "columns are not truncated to microseconds", refused=False))
+    return found

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Callable, Sequence
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
@@ -25,6 +26,7 @@ from ematix_dagster.spark.batch.batch_values import with_batch_values
 from ematix_dagster.spark.batch.observed import Observed
 from ematix_dagster.spark.plans.window_plan import BatchPlan, apply_sql
 from ematix_dagster.spark.sources.readers import source_rows
+from ematix_dagster.streaming.micro_batch import SourceStats
 
 
 @dataclass
@@ -36,6 +38,22 @@ class BatchFrames:
     # built only when dead letters are written (every DataFrame step is analysed at once)
     bad_rows: Callable[[], DataFrame]  # pre-SQL rows with an invalid / future / malformed event time
     class_rows: Callable[[Sequence[str]], DataFrame]  # post-SQL rows of some classes (late, rejected)
+    classified: Callable[[], DataFrame]  # post-SQL rows with their CLASS (``WindowedFrames.classified``)
+
+    def dead_letter_table(self, sources: dict[str, SourceStats], late_rows: int, rejected: dict[str, int],
+                          late_to_dlq: bool) -> pa.Table | None:
+        """The batch's dead-letter rows (``_reason`` set) given its counters, None when it has none:
+        the pre-SQL rows with a bad event time, then the post-SQL classes (late under ``dlq``, the
+        rejected ones) in one frame, so that each kind costs one Spark job and only when counted."""
+        tables: list[pa.Table] = []
+        if any(s.invalid or s.future or s.malformed for s in sources.values()):
+            tables.append(self.bad_rows().toArrow())
+        classes = [*(["late"] if late_rows and late_to_dlq else []), *rejected]
+        if classes:
+            tables.append(self.class_rows(classes).toArrow())
+        if not tables:
+            return None
+        return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
 
 
 def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: int, batch_time_us: int,
@@ -60,7 +78,8 @@ def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: i
         def exact() -> BatchFrames:
             return build_batch(spark, plan, df, batch_id, *values)
 
-        return BatchFrames(partials, None, lambda: exact().bad_rows(), lambda classes: exact().class_rows(classes))
+        return BatchFrames(partials, None, lambda: exact().bad_rows(), lambda classes: exact().class_rows(classes),
+                           lambda: exact().classified())
     columns = plan.columns  # built at the first batch that needs the exact plan (most runs of a late_on_driver plan: none)
     df = with_batch_values(source_rows(spec, df), *values)
     if spec.window.time_mode == "processing":
@@ -86,4 +105,4 @@ def build_batch(spark: SparkSession, plan: BatchPlan, df: DataFrame, batch_id: i
         assert columns.reason is not None
         out = df.select("*", columns.reason.alias(REASON))
     windowed = columns.windows.frames(out, batch_id)
-    return BatchFrames(windowed.partials, source_stats, bad_rows, windowed.class_rows)
+    return BatchFrames(windowed.partials, source_stats, bad_rows, windowed.class_rows, lambda: windowed.classified)

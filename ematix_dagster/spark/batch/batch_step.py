@@ -69,8 +69,13 @@ class DeadLetterSink:
             self.in_transaction.append(lambda conn: writer.write_in_transaction(conn, batch_id, rows))
         else:
             writer.write(batch_id, rows)
-        reasons = rows.column(REASON).to_pylist()
-        return {r: reasons.count(r) for r in sorted(set(reasons))}
+        return reason_counts(rows)
+
+
+def reason_counts(rows: pa.Table) -> dict[str, int]:
+    """Dead-letter rows per ``_reason``: the ``dead_letter_rows:<reason>`` counters of a batch."""
+    reasons = rows.column(REASON).to_pylist()
+    return {r: reasons.count(r) for r in sorted(set(reasons))}
 
 
 class EngineCall(Protocol[In, Out]):

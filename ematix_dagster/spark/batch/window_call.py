@@ -124,15 +124,8 @@ class WindowCall:
                       late_rows: int, rejected: dict[str, int]) -> dict[str, int]:
         if letters.writer is None:
             return {}
-        tables: list[pa.Table] = []
-        if any(s.invalid or s.future or s.malformed for s in stats.values()):
-            tables.append(frames.bad_rows().toArrow())
-        classes = [*(["late"] if late_rows and self.spec.window.late_data == "dlq" else []), *rejected]
-        if classes:  # the post-SQL ones in one frame (one Spark job)
-            tables.append(frames.class_rows(classes).toArrow())
-        if not tables:
-            return {}
-        return letters.write(pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0])
+        table = frames.dead_letter_table(stats, late_rows, rejected, self.spec.window.late_data == "dlq")
+        return {} if table is None else letters.write(table)
 
     def process(self, batch: BatchInput) -> BatchResult:
         engine = self.engine

@@ -30,6 +30,9 @@ class BatchOffsets:
     batch_id: int
     batch_timestamp_ms: int
     offsets: tuple[str, ...]
+    #: ``batchWatermarkMs``: the event-time watermark (ms) in effect during the batch; Spark writes 0
+    #: before any watermark (its default, also for a log line without it)
+    watermark_ms: int = 0
 
 
 def local_path(location: str) -> Path:
@@ -74,9 +77,12 @@ def read_offsets(location: str, batch_id: int) -> BatchOffsets:
     stamp = meta.get("batchTimestampMs") if isinstance(meta, dict) else None
     if type(stamp) is not int:
         _corrupt(location, path, f"line 2 (the batch metadata) has no integer batchTimestampMs: {lines[1][:80]!r}")
+    watermark = meta.get("batchWatermarkMs", 0)
+    if type(watermark) is not int:
+        _corrupt(location, path, f"line 2 (the batch metadata) has a batchWatermarkMs that is no integer: {lines[1][:80]!r}")
     if len(lines) < 3:
         _corrupt(location, path, "it holds no source offsets (line 3 on: one per source)")
-    return BatchOffsets(batch_id, stamp, tuple(lines[2:]))
+    return BatchOffsets(batch_id, stamp, tuple(lines[2:]), watermark)
 
 
 def _batch_ids(location: str, directory: Path) -> list[int]:

@@ -199,8 +199,9 @@ def _window_refusals(window: Window) -> list[Refusal]:
                              "window function; their windows are derived from the driver's partials"))
     if window.kind == "session":
         found.append(Refusal(f"{_KEY}.kind", "session windows differ from the contract at its edges: Spark drops "
-                             "a row only when the session it forms with its batch's rows of the key ends at or "
-                             "before the previous watermark (the contract: t < W_prev), and writes a session whose "
+                             "a row when its own session [t, min(t + gap, cap bucket end)] ends at or before the "
+                             "previous watermark, even if its batch's rows extend that session (the contract: "
+                             "t < W_prev), and writes a session whose "
                              "end equals the watermark (the contract waits for end < W: a row at exactly that end "
                              "would still join)", refused=False))
     if window.late_data in ("reopen", "dlq"):

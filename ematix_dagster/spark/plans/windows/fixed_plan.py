@@ -108,4 +108,4 @@ class FixedPlan:
         def class_rows(classes: Sequence[str]) -> DataFrame:
             return dead_letter_rows(out, classes, batch_id, HELPERS)
 
-        return WindowedFrames(partials, class_rows)
+        return WindowedFrames(partials, class_rows, out)

@@ -107,6 +107,9 @@ class WindowedFrames:
     partials: DataFrame
     #: the post-SQL rows of some classes (``late``, the rejected ones), with _batch_id and _reason
     class_rows: Callable[[Sequence[str]], DataFrame]
+    #: the post-SQL rows, one per row (before a hopping row is copied), each with its ``CLASS`` (NULL:
+    #: it updates a window): what ``spark.batch.executor_input`` reads the rows Spark aggregates from
+    classified: DataFrame
 
 
 def dead_letter_rows(rows: DataFrame, classes: Sequence[str], batch_id: int, helpers: Sequence[str]) -> DataFrame:

@@ -107,4 +107,4 @@ class SessionPlan:
         def class_rows(classes: Sequence[str]) -> DataFrame:
             return dead_letter_rows(rows, classes, batch_id, [h for h in HELPERS if h != CLASS])
 
-        return WindowedFrames(partials, class_rows)
+        return WindowedFrames(partials, class_rows, rows)

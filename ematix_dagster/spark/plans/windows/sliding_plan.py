@@ -66,4 +66,4 @@ class SlidingPlan:
         def class_rows(classes: Sequence[str]) -> DataFrame:
             return dead_letter_rows(rows, classes, batch_id, (TS, PRIMARY))
 
-        return WindowedFrames(partials, class_rows)
+        return WindowedFrames(partials, class_rows, rows)

@@ -290,7 +290,8 @@ class OffsetPlan:
         frames = self.fixed.frames(shifted, batch_id)
         return WindowedFrames(frames.partials.withColumn("_ws", F.col("_ws") + off),
                               lambda classes: frames.class_rows(classes)
-                              .withColumn("_event_ts", F.col("_event_ts") + self.shift))
+                              .withColumn("_event_ts", F.col("_event_ts") + self.shift),
+                              frames.classified.withColumn("_event_ts", F.col("_event_ts") + self.shift))
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,6 +32,7 @@ from ematix_dagster.spark.plans.executor_plan import (
     sink_columns,
 )
 from ematix_dagster.spark.sources.readers import with_engine_columns
+from ematix_dagster.spec import Source
 from tests.conftest import BatchFiles
 from tests.e2e.lateness_helpers import files_source, make_spec, read_batch_dirs, run, us
 from tests.e2e.windows_helpers import AGG_TRUTH, window_starts
@@ -385,3 +386,6 @@ def test_the_refusals_name_each_key_spark_cannot_honour(tmp_path: Path) -> None:
     assert [(r.key, r.refused) for r in executor_refusals(sliding)] == [
         ("transform.window.kind", True), ("transform.window.late_data", False),
         ("transform.window.max_groups_per_window", False)]
+    kafka = replace(sliding, sources=(Source(name="orders", kind="kafka", bootstrap_servers="k:9092",
+                                                         topic="orders", event_time_column="ts"),))
+    assert ("sources[0].kind", True) in {(r.key, r.refused) for r in executor_refusals(kafka)}

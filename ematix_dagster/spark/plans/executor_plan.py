@@ -236,7 +236,11 @@ def _source_refusals(spec: PipelineSpec) -> list[Refusal]:
                              "without new rows holds every window open (and one without any row yet does not "
                              "hold them at all)"))
     for i, source in enumerate(spec.sources):
-        if source.skips_unreadable_files:
+        if source.kind != "files":
+            found.append(Refusal(f"sources[{i}].kind", f'a "{source.kind}" source cannot be read again from the '
+                                 "checkpoint's offsets outside Spark's stream, and a batch's dead letters and counters "
+                                 "are rebuilt that way to commit with its windows; only files sources run here"))
+        elif source.skips_unreadable_files:
             found.append(Refusal(f"sources[{i}].on_unreadable_file", '"skip" needs the engine to read each batch\'s '
                                  "files itself inside foreachBatch, after Spark's stateful operator"))
         elif managed(source):

@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from ematix_dagster.columns import REASON, SOURCE
 from ematix_dagster.spark.batch.executor_input import ExecutorBatch, ExecutorInput
-from ematix_dagster.spark.plans.executor_plan import EXECUTOR_STATE_CONF, executor_aggregation
+from ematix_dagster.spark.plans.executor_plan import executor_aggregation
 from ematix_dagster.spark.plans.executor_rows import aggregation_rows
 from ematix_dagster.spark.plans.window_plan import analyse
 from ematix_dagster.spark.sources.readers import with_engine_columns
@@ -67,13 +67,6 @@ class Ev:
             return "filtered"
         return "sql_error" if self.v == 0 else None
 
-
-@pytest.fixture
-def session(spark: SparkSession) -> SparkSession:
-    own = spark.newSession()
-    for key, value in EXECUTOR_STATE_CONF.items():
-        own.conf.set(key, value)
-    return own
 
 
 def pipeline(tmp: Path, events: list[Ev], window: dict[str, Any], sources: tuple[str, ...]):

@@ -25,7 +25,6 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
 from ematix_dagster.spark.plans.executor_plan import (
-    EXECUTOR_STATE_CONF,
     SUM_OVERFLOW,
     executor_aggregation,
     executor_refusals,
@@ -80,13 +79,6 @@ Rows = dict[Key, dict[str, Any]]
 
 # -- running both modes ------------------------------------------------------------------------------
 
-
-@pytest.fixture
-def session(spark: SparkSession) -> SparkSession:
-    own = spark.newSession()
-    for key, value in EXECUTOR_STATE_CONF.items():
-        own.conf.set(key, value)
-    return own
 
 
 def pipeline(tmp: Path, events: list[Ev], window: dict[str, Any], sources: tuple[str, ...] = ("a", "b"),

@@ -88,11 +88,6 @@ ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvi
 HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 PROVIDER = "spark.sql.streaming.stateStore.providerClass"
 NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
-EXECUTOR_STATE_CONF = {
-    PROVIDER: ROCKSDB,
-    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-    "spark.sql.streaming.multipleWatermarkPolicy": "min",
-}
 
 T0 = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)  # event times below are seconds after it
 T0_S = int(T0.timestamp())
@@ -118,14 +113,6 @@ Row = tuple  # (start, end, user_id, n, s, est), window bounds in seconds after 
 
 # -- Spark side ---------------------------------------------------------------------------------------
 
-
-@pytest.fixture
-def session(spark: SparkSession) -> SparkSession:
-    """A session of its own (same SparkContext) holding the state store confs: the shared one is untouched."""
-    own = spark.newSession()
-    for key, value in EXECUTOR_STATE_CONF.items():
-        own.conf.set(key, value)
-    return own
 
 
 def write_batches(root: Path, batches: list[Batch], first: int = 0) -> None:

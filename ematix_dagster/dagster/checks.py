@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import dagster as dg
 
 from ematix_dagster.dagster.pipeline import EmatixPipeline
+from ematix_dagster.errors import ConfigError
 from ematix_dagster.spec import PipelineSpec
 
 if TYPE_CHECKING:
@@ -56,7 +57,8 @@ class CheckBounds:
 
     def __post_init__(self) -> None:
         if not self.check_interval_seconds > 0:
-            raise ValueError(f"check_interval_seconds must be > 0, got {self.check_interval_seconds}")
+            raise ConfigError("CheckBounds.check_interval_seconds", f"{self.check_interval_seconds!r} is not > 0",
+                              "e.g. 60 (seconds between two evaluations of a running pipeline's checks)")
 
     def for_pipeline(self, pipeline: EmatixPipeline) -> "CheckBounds":
         if self.max_watermark_lag_seconds is None and pipeline.long_running:

@@ -16,6 +16,7 @@ import pytest
 from ematix_dagster.dagster.check_reports import CheckTimer, StepChecks
 from ematix_dagster.dagster.checks import LATE_ROW_RATIO_CHECK, WATERMARK_LAG_CHECK, CheckBounds, latest_evaluation
 from ematix_dagster.dagster.pipeline import EmatixPipeline
+from ematix_dagster.errors import ConfigError
 from ematix_dagster.spark.batch.batch_report import BatchReport, WindowCounts
 from tests.dagster_support import small_spec
 
@@ -137,5 +138,6 @@ def test_the_interval_travels_with_the_asset_and_must_be_positive():
     assert CheckBounds.of_asset(asset) == asset_bounds
     descriptions = {spec.name: spec.description for spec in asset.check_specs}
     assert "at least every 5 s" in descriptions[WATERMARK_LAG_CHECK]
-    with pytest.raises(ValueError, match="check_interval_seconds"):
+    with pytest.raises(ConfigError, match="check_interval_seconds: 0 is not > 0") as refused:
         CheckBounds(check_interval_seconds=0)
+    assert refused.value.terminal

@@ -47,7 +47,7 @@ from ematix_dagster.dagster.checks import (
     latest_evaluation,
     watermark_lag_result,
 )
-from ematix_dagster.dagster.pipeline import EmatixPipeline
+from ematix_dagster.dagster.pipeline import EmatixPipeline, metadata_value
 from ematix_dagster.spec import PipelineSpec
 
 log = logging.getLogger("ematix_dagster")
@@ -253,7 +253,7 @@ def _unchanged(instance: dg.DagsterInstance, pipeline: EmatixPipeline, result: d
         return False
     before = evaluation.metadata.get("last_batch_id")
     now = result.metadata.get("last_batch_id")
-    return before is not None and now is not None and getattr(before, "value", before) == getattr(now, "value", now)
+    return before is not None and now is not None and metadata_value(before) == metadata_value(now)
 
 
 def report_stored_checks(instance: dg.DagsterInstance, pipeline: EmatixPipeline, spec: PipelineSpec,

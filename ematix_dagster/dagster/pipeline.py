@@ -113,9 +113,14 @@ class EmatixPipeline:
         toml = spec_meta.get(TOML_METADATA_KEY)
         if toml is None:
             raise ValueError(f"asset {key.to_user_string()} was not made by streaming_pipeline_asset")
-        text = toml.value if isinstance(toml, dg.MetadataValue) else str(toml)
-        text = _strip_code_fence(text)
+        text = _strip_code_fence(str(metadata_value(toml)))
         return cls(load_pipeline_str(text), asset.descriptions_by_key.get(key) or "", asset_key=key)
+
+
+def metadata_value(entry: Any) -> Any:
+    """A metadata entry's plain value: stored metadata comes back as ``MetadataValue``s, metadata
+    built in code may hold plain values."""
+    return entry.value if isinstance(entry, dg.MetadataValue) else entry
 
 
 def _toml_description(path: Path) -> str:

@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional
 import dagster as dg
 
 from ematix_dagster.dagster.events import STORE_COUNTERS
+from ematix_dagster.dagster.pipeline import metadata_value
 from ematix_dagster.streaming.kinds import format_us
 
 
@@ -45,10 +46,6 @@ class Position(NamedTuple):
 NOTHING_REPORTED = Reported(-1, {})
 
 
-def _value(entry: Any) -> Any:
-    return getattr(entry, "value", entry)
-
-
 def last_reported(instance: dg.DagsterInstance, key: dg.AssetKey) -> Optional[Reported]:
     """The latest materialization or observation of ``key`` that names a batch; None when it
     carries no store counters (an event written before they were), so the gap cannot be told."""
@@ -57,13 +54,15 @@ def last_reported(instance: dg.DagsterInstance, key: dg.AssetKey) -> Optional[Re
         for record in fetch(key, limit=1).records:
             event = record.asset_materialization or record.asset_observation
             meta = event.metadata if event is not None else {}
-            if "batch_id" in meta and (latest is None or _value(meta["batch_id"]) > _value(latest["batch_id"])):
+            batch_id = metadata_value(meta.get("batch_id"))
+            if batch_id is not None and (latest is None or batch_id > metadata_value(latest["batch_id"])):
                 latest = meta
     if latest is None:
         return NOTHING_REPORTED
     if STORE_COUNTERS not in latest:
         return None
-    return Reported(int(_value(latest["batch_id"])), {k: int(v) for k, v in _value(latest[STORE_COUNTERS]).items()})
+    counters = metadata_value(latest[STORE_COUNTERS])
+    return Reported(int(metadata_value(latest["batch_id"])), {name: int(n) for name, n in counters.items()})
 
 
 def _sum(counters: Mapping[str, int], prefix: str) -> int:

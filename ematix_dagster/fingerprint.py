@@ -17,6 +17,9 @@ refuses to start over pending rows written by the old one (docs/contract/row-pip
 a change of the output schema with rows pending refuses to start). The text is the conservative stand-in for the output
 schema; lateness, idleness and ``max_buffered_rows`` may change freely.
 
+``[run] window_state`` enters when it is not ``"driver"``: the state of one mode is in the store,
+the other's in the checkpoint, and neither reads the other's (docs/contract/window-state.md).
+
 A windowed pipeline's ``[emit] sql`` enters as ``emit.sql`` (only when present): its pending rows
 carry release times the old predicate computed.
 """
@@ -32,7 +35,8 @@ from ematix_dagster.spec.window import WINDOW_KINDS
 from ematix_dagster.streaming.aggregators import make_aggregator
 
 #: items that are left out at their default, and that default (what an absent item means)
-_DEFAULTS: dict[str, Any] = {"window.emit_trigger": "watermark", "target.retractions": False, "emit.sql": None}
+_DEFAULTS: dict[str, Any] = {"window.emit_trigger": "watermark", "target.retractions": False, "emit.sql": None,
+                             "run.window_state": "driver"}
 
 
 def fingerprint_doc(spec: PipelineSpec) -> dict[str, Any]:
@@ -56,6 +60,7 @@ def fingerprint_doc(spec: PipelineSpec) -> dict[str, Any]:
         "window.emit_trigger": w.emit_trigger.to_toml(),
         "target.retractions": spec.target.retractions,
         "emit.sql": spec.emit.sql if spec.emit else None,
+        "run.window_state": spec.run.window_state,
     }
     return {key: value for key, value in doc.items() if key not in _DEFAULTS or value != _DEFAULTS[key]}
 

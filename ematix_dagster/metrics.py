@@ -72,12 +72,16 @@ class StreamingMetrics:
 
     def record(self, pipeline: str, window_kind: str, policy: str, batch: BatchInput, result: BatchResult,
                seconds: float) -> None:
+        self.record_input(pipeline, policy, batch, seconds)
+        self.record_emit(pipeline, window_kind, result)
+
+    def record_input(self, pipeline: str, policy: str, batch: BatchInput, seconds: float) -> None:
+        """What a windowed batch read: its rows by source and class, and its time."""
         for source, stats in batch.sources.items():
             self.rows_consumed.labels(pipeline, source).inc(stats.rows)
             self.invalid_event_time.labels(pipeline, source).inc(stats.invalid)
             self.future_rows.labels(pipeline, source).inc(stats.future)
             self.malformed_rows.labels(pipeline, source).inc(stats.malformed)
-        self.record_emit(pipeline, window_kind, result)
         self.late_rows_dropped.labels(pipeline, policy).inc(batch.late_rows)
         self.late_assignments_dropped.labels(pipeline).inc(batch.late_assignments)
         self.late_rows_reopened.labels(pipeline).inc(batch.reopened_rows)
@@ -120,13 +124,23 @@ class StreamingMetrics:
         for emit_kind in EMIT_KINDS:
             self.rows_emitted.labels(pipeline, emit_kind).inc(result.emitted.count(emit_kind))
         self.window_corrections.labels(pipeline).inc(result.corrections)
-        self.windows_active.labels(pipeline).set(result.windows_open)
-        self.state_groups.labels(pipeline).set(result.groups)
-        for source, wm in result.source_watermarks.items():
+        self.record_position(pipeline, result.windows_open, result.groups, result.watermark, result.source_watermarks)
+
+    def record_final_windows(self, pipeline: str, window_kind: str, windows: int) -> None:
+        """Windows written ``final`` by Spark's stateful aggregation (``window_state = "executors"``)."""
+        self.windows_emitted.labels(pipeline, window_kind).inc(windows)
+        self.rows_emitted.labels(pipeline, FINAL).inc(windows)
+
+    def record_position(self, pipeline: str, windows_open: int, groups: int, watermark: int | None,
+                        source_watermarks: dict[str, int | None]) -> None:
+        """Where the stream stands after a batch: its open state and its watermarks (µs)."""
+        self.windows_active.labels(pipeline).set(windows_open)
+        self.state_groups.labels(pipeline).set(groups)
+        for source, wm in source_watermarks.items():
             if wm is not None:
                 self.watermark.labels(pipeline, source).set(wm / 1e6)
-        if result.watermark is not None:
-            self.watermark.labels(pipeline, "_global").set(result.watermark / 1e6)
+        if watermark is not None:
+            self.watermark.labels(pipeline, "_global").set(watermark / 1e6)
 
 
 _lock = threading.Lock()

@@ -34,6 +34,7 @@ from ematix_dagster.spark.batch.engine_calls import engine_call
 from ematix_dagster.spark.failures.classify import classify, query_failure
 from ematix_dagster.spark.failures.quiet import QuietFailures
 from ematix_dagster.spark.input import checkpoint
+from ematix_dagster.spark.plans.executor_plan import executor_session
 from ematix_dagster.spark.recovery import validate_checkpoint
 from ematix_dagster.spark.sources.readers import union_sources
 from ematix_dagster.spark.spark_session import get_spark
@@ -201,9 +202,12 @@ class PipelineRunner:
 
     def _start_query(self) -> StreamingQuery:
         spec = self.spec
+        if spec.run.window_state == "executors":  # the state store's confs, in a session of the query's own
+            self._spark = executor_session(self.spark)
         stream = union_sources(self.spark, spec)
         self.step = self._step(stream)
-        writer = (stream.writeStream.queryName(spec.pipeline_name.replace("-", "_"))
+        writer = (self.step.call.streamed(stream).writeStream.queryName(spec.pipeline_name.replace("-", "_"))
+                  .outputMode("append")
                   .option("checkpointLocation", spec.run.checkpoint_location)
                   .foreachBatch(self._on_batch))
         if spec.run.trigger == "available_now":

@@ -19,6 +19,7 @@ from ematix_dagster.spec.rules import (
     END_OF_INPUT,
     STATE_STORE_KINDS,
     TRIGGERS,
+    WINDOW_STATES,
     WatermarkKeys,
     _fail,
     _listed_as_tuple,
@@ -28,6 +29,7 @@ from ematix_dagster.spec.sinks import DeadLetter, Target
 from ematix_dagster.spec.sources import Source
 from ematix_dagster.spec.type_checks import _check_types
 from ematix_dagster.spec.window import WINDOW_KINDS, Window
+from ematix_dagster.spec.window_state import executor_refusals
 from ematix_dagster.sql.release_plan import WATERMARK_TS, uses_watermark_ts
 
 
@@ -75,6 +77,9 @@ class Run:
     trigger: str = "available_now"
     trigger_interval_ms: int = 1_000
     end_of_input: str = "keep"
+    #: "driver": the engine's window state in the driver process and the [state_store]; "executors":
+    #: Spark's stateful aggregation on the executors (docs/contract/window-state.md)
+    window_state: str = "driver"
 
     def validate(self, key: str = "run") -> None:
         if self.trigger not in TRIGGERS:
@@ -82,6 +87,9 @@ class Run:
         _positive(f"{key}.trigger_interval_ms", self.trigger_interval_ms)
         if self.end_of_input not in END_OF_INPUT:
             _fail(f"{key}.end_of_input", f"unknown value {self.end_of_input!r}", 'use "keep" or "flush"')
+        if self.window_state not in WINDOW_STATES:
+            _fail(f"{key}.window_state", f"unknown value {self.window_state!r}",
+                  '"driver" (the engine keeps window state) or "executors" (Spark\'s stateful aggregation keeps it)')
         if self.end_of_input == "flush" and self.trigger != "available_now":
             _fail(f"{key}.end_of_input", '"flush" only applies to trigger = "available_now"',
                   'remove it or use trigger = "available_now"')
@@ -189,6 +197,8 @@ class PipelineSpec:
             _fail("target.same_transaction", "needs a postgres [state_store] in the same database",
                   'set [state_store] kind = "postgres" or remove same_transaction')
         self.run.validate()
+        if self.run.window_state == "executors":
+            self._validate_executors()
         if self.backfill is not None:
             self._validate_backfill(self.backfill)
         if self.metrics_port is not None and not 1 <= self.metrics_port <= 65535:
@@ -196,7 +206,7 @@ class PipelineSpec:
 
     def _validate_windowed(self, window: Window) -> None:
         """The rules between ``[transform.window]`` and the other tables."""
-        window.validate()
+        window.validate(groups_on_driver=self.run.window_state == "driver")
         if self.transform_sql is not None and uses_watermark_ts(self.transform_sql):
             _fail("transform.sql", f"calls {WATERMARK_TS}() in a windowed pipeline: it may appear only in the "
                   "top-level WHERE of a row pipeline's [transform] sql (a pipeline without [transform.window])",
@@ -215,6 +225,16 @@ class PipelineSpec:
                   "they wrote, so a correction cannot retract the row it replaces",
                   'remove retractions (readers keep the latest row per key), or use late_data = "drop" or "dlq", '
                   "where each window is written once")
+
+    def _validate_executors(self) -> None:
+        """``window_state = "executors"``: a windowed pipeline without a key Spark cannot honour."""
+        if self.window_spec is None:
+            _fail("run.window_state", '"executors" keeps window state; a row pipeline has none',
+                  'remove it (row pipelines run on the driver)')
+        for refusal in executor_refusals(self):
+            if refusal.refused:
+                _fail(refusal.key, f'not supported with window_state = "executors": {refusal.reason}',
+                      'change the key, or use window_state = "driver"')
 
     def _validate_backfill(self, backfill: Backfill) -> None:
         """What a backfill can rewrite: windows that a range boundary never cuts, from files, in a table."""
@@ -245,9 +265,12 @@ class PipelineSpec:
 
 
 def spec_warnings(spec: PipelineSpec) -> list[str]:
-    """One line per unwise but valid setting of ``spec`` as written: today, each URL whose password
-    is typed into the file (files are shared, versioned and printed). The password is never shown."""
-    return password_warnings((
+    """One line per unwise but valid setting of ``spec`` as written: each URL whose password is
+    typed into the file (files are shared, versioned and printed; the password is never shown), and
+    under ``window_state = "executors"`` each key that does not apply or behaves otherwise there."""
+    executors = [f"{r.key} {r.reason}" for r in executor_refusals(spec) if not r.refused] \
+        if spec.run.window_state == "executors" and spec.window_spec is not None else []
+    return executors + password_warnings((
         ("target.url", spec.target.url, "EMATIX_TARGET_URL"),
         ("dead_letter.url", spec.dead_letter.url if spec.dead_letter is not None else None, "EMATIX_DLQ_URL"),
         ("state_store.url", spec.state_store.url, "EMATIX_STATE_URL"),

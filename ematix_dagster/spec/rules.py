@@ -26,6 +26,8 @@ SOURCE_ROW_CHOICES = ("sql_error", "all", "none")
 STATE_STORE_KINDS = ("in_memory", "sqlite", "postgres")
 TRIGGERS = ("available_now", "processing_time")
 END_OF_INPUT = ("keep", "flush")
+#: where a windowed pipeline's window state lives (docs/contract/window-state.md)
+WINDOW_STATES = ("driver", "executors")
 
 #: Largest ``*_ms`` duration: 1000 years (of 365 days). Times are 64-bit microseconds; a duration in
 #: microseconds (x 1000) added to an event time as late as year 9999 (about 2.5e17 us) stays far

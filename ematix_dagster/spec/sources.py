@@ -126,6 +126,18 @@ class Source:
     def skips_unreadable_files(self) -> bool:
         return self.on_unreadable_file == "skip"
 
+    @property
+    def is_local(self) -> bool:
+        """Whether the path is on this machine (no scheme, or ``file://``)."""
+        return bool(self.path) and ("://" not in (self.path or "") or (self.path or "").startswith("file://"))
+
+    @property
+    def read_by_engine(self) -> bool:
+        """Whether the engine reads this source's batches instead of Spark's stream
+        (``spark.input.input_files.InputFiles``): a files source that skips unreadable files, or a
+        parquet source on a local path (its footers are checked and TIMESTAMP(NANOS) columns read)."""
+        return self.kind == "files" and (self.skips_unreadable_files or (self.format == "parquet" and self.is_local))
+
     def validate(self, key: str) -> None:
         if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
             _fail(f"{key}.name", f"{self.name!r} is not a valid source name", "use [a-z0-9_-]")

@@ -69,9 +69,7 @@ def _window(wdoc: Any) -> Window:
               'add [[transform.window.aggregations]] with agg = "count", as = "n"')
     aggs = tuple(_take(a, f"transform.window.aggregations[{i}]", Aggregation, {"as_": "as"})
                  for i, a in enumerate(aggs_doc))
-    if "max_groups_per_window" not in wdoc:
-        _fail("transform.window.max_groups_per_window", "is mandatory",
-              "set the most groups one window may hold, e.g. 1_000_000")
+    wdoc.setdefault("max_groups_per_window", None)  # required unless the window state is Spark's (validate)
     wdoc["aggregations"] = aggs
     return _take(wdoc, "transform.window", Window)
 
@@ -193,7 +191,8 @@ def _window_table(w: Window) -> dict[str, Any]:
     if w.emit_trigger.fires_early:
         window["emit_trigger"] = w.emit_trigger.to_toml()
     window["group_by"] = list(w.group_by)
-    window["max_groups_per_window"] = w.max_groups_per_window
+    if w.max_groups_per_window is not None:
+        window["max_groups_per_window"] = w.max_groups_per_window
     window["aggregations"] = [_table(a, {"as_": "as"}) for a in w.aggregations]
     return window
 

@@ -91,7 +91,8 @@ class Window:
     TOML_TABLE: ClassVar[str] = "transform.window"
 
     kind: str
-    max_groups_per_window: int
+    #: the driver's memory guard; None only with ``[run] window_state = "executors"``, where it does not apply
+    max_groups_per_window: int | None
     aggregations: tuple[Aggregation, ...]
     duration_ms: int | None = None  # tumbling, hopping and sliding (the time difference); sessions have none
     group_by: tuple[str, ...] = ()
@@ -119,7 +120,17 @@ class Window:
         # TOML and the facade name the trigger as a string or a one-key table
         object.__setattr__(self, "emit_trigger", EmitTrigger.parse(self.emit_trigger, "transform.window.emit_trigger"))
 
-    def validate(self, key: str = "transform.window") -> None:
+    @property
+    def groups_cap(self) -> int:
+        """``max_groups_per_window``, where the driver holds the window state (validated: set)."""
+        if self.max_groups_per_window is None:
+            _fail(f"{self.TOML_TABLE}.max_groups_per_window", "is not set, and the driver holds this window state",
+                  "set it")
+        return self.max_groups_per_window
+
+    def validate(self, key: str = "transform.window", *, groups_on_driver: bool = True) -> None:
+        """``groups_on_driver``: the window state is the driver's (``[run] window_state = "driver"``),
+        so ``max_groups_per_window`` is required."""
         kinds = " or ".join(f'"{k}"' for k in WINDOW_KINDS)
         if self.kind not in WINDOW_KINDS:
             _fail(f"{key}.kind", f"unknown window kind {self.kind!r}", f"use {kinds}")
@@ -130,7 +141,7 @@ class Window:
                     _fail(f"{key}.{field_name}", f"{field_name} only applies to {name} windows, not {self.kind!r}",
                           f'remove it or use kind = "{name}"')
         rules.validate(self, key)
-        self._validate_common(key)
+        self._validate_common(key, groups_on_driver)
         self.emit_trigger.validate(f"{key}.emit_trigger")
         if self.emit_trigger.fires_early and not rules.early_triggers:
             _fail(f"{key}.emit_trigger",
@@ -138,7 +149,7 @@ class Window:
                   "they emit on the watermark only",
                   'remove it (the default is "watermark"), or use another window kind')
 
-    def _validate_common(self, key: str) -> None:
+    def _validate_common(self, key: str, groups_on_driver: bool) -> None:
         _validate_watermark(self, key)
         if self.late_data not in LATE_POLICIES:
             _fail(f"{key}.late_data", f"unknown policy {self.late_data!r}", 'use "drop", "reopen" or "dlq"')
@@ -153,8 +164,12 @@ class Window:
                   f"not {self.late_data!r}",
                   "remove it or use late_data = \"reopen\"")
         if self.max_groups_per_window is None:
-            _fail(f"{key}.max_groups_per_window", "is mandatory", "set the most groups one window may hold")
-        _positive(f"{key}.max_groups_per_window", self.max_groups_per_window)
+            if groups_on_driver:
+                _fail(f"{key}.max_groups_per_window", "is mandatory: the window state is held in the driver's memory",
+                      'set the most groups one window may hold, e.g. 1_000_000 (or keep window state on Spark\'s '
+                      'executors: [run] window_state = "executors")')
+        else:
+            _positive(f"{key}.max_groups_per_window", self.max_groups_per_window)
         if not isinstance(self.hll_precision, int) or isinstance(self.hll_precision, bool) \
                 or not 4 <= self.hll_precision <= 21:
             _fail(f"{key}.hll_precision", f"{self.hll_precision!r} is outside 4..21", "use 14 (~0.8 % error)")

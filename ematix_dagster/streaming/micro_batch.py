@@ -144,7 +144,7 @@ class Engine:
         (``ematix-dagster check``): such a sum accepts integer, float and decimal accumulators.
         """
         state = window_kind(window).make_state(pipeline, window_aggregators(window, integral), window_aliases(window),
-                                               window.max_groups_per_window)
+                                               window.groups_cap)
         state.keeps_written = state.keeps_written or retractions
         return cls(window=window, state=state, watermarks=Watermarks.of(window, sources), clock=TriggerClock(window.emit_trigger),
                    retractions=retractions)

@@ -55,7 +55,7 @@ def estimate_state(window: Window) -> StateEstimate:
     return StateEstimate(
         open_windows=kind.expected_open_windows(window.lateness_ms * MICROS_PER_MS,
                                                 window.retention_ms * MICROS_PER_MS),
-        groups_per_window=window.max_groups_per_window,
+        groups_per_window=window.groups_cap,
         bytes_per_group=kind.state_class.bytes_per_group(aggregators, len(window.group_by)),
         bytes_per_distinct_value=sum(a.bytes_per_value for a in aggregators),
         held=kind.held,

@@ -62,6 +62,16 @@ class WritesInTransaction(Protocol):
 
 
 @runtime_checkable
+class WritesBatchOnce(Protocol):
+    """A writer that records (query, batch) with the batch's rows and writes a recorded batch no
+    more (the PostgreSQL window writer, :mod:`~ematix_dagster.targets.pg_fence`)."""
+
+    def write_batch_once(self, query_id: str, batch_id: int, rows: pa.Table) -> bool: ...
+
+    def write_batch_once_in_transaction(self, conn: Any, query_id: str, batch_id: int, rows: pa.Table) -> bool: ...
+
+
+@runtime_checkable
 class CountsRows(Protocol):
     """A writer that knows its target's size from a count it keeps with each commit (the PostgreSQL
     writers, :mod:`~ematix_dagster.targets.pg_count`). Parquet and console writers have none: a

@@ -1,11 +1,11 @@
-"""The executors-mode plan (``ematix_dagster/spark/plans/executor_plan.py``) on real Spark: parquet file
-sources (file i of a source is micro-batch i), ``availableNow``, append mode into a ``foreachBatch``
-that collects the rows, on a session of its own holding ``EXECUTOR_STATE_CONF``.
+"""Window state on the executors (``[run] window_state = "executors"``) against the driver mode, on real
+Spark: parquet file sources (file i of a source is micro-batch i), ``availableNow``, the same files through
+``PipelineRunner`` in both modes, each with its own checkpoint and parquet target.
 
-Each query's final rows must equal a pandas ground truth written here (Spark's late rule: a row of
+The executors' final rows must equal a pandas ground truth written here (Spark's late rule: a row of
 batch n counts in a window iff the window ends after the watermark in effect during batch n - 1, the
 spike's finding; a window is written iff its end <= the final watermark), and the same files run
-through the driver mode (``PipelineRunner``) must give the same rows, every aggregator, HLL estimates
+through the driver mode must give the same rows, every aggregator, HLL estimates
 exactly. Where the two modes differ by design, a test pins the difference down.
 """
 
@@ -21,17 +21,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 from datasketches import hll_sketch, hll_union
-from pyspark.errors import StreamingQueryException
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
-from ematix_dagster.spark.plans.executor_plan import (
-    SUM_OVERFLOW,
-    executor_aggregation,
-    executor_refusals,
-    sink_columns,
-)
-from ematix_dagster.spark.sources.readers import with_engine_columns
-from ematix_dagster.spec import Source
+from ematix_dagster.errors import AggregationOverflow
 from tests.conftest import BatchFiles
 from tests.e2e.lateness_helpers import files_source, make_spec, read_batch_dirs, run, us
 from tests.e2e.windows_helpers import AGG_TRUTH, window_starts
@@ -94,21 +86,18 @@ def pipeline(tmp: Path, events: list[Ev], window: dict[str, Any], sources: tuple
                      {"group_by": ["k"], **window, "aggregations": aggregations})
 
 
-def run_executors(session: SparkSession, spec, checkpoint: Path) -> tuple[list[str], Rows]:
-    """The plan's columns and its final rows, each source read by Spark's parquet stream."""
-    frames = {source.name: with_engine_columns(
-        session.readStream.schema(DDL).option("maxFilesPerTrigger", 1).parquet(source.path), spec, i)
-        for i, source in enumerate(spec.sources)}
-    frame = executor_aggregation(spec, frames)
-    written: list[dict[str, Any]] = []
-
-    def sink(batch: DataFrame, batch_id: int) -> None:
-        written.extend(row.asDict() for row in batch.collect())
-
-    query = (frame.writeStream.outputMode("append").foreachBatch(sink)
-             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
-    query.awaitTermination()
-    return frame.columns, keyed([{c: naive_us(v) for c, v in row.items()} for row in written])
+def run_executors(spark: SparkSession, spec, checkpoint: Path) -> tuple[list[str], Rows]:
+    """The output columns and final rows of the same pipeline with ``window_state = "executors"`` (its own
+    checkpoint and parquet target)."""
+    spec = replace(spec, run=replace(spec.run, window_state="executors", checkpoint_location=str(checkpoint)),
+                   target=replace(spec.target, path=f"{checkpoint}-out"))
+    run(spec, spark)
+    batches = read_batch_dirs(spec.target.path)
+    for batch in batches.values():  # a batch's rows are numbered from 0 (their order is the sink's)
+        assert sorted(row["_emit_seq"] for row in batch) == list(range(len(batch)))
+    rows = [row for batch in batches.values() for row in batch]
+    assert {row["_emit_kind"] for row in rows} == {"final"}
+    return list(rows[0]), keyed(rows)
 
 
 def run_driver(spark: SparkSession, spec) -> tuple[list[str], Rows]:
@@ -213,14 +202,14 @@ def assert_rows(got: Rows, want: Rows, columns: list[str], close: Callable[[str]
 COLUMNS = ["window_start", "window_end", "k", *ALIASES]
 
 
-def assert_both_modes(session: SparkSession, spark: SparkSession, tmp: Path, spec, truth: Rows,
+def assert_both_modes(spark: SparkSession, tmp: Path, spec, truth: Rows,
                       hll_close: bool = False) -> Rows:
     """The executors' rows, checked against the ground truth and the driver's (every column both write)."""
-    columns, executors = run_executors(session, spec, tmp / "executors-checkpoint")
+    columns, executors = run_executors(spark, spec, tmp / "executors-checkpoint")
     driver_columns, driver = run_driver(spark, spec)
-    assert columns == [c for c in driver_columns if c not in sink_columns(spec.window)]
+    assert columns == driver_columns
     assert_rows(executors, truth, COLUMNS, close=lambda c: hll_close and c == "pages")
-    assert_rows(executors, driver, [*columns])
+    assert_rows(executors, driver, [c for c in columns if c != "_emit_seq"])
     return executors
 
 
@@ -246,7 +235,7 @@ TUMBLING = [
 
 
 def test_tumbling_windows_of_two_sources_are_the_driver_modes_with_every_aggregator(
-        session: SparkSession, spark: SparkSession, tmp_path: Path) -> None:
+        spark: SparkSession, tmp_path: Path) -> None:
     spec = pipeline(tmp_path, TUMBLING, {"kind": "tumbling", "duration_ms": 60_000, "lateness_ms": 10_000,
                                          "hll_precision": 4})
     truth = fixed_truth(TUMBLING, 60, 60, 10)
@@ -254,7 +243,7 @@ def test_tumbling_windows_of_two_sources_are_the_driver_modes_with_every_aggrega
     assert {k for k in truth} == {(us(T0), "k1"), (us(T0), None), (us(T0), "k2"), (us(T0) + 60 * S, "k1"),
                                   (us(T0) + 60 * S, "k2")}
     assert truth[(us(T0), "k1")]["first_v"] == 9 and truth[(us(T0) + 60 * S, "k1")]["last_page"] == "p8"
-    executors = assert_both_modes(session, spark, tmp_path, spec, truth, hll_close=True)
+    executors = assert_both_modes(spark, tmp_path, spec, truth, hll_close=True)
     many = (us(T0) + 60 * S, "k1")  # 22 pages: the estimate is HLL's (both modes alike), not the count
     assert (executors[many]["pages"], truth[many]["pages"]) == (20, 22)
 
@@ -274,11 +263,11 @@ HOPPING = [
 
 
 def test_hopping_windows_of_one_source_are_the_driver_modes(
-        session: SparkSession, spark: SparkSession, tmp_path: Path) -> None:
+        spark: SparkSession, tmp_path: Path) -> None:
     spec = pipeline(tmp_path, HOPPING, {"kind": "hopping", "duration_ms": 90_000, "hop_ms": 60_000}, sources=("a",))
     truth = fixed_truth(HOPPING, 90, 60, 0)
     assert truth[(us(T0), "k1")]["n"] == 4  # 5, 30, 50 and 20 (whose other window was closed)
-    assert_both_modes(session, spark, tmp_path, spec, truth)
+    assert_both_modes(spark, tmp_path, spec, truth)
 
 
 # -- 3. sessions, two sources -------------------------------------------------------------------------------
@@ -298,27 +287,27 @@ SESSIONS = [
 
 
 def test_sessions_of_two_sources_are_the_driver_modes(
-        session: SparkSession, spark: SparkSession, tmp_path: Path) -> None:
+        spark: SparkSession, tmp_path: Path) -> None:
     spec = pipeline(tmp_path, SESSIONS, {"kind": "session", "gap_ms": 10_000, "max_session_duration_ms": 60_000,
                                          "lateness_ms": 30_000})
     truth = session_truth(SESSIONS, 10, 60, 30)
     t0 = us(T0)
     ends = {(start - t0) / S: (row["window_end"] - t0) / S for (start, _), row in truth.items()}
     assert ends == {0: 20, 3: 13, 20.001: 35, 55: 60, 62: 80, 91: 101, 90: 102, 100: 115}
-    assert_both_modes(session, spark, tmp_path, spec, truth)
+    assert_both_modes(spark, tmp_path, spec, truth)
 
 
 # -- 4. where the modes differ ---------------------------------------------------------------------------------
 
 
 def test_a_row_for_a_window_the_previous_batch_closed_counts_here_but_is_late_in_driver_mode(
-        session: SparkSession, spark: SparkSession, tmp_path: Path) -> None:
+        spark: SparkSession, tmp_path: Path) -> None:
     """Spark judges batch n's rows by the watermark in effect during batch n - 1 and writes the window
     a batch later than the driver, so a row of a window the previous batch closed still counts in it.
     The driver wrote [0, 60) after batch 1 (W = 70) and drops u@40 of batch 2 as late."""
     events = [Ev(0, "a", "u", 30), Ev(1, "a", "u", 70), Ev(2, "a", "u", 40), Ev(2, "a", "u", 135)]
     spec = pipeline(tmp_path, events, {"kind": "tumbling", "duration_ms": 60_000}, sources=("a",))
-    _, executors = run_executors(session, spec, tmp_path / "executors-checkpoint")
+    _, executors = run_executors(spark, spec, tmp_path / "executors-checkpoint")
     _, driver = run_driver(spark, spec)
     assert_rows(executors, fixed_truth(events, 60, 60, 0), COLUMNS)
     first = (us(T0), "u")
@@ -328,14 +317,15 @@ def test_a_row_for_a_window_the_previous_batch_closed_counts_here_but_is_late_in
 
 
 def test_an_integer_sum_leaving_bigint_fails_the_query_naming_the_window_and_group(
-        session: SparkSession, tmp_path: Path) -> None:
+        spark: SparkSession, tmp_path: Path) -> None:
     events = [Ev(0, "a", "u", 5, 2**62), Ev(0, "a", "u", 6, 2**62), Ev(1, "a", "u", 70)]
     spec = pipeline(tmp_path, events, {"kind": "tumbling", "duration_ms": 60_000}, sources=("a",),
                     aggregations=[{"agg": "sum", "column": "v", "as": "sum_v"}])
-    with pytest.raises(StreamingQueryException) as failed:
-        run_executors(session, spec, tmp_path / "checkpoint")
-    assert f"{SUM_OVERFLOW} in sum_v, pipeline 'execplan', window starting 2024-01-01 00:00:00" in str(failed.value)
-    assert 'group {"k":"u"}' in str(failed.value)
+    with pytest.raises(AggregationOverflow) as failed:
+        run_executors(spark, spec, tmp_path / "checkpoint")
+    assert failed.value.terminal
+    assert str(failed.value) == ("pipeline execplan: integer sum left the BIGINT range in sum_v, pipeline 'execplan', "
+                                 'window starting 2024-01-01 00:00:00, group {"k":"u"}')
 
 
 def test_an_hll_estimate_past_the_exact_range_depends_on_how_its_sketches_were_merged() -> None:
@@ -353,31 +343,3 @@ def test_an_hll_estimate_past_the_exact_range_depends_on_how_its_sketches_were_m
     for half in halves:
         union.update(half)
     assert (round(whole.get_estimate()), round(union.get_result().get_estimate())) == (996, 988)
-
-
-# -- 5. refusals ----------------------------------------------------------------------------------------------------
-
-
-def test_the_refusals_name_each_key_spark_cannot_honour(tmp_path: Path) -> None:
-    spec = make_spec(tmp_path, "refused", [files_source("a", tmp_path / "a", schema=DDL, on_unreadable_file="skip"),
-                                           files_source("b", tmp_path / "b", schema=DDL)],
-                     {"kind": "session", "gap_ms": 10_000, "max_session_duration_ms": 60_000, "group_by": ["k"],
-                      "late_data": "reopen", "allowed_lateness_ms": 5_000, "emit_trigger": "every_batch",
-                      "aggregations": AGGREGATIONS}, end_of_input="flush")
-    found = {(r.key, r.refused) for r in executor_refusals(spec)}
-    assert found == {
-        ("transform.window.kind", False), ("transform.window.late_data", True),
-        ("transform.window.emit_trigger", True), ("transform.window.max_groups_per_window", False),
-        ("transform.window.aggregations[10].max_distinct_values_per_group", False),
-        ("transform.window.source_idleness_ms", True), ("sources[0].on_unreadable_file", True),
-        ("sources[1]", False), ("run.end_of_input", True),
-    }
-    sliding = make_spec(tmp_path, "sliding", [files_source("a", tmp_path / "a", fmt="json", schema=DDL)],
-                        {"kind": "sliding", "duration_ms": 60_000, "max_events_per_group": 10, "group_by": ["k"],
-                         "aggregations": [{"agg": "count", "as": "n"}]})
-    assert [(r.key, r.refused) for r in executor_refusals(sliding)] == [
-        ("transform.window.kind", True), ("transform.window.late_data", False),
-        ("transform.window.max_groups_per_window", False)]
-    kafka = replace(sliding, sources=(Source(name="orders", kind="kafka", bootstrap_servers="k:9092",
-                                                         topic="orders", event_time_column="ts"),))
-    assert ("sources[0].kind", True) in {(r.key, r.refused) for r in executor_refusals(kafka)}

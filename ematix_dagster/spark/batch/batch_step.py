@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Generic, Protocol, TypeVar, cast
+from typing import Callable, ClassVar, Generic, Protocol, TypeVar, cast
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -33,7 +33,14 @@ from ematix_dagster.spark.input.input_files import UNREADABLE_FILE, InputFiles
 from ematix_dagster.spark.recovery import named_offsets, offset_names
 from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.streaming.durable import Progress, Provenance
-from ematix_dagster.targets.writer import CountsRows, DeadLetterWriter, RowWriter, WindowWriter, WritesInTransaction
+from ematix_dagster.targets.writer import (
+    CountsRows,
+    DeadLetterWriter,
+    RowWriter,
+    WindowWriter,
+    WritesBatchOnce,
+    WritesInTransaction,
+)
 from state_store.contract import BatchCommit, PipelineRecord, StateStore
 from state_store.loaded_groups import gc_paused
 
@@ -85,6 +92,13 @@ class EngineCall(Protocol[In, Out]):
     :meth:`process`, writes :meth:`rows`, commits :meth:`commit` and reports :meth:`report`.
     """
 
+    #: whether the target records (query, batch) with its rows, so that a replayed batch writes nothing
+    #: twice (the PostgreSQL target; a parquet target replaces the batch's directory anyway)
+    writes_once: ClassVar[bool]
+    #: whether the engine reads the batches of the sources it reads itself (``Source.read_by_engine``)
+    #: in :meth:`read`'s place; False: Spark's stream reads every source
+    engine_reads: ClassVar[bool]
+
     @property
     def engine(self) -> Progress:
         """The driver's progress: its watermarks, counters and last batch."""
@@ -92,6 +106,12 @@ class EngineCall(Protocol[In, Out]):
     @property
     def schema(self) -> pa.Schema:
         """The target's table: what :meth:`rows` returns."""
+
+    def streamed(self, stream: DataFrame) -> DataFrame:
+        """The frame the streaming query writes, given the sources' ``stream``: what :meth:`read` gets."""
+
+    def replayed(self, df: DataFrame) -> None:
+        """A batch the store already holds, replayed by Spark: what must still happen to it."""
 
     def read(self, df: DataFrame, batch_id: int, batch_time: int, letters: DeadLetterSink) -> In:
         """The batch's Spark work: the driver's input, its dead letters written through ``letters``."""
@@ -174,6 +194,7 @@ class BatchStep(Generic[In, Out]):
         started = time.perf_counter()
         spec, call = self.spec, self.call
         if already_committed(spec, call.engine.last_batch_id, self.store, self.progress, batch_id):
+            call.replayed(df)
             return None
         self.provenance = with_query_id(self.provenance, spec)
         offsets = checkpoint.read_offsets(spec.run.checkpoint_location, batch_id)
@@ -246,7 +267,7 @@ class BatchStep(Generic[In, Out]):
         def read(frame: DataFrame, writer: DeadLetters | None) -> In:
             return self.call.read(frame, batch_id, batch_time, self._letters(writer, batch_id, in_transaction))
 
-        if not reader.managed:
+        if not reader.managed or not self.call.engine_reads:
             return read(df, own)
         batch, rows, skipped = reader.attempt(df, batch_id, own, in_transaction, read)
         if rows is not None:
@@ -263,11 +284,24 @@ class BatchStep(Generic[In, Out]):
         return DeadLetterSink(writer, batch_id, in_transaction, in_store)
 
     def _write(self, batch_id: int, table: pa.Table, in_transaction: InTransaction, part: str = "part-0") -> None:
+        """The target's write of the batch: in the store's transaction with ``same_transaction``; fenced
+        by (query, batch) where the call asks for it and the target keeps a fence (PostgreSQL)."""
+        target, query = self.target, self.provenance.query_id or ""
+        once = self.call.writes_once and isinstance(target, WritesBatchOnce) and bool(query)
         if self.spec.target.same_transaction:
-            target = cast(WritesInTransaction, self.target)  # a postgres one: same_transaction
-            in_transaction.append(lambda conn: target.write_in_transaction(conn, batch_id, table))
+            if once:
+                fenced = cast(WritesBatchOnce, target)
+
+                def write_once(conn: object) -> None:
+                    fenced.write_batch_once_in_transaction(conn, query, batch_id, table)
+                in_transaction.append(write_once)
+            else:
+                own = cast(WritesInTransaction, target)  # a postgres one: same_transaction
+                in_transaction.append(lambda conn: own.write_in_transaction(conn, batch_id, table))
+        elif once:
+            cast(WritesBatchOnce, target).write_batch_once(query, batch_id, table)
         else:
-            self.target.write(batch_id, table, part)
+            target.write(batch_id, table, part)
 
     def _commit(self, label: int | str, outcome: Out, offsets: dict[str, str], in_transaction: InTransaction) -> None:
         """One store transaction: the shape's changes, offsets, watermarks, counters.

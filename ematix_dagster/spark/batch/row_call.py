@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -78,6 +79,9 @@ class RowPlan:
 class RowCall:
     """A row pipeline's engine call, opened once per run."""
 
+    writes_once: ClassVar[bool] = False  # its writes are idempotent by key or batch (targets)
+    engine_reads: ClassVar[bool] = True  # the sources it reads itself: InputFiles
+
     spec: PipelineSpec
     plan: RowPlan
     engine: RowEngine
@@ -123,6 +127,13 @@ class RowCall:
     def open_target(self) -> RowWriter:
         spec = self.spec
         return make_row_writer(spec.target, spec.pipeline_name, self.plan.schema, spec.target.key)
+
+    def streamed(self, stream: DataFrame) -> DataFrame:
+        """The query writes the sources' rows: the batch's Spark work is this call's."""
+        return stream
+
+    def replayed(self, df: DataFrame) -> None:
+        """A batch the store holds needs nothing from Spark."""
 
     def idle(self, batch_id: int, batch_time: int) -> None:
         """A heartbeat-only batch is read like any other (its SQL runs over no rows)."""

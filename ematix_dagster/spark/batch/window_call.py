@@ -9,6 +9,7 @@ leave now (``spark.batch.emit_stage``). Everything else a batch does is ``spark.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -38,6 +39,9 @@ from state_store.contract import BatchCommit, RecoveredState, StateStore
 @dataclass
 class WindowCall:
     """The window engine's call, opened once per run."""
+
+    writes_once: ClassVar[bool] = False  # its writes are idempotent by key or batch (targets)
+    engine_reads: ClassVar[bool] = True  # the sources it reads itself: InputFiles
 
     spec: PipelineSpec
     plan: BatchPlan
@@ -85,6 +89,13 @@ class WindowCall:
         key = [spec.window.window_start_column, *spec.window.group_by]
         return make_window_writer(spec.target, spec.pipeline_name, self.schema, key,
                                   store_emit_kind=spec.window.emit_trigger.fires_early)
+
+    def streamed(self, stream: DataFrame) -> DataFrame:
+        """The query writes the sources' rows: the batch's Spark work is this call's."""
+        return stream
+
+    def replayed(self, df: DataFrame) -> None:
+        """A batch the store holds needs nothing from Spark."""
 
     def idle(self, batch_id: int, batch_time: int) -> BatchInput:
         return BatchInput(batch_id, batch_time, {s.name: SourceStats() for s in self.spec.sources})

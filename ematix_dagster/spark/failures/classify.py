@@ -16,11 +16,13 @@ import errno
 import re
 
 from ematix_dagster.errors import (
+    AggregationOverflow,
     EmatixError,
     SourceAccessDenied,
     SourceTrimmed,
     SourceUnavailable,
     SparkQueryFailed,
+    StateCapExceeded,
     TargetError,
     UnexpectedError,
     first_line,
@@ -49,18 +51,22 @@ def classify(exc: BaseException, pipeline: str) -> EmatixError:
                            "this failure, so it is treated as terminal; the traceback shows where it happened)")
 
 
-#: how a redis_stream reader's failure reads in Spark's report of it (a Python traceback's last line)
-_SOURCE_FAILURE = re.compile(r"\b(RedisUnreachable|RedisRefused|StreamTrimmed): ([^\n]+)")
-_SOURCE_ERRORS = {"RedisUnreachable": SourceUnavailable, "RedisRefused": SourceAccessDenied,
-                  "StreamTrimmed": SourceTrimmed}
+#: how a redis_stream reader's failure reads in Spark's report of it (a Python traceback's last line), and
+#: the failures Spark's stateful aggregation raises itself (``spark.plans.executor_plan``: ``raise_error``)
+_NAMED_FAILURE = re.compile(r"\b(RedisUnreachable|RedisRefused|StreamTrimmed|AggregationOverflow|StateCapExceeded): "
+                            r"([^\n]+?)(?: SQLSTATE: \w+)?$", re.M)
+_NAMED_ERRORS: dict[str, type[EmatixError]] = {
+    "RedisUnreachable": SourceUnavailable, "RedisRefused": SourceAccessDenied, "StreamTrimmed": SourceTrimmed,
+    "AggregationOverflow": AggregationOverflow, "StateCapExceeded": StateCapExceeded}
 
 
 def query_failure(exc: BaseException, pipeline: str) -> EmatixError:
     """A failed streaming query: a source's own failure when Spark's report carries one (Redis gone:
-    transient; refused credentials, a trimmed stream: terminal), else :class:`SparkQueryFailed` (transient)."""
-    found = _SOURCE_FAILURE.search(str(exc))
+    transient; refused credentials, a trimmed stream: terminal), a cap or an overflow Spark's stateful
+    aggregation raised (terminal), else :class:`SparkQueryFailed` (transient)."""
+    found = _NAMED_FAILURE.search(str(exc))
     if found is not None:
-        return _SOURCE_ERRORS[found.group(1)](f"pipeline {pipeline}: {_clean(found.group(2).strip())}")
+        return _NAMED_ERRORS[found.group(1)](f"pipeline {pipeline}: {_clean(found.group(2).strip())}")
     return SparkQueryFailed(f"pipeline {pipeline}: the streaming query failed: {_clean(first_line(exc))}")
 
 

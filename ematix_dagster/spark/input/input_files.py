@@ -2,7 +2,7 @@
 
 Spark's file stream reads every file of a batch in one scan, and inside ``foreachBatch`` that scan
 is opaque: a file cannot be left out of it, nor read with another schema. So for managed files
-sources (:func:`.readers.managed`: ``on_unreadable_file = "skip"``, and every parquet source on a
+sources (``Source.read_by_engine``: ``on_unreadable_file = "skip"``, and every parquet source on a
 local path) the stream only lists the files (Spark's ``binaryFile`` format, its ``content`` never
 selected) and logs each batch's list in the checkpoint (``sources/<i>/``,
 :func:`.checkpoint.batch_files`), and :class:`InputFiles` reads that list in the batch, file group
@@ -58,8 +58,6 @@ from ematix_dagster.spark.input.checkpoint import batch_files
 from ematix_dagster.spark.input.file_dead_letters import DeadLetters, WithFileRows
 from ematix_dagster.spark.sources.readers import (
     format_options,
-    is_local,
-    managed,
     parse_schema,
     read_schema,
     with_engine_columns,
@@ -225,7 +223,7 @@ class BatchFiles:
 
 
 class InputFiles:
-    """Reads the batches of the managed files sources (:func:`.readers.managed`) and leaves out
+    """Reads the batches of the managed files sources (``Source.read_by_engine``) and leaves out
     unreadable files.
 
     Made once per run. Per batch, the batch step calls :meth:`open_batch`, then per attempt
@@ -235,7 +233,7 @@ class InputFiles:
 
     def __init__(self, spec: PipelineSpec, counter: Counter, progress: Callable[[str], None]) -> None:
         self.spec = spec
-        self.indexes = [i for i, s in enumerate(spec.sources) if managed(s)]
+        self.indexes = [i for i, s in enumerate(spec.sources) if s.read_by_engine]
         self.counter = counter  # unreadable_files_total{pipeline,source}
         self.progress = progress
         # per (source index, TIMESTAMP(NANOS) columns): the projection that aligns its read rows with
@@ -298,7 +296,7 @@ class InputFiles:
     def _listed(self, index: int, batch_id: int) -> list[InputFile]:
         source = self.spec.sources[index]
         urls = batch_files(self.spec.run.checkpoint_location, index, batch_id)
-        if not is_local(source.path):
+        if not source.is_local:
             return [InputFile(u) for u in urls]
         if source.format != "parquet":
             return [_local(u) for u in urls]

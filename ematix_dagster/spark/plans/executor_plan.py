@@ -5,7 +5,8 @@ Each window is written once, ``final``, in the micro-batch whose watermark reach
 it is held on the driver. The verified Spark 4.3 behaviours this builds on are the module docstring of
 ``tests/spark/test_executor_state_spike.py``. What the plan gives:
 
-* each source's rows get ``withWatermark(_event_ts, lateness)`` before the union, and the session
+* each source's rows get ``withWatermark(_event_ts, lateness)`` before the SQL and the union
+  (``executor_rows``), and the session
   runs under :data:`EXECUTOR_STATE_CONF` (``multipleWatermarkPolicy = min``), so the watermark is the
   contract's min over the sources of (newest event time - ``lateness_ms``);
 * tumbling and hopping windows are Spark's ``window``: the same bounds, the same per-(row, window)
@@ -15,26 +16,23 @@ it is held on the driver. The verified Spark 4.3 behaviours this builds on are t
 * every aggregation is the driver's own partial expression (``streaming.aggregators``), so the values
   are the driver's: the same NULL, NaN and tie rules, the same canonical input to ``hll_sketch_agg``.
 
-Where Spark cannot follow the contract, :func:`executor_refusals` says so, key by key.
+Where Spark cannot follow the contract, ``spec.window_state.executor_refusals`` says so, key by key.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import reduce
 from typing import Final, Mapping
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ematix_dagster.columns import BUCKET, EMIT_KIND, EMIT_SEQ, EVENT_TS, FINAL, PARTIAL_PREFIX, TS, WINDOW
+from ematix_dagster.columns import BUCKET, EMIT_KIND, EVENT_TS, FINAL, PARTIAL_PREFIX, TS, WINDOW
 from ematix_dagster.spark.plans.aggregation_input import INTEGRAL, AggregationInput
 from ematix_dagster.spark.plans.window_plan import BatchPlan
 from ematix_dagster.spark.plans.windows.session_plan import cap_bucket
-from ematix_dagster.spark.sources.readers import managed
 from ematix_dagster.spec import Aggregation, PipelineSpec, Window
-from ematix_dagster.spec.window import WINDOW_KINDS
 from ematix_dagster.streaming.aggregators import Aggregator
 from ematix_dagster.streaming.aggregators.aggregator import BIGINT_MAX, BIGINT_MIN
 from ematix_dagster.streaming.kinds.sessions.session_rules import SessionWindows
@@ -49,24 +47,44 @@ EXECUTOR_STATE_CONF: Final[dict[str, str]] = {
     "spark.sql.streaming.multipleWatermarkPolicy": "min",
 }
 
+#: the SQL confs of the session a query is started from that its own session keeps
+_INHERITED_CONF = ("spark.sql.shuffle.partitions", "spark.sql.session.timeZone",
+                   "spark.sql.execution.arrow.pyspark.enabled")
+
+
+def executor_session(spark: SparkSession) -> SparkSession:
+    """A session of ``spark``'s SparkContext for one executors-mode query: :data:`EXECUTOR_STATE_CONF`
+    set on it alone (a Dagster code location runs pipelines of both modes in one JVM), with the
+    parent's shuffle partitions (the number of state partitions, fixed by the checkpoint's first
+    run), time zone and Arrow setting."""
+    own = spark.newSession()
+    for key in _INHERITED_CONF:
+        value = spark.conf.get(key)
+        if value is not None:
+            own.conf.set(key, value)
+    for key, value in EXECUTOR_STATE_CONF.items():
+        own.conf.set(key, value)
+    return own
+
+
 #: the start of the message a sum leaving BIGINT fails the query with (Spark's ``raise_error``)
 SUM_OVERFLOW = "AggregationOverflow: integer sum left the BIGINT range"
 #: the start of the message an exact distinct count over its cap fails the query with
 DISTINCT_CAP = "StateCapExceeded: max_distinct_values_per_group reached"
-_KEY = "transform.window"
 
 
 def executor_aggregation(spec: PipelineSpec, sources: Mapping[str, DataFrame]) -> DataFrame:
     """The windows of ``sources`` (source name -> its streaming rows valid for aggregation, with
-    ``_event_ts``) as Spark's stateful aggregation, to be written in append mode.
+    ``_event_ts`` and its watermark: ``executor_rows.aggregation_rows``) as Spark's stateful
+    aggregation, to be written in append mode.
 
     Its columns are the driver's output columns of a ``final`` row except those that need the
-    batch's rows together (:func:`sink_columns`): the window bounds, the group columns, the
-    aggregations in declared order and ``_emit_kind`` (always ``final``).
+    batch's rows together (``session_id``, ``_emit_seq``: ``spark.batch.executor_call`` adds them):
+    the window bounds, the group columns, the aggregations in declared order and ``_emit_kind``
+    (always ``final``).
     """
     window = spec.window
-    rows = reduce(DataFrame.unionByName, [
-        frame.withWatermark(EVENT_TS, f"{window.lateness_ms} milliseconds") for frame in sources.values()])
+    rows = reduce(DataFrame.unionByName, sources.values())
     plan = BatchPlan(spec=spec, output_types={f.name: f.dataType for f in rows.schema.fields})
     keys = [_window(window).alias(WINDOW), *[F.col(g) for g in window.group_by]]
     if window.kind == "session":
@@ -76,14 +94,6 @@ def executor_aggregation(spec: PipelineSpec, sources: Mapping[str, DataFrame]) -
     start, end = F.col(f"{WINDOW}.start"), F.col(f"{WINDOW}.end")
     return grouped.select(start.alias(window.window_start_column), end.alias(window.window_end_column),
                           *window.group_by, *finals, F.lit(FINAL).alias(EMIT_KIND))
-
-
-def sink_columns(window: Window) -> tuple[str, ...]:
-    """The driver's output columns the plan leaves to the sink, which sees a batch's rows together:
-    ``session_id`` (a hash of the state store's key encoding, ``streaming.kinds.sessions.session_ids``)
-    and ``_emit_seq`` (a row's place in the batch's order; a streaming query cannot sort in append mode)."""
-    id_column = WINDOW_KINDS[window.kind].id_column
-    return (*([id_column] if id_column else []), EMIT_SEQ)
 
 
 def _window(window: Window) -> Column:
@@ -161,90 +171,3 @@ def _failure(plan: BatchPlan, what: str) -> Column:
     if window.group_by:
         named += [F.lit(", group "), F.to_json(F.struct(*window.group_by))]
     return F.raise_error(F.concat(*named))
-
-
-# -- what this mode refuses ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """A spec key this mode cannot honour (``refused``), or one that does not apply or behaves
-    otherwise in it (a warning), with why: for ``validate`` to name."""
-
-    key: str
-    reason: str
-    refused: bool = True
-
-
-def executor_refusals(spec: PipelineSpec) -> list[Refusal]:
-    """What ``window_state = "executors"`` refuses or warns about for ``spec``, key by key."""
-    window = spec.window
-    found = [*_window_refusals(window), *_source_refusals(spec)]
-    if spec.emit is not None:
-        found.append(Refusal("emit", "[emit] holds a window's rows back on the driver until the watermark reaches a "
-                             "time computed from them; Spark writes each window when it closes"))
-    if spec.run.end_of_input == "flush":
-        found.append(Refusal("run.end_of_input", '"flush" writes open windows at the end of the input; Spark writes '
-                             "a window only once the watermark reaches its end"))
-    if spec.target.retractions:
-        found.append(Refusal("target.retractions", "does not apply: every row is a final one, none supersedes "
-                             "another", refused=False))
-    return found
-
-
-def _window_refusals(window: Window) -> list[Refusal]:
-    found = []
-    if window.kind == "sliding":
-        found.append(Refusal(f"{_KEY}.kind", "sliding windows (one per distinct event time of a key) have no Spark "
-                             "window function; their windows are derived from the driver's partials"))
-    if window.kind == "session":
-        found.append(Refusal(f"{_KEY}.kind", "session windows differ from the contract at its edges: Spark drops "
-                             "a row when its own session [t, min(t + gap, cap bucket end)] ends at or before the "
-                             "previous watermark, even if its batch's rows extend that session (the contract: "
-                             "t < W_prev), and writes a session whose "
-                             "end equals the watermark (the contract waits for end < W: a row at exactly that end "
-                             "would still join)", refused=False))
-    if window.late_data in ("reopen", "dlq"):
-        found.append(Refusal(f"{_KEY}.late_data", f'"{window.late_data}" needs the late rows: Spark drops them inside '
-                             "its state operator (no SQL function reads the watermark) and evicts a window once "
-                             'written, so there is nothing to correct or dead-letter; use "drop"'))
-    else:
-        found.append(Refusal(f"{_KEY}.late_data", "Spark judges a batch's rows by the watermark in effect during "
-                             "the batch before (its late-row watermark lags one batch) and writes a window one batch "
-                             "after the driver would: a row of a window the previous batch's rows closed still counts "
-                             "in it, where the driver drops it as late", refused=False))
-    if window.emit_trigger.fires_early:
-        found.append(Refusal(f"{_KEY}.emit_trigger", "append mode writes a window once, when the watermark "
-                             'closes it: only "watermark" applies'))
-    if window.time_mode != "event":
-        found.append(Refusal(f"{_KEY}.time_mode", "Spark's watermark follows the rows' event times, not the "
-                             "batch time the driver stamps in processing-time mode"))
-    found.append(Refusal(f"{_KEY}.max_groups_per_window", "does not apply: the windows' state is in RocksDB on "
-                         "the executors, bounded by their disks, not by the driver's memory", refused=False))
-    for i, agg in enumerate(window.aggregations):
-        if agg.agg == "count_distinct" and agg.distinct_mode == "exact":
-            found.append(Refusal(f"{_KEY}.aggregations[{i}].max_distinct_values_per_group",
-                                 "is checked when the window is written, not as values arrive: the set may grow "
-                                 "past it in the state store until then", refused=False))
-    return found
-
-
-def _source_refusals(spec: PipelineSpec) -> list[Refusal]:
-    found = []
-    if len(spec.sources) > 1:
-        found.append(Refusal(f"{_KEY}.source_idleness_ms", "Spark's min watermark has no idle sources: a source "
-                             "without new rows holds every window open (and one without any row yet does not "
-                             "hold them at all)"))
-    for i, source in enumerate(spec.sources):
-        if source.kind != "files":
-            found.append(Refusal(f"sources[{i}].kind", f'a "{source.kind}" source cannot be read again from the '
-                                 "checkpoint's offsets outside Spark's stream, and a batch's dead letters and counters "
-                                 "are rebuilt that way to commit with its windows; only files sources run here"))
-        elif source.skips_unreadable_files:
-            found.append(Refusal(f"sources[{i}].on_unreadable_file", '"skip" needs the engine to read each batch\'s '
-                                 "files itself inside foreachBatch, after Spark's stateful operator"))
-        elif managed(source):
-            found.append(Refusal(f"sources[{i}]", "a local parquet source is read by Spark's parquet stream here, "
-                                 "not by the engine: no footer check naming a bad file, and TIMESTAMP(NANOS) "
-                                 "columns are not truncated to microseconds", refused=False))
-    return found

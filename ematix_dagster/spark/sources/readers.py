@@ -111,29 +111,14 @@ def format_options(reader, source: Source):  # a DataStreamReader or a DataFrame
 _LISTING_SCHEMA = "path STRING, modificationTime TIMESTAMP, length BIGINT, content BINARY"
 
 
-def is_local(path: str | None) -> bool:
-    """Whether a source's path is on this machine (no scheme, or ``file://``)."""
-    if not path:
-        return False
-    return "://" not in path or path.startswith("file://")
-
-
-def managed(source: Source) -> bool:
-    """Whether :class:`.input_files.InputFiles` reads this source's batches instead of Spark's
-    stream: a files source that skips unreadable files, or a parquet source on a local path (its
-    footers are checked and TIMESTAMP(NANOS) columns read)."""
-    return source.kind == "files" and (source.skips_unreadable_files or
-                                       (source.format == "parquet" and is_local(source.path)))
-
-
-def _files(spark: SparkSession, source: Source, key: str) -> DataFrame:
+def _files(spark: SparkSession, source: Source, key: str, engine_reads: bool) -> DataFrame:
     schema = read_schema(source, key)
     path = source.path or ""
     local = path[len("file://"):] if path.startswith("file://") else path
     if "://" not in local and not Path(local).is_dir():
         raise PipelineConfigError(f"{key}.path", f"directory {path!r} does not exist",
                                   "create it (an empty directory is fine) or correct the path")
-    if managed(source):
+    if engine_reads and source.read_by_engine:
         # Spark lists the files and logs each batch's list; input_files.InputFiles reads them in the batch.
         reader = spark.readStream.format("binaryFile").schema(_LISTING_SCHEMA)
         if source.max_files_per_trigger:
@@ -206,12 +191,15 @@ def _redis(spark: SparkSession, source: Source, key: str) -> DataFrame:
     return decoded(spark.readStream.format(REDIS_FORMAT).options(**redis_options(source)).load(), source, schema, key)
 
 
-def read_source(spark: SparkSession, spec: PipelineSpec, index: int) -> DataFrame:
-    """One source as a streaming DataFrame with ``_event_ts``, ``_source`` and ``_corrupt_record``."""
+def read_source(spark: SparkSession, spec: PipelineSpec, index: int, engine_reads: bool = True) -> DataFrame:
+    """One source as a streaming DataFrame with ``_event_ts``, ``_source`` and ``_corrupt_record``.
+
+    ``engine_reads``: a source the engine reads itself (``Source.read_by_engine``) streams only its
+    file listing; False streams its rows as any other (Spark's stateful aggregation reads them)."""
     source = spec.sources[index]
     key = f"sources[{index}]"
     if source.kind == "files":
-        df = _files(spark, source, key)
+        df = _files(spark, source, key, engine_reads)
     elif source.kind == "rate":
         df = _rate(spark, source)
     elif source.kind == "kafka":

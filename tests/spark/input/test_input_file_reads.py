@@ -20,7 +20,6 @@ import tomli_w
 from ematix_dagster.errors import PipelineConfigError, UnreadableInputFile
 from ematix_dagster.spark.failures.read_errors import classify_read_error
 from ematix_dagster.spark.input.input_files import UNREADABLE_FILE, _declared_type_refused
-from ematix_dagster.spark.sources.readers import managed
 from ematix_dagster.spec import dump_pipeline, load_pipeline_str
 from tests.spark.input.unreadable_inputs import (
     PIPELINE,
@@ -50,7 +49,7 @@ def test_a_truncated_gzip_json_file_is_unreadable_and_terminal(spark, tmp_path: 
     (directory / "part-1.json.gz").write_bytes(data[: len(data) // 2])
     spec = make_spec(tmp_path, source(directory, fmt="json", schema="id BIGINT, k STRING, v BIGINT, ts STRING"),
                      window={**WINDOW, "aggregations": WINDOW["aggregations"][:2]})
-    assert not managed(spec.sources[0]), "json without skip: Spark's stream reads it"
+    assert not spec.sources[0].read_by_engine, "json without skip: Spark's stream reads it"
 
     with pytest.raises(UnreadableInputFile) as info:
         run(spec, spark)
@@ -134,7 +133,7 @@ def test_on_unreadable_file_round_trips_and_defaults_to_fail(tmp_path: Path) -> 
     assert skip.sources[0].skips_unreadable_files
     assert load_pipeline_str(dump_pipeline(skip)) == skip and "on_unreadable_file =" not in dump_pipeline(plain)
     remote = load_pipeline_str(_doc(tmp_path, {**source(tmp_path), "path": "s3a://bucket/in"}))
-    assert not managed(remote.sources[0]), "a remote parquet source is Spark's stream unless it skips"
+    assert not remote.sources[0].read_by_engine, "a remote parquet source is Spark's stream unless it skips"
 
 
 def test_managed_and_streamed_sources_in_one_pipeline(spark, tmp_path: Path) -> None:
@@ -160,7 +159,7 @@ def test_managed_and_streamed_sources_in_one_pipeline(spark, tmp_path: Path) -> 
         "run": {"checkpoint_location": str(tmp_path / "cp"), "end_of_input": "flush"},
     }
     spec = load_pipeline_str(tomli_w.dumps(doc))
-    assert [managed(s) for s in spec.sources] == [True, True, False]
+    assert [s.read_by_engine for s in spec.sources] == [True, True, False]
 
     result = run(spec, spark)
 

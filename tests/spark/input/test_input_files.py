@@ -34,7 +34,6 @@ from ematix_dagster.errors import EmatixError, InputSchemaMismatch, UnreadableIn
 from ematix_dagster.operations import summary as stored_summary
 from ematix_dagster.spark.failures.read_errors import classify_read_error
 from ematix_dagster.spark.input.input_files import UNREADABLE_FILE, _from_nanos
-from ematix_dagster.spark.sources.readers import managed
 from tests.spark.input.unreadable_inputs import (
     PIPELINE,
     T0,
@@ -76,7 +75,7 @@ def test_pandas_nanosecond_files_are_read_beside_microsecond_files(spark, tmp_pa
     inp.pandas(rows(70, 40, start=T0 + pd.Timedelta(minutes=9)), utc=True)  # TIMESTAMP(NANOS, UTC)
     assert pq.ParquetFile(inp.directory / "part-00000.parquet").schema_arrow.field("ts").type == pa.timestamp("ns")
     spec = make_spec(tmp_path, source(inp.directory, max_files_per_trigger=max_files_per_trigger))
-    assert managed(spec.sources[0])
+    assert spec.sources[0].read_by_engine
 
     result = run(spec, spark)
 
@@ -283,7 +282,7 @@ def test_skip_on_a_csv_source_leaves_out_a_file_whose_header_does_not_match(spar
         os.utime(directory / f"part-{i}.csv", (1_700_000_000 + i,) * 2)
     window = {**WINDOW, "aggregations": WINDOW["aggregations"][:2]}
     spec = make_spec(tmp_path, source(directory, "skip", fmt="csv", schema=schema), window=window)
-    assert managed(spec.sources[0])
+    assert spec.sources[0].read_by_engine
 
     run(spec, spark)
 

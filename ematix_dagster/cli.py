@@ -99,10 +99,10 @@ def cmd_check(spec: PipelineSpec) -> int:
     return 0 if report.healthy else 1
 
 
-def cmd_state(spec: PipelineSpec) -> int:
+def cmd_state(spec: PipelineSpec, detail: bool = False) -> int:
     from ematix_dagster.operations import summary
 
-    print(json.dumps(summary(spec), indent=2, default=str))
+    print(json.dumps(summary(spec, detail=detail), indent=2, default=str))
     return 0
 
 
@@ -162,6 +162,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name == "run":
             p.add_argument("--resume-from-store", action="store_true",
                            help="the checkpoint is lost: start a new one after the offsets the state store holds")
+        if name == "state":
+            p.add_argument("--detail", action="store_true",
+                           help='window_state = "executors": read Spark\'s state from the checkpoint for its open '
+                                "windows (starts Spark)")
         if name == "backfill":
             p.add_argument("--from", dest="start", required=True, help="the range's start (ISO date or date-time, UTC)")
             p.add_argument("--to", dest="end", required=True, help="the range's end, exclusive")
@@ -181,7 +185,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_backfill(spec, args.start, args.end)
         if args.command == "run":
             return cmd_run(spec, args.verbose, args.resume_from_store)
-        return {"validate": cmd_validate, "check": cmd_check, "state": cmd_state}[args.command](spec)
+        if args.command == "state":
+            return cmd_state(spec, args.detail)
+        return {"validate": cmd_validate, "check": cmd_check}[args.command](spec)
     except BackfillRefused as exc:  # nothing ran: the range asked for cannot be rewritten
         print(f"error: backfill refused: {exc}", file=sys.stderr)
         return 2

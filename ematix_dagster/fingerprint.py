@@ -77,3 +77,11 @@ def describe_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
     return [f"{key}: {value(old, key)!r} -> {value(new, key)!r}" for key in sorted(set(old) | set(new))
             if value(old, key) != value(new, key)]
+
+
+def mode_change_note(changes: list[str]) -> str:
+    """What a refusal adds when ``[run] window_state`` is among ``changes``: where the open windows are."""
+    if not any(change.startswith("run.window_state") for change in changes):
+        return ""
+    return (" The open windows are kept where the other window_state keeps them (Spark's state in the checkpoint, "
+            "or the driver's in the store), and this one cannot read them.")

@@ -114,8 +114,8 @@ def check(spec: PipelineSpec) -> CheckReport:
         changes = "; ".join(describe_changes(record.fingerprint_doc, fingerprint_doc(spec)))
         report.problems.append(Problem("fingerprint_changed", "the spec's window shape or emission changed since the "
                                        f"state was written: {changes}.", "revert the change, or reset the pipeline"))
-    if record is not None:
-        try:
+    if record is not None and not (spec.window_spec is not None and spec.run.window_state == "executors"):
+        try:  # (Spark keeps an executors-mode window state in the checkpoint: the store holds none)
             groups = decoded_groups(spec.pipeline_name, recovered, report.store)
             # state of another window shape is reported as fingerprint_changed, not corrupt; a row
             # pipeline holds no windows
@@ -135,9 +135,16 @@ def _record(store: StateStore, pipeline: str) -> PipelineRecord | None:
         return None
 
 
-def summary(spec: PipelineSpec, windows: bool = True) -> dict[str, Any]:
+def summary(spec: PipelineSpec, windows: bool = True, detail: bool = False) -> dict[str, Any]:
     """Watermarks and counters as stored, and (``windows``) open windows, groups and bytes; for a row pipeline
-    or one with ``[emit]`` its pending rows (count, bytes, next release time, never values)."""
+    or one with ``[emit]`` its pending rows (count, bytes, next release time, never values).
+
+    With ``[run] window_state = "executors"`` the store holds no window: groups and bytes are Spark's
+    state as its progress reported it, and ``detail`` reads the state itself from the checkpoint
+    (``spark_state``: starts Spark) for the open windows.
+    """
+    if spec.window_spec is not None and spec.run.window_state == "executors":
+        return _executor_summary(spec, detail)
     with opened(spec) as store:
         recovered = store.load(spec.pipeline_name, groups=windows)
         holder = store.lease_holder(spec.pipeline_name)
@@ -170,6 +177,41 @@ def summary(spec: PipelineSpec, windows: bool = True) -> dict[str, Any]:
         **({noun: _held_per_key(recovered.groups, noun)} if (noun := _rows_per_key(spec)) else {}),
         **({"pending": _pending(held)} if held is not None else {}),
     }
+
+
+def _executor_summary(spec: PipelineSpec, detail: bool) -> dict[str, Any]:
+    """:func:`summary` of a pipeline whose window state Spark keeps in its checkpoint."""
+    from ematix_dagster.spark.batch.executor_call import STATE_BYTES, STATE_ROWS
+
+    with opened(spec) as store:
+        record = store.load(spec.pipeline_name, groups=False).record
+        holder = store.lease_holder(spec.pipeline_name)
+    counters = dict(record.counters) if record else {}
+    found: dict[str, Any] = {
+        "pipeline": spec.pipeline_name,
+        "store": store.description,
+        "window_state": "executors",
+        "checkpoint": spec.run.checkpoint_location,
+        "lease_holder": holder,
+        "last_batch_id": record.last_batch_id if record else None,
+        "query_id": record.query_id if record else None,
+        "state_version": record.state_version if record else None,
+        # Spark's progress of the batch before the last committed one
+        "groups": counters.get(STATE_ROWS, 0),
+        "bytes": counters.get(STATE_BYTES, 0),
+        "watermark": record.watermark if record else None,
+        "sources": {n: {"max_event_ts": p.max_event_ts, "last_arrival": p.last_arrival}
+                    for n, p in (record.sources.items() if record else [])},
+        "counters": counters,
+    }
+    if detail:
+        from ematix_dagster.spark.input.spark_state import spark_state
+        from ematix_dagster.spark.plans.executor_plan import executor_session
+        from ematix_dagster.spark.spark_session import get_spark
+
+        found["spark_state"] = spark_state(executor_session(get_spark(f"ematix-state-{spec.pipeline_name}")),
+                                           spec.resolved())
+    return found
 
 
 def _skipped(spec: PipelineSpec, record: PipelineRecord | None) -> dict[str, int]:

@@ -119,13 +119,14 @@ def run_executors(session: SparkSession, spec) -> dict[int, Seen]:
 
 
 def watermarks(events: list[Ev], lateness_s: float, batches: int) -> list[int]:
-    """The watermark (ms) in effect during each batch: min over the sources that had rows reaching the
-    aggregation of (newest event time - lateness), from the batches before; Spark's 0 before any."""
+    """The watermark (ms) in effect during each batch: min over the sources that had rows with a valid
+    event time (filtered and failing rows too: the watermark is measured before the SQL) of (newest
+    event time - lateness), from the batches before; Spark's 0 before any."""
     newest: dict[str, int] = {}
     marks = [0]
     for batch in range(batches - 1):
         for e in events:
-            if e.batch == batch and e.reason is None:
+            if e.batch == batch and e.reason not in ("invalid_event_time", "future"):
                 newest[e.source] = max(newest.get(e.source, e.us), e.us)
         now = (min(newest.values()) - round(lateness_s * S)) // 1000 if newest else 0
         marks.append(max(marks[-1], now))
@@ -178,15 +179,16 @@ def assert_batches(seen: dict[int, Seen], events: list[Ev], marks: list[int], la
 
 # -- tumbling, two sources -----------------------------------------------------------------------------
 
-# 1-minute windows, lateness 10 s. Watermarks in effect (s after T0; valid rows only): [epoch, 0, 60, 65, 120].
+# 1-minute windows, lateness 10 s. Watermarks in effect (s after T0): [epoch, 20, 60, 65, 120]; b's newest row
+# of batch 0 is the failing one at 50, filtered and failing rows count towards it.
 TUMBLING = [
     Ev(0, "a", "k1", 5), Ev(0, "a", "k1", 30), Ev(0, "a", "k1", None),
     Ev(0, "b", "k1", 10), Ev(0, "b", "k2", 50, v=0), Ev(0, "b", "k1", 20, page="skip"),
     Ev(1, "a", "k1", 70), Ev(1, "a", "k1", FUTURE), Ev(1, "b", "k1", 75),
-    Ev(1, "b", "k1", 2),  # behind the watermark of batch 1 (0), its window [0, 60) open: counts
+    Ev(1, "b", "k1", 2),  # behind the watermark of batch 1 (20), its window [0, 60) open: counts
     Ev(2, "a", "k1", 130), Ev(2, "a", "k2", 61), Ev(2, "a", "k2", 62, v=0),
-    Ev(2, "b", "k1", -5),  # [-60, 0) ends at the watermark of batch 1 (0): late
-    Ev(2, "b", "k1", 59),  # [0, 60) ends after 0: counts, though batch 2 runs under 60 (the driver drops it)
+    Ev(2, "b", "k1", -5),  # [-60, 0) ends before the watermark of batch 1 (20): late
+    Ev(2, "b", "k1", 59),  # [0, 60) ends after 20: counts, though batch 2 runs under 60 (the driver drops it)
     Ev(3, "a", "k1", 59.999), Ev(3, "a", "k1", 45, page="skip"),  # [0, 60) ended at 60: late
     Ev(3, "a", "k1", 119), Ev(3, "b", "k2", 131),
 ]
@@ -197,7 +199,7 @@ def test_a_tumbling_batch_input_is_the_driver_classification_with_sparks_late_ru
     spec = pipeline(tmp_path, TUMBLING, {"kind": "tumbling", "duration_ms": 60_000, "lateness_ms": 10_000}, ("a", "b"))
     seen = run_executors(session, spec)
     marks = watermarks(TUMBLING, 10, 5)
-    assert [(m * 1000 - us(T0)) / S for m in marks[1:]] == [0, 60, 65, 120]
+    assert [(m * 1000 - us(T0)) / S for m in marks[1:]] == [20, 60, 65, 120]
     late = {n: {e for e in TUMBLING if e.batch == n and e.reason is None and fixed_late(e, 60, marks[max(n - 1, 0)])}
             for n in range(5)}
     assert {n: len(rows) for n, rows in late.items() if rows} == {2: 1, 3: 1}

@@ -242,6 +242,10 @@ class PipelineSpec:
         if self.window_spec is None:
             _fail("backfill", "applies to windowed pipelines: a row pipeline has no windows to recompute",
                   "remove [backfill]")
+        if self.window_spec.max_groups_per_window is None:  # only window_state = "executors" leaves it out
+            _fail("transform.window.max_groups_per_window", "is required with [backfill]: a backfill recomputes its "
+                  "range's windows in one run whose window state is the driver's, whatever window_state says",
+                  "set the most groups one window of the range may hold")
         if not WINDOW_KINDS[self.window_spec.kind].backfills:
             _fail("backfill", f"does not apply to {self.window_spec.kind} windows: a range boundary would cut their "
                   "windows (a session or a sliding window that starts in the range takes in rows from before "

@@ -41,6 +41,9 @@ def executor_refusals(spec: PipelineSpec) -> list[Refusal]:
     if spec.run.end_of_input == "flush":
         found.append(Refusal("run.end_of_input", '"flush" writes open windows at the end of the input; Spark writes '
                              "a window only once the watermark reaches its end"))
+    if spec.window.max_groups_per_window is not None and spec.backfill is None:  # a backfill's run is the driver's
+        found.append(Refusal(f"{_KEY}.max_groups_per_window", "does not apply: the windows' state is in RocksDB on "
+                             "the executors, bounded by their disks, not by the driver's memory", refused=False))
     if spec.target.retractions:
         found.append(Refusal("target.retractions", "does not apply: every row is a final one, none supersedes "
                              "another", refused=False))
@@ -74,9 +77,6 @@ def _window_refusals(window: Window) -> list[Refusal]:
     if window.time_mode != "event":
         found.append(Refusal(f"{_KEY}.time_mode", "Spark's watermark follows the rows' event times, not the "
                              "batch time the driver stamps in processing-time mode"))
-    if window.max_groups_per_window is not None:
-        found.append(Refusal(f"{_KEY}.max_groups_per_window", "does not apply: the windows' state is in RocksDB on "
-                             "the executors, bounded by their disks, not by the driver's memory", refused=False))
     for i, agg in enumerate(window.aggregations):
         if agg.agg == "count_distinct" and agg.distinct_mode == "exact":
             found.append(Refusal(f"{_KEY}.aggregations[{i}].max_distinct_values_per_group",

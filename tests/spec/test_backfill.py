@@ -71,3 +71,15 @@ def test_a_row_pipeline_or_a_source_without_files_cannot_be_backfilled():
     rows = dict(d, transform={"sql": "SELECT * FROM source"})
     with pytest.raises(PipelineConfigError, match="backfill: applies to windowed pipelines"):
         load(rows)
+
+
+def test_a_backfill_of_window_state_on_the_executors_needs_the_drivers_cap():
+    """A backfill's one-shot run keeps its range's windows on the driver, whatever window_state says."""
+    d = doc({"partition": "daily", "start": "2024-01-01"})
+    d["run"]["window_state"] = "executors"
+    assert load(d).run.window_state == "executors"
+    del d["transform"]["window"]["max_groups_per_window"]
+    with pytest.raises(PipelineConfigError) as refused:
+        load(d)
+    assert refused.value.key == "transform.window.max_groups_per_window"
+    assert "is required with [backfill]" in str(refused.value)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ematix_dagster.columns import HEARTBEAT
 from ematix_dagster.spark.input import checkpoint
+from ematix_dagster.spark.sources.readers import has_heartbeat
 from ematix_dagster.spec import PipelineSpec
 from state_store.codec import STATE_VERSION
 from state_store.contract import PipelineRecord
@@ -33,9 +34,9 @@ class Problem:
 
 
 def offset_names(spec: PipelineSpec) -> list[str]:
-    """Source names in checkpoint order (the heartbeat is the last source under processing_time)."""
+    """Source names in checkpoint order (the heartbeat, where the stream has one, is the last source)."""
     names = list(spec.source_names)
-    if spec.run.trigger == "processing_time":
+    if has_heartbeat(spec):
         names.append(HEARTBEAT)
     return names
 

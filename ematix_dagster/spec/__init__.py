@@ -11,7 +11,8 @@ spec as written (from the dataclass annotations: TOML gives ``"false"`` where a 
 values on the resolved copy (``table = "${SCHEMA}.clicks"`` is a valid table once SCHEMA is set).
 
 The dataclasses live in :mod:`.window` (with what the spec knows of each window kind), :mod:`.rows`
-(row pipelines), :mod:`.sources`, :mod:`.sinks` and :mod:`.model`, the TOML
+(row pipelines), :mod:`.sources`, :mod:`.sinks`, :mod:`.run` and :mod:`.model` (with what
+``[run] window_state = "executors"`` refuses in :mod:`.window_state`), the TOML
 I/O in :mod:`.toml_io`, the ``${NAME}`` handling in :mod:`.environment`, the type checks in
 :mod:`.type_checks` and the shared values and bounds in :mod:`.rules`; callers import from this
 package.
@@ -20,9 +21,10 @@ package.
 from ematix_dagster.spec.backfill import Backfill, BackfillSource
 from ematix_dagster.spec.emit import EmitRelease
 from ematix_dagster.spec.environment import resolve_env
-from ematix_dagster.spec.model import PipelineSpec, Run, StateStoreConfig, spec_warnings
+from ematix_dagster.spec.model import PipelineSpec, StateStoreConfig, spec_warnings
 from ematix_dagster.spec.rows import RowTransform
 from ematix_dagster.spec.rules import JAVA_INT_MAX, MAX_DURATION_MS, STATE_STORE_KINDS
+from ematix_dagster.spec.run import Run
 from ematix_dagster.spec.sinks import DeadLetter, Target
 from ematix_dagster.spec.sources import Source
 from ematix_dagster.spec.toml_io import (

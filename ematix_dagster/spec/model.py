@@ -1,5 +1,5 @@
-"""The pipeline spec's dataclasses besides the window (:mod:`.window`) and a row pipeline's
-``[transform]`` (:mod:`.rows`), and the rules between its tables.
+"""The pipeline spec's dataclasses besides the window (:mod:`.window`), a row pipeline's
+``[transform]`` (:mod:`.rows`) and ``[run]`` (:mod:`.run`), and the rules between its tables.
 
 :meth:`PipelineSpec.validate` checks the types on the spec as written and the values on its resolved
 copy (see the package docstring).
@@ -16,15 +16,13 @@ from ematix_dagster.spec.rows import RowTransform, validate_row_pipeline
 from ematix_dagster.spec.rules import (
     _IDENT_RE,
     _NAME_RE,
-    END_OF_INPUT,
     STATE_STORE_KINDS,
-    TRIGGERS,
-    WINDOW_STATES,
     WatermarkKeys,
     _fail,
     _listed_as_tuple,
     _positive,
 )
+from ematix_dagster.spec.run import Run
 from ematix_dagster.spec.sinks import DeadLetter, Target
 from ematix_dagster.spec.sources import Source
 from ematix_dagster.spec.type_checks import _check_types
@@ -67,38 +65,6 @@ class StateStoreConfig:
     @property
     def durable(self) -> bool:
         return self.kind != "in_memory"
-
-
-@dataclass(frozen=True)
-class Run:
-    """How the streaming query is triggered and where its checkpoint lives (``[run]``)."""
-
-    checkpoint_location: str
-    trigger: str = "available_now"
-    trigger_interval_ms: int = 1_000
-    end_of_input: str = "keep"
-    #: "driver": the engine's window state in the driver process and the [state_store]; "executors":
-    #: Spark's stateful aggregation on the executors (docs/contract/window-state.md)
-    window_state: str = "driver"
-
-    def validate(self, key: str = "run") -> None:
-        if self.trigger not in TRIGGERS:
-            _fail(f"{key}.trigger", f"unknown trigger {self.trigger!r}", 'use "available_now" or "processing_time"')
-        _positive(f"{key}.trigger_interval_ms", self.trigger_interval_ms)
-        if self.end_of_input not in END_OF_INPUT:
-            _fail(f"{key}.end_of_input", f"unknown value {self.end_of_input!r}", 'use "keep" or "flush"')
-        if self.window_state not in WINDOW_STATES:
-            _fail(f"{key}.window_state", f"unknown value {self.window_state!r}",
-                  '"driver" (the engine keeps window state) or "executors" (Spark\'s stateful aggregation keeps it)')
-        if self.end_of_input == "flush" and self.trigger != "available_now":
-            _fail(f"{key}.end_of_input", '"flush" only applies to trigger = "available_now"',
-                  'remove it or use trigger = "available_now"')
-        if not self.checkpoint_location:
-            _fail(f"{key}.checkpoint_location", f"{self.checkpoint_location!r} is not a path",
-                  'e.g. ".ematix/checkpoints/<pipeline>"')
-        if "://" in self.checkpoint_location and not self.checkpoint_location.startswith("file://"):
-            _fail(f"{key}.checkpoint_location", "must be a local path (the engine reads its offsets log)",
-                  "use a local directory")
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,10 @@ import tomli_w
 from ematix_dagster.errors import PipelineConfigError
 from ematix_dagster.spec.backfill import Backfill, BackfillSource
 from ematix_dagster.spec.emit import EmitRelease
-from ematix_dagster.spec.model import PipelineSpec, Run, StateStoreConfig
+from ematix_dagster.spec.model import PipelineSpec, StateStoreConfig
 from ematix_dagster.spec.rows import RowTransform
 from ematix_dagster.spec.rules import _fail
+from ematix_dagster.spec.run import Run
 from ematix_dagster.spec.sinks import DeadLetter, Target
 from ematix_dagster.spec.sources import Source
 from ematix_dagster.spec.window import Aggregation, Window

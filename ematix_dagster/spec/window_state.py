@@ -10,15 +10,39 @@ with its reason (docs/contract/window-state.md).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from ematix_dagster.spec.backfill import Backfill
+from ematix_dagster.spec.emit import EmitRelease
+from ematix_dagster.spec.run import Run
+from ematix_dagster.spec.sinks import Target
+from ematix_dagster.spec.sources import Source
 from ematix_dagster.spec.window import Window
-
-if TYPE_CHECKING:
-    from ematix_dagster.spec.model import PipelineSpec
 
 _KEY = "transform.window"
 _DEFAULT_IDLENESS_MS = next(f.default for f in fields(Window) if f.name == "source_idleness_ms")
+
+
+class RefusalInput(Protocol):
+    """What the refusals read of a ``PipelineSpec`` (which validates with them)."""
+
+    @property
+    def window(self) -> Window: ...
+
+    @property
+    def sources(self) -> tuple[Source, ...]: ...
+
+    @property
+    def emit(self) -> EmitRelease | None: ...
+
+    @property
+    def run(self) -> Run: ...
+
+    @property
+    def target(self) -> Target: ...
+
+    @property
+    def backfill(self) -> Backfill | None: ...
 
 
 @dataclass(frozen=True)
@@ -31,7 +55,7 @@ class Refusal:
     refused: bool = True
 
 
-def executor_refusals(spec: PipelineSpec) -> list[Refusal]:
+def executor_refusals(spec: RefusalInput) -> list[Refusal]:
     """What ``window_state = "executors"`` refuses or warns about for ``spec``, key by key."""
     window = spec.window
     found = [*_window_refusals(window), *_source_refusals(spec)]
@@ -85,7 +109,7 @@ def _window_refusals(window: Window) -> list[Refusal]:
     return found
 
 
-def _source_refusals(spec: PipelineSpec) -> list[Refusal]:
+def _source_refusals(spec: RefusalInput) -> list[Refusal]:
     found = []
     if len(spec.sources) > 1:  # refused when set to other than its default; else a warning
         found.append(Refusal(f"{_KEY}.source_idleness_ms", "Spark's min watermark has no idle sources: a source "

@@ -242,8 +242,10 @@ def heartbeat(spark: SparkSession) -> DataFrame:
 
 
 def has_heartbeat(spec: PipelineSpec) -> bool:
-    """Whether the stream carries heartbeat rows (``processing_time``: a batch runs on time without input)."""
-    return spec.run.trigger == "processing_time"
+    """Whether the stream carries heartbeat rows (``processing_time``: a batch runs on time without input,
+    so the driver's watermark may move by idleness or processing time; Spark's stateful aggregation,
+    ``window_state = "executors"``, has no use for one)."""
+    return spec.run.trigger == "processing_time" and (spec.is_row_pipeline or spec.run.window_state == "driver")
 
 
 def source_rows(spec: PipelineSpec, df: DataFrame) -> DataFrame:

@@ -81,7 +81,7 @@ def windowed_pipeline_toml(
     lateness_ms: int | None = None,
     late_data: str | None = None,
     allowed_lateness_ms: int | None = None,
-    max_groups_per_window: int = 100,
+    max_groups_per_window: int | None = 100,
     hll_precision: int | None = None,
     distinct_mode: str | None = "exact",
     aggregations: Sequence[Mapping[str, Any]] | None = None,
@@ -91,6 +91,7 @@ def windowed_pipeline_toml(
     checkpoint: Path | None = None,
     trigger: str | None = None,
     end_of_input: str | None = None,
+    window_state: str | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> str:
     """The TOML text of one windowed pipeline over ``root/in``.
@@ -114,7 +115,8 @@ def windowed_pipeline_toml(
         "transform": {"window": window},
         "target": dict(target) if target is not None else parquet_target(root / "out"),
         "state_store": dict(state_store) if state_store is not None else sqlite_store(root / "state.db"),
-        "run": _given(trigger=trigger, checkpoint_location=str(cp), end_of_input=end_of_input),
+        "run": _given(trigger=trigger, checkpoint_location=str(cp), end_of_input=end_of_input,
+                      window_state=window_state),
         **(extra or {}),
     }
     return tomli_w.dumps(doc)

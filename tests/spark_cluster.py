@@ -1,16 +1,19 @@
-"""A real Spark standalone cluster for tests: one master and one worker, separate JVMs, on 127.0.0.1.
+"""A real Spark standalone cluster for tests: one master and N workers (two by default), separate JVMs,
+on 127.0.0.1.
 
-Both come from the installed PySpark (``$SPARK_HOME/bin/spark-class``, SPARK_HOME being the
+All come from the installed PySpark (``$SPARK_HOME/bin/spark-class``, SPARK_HOME being the
 ``pyspark`` package directory), each in a process group of its own so that stopping the cluster
-also stops the executors the worker launched. Logs go to ``<base>/logs``, the worker's
-application directories (``app-*/<executor id>/stderr``) to ``<base>/work``.
+also stops the executors a worker launched. Logs go to ``<base>/logs`` (``master.log``,
+``worker-1.log``, ...), the workers' application directories (``app-*/<executor id>/stderr``, executor
+ids unique within an application) to ``<base>/work``.
 
     with spark_cluster(tmp_path) as cluster:
         env = {"EMATIX_SPARK_MASTER": cluster.master_url}
         ...
         assert cluster.applications()
 
-or use the ``spark_cluster_fixture`` fixture (import it into the test module).
+or use the ``spark_cluster_fixture`` fixture: one cluster of two workers for the whole session, which
+``tests/e2e/conftest.py`` offers to the e2e tests (each application has its own ``app-*`` directory).
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ def _tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
 class SparkCluster:
     master_url: str  # spark://127.0.0.1:<port>
     webui_url: str  # http://127.0.0.1:<port>, the master's web UI (JSON at /json/)
-    worker_webui_url: str
+    worker_webui_urls: list[str]
     base: Path
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
@@ -88,7 +91,7 @@ class SparkCluster:
         return list(state.get("activeapps", [])) + list(state.get("completedapps", []))
 
     def executor_dirs(self) -> list[Path]:
-        """``work/app-*/<executor id>`` directories the worker made for executors it launched."""
+        """``work/app-*/<executor id>`` directories the workers made for executors they launched."""
         return sorted(p for p in self.work_dir.glob("app-*/*") if p.is_dir())
 
     def logs(self) -> str:
@@ -142,18 +145,22 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @contextmanager
-def spark_cluster(base: Path, worker_cores: int = 1, worker_memory: str = "1g",
+def spark_cluster(base: Path, workers: int = 2, worker_cores: int = 1, worker_memory: str = "1g",
                   timeout: float = START_TIMEOUT_S) -> Iterator[SparkCluster]:
-    """Start a master and one worker, wait until the worker is ALIVE, stop both at the end."""
+    """Start a master and ``workers`` workers (``worker_cores`` cores and ``worker_memory`` for
+    executors each), wait until every worker is ALIVE, stop them all at the end."""
+    if workers < 1:
+        raise ValueError(f"a cluster needs at least one worker, not {workers}")
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         raise RuntimeError("no java on PATH and no JAVA_HOME: a Spark standalone cluster needs Java 17")
     home = spark_home()
     base.mkdir(parents=True, exist_ok=True)
     for d in ("logs", "work", "conf"):
         (base / d).mkdir(exist_ok=True)
-    port, webui, worker_webui = free_port(), free_port(), free_port()
+    port, webui = free_port(), free_port()
+    worker_webuis = [free_port() for _ in range(workers)]
     cluster = SparkCluster(master_url=f"spark://{HOST}:{port}", webui_url=f"http://{HOST}:{webui}",
-                           worker_webui_url=f"http://{HOST}:{worker_webui}", base=base)
+                           worker_webui_urls=[f"http://{HOST}:{p}" for p in worker_webuis], base=base)
     env = {
         **os.environ,
         "SPARK_HOME": str(home),
@@ -170,12 +177,14 @@ def spark_cluster(base: Path, worker_cores: int = 1, worker_memory: str = "1g",
                                    "--port", str(port), "--webui-port", str(webui)], env, cluster.log_dir)
         cluster.procs["master"] = master
         stack.callback(_stop, master)
-        worker = _start("worker", [spark_class, "org.apache.spark.deploy.worker.Worker", cluster.master_url,
+        for i, worker_webui in enumerate(worker_webuis, start=1):
+            name = f"worker-{i}"
+            worker = _start(name, [spark_class, "org.apache.spark.deploy.worker.Worker", cluster.master_url,
                                    "--host", HOST, "--cores", str(worker_cores), "--memory", worker_memory,
                                    "--webui-port", str(worker_webui), "--work-dir", str(cluster.work_dir)],
-                        env, cluster.log_dir)
-        cluster.procs["worker"] = worker
-        stack.callback(_stop, worker)  # callbacks run last-in first-out: the worker stops first
+                            env, cluster.log_dir)
+            cluster.procs[name] = worker
+            stack.callback(_stop, worker)  # callbacks run last-in first-out: the workers stop first
 
         deadline = time.monotonic() + timeout
         last_error: object = "no answer yet"
@@ -185,9 +194,10 @@ def spark_cluster(base: Path, worker_cores: int = 1, worker_memory: str = "1g",
                     raise RuntimeError(f"the Spark {name} exited with status {proc.returncode} while starting "
                                        f"the cluster\n{cluster.logs()}")
             try:
-                if cluster.alive_workers() >= 1:
+                alive = cluster.alive_workers()
+                if alive >= workers:
                     break
-                last_error = "the master answers but no worker is ALIVE yet"
+                last_error = f"the master answers but {alive} of {workers} workers are ALIVE"
             except (urllib.error.URLError, OSError, ValueError) as exc:
                 last_error = exc
             if time.monotonic() > deadline:
@@ -198,7 +208,8 @@ def spark_cluster(base: Path, worker_cores: int = 1, worker_memory: str = "1g",
         yield cluster
 
 
-@pytest.fixture
-def spark_cluster_fixture(tmp_path: Path) -> Iterator[SparkCluster]:
-    with spark_cluster(tmp_path / "spark-cluster") as cluster:
+@pytest.fixture(scope="session")
+def spark_cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
+    """A master and two workers of one core and 1 GB each, shared by the session's tests."""
+    with spark_cluster(tmp_path_factory.mktemp("spark-cluster")) as cluster:
         yield cluster

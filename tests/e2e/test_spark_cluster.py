@@ -1,9 +1,9 @@
-"""A pipeline on a real Spark standalone cluster: master and worker in JVMs of their own.
+"""A pipeline on a real Spark standalone cluster: master and two workers in JVMs of their own.
 
 ``ematix-dagster run`` runs in a subprocess with ``EMATIX_SPARK_MASTER=spark://127.0.0.1:<port>``:
 the driver (and its window state, committed to PostgreSQL in the same transaction as the target
-rows) is that process, the per-batch reading and partial aggregation run in an executor the
-worker launched. The input is six CSV files (one micro-batch each, with late rows from batch 2 on);
+rows) is that process, the per-batch reading and partial aggregation run in the executors
+the workers launched. The input is six CSV files (one micro-batch each, with late rows from batch 2 on);
 the target must equal the pandas oracle (``tests/oracle.py``) fed with the batches Spark formed,
 read straight from the checkpoint's ``offsets/N`` and ``sources/0/N``. No engine code is imported:
 the pipeline is TOML text and the target is read with plain SQL.
@@ -27,7 +27,7 @@ import pytest
 
 from tests import oracle
 from tests.pipeline_toml import postgres_store, postgres_target, windowed_pipeline_toml
-from tests.spark_cluster import spark_cluster_fixture  # noqa: F401 - a fixture
+from tests.spark_cluster import SparkCluster
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 FILES = 6
@@ -123,7 +123,7 @@ def cli() -> list[str]:
 
 
 @pytest.mark.slow
-def test_pipeline_on_standalone_cluster(spark_cluster_fixture, tmp_path, pg_dsn, pg_schema):  # noqa: F811
+def test_pipeline_on_standalone_cluster(spark_cluster_fixture: SparkCluster, tmp_path, pg_dsn, pg_schema):
     cluster = spark_cluster_fixture
     per_file = write_input(tmp_path / "in")
     toml = pipeline_toml(tmp_path, pg_dsn, pg_schema)
@@ -151,14 +151,14 @@ def test_pipeline_on_standalone_cluster(spark_cluster_fixture, tmp_path, pg_dsn,
     assert re.search(rf"\[{NAME}\] done: \d+ batches, {rows_in} rows in", out), out[-2000:]
     run_s = time.monotonic() - started
 
-    # The work ran on the cluster: the master knows the application, and the worker launched an
-    # executor for it that ran tasks.
+    # The work ran on the cluster: the master knows the application, and the workers launched
+    # executors for it that ran tasks.
     apps = [a for a in cluster.applications() if a.get("name") == f"ematix-{NAME}"]
     assert apps, f"the master never saw application ematix-{NAME}: {cluster.state()}"
     app_dirs = [d for d in cluster.executor_dirs() if d.parent.name == apps[0]["id"]]
-    assert app_dirs, f"the worker launched no executor for {apps[0]['id']}: {list(cluster.work_dir.rglob('*'))}"
+    assert app_dirs, f"the workers launched no executor for {apps[0]['id']}: {list(cluster.work_dir.rglob('*'))}"
     stderr = "".join((d / "stderr").read_text(errors="replace") for d in app_dirs if (d / "stderr").exists())
-    assert "Finished task" in stderr, f"the executor ran no task:\n{stderr[-3000:]}"
+    assert "Finished task" in stderr, f"no executor ran a task:\n{stderr[-3000:]}"
 
     # The target equals the oracle's last emission per (window, key).
     batches = checkpoint_batches(tmp_path / "cp", per_file)

@@ -6,6 +6,8 @@ batch's rows besides its windows (dead letters, per-source counters, the SQL's f
 late rows) is recomputed here from the batch's input read again from the checkpoint
 (``spark.input.replayed_batch``) with the driver's own Spark work (``spark.batch.batch_job``), so
 that windows, dead letters and counters can commit in one transaction fenced by (query, batch).
+Only the counters reach the driver: the batch's partials are totalled per class in Spark
+(:func:`class_totals`), so the driver's memory does not grow with the number of groups a batch updates.
 
 Late rows follow Spark's rule, not the driver's: Spark judges batch N's rows by the watermark in
 effect during batch N-1 (``batchWatermarkMs`` of offsets N-1; batch 0 by its own, 0):
@@ -27,7 +29,17 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from ematix_dagster.columns import CLASS, EVENT_TS, SOURCE_ROW, SQL_ERROR
+from ematix_dagster.columns import (
+    CLASS,
+    EVENT_TS,
+    LATE_ASSIGNMENTS,
+    REOPENED,
+    ROWS,
+    SOURCE_MAX_PREFIX,
+    SOURCE_ROW,
+    SOURCE_ROWS_PREFIX,
+    SQL_ERROR,
+)
 from ematix_dagster.errors import PipelineConfigError
 from ematix_dagster.spark.batch.batch_counts import batch_counts, filtered_rows, sources_of
 from ematix_dagster.spark.batch.batch_job import build_batch
@@ -102,7 +114,7 @@ class ExecutorInput:
         closed_before = marks.late_ms * MICROS_PER_MS if fixed else None
         frames = build_batch(spark, self.plan, replayed_batch(spark, spec, batch_id), batch_id, batch_time,
                              closed_before, None)
-        src, counts = batch_counts(spec, frames.partials.toArrow(), frames.source_stats)
+        src, counts = batch_counts(spec, class_totals(frames.partials).toArrow(), frames.source_stats)
         stats = sources_of(spec, src)
         classified = frames.classified()
         counted = classified.filter(F.col(CLASS).isNull()).select(*self.columns)
@@ -118,6 +130,16 @@ class ExecutorInput:
                            rejected=counts["rejected"], dead_letters=reason_counts(letters) if letters else {},
                            filtered=filtered_rows(stats, counts["rows"]) if spec.transform_sql else 0)
         return ExecutorBatch(batch, marks, valid, late, letters)
+
+
+def class_totals(partials: DataFrame) -> DataFrame:
+    """The counter columns ``batch_counts`` reads from a batch's partials (rows, late assignments,
+    reopened rows and each source's rows: summed; each source's newest event time: the max), totalled
+    per class in Spark: a row per class instead of one per (window, group), which ``batch_counts``
+    reads to the same counters."""
+    sums = [c for c in partials.columns if c in (ROWS, LATE_ASSIGNMENTS, REOPENED) or c.startswith(SOURCE_ROWS_PREFIX)]
+    maxes = [c for c in partials.columns if c.startswith(SOURCE_MAX_PREFIX)]
+    return partials.groupBy(CLASS).agg(*(F.sum(c).alias(c) for c in sums), *(F.max(c).alias(c) for c in maxes))
 
 
 def late_sessions(window: Window, rows: DataFrame, late_ms: int) -> tuple[DataFrame, DataFrame]:

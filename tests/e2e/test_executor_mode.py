@@ -7,18 +7,26 @@ other mode refused with the way out.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 from pyspark.sql import SparkSession
 
 from ematix_dagster.cli import main
 from ematix_dagster.errors import FingerprintChanged
+from ematix_dagster.metrics import StreamingMetrics
+from ematix_dagster.spark.batch.batch_report import BatchReport
+from ematix_dagster.spark.runner import PipelineRunner
 from ematix_dagster.spec import StateStoreConfig, dump_pipeline
-from tests.e2e.lateness_helpers import read_batch_dirs, run
-from tests.spark.test_executor_input import TUMBLING, S, fixed_late, pipeline, watermarks
+from tests.conftest import BatchFiles
+from tests.e2e.lateness_helpers import files_source, make_spec, read_batch_dirs, run, us
+from tests.spark.test_executor_input import DDL, SCHEMA, T0, TUMBLING, S, fixed_late, pipeline, watermarks
 
 pytestmark = pytest.mark.slow  # one executors-mode run, a second over no input, Spark's state read once
 
@@ -102,3 +110,31 @@ def test_an_executors_pipeline_is_exact_and_operated_like_a_driver_one(
     assert "run.window_state: 'executors' -> 'driver'" in message
     assert "ematix-dagster reset PIPELINE.toml --yes" in message
     assert "Spark's state in the checkpoint" in message
+
+
+def test_a_processing_time_run_writes_a_window_once_newer_rows_close_it(spark: SparkSession, tmp_path: Path) -> None:
+    """The trigger a Dagster keep-alive run uses: the window is written, once, by a batch after the rows
+    that move the watermark past its end; the run stops at a batch boundary when asked."""
+    files = BatchFiles(tmp_path / "a")
+    spec = make_spec(tmp_path, "ptime", [files_source("a", tmp_path / "a", schema=DDL)],
+                     {"kind": "tumbling", "duration_ms": 60_000, "group_by": ["k"],
+                      "aggregations": [{"agg": "count", "as": "n"}]})
+    spec = replace(spec, run=replace(spec.run, window_state="executors", trigger="processing_time",
+                                     trigger_interval_ms=300))
+    runner = PipelineRunner(spec, spark=spark, metrics=StreamingMetrics(CollectorRegistry()),
+                            progress=lambda _: None)
+    reports: list[BatchReport] = []
+    consumer = threading.Thread(target=lambda: reports.extend(runner.events()), daemon=True)
+    consumer.start()
+    row = {"id": 0, "k": "u", "v": 1, "page": "p"}
+    files.write([{**row, "ts": T0 + dt.timedelta(seconds=s)} for s in (5, 30)], SCHEMA)
+    files.write([{**row, "ts": T0 + dt.timedelta(seconds=130)}], SCHEMA)  # W = 130 s: [0, 60) closes
+    deadline = time.monotonic() + 90
+    while sum(r.counts.windows_emitted for r in list(reports)) < 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    runner.request_stop()
+    consumer.join(timeout=60)
+    assert not consumer.is_alive()
+    rows = [r for batch in read_batch_dirs(spec.target.path).values() for r in batch]
+    assert [(r["window_start"], r["k"], r["n"]) for r in rows] == [(us(T0), "u", 2)]
+    assert sum(r.rows_in for r in reports) == 3

@@ -43,12 +43,18 @@ def generate(directory: Path, events: int, keys: int, files: int, items: int, di
             "item": pool.take(pa.array(rng.integers(0, items, n, dtype=np.int64))),
             "ts": pa.array(ts, pa.timestamp("us", tz="UTC")),
         })
-        name = f"part-{i:05d}.parquet"
-        tmp, final = directory / f".{name}.tmp", directory / name  # Spark ignores dot files
-        pq.write_table(table, tmp)
-        os.replace(tmp, final)
-        mtime = 1_700_000_000 + i
-        os.utime(final, (mtime, mtime))
+        write_part(directory, i, table)
+
+
+def write_part(directory: Path, i: int, table: pa.Table) -> None:
+    """``table`` as the ``i``-th parquet file of ``directory``, written whole before Spark may list
+    it, its modification time ordered by ``i`` (a file source takes files oldest first)."""
+    name = f"part-{i:05d}.parquet"
+    tmp, final = directory / f".{name}.tmp", directory / name  # Spark ignores dot files
+    pq.write_table(table, tmp)
+    os.replace(tmp, final)
+    mtime = 1_700_000_000 + i
+    os.utime(final, (mtime, mtime))
 
 
 def source_toml(data: Path) -> str:

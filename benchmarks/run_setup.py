@@ -51,6 +51,12 @@ def prepare(args: argparse.Namespace, data: Path, tick_us: int = 1):
     print(f"data: {args.events} events, {args.keys} keys, {args.files} files in {data} "
           f"({sum(f.stat().st_size for f in data.iterdir()) / MB:.1f} MB, {time.perf_counter() - t0:.1f} s)",
           flush=True)
+    return start_spark(args)
+
+
+def start_spark(args: argparse.Namespace):
+    """The benchmarks' Spark session: ``args.driver_memory`` (the heap at that size from the start)
+    and ``args.gc``'s collector; prints what it started."""
     conf = {"spark.ui.showConsoleProgress": "false"}
     options = []
     if args.driver_memory:

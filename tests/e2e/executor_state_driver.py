@@ -1,20 +1,23 @@
-"""A driver process for tests/e2e/test_executor_state_on_cluster.py: runs one pipeline, then measures itself.
+"""A driver process for tests/e2e/test_executor_state_on_cluster.py: runs one pipeline twice, measuring itself.
 
-    python -m tests.e2e.executor_state_driver PIPELINE.toml
+    python -m tests.e2e.executor_state_driver PIPELINE.toml STAGED_DIR SOURCE_DIR
 
 runs the pipeline to the end of its input (``PipelineRunner(spec).run()``, the master from
-``EMATIX_SPARK_MASTER``) and prints one JSON line after ``RESULT `` with what this driver holds once the
-run is over (its Python RSS now and at its peak, the JVM's heap used after ``System.gc()``), what the
-query's last progress says of Spark's state on the executors (``stateOperators``), and the time each
-batch took (the engine's report, Spark's ``durationMs``).
+``EMATIX_SPARK_MASTER``), then moves the files of ``STAGED_DIR`` into the source's ``SOURCE_DIR`` and
+runs it again on the same checkpoint, so the open groups grow between the two runs in one driver.
+After each run it prints one JSON line after ``RESULT `` with what this driver holds then (its Python
+RSS now and at its peak, the JVM's heap used after ``System.gc()``), what the query's last progress
+says of Spark's state on the executors (``stateOperators``), and the time each batch took.
 """
 
 from __future__ import annotations
 
 import gc
 import json
+import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from ematix_dagster.spark.runner import PipelineRunner
@@ -39,9 +42,10 @@ def jvm_heap_used_after_gc(spark: Any) -> int:
     return int(runtime.totalMemory()) - int(runtime.freeMemory())
 
 
-def main(path: str) -> None:
+def run_and_measure(path: str) -> dict[str, Any]:
     started = time.monotonic()
-    runner = PipelineRunner(load_pipeline(path))
+    spec = load_pipeline(path)
+    runner = PipelineRunner(spec)
     summary = runner.run()
     run_s = time.monotonic() - started
     assert runner.query is not None
@@ -49,7 +53,7 @@ def main(path: str) -> None:
     operators = [{k: op.get(k) for k in ("operatorName", "numRowsTotal", "memoryUsedBytes", "numShufflePartitions",
                                          "customMetrics")} for op in progress.get("stateOperators", [])]
     gc.collect()
-    result = {
+    return {
         "run_s": run_s,
         "batches": summary.batches,
         "rows_in": summary.rows_in,
@@ -60,11 +64,20 @@ def main(path: str) -> None:
         "jvm_heap_used": jvm_heap_used_after_gc(runner.spark),
         "master": runner.spark.sparkContext.master,
         "state_operators": operators,
+        # the state stores' changelogs and snapshots the executors uploaded to the checkpoint
+        "state_file_bytes": sum(f.stat().st_size for f in (Path(spec.run.checkpoint_location) / "state").rglob("*")
+                                if f.is_file()),
         "batch_seconds": [round(r.seconds, 2) for r in summary.reports],
         "progress_ms": [p.get("durationMs") for p in runner.query.recentProgress],
     }
-    print("RESULT " + json.dumps(result), flush=True)
+
+
+def main(path: str, staged: str, source: str) -> None:
+    print("RESULT " + json.dumps(run_and_measure(path)), flush=True)
+    for file in sorted(Path(staged).iterdir()):  # newer files: the next run's batch
+        os.replace(file, Path(source) / file.name)
+    print("RESULT " + json.dumps(run_and_measure(path)), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:4])

@@ -45,6 +45,7 @@ from sqlglot import exp
 
 from ematix_dagster.columns import RELEASE_COLUMN
 from ematix_dagster.errors import PipelineConfigError
+from ematix_dagster.sql.grammar import check_predicate
 from ematix_dagster.sql.parsing import CLAUSES, misplaced, parse_statement, text, top_selects
 
 #: the value of :data:`RELEASE_COLUMN` meaning "release in this batch, whatever the watermark is"
@@ -54,8 +55,9 @@ WATERMARK_TS = "WATERMARK_TS"
 _CALL = f"{WATERMARK_TS}()"
 _KEY = "transform.sql"
 _UPPER_BOUND = f"expr <= {_CALL} (or expr < {_CALL}, strictly after expr; or mirrored: {_CALL} >= expr)"
-#: clauses that work on the rows the WHERE leaves: without the WHERE they would see every row
-_NOT_ROW_WISE = ("group", "having", "order", "limit", "offset", "qualify", "windows", "distinct")
+#: what a query calling WATERMARK_TS() may hold (sqlglot's argument keys of its SELECT): any other clause
+#: works on the rows the WHERE leaves, and without the WHERE it would see every row
+_ROW_WISE = ("with_", "hint", "expressions", "from_", "laterals", "joins", "where")
 _ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.IntDiv, exp.Mod, exp.Neg)
 
 __all__ = ["RELEASE_COLUMN", "RELEASE_NOW", "WATERMARK_TS", "ReleaseBranch", "ReleasePlan", "release_plan",
@@ -118,16 +120,17 @@ def release_plan(sql: str, key: str = _KEY) -> ReleasePlan | None:
         if found:
             _fail(key, f"calls {_CALL} {found}; it may appear only in the top-level WHERE, as an upper bound",
                   f"write the WHERE as OR branches of static conditions and at most one {_UPPER_BOUND}")
-    for clause in _NOT_ROW_WISE:
-        if select.args.get(clause):
-            _fail(key, f"calls {_CALL} in a query with {CLAUSES.get(clause, clause.upper())}, which is not row by "
-                  "row: the WHERE becomes each row's release time, so it no longer filters the rows that clause sees",
-                  "keep the query to projections and a WHERE"
+    for clause, value in select.args.items():
+        if value and clause not in _ROW_WISE:
+            _fail(key, f"calls {_CALL} in a query with {CLAUSES.get(clause, clause.rstrip('_').upper())}, which is not "
+                  "row by row: the WHERE becomes each row's release time, so it no longer filters the rows that clause "
+                  "sees", "keep the query to projections and a WHERE"
                   + (" (aggregate with [transform.window])" if key == _KEY else ""))
     if any(e.find(exp.Window) for e in select.expressions):
         _fail(key, f"calls {_CALL} in a query with a window function (OVER), which is not row by row",
               "keep the query to projections and a WHERE")
     branches = [_Branch(i, node, key) for i, node in enumerate(_split(select.args["where"].this, exp.Or), start=1)]
+    check_predicate(select.args["where"].this, key, spark_only=True)
     select.set("where", None)
     values = [b.value() for b in branches]
     release = values[0] if len(values) == 1 else exp.Anonymous(this="LEAST", expressions=values)

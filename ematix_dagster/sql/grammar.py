@@ -107,7 +107,9 @@ def check_predicate(node: exp.Expr, key: str, columns: Columns | None = None, *,
             if not isinstance(child.expression, exp.Null):
                 _refuse(key, child, "IS compares with NULL only", "write x = TRUE, or IS NULL / IS NOT NULL")
         elif type(child) is exp.In:
-            if child.args.get("query") or child.args.get("unnest") or child.args.get("field") or not all(
+            if child.args.get("query"):
+                _refuse(key, child, _outside(child.args["query"]), "write x IN (1, 2, 3)")
+            if child.args.get("unnest") or child.args.get("field") or not all(
                     isinstance(e, (exp.Literal, exp.Boolean, exp.Null))
                     or (isinstance(e, exp.Neg) and isinstance(e.this, exp.Literal)) for e in child.expressions):
                 _refuse(key, child, "IN takes a list of literals", "write x IN (1, 2, 3)")

@@ -31,7 +31,11 @@ value of the row and not an equation to solve; only in the top-level WHERE of a 
 because elsewhere (the SELECT list, a subquery, a JOIN, GROUP BY, a UNION branch) it would change a
 value or a row set instead of a row's release. For the same reason the query must be row by row:
 no DISTINCT, GROUP BY, HAVING, ORDER BY, LIMIT, window functions (their rows would no longer be
-the filtered ones). Aggregate functions without GROUP BY are left to the run-time row-wise check
+the filtered ones): the SELECT holds only a SELECT list, FROM, JOINs, LATERAL VIEWs, WITH and the
+WHERE. The WHERE itself, guards and bounds, is held to the predicate grammar (``sql.grammar``, in its
+Spark-evaluated form): a release time is a value of the row alone, so no subquery, aggregate, window
+function, lambda, unknown or non-deterministic function. Aggregate functions without GROUP BY in the
+SELECT list are left to the run-time row-wise check
 (``spark.plans.window_plan.analyse``), which sees the analysed plan. ``expr`` must be a TIMESTAMP (``unix_micros``
 takes no DATE or STRING: cast it), checked when Spark analyses the query.
 """

@@ -94,6 +94,16 @@ def test_an_unqualified_subquery_beside_the_bound_is_refused(where: str) -> None
     assert "subquery" in str(error), error
 
 
+@pytest.mark.parametrize("clause", ["SORT BY user_id", "DISTRIBUTE BY user_id", "CLUSTER BY user_id",
+                                    "ORDER BY user_id", "LIMIT 3", "GROUP BY user_id, page"])
+def test_a_clause_outside_the_shape_is_refused(clause: str) -> None:
+    error = _refused(_emit, f"SELECT * FROM windows WHERE {BOUND} {clause}", "emit.sql")
+    assert "only a WHERE may follow FROM windows" in str(error), error
+    error = _refused(_row, f"SELECT user_id, page FROM source WHERE _event_ts <= WATERMARK_TS() {clause}",
+                     "transform.sql")
+    assert "which is not row by row" in str(error), error
+
+
 def test_a_row_pipeline_without_watermark_ts_is_an_ordinary_filter() -> None:
     assert release_plan("SELECT id FROM source WHERE id IN (SELECT id FROM source) AND rand() < 0.5") is None
 

@@ -237,3 +237,40 @@ def test_one_forbidden_node_is_refused(predicate: str) -> None:
 @given(_bools(_EMIT_ONLY_INTS))
 def test_one_node_outside_the_emit_grammar_is_refused_there(predicate: str) -> None:
     _refused(_emit, _emit_sql(predicate), "emit.sql")
+
+
+def _emitted_rows():
+    pa = pytest.importorskip("pyarrow")
+    stamp = pa.timestamp("us", tz="UTC")
+    return pa.table({"window_start": pa.array([0, 3_600_000_000, None], stamp),
+                     "window_end": pa.array([3_600_000_000, 7_200_000_000, 10], stamp),
+                     "user_id": pa.array([1, None, -3], pa.int64()), "page": pa.array(["buy", "view", None])})
+
+
+@_SETTINGS
+@given(_bools())
+def test_what_the_walk_accepts_the_engine_evaluates(predicate: str) -> None:
+    """Every accepted [emit] predicate is one the driver's evaluator (streaming.release_times) computes: the
+    walk accepts nothing the engine would find outside the grammar on the rows."""
+    from ematix_dagster.streaming.release_times import ReleaseTimes, RowFailed
+
+    plan = emit_plan(_emit_sql(predicate), COLUMNS)
+    try:
+        ReleaseTimes(plan.branches, COLUMNS).of(_emitted_rows())
+    except RowFailed as failed:  # a value of the rows (an overflow, a zero divisor), not of the grammar
+        assert "outside the predicate's grammar" not in str(failed), failed
+
+
+def test_a_null_operand_makes_a_null_value() -> None:
+    from ematix_dagster.streaming.release_times import ReleaseTimes
+
+    pa = pytest.importorskip("pyarrow")
+    stamp = pa.timestamp("us", tz="UTC")
+    rows = pa.table({"window_start": pa.array([0, 1], stamp), "window_end": pa.array([5, 6], stamp),
+                     "user_id": pa.array([1, 2], pa.int64()), "page": ["a", "b"]})
+    plan = emit_plan("SELECT * FROM windows WHERE (CASE WHEN page = 'a' THEN window_end END) + INTERVAL 1 HOUR "
+                     "<= WATERMARK_TS()", COLUMNS)
+    assert ReleaseTimes(plan.branches, COLUMNS).of(rows).to_pylist() == [3_600_000_005, None]
+    for op in ("%", "DIV", "/"):  # a NULL divisor is NULL, not a zero divisor
+        plan = emit_plan(f"SELECT * FROM windows WHERE (user_id {op} NULL) = 1 OR {BOUND}", COLUMNS)
+        assert ReleaseTimes(plan.branches, COLUMNS).of(rows).to_pylist() == [5, 6]

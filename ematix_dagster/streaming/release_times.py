@@ -197,7 +197,7 @@ class ReleaseTimes:
             if _is_null_type(left) or _is_null_type(right):
                 return both_null
             return pc.or_(both_null, pc.fill_null(pc.equal(*_unified(left, right)), False))
-        if _is_null(left) or _is_null(right):
+        if any(_is_null(v) or _is_null_type(v) for v in (left, right)):
             return pa.scalar(None, pa.bool_())
         function = {exp.EQ: pc.equal, exp.NEQ: pc.not_equal, exp.LT: pc.less, exp.LTE: pc.less_equal,
                     exp.GT: pc.greater, exp.GTE: pc.greater_equal}[type(node)]

@@ -271,6 +271,8 @@ def test_a_null_operand_makes_a_null_value() -> None:
     plan = emit_plan("SELECT * FROM windows WHERE (CASE WHEN page = 'a' THEN window_end END) + INTERVAL 1 HOUR "
                      "<= WATERMARK_TS()", COLUMNS)
     assert ReleaseTimes(plan.branches, COLUMNS).of(rows).to_pylist() == [3_600_000_005, None]
+    plan = emit_plan(f"SELECT * FROM windows WHERE (- coalesce(NULL, NULL)) <= NULL * 42 OR {BOUND}", COLUMNS)
+    assert ReleaseTimes(plan.branches, COLUMNS).of(rows).to_pylist() == [5, 6]
     for op in ("%", "DIV", "/"):  # a NULL divisor is NULL, not a zero divisor
         plan = emit_plan(f"SELECT * FROM windows WHERE (user_id {op} NULL) = 1 OR {BOUND}", COLUMNS)
         assert ReleaseTimes(plan.branches, COLUMNS).of(rows).to_pylist() == [5, 6]

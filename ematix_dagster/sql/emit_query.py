@@ -7,7 +7,8 @@ makes it an emission schedule rather than a filter of values:
 
 - the shape: ``SELECT *`` over the view ``windows`` and nothing else (no projection, join or
   clause besides the WHERE), so every emitted row keeps its columns and only its time changes;
-- the predicate's columns: window bounds, ``session_id`` and group columns only. A window's rows
+- the predicate's columns (a property of the grammar's walk, :class:`~ematix_dagster.sql.grammar.Columns`):
+  window bounds, ``session_id`` and group columns only. A window's rows
   (early, final, corrections, retracts) then share one release time for as long as its bounds do,
   so they leave in the order they were emitted; an aggregate column would let a correction leave
   before the final it corrects, or never;
@@ -31,17 +32,16 @@ from typing import NoReturn, Sequence
 from sqlglot import exp
 
 from ematix_dagster.errors import PipelineConfigError
-from ematix_dagster.sql.grammar import check_predicate
-from ematix_dagster.sql.parsing import parse_statement, text
+from ematix_dagster.sql.grammar import Columns, check_predicate
+from ematix_dagster.sql.parsing import CLAUSES, parse_statement, text
 from ematix_dagster.sql.release_plan import WATERMARK_TS, ReleasePlan, release_plan
 
 #: the view the ``[emit] sql`` reads: the pipeline's emitted rows
 VIEW = "windows"
 KEY = "emit.sql"
 _SHAPE = f"SELECT * FROM {VIEW} WHERE <predicate>"
-#: clauses a ``SELECT * FROM windows WHERE`` has none of (sqlglot's argument keys)
-_OTHER_CLAUSES = ("joins", "group", "having", "order", "limit", "offset", "qualify", "windows", "distinct",
-                  "laterals", "with_")
+#: what a ``SELECT * FROM windows WHERE`` holds (sqlglot's argument keys); anything else is refused
+_PARTS = ("expressions", "from_", "where")
 
 
 def emit_plan(sql: str, columns: Sequence[str]) -> ReleasePlan:
@@ -57,25 +57,21 @@ def emit_plan(sql: str, columns: Sequence[str]) -> ReleasePlan:
     if not isinstance(table, exp.Table) or table.name.lower() != VIEW or table.db or table.alias:
         _fail(f"reads {text(source) if source is not None else 'nothing'}; it reads the view {VIEW}, the "
               "pipeline's emitted rows")
-    for clause in _OTHER_CLAUSES:
-        if tree.args.get(clause):
-            _fail(f"has {clause.rstrip('_').upper()}: only a WHERE may follow FROM {VIEW}")
+    for part, value in tree.args.items():
+        if value and part not in _PARTS:
+            _fail(f"has {'JOIN' if part == 'joins' else CLAUSES.get(part, part.rstrip('_').upper())}: only a WHERE may "
+                  f"follow FROM {VIEW}")
     where = tree.args.get("where")
     if where is None:
         _fail(f"has no WHERE: it is the emission schedule, calling {WATERMARK_TS}()")
-    allowed = {c.lower() for c in columns}
-    for column in where.find_all(exp.Column):
-        if column.name.lower() not in allowed or (column.table and column.table.lower() != VIEW):
-            raise PipelineConfigError(
-                KEY, f"the predicate names {text(column)}, which is not a window bound, session_id or group column: "
-                "a row's release time may depend only on its window and group (an aggregate changes with each "
-                "correction), so that a window's corrections and retracts follow its final in order",
-                f"use only {', '.join(columns)}")
+    check_predicate(where.this, KEY, Columns(
+        tuple(columns), VIEW, "which is not a window bound, session_id or group column: a row's release time may "
+        "depend only on its window and group (an aggregate changes with each correction), so that a window's "
+        "corrections and retracts follow its final in order"))
     plan = release_plan(sql, KEY)
     if plan is None:
         _fail(f"does not call {WATERMARK_TS}(): without it the WHERE would drop emitted rows (and the corrections "
               "and retracts that follow them) instead of delaying them", f"compare a window bound with {WATERMARK_TS}()")
-    check_predicate(where.this, KEY)
     return plan
 
 

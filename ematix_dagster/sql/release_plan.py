@@ -31,7 +31,11 @@ value of the row and not an equation to solve; only in the top-level WHERE of a 
 because elsewhere (the SELECT list, a subquery, a JOIN, GROUP BY, a UNION branch) it would change a
 value or a row set instead of a row's release. For the same reason the query must be row by row:
 no DISTINCT, GROUP BY, HAVING, ORDER BY, LIMIT, window functions (their rows would no longer be
-the filtered ones). Aggregate functions without GROUP BY are left to the run-time row-wise check
+the filtered ones): the SELECT holds only a SELECT list, FROM, JOINs, LATERAL VIEWs, WITH and the
+WHERE. The WHERE itself, guards and bounds, is held to the predicate grammar (``sql.grammar``, in its
+Spark-evaluated form): a release time is a value of the row alone, so no subquery, aggregate, window
+function, lambda, unknown or non-deterministic function. Aggregate functions without GROUP BY in the
+SELECT list are left to the run-time row-wise check
 (``spark.plans.window_plan.analyse``), which sees the analysed plan. ``expr`` must be a TIMESTAMP (``unix_micros``
 takes no DATE or STRING: cast it), checked when Spark analyses the query.
 """
@@ -45,6 +49,7 @@ from sqlglot import exp
 
 from ematix_dagster.columns import RELEASE_COLUMN
 from ematix_dagster.errors import PipelineConfigError
+from ematix_dagster.sql.grammar import check_predicate
 from ematix_dagster.sql.parsing import CLAUSES, misplaced, parse_statement, text, top_selects
 
 #: the value of :data:`RELEASE_COLUMN` meaning "release in this batch, whatever the watermark is"
@@ -54,8 +59,9 @@ WATERMARK_TS = "WATERMARK_TS"
 _CALL = f"{WATERMARK_TS}()"
 _KEY = "transform.sql"
 _UPPER_BOUND = f"expr <= {_CALL} (or expr < {_CALL}, strictly after expr; or mirrored: {_CALL} >= expr)"
-#: clauses that work on the rows the WHERE leaves: without the WHERE they would see every row
-_NOT_ROW_WISE = ("group", "having", "order", "limit", "offset", "qualify", "windows", "distinct")
+#: what a query calling WATERMARK_TS() may hold (sqlglot's argument keys of its SELECT): any other clause
+#: works on the rows the WHERE leaves, and without the WHERE it would see every row
+_ROW_WISE = ("with_", "hint", "expressions", "from_", "laterals", "joins", "where")
 _ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.IntDiv, exp.Mod, exp.Neg)
 
 __all__ = ["RELEASE_COLUMN", "RELEASE_NOW", "WATERMARK_TS", "ReleaseBranch", "ReleasePlan", "release_plan",
@@ -118,16 +124,17 @@ def release_plan(sql: str, key: str = _KEY) -> ReleasePlan | None:
         if found:
             _fail(key, f"calls {_CALL} {found}; it may appear only in the top-level WHERE, as an upper bound",
                   f"write the WHERE as OR branches of static conditions and at most one {_UPPER_BOUND}")
-    for clause in _NOT_ROW_WISE:
-        if select.args.get(clause):
-            _fail(key, f"calls {_CALL} in a query with {CLAUSES.get(clause, clause.upper())}, which is not row by "
-                  "row: the WHERE becomes each row's release time, so it no longer filters the rows that clause sees",
-                  "keep the query to projections and a WHERE"
+    for clause, value in select.args.items():
+        if value and clause not in _ROW_WISE:
+            _fail(key, f"calls {_CALL} in a query with {CLAUSES.get(clause, clause.rstrip('_').upper())}, which is not "
+                  "row by row: the WHERE becomes each row's release time, so it no longer filters the rows that clause "
+                  "sees", "keep the query to projections and a WHERE"
                   + (" (aggregate with [transform.window])" if key == _KEY else ""))
     if any(e.find(exp.Window) for e in select.expressions):
         _fail(key, f"calls {_CALL} in a query with a window function (OVER), which is not row by row",
               "keep the query to projections and a WHERE")
     branches = [_Branch(i, node, key) for i, node in enumerate(_split(select.args["where"].this, exp.Or), start=1)]
+    check_predicate(select.args["where"].this, key, spark_only=True)
     select.set("where", None)
     values = [b.value() for b in branches]
     release = values[0] if len(values) == 1 else exp.Anonymous(this="LEAST", expressions=values)

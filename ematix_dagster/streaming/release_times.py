@@ -160,7 +160,7 @@ class ReleaseTimes:
 
     def _arithmetic(self, node: exp.Binary, rows: pa.Table) -> Value:
         left, right = self._operands(node, rows)
-        if _is_null(left) or _is_null(right):
+        if any(_is_null(v) or _is_null_type(v) for v in (left, right)):  # NULL (x % NULL: no zero divisor)
             return pa.scalar(None, pa.null())
         if isinstance(left, pa.Scalar) and isinstance(right, pa.Scalar):  # fails on each row, so on none of none
             left = _array(left, rows.num_rows)
@@ -197,7 +197,7 @@ class ReleaseTimes:
             if _is_null_type(left) or _is_null_type(right):
                 return both_null
             return pc.or_(both_null, pc.fill_null(pc.equal(*_unified(left, right)), False))
-        if _is_null(left) or _is_null(right):
+        if any(_is_null(v) or _is_null_type(v) for v in (left, right)):
             return pa.scalar(None, pa.bool_())
         function = {exp.EQ: pc.equal, exp.NEQ: pc.not_equal, exp.LT: pc.less, exp.LTE: pc.less_equal,
                     exp.GT: pc.greater, exp.GTE: pc.greater_equal}[type(node)]
@@ -261,7 +261,7 @@ class ReleaseTimes:
         for mask, value in parts:
             part = _array(self._value(value, rows.filter(mask)), pc.sum(mask).as_py() or 0)
             if not _is_null_type(part):
-                out = pc.replace_with_mask(out, mask, part.cast(common))
+                out = _replace_with_mask(out, mask, part.cast(common))
         return out
 
     # -- functions
@@ -394,7 +394,14 @@ def _where(mask: pa.Array, compute: Callable[[pa.Table], Value], rows: pa.Table,
     values = _array(compute(selected), selected.num_rows)
     if _is_null_type(values):
         return pa.nulls(n, dtype)
-    return pc.replace_with_mask(pa.nulls(n, values.type), mask, values)
+    return _replace_with_mask(pa.nulls(n, values.type), mask, values)
+
+
+def _replace_with_mask(base: pa.Array, mask: pa.Array, values: pa.Array) -> pa.Array:
+    """``pc.replace_with_mask``, durations included (Arrow has no kernel for them: through int64)."""
+    if pa.types.is_duration(base.type):
+        return pc.replace_with_mask(base.cast(pa.int64()), mask, values.cast(pa.int64())).cast(base.type)
+    return pc.replace_with_mask(base, mask, values)
 
 
 def _checked(node: exp.Expr, function: Callable[..., Value], *args: Value) -> Value:

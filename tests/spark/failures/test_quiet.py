@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 from ematix_dagster.errors import StateCapExceeded
-from ematix_dagster.spark.failures.quiet import SPARK_LOGGERS, QuietFailures
+from ematix_dagster.spark.failures.quiet import ROUTED, SPARK_LOGGERS, QuietFailures
 
 
 def _level(spark, name: str) -> str:
@@ -43,3 +43,35 @@ def test_an_unexplained_failure_leaves_everything_printed(spark):
     disabled = QuietFailures("p", enabled=False)
     disabled.batch_failed(spark, StateCapExceeded("cap hit"))
     assert _level(spark, logger) == before
+
+
+def test_a_query_s_failure_reports_go_to_the_run_s_file(spark, tmp_path, monkeypatch, capsys):
+    """Routed while the query runs: a failure report of Spark's stream thread or of a task lands in the
+    run's file (named on a classified error); without one, the file comes back on the terminal."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    jvm = spark.sparkContext._jvm
+    stream = jvm.org.apache.logging.log4j.LogManager.getLogger(f"{ROUTED[0][0]}.runtime.MicroBatchExecution")
+    tasks = jvm.org.apache.logging.log4j.LogManager.getLogger("org.apache.spark.scheduler.TaskSetManager")
+    quiet = QuietFailures("p")
+    quiet.route(spark)
+    assert quiet.path is not None and Path(quiet.path).parent == tmp_path
+    stream.error("Query p terminated with error: postgresql://app:Zq9-hunter2@db/x")
+    tasks.warn("Lost task 0.0 in stage 4.0")
+    error = StateCapExceeded("cap hit")
+    assert quiet.named(error, RuntimeError("the query failed")).stack_file == quiet.path
+    quiet.restore()
+    text = Path(error.stack_file).read_text()
+    assert "ERROR MicroBatchExecution: Query p terminated" in text and "WARN TaskSetManager: Lost task" in text
+    assert "hunter2" not in text and "StateCapExceeded: cap hit" in text
+    assert capsys.readouterr().err == ""
+    config = jvm.org.apache.logging.log4j.LogManager.getContext(False).getConfiguration()
+    left = [(n, config.getLoggerConfig(n).getName(), config.getLoggerConfig(n).isAdditive()) for n, _ in ROUTED]
+    assert all(additive or not logger for _, logger, additive in left), left
+
+    again = QuietFailures("p")
+    again.route(spark)
+    tasks.warn("Lost task 1.0 in stage 5.0")
+    path = again.path
+    again.restore()
+    assert "WARN TaskSetManager: Lost task 1.0" in capsys.readouterr().err, "no failure named it: back on the terminal"
+    assert path is not None and not Path(path).exists()

@@ -104,3 +104,4 @@ def test_a_password_typed_into_a_redis_url_is_warned_about():
                       "format": "fields", "schema": "k STRING"})
     (warning,) = spec_warnings(spec)
     assert warning.startswith("sources[0].url: the URL holds a password") and "hunter2-typed" not in warning
+    assert 'url = "redis://:${REDIS_PASSWORD}@host:6379/0"' in warning and "postgresql" not in warning, warning

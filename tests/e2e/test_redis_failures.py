@@ -61,6 +61,11 @@ def test_trimmed_stream_is_terminal_unless_skipped(spark, redis_url, tmp_path):
     feed_rows(feed, stream, 0, 10)
     spec = durable_spec(tmp_path, "redis_trim", redis_source("clicks", redis_url, [stream], event_time_column="ts"))
     assert run(spec, spark)[0].rows_in == 10
+    state = state_summary(spec)
+    offsets = (Path(spec.run.checkpoint_location) / "offsets" / str(state["last_batch_id"])).read_text()
+    committed = json.loads(offsets.splitlines()[2])[stream]["id"]  # v1, the batch's metadata, then the source's
+    assert state["positions"]["clicks"] == {"kind": "redis_stream", "last_entry_ids": {stream: committed}}
+    assert committed == feed.rows[("clicks", stream)][-1][0], "the last entry written, read and committed"
     feed_rows(feed, stream, 10, 6)
     client.xtrim(stream, maxlen=2, approximate=False)  # 4 of the 6 new entries go before the pipeline read them
     with pytest.raises(SourceTrimmed) as err:

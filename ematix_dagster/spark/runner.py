@@ -321,6 +321,9 @@ class PipelineRunner:
 
     def _raise(self, exc: BaseException) -> None:
         if self._error is not None and not isinstance(self._error, _BatchAbandoned):
+            classified = classify(self._error, self.spec.pipeline_name)  # named: a Spark error from a batch too
+            if classified is not self._error:
+                raise self.quiet.named(classified, exc) from self._error
             raise self.quiet.named(self._error, exc)
         raise self.quiet.named(query_failure(exc, self.spec.pipeline_name), exc) from exc
 

@@ -152,6 +152,8 @@ class QuietFailures:
                 config.removeLogger(name)
             for name, additive, appenders in self._changed:
                 logger = config.getLoggerConfig(name)
+                if logger.getName() != name:  # removed meanwhile (by another run's restore)
+                    continue
                 for added in set(logger.getAppenders().keySet()) - set(appenders):
                     logger.removeAppender(added)
                 logger.setAdditive(additive)

@@ -113,6 +113,8 @@ def test_fail_stops_terminally_naming_the_file_and_the_way_out(spark, tmp_path: 
     assert err.way_out is not None and err.way_out.startswith("Way out:")
     assert f"move it out of {inp.directory}" in message and 'on_unreadable_file = "skip"' in message
     assert classify_read_error(err) is err, "the runner's classification keeps it"
+    report = Path(err.stack_file).read_text() if err.stack_file else ""
+    assert "\tat org.apache.spark" in report, "Spark's report of it is in the file the error names, off the terminal"
     assert not (tmp_path / "out" / "batch_id=1").exists() and dead_letters(tmp_path) == []
 
 

@@ -7,6 +7,8 @@ import logging
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from ematix_dagster.errors import StateCapExceeded
 from ematix_dagster.spark.failures.quiet import ROUTED, SPARK_LOGGERS, QuietFailures
 
@@ -75,3 +77,29 @@ def test_a_query_s_failure_reports_go_to_the_run_s_file(spark, tmp_path, monkeyp
     again.restore()
     assert "WARN TaskSetManager: Lost task 1.0" in capsys.readouterr().err, "no failure named it: back on the terminal"
     assert path is not None and not Path(path).exists()
+
+
+def test_a_spark_error_in_a_batch_is_classified_and_names_spark_s_report(spark, tmp_path, monkeypatch):
+    """A task that fails inside a batch (as a source's read does when Redis goes mid-run): the error is
+    classified and names the run's file, which holds the task's failure as Spark logged it."""
+    from prometheus_client import CollectorRegistry
+
+    from ematix_dagster.errors import SparkQueryFailed
+    from ematix_dagster.metrics import StreamingMetrics
+    from ematix_dagster.spark.runner import PipelineRunner
+    from ematix_dagster.spec import load_pipeline_str
+    from tests.conftest import BatchFiles
+    from tests.e2e.lateness_helpers import at, row
+    from tests.pipeline_toml import windowed_pipeline_toml
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    BatchFiles(tmp_path / "in").write([row(i, "k", i, at(0, i)) for i in range(3)])
+    sql = "SELECT id, k, v, page, _event_ts, _source FROM source WHERE assert_true(v < 0, 'injected') IS NULL"
+    spec = load_pipeline_str(windowed_pipeline_toml("quiet_task", tmp_path, aggregations=[{"agg": "count", "as": "n"}],
+                                                    extra={"transform": {"sql": sql}}))
+    runner = PipelineRunner(spec, spark=spark, metrics=StreamingMetrics(CollectorRegistry()), progress=lambda _: None)
+    with pytest.raises(SparkQueryFailed) as err:
+        runner.run()
+    assert err.value.stack_file is not None and Path(err.value.stack_file).parent == tmp_path
+    report = Path(err.value.stack_file).read_text()
+    assert "injected" in report and "TaskSetManager" in report, report[:3000]

@@ -169,6 +169,7 @@ def summary(spec: PipelineSpec, windows: bool = True, detail: bool = False) -> d
         "watermark": record.watermark if record else None,
         "sources": {n: {"max_event_ts": p.max_event_ts, "last_arrival": p.last_arrival}
                     for n, p in (record.sources.items() if record else [])},
+        "positions": positions(spec, record),
         "counters": dict(record.counters) if record else {},
         "last_batch_rows": record.last_batch_rows if record else None,
         "release_watermark": record.release_watermark if record else None,
@@ -202,6 +203,7 @@ def _executor_summary(spec: PipelineSpec, detail: bool) -> dict[str, Any]:
         "watermark": record.watermark if record else None,
         "sources": {n: {"max_event_ts": p.max_event_ts, "last_arrival": p.last_arrival}
                     for n, p in (record.sources.items() if record else [])},
+        "positions": positions(spec, record),
         "counters": counters,
     }
     if detail:
@@ -211,6 +213,36 @@ def _executor_summary(spec: PipelineSpec, detail: bool) -> dict[str, Any]:
 
         found["spark_state"] = spark_state(executor_session(get_spark(f"ematix-state-{spec.pipeline_name}")),
                                            spec.resolved())
+    return found
+
+
+def positions(spec: PipelineSpec, record: PipelineRecord | None) -> dict[str, Any]:
+    """Each source's committed position, from the offsets of the last committed batch: a Redis
+    stream's last entry id read (entries up to it may be trimmed), Kafka's offsets per topic and
+    partition (the next one to read), the files a files source has read (how many, the last one),
+    the rate source's offset. None for a source that has committed nothing."""
+    import json
+
+    from ematix_dagster.spark.recovery import offset_names
+
+    offsets = record.offsets if record else {}
+    order = offset_names(spec)
+    found: dict[str, Any] = {}
+    for source in spec.sources:
+        line = offsets.get(source.name)
+        if line is None or line.strip() in ("", "-"):
+            found[source.name] = None
+            continue
+        offset = json.loads(line)
+        if source.kind == "redis_stream":
+            found[source.name] = {"kind": source.kind, "last_entry_ids": {s: o["id"] for s, o in offset.items()}}
+        elif source.kind == "files":
+            up_to = int(offset["logOffset"] if isinstance(offset, dict) else offset)
+            read = checkpoint.files_logged(spec.resolved().run.checkpoint_location, order.index(source.name), up_to)
+            found[source.name] = {"kind": source.kind, "files_read": len(read), "last_file": read[-1] if read else None,
+                                  "log_offset": up_to}
+        else:  # kafka: {topic: {partition: next offset}}; rate: its offset as Spark writes it
+            found[source.name] = {"kind": source.kind, "offsets": offset}
     return found
 
 
@@ -300,4 +332,4 @@ def reset(spec: PipelineSpec) -> list[str]:
     return done
 
 
-__all__ = ["CheckReport", "check", "migrate", "reset", "summary"]
+__all__ = ["CheckReport", "check", "migrate", "positions", "reset", "summary"]

@@ -197,6 +197,7 @@ class PipelineRunner:
             self._preflight()
             return self._start_query()
         except BaseException as exc:
+            self.quiet.restore()
             self._close_resources(failure=exc)
             raise
 
@@ -214,6 +215,7 @@ class PipelineRunner:
             writer = writer.trigger(availableNow=True)
         else:
             writer = writer.trigger(processingTime=f"{spec.run.trigger_interval_ms} milliseconds")
+        self.quiet.route(self.spark)  # Spark's report of a failure on its stream thread: to the run's file
         self.query = writer.start()
         return self.query
 
@@ -319,8 +321,11 @@ class PipelineRunner:
 
     def _raise(self, exc: BaseException) -> None:
         if self._error is not None and not isinstance(self._error, _BatchAbandoned):
+            classified = classify(self._error, self.spec.pipeline_name)  # named: a Spark error from a batch too
+            if classified is not self._error:
+                raise self.quiet.named(classified, exc) from self._error
             raise self.quiet.named(self._error, exc)
-        raise query_failure(exc, self.spec.pipeline_name) from exc
+        raise self.quiet.named(query_failure(exc, self.spec.pipeline_name), exc) from exc
 
     def _finish(self) -> Iterator[BatchReport]:
         """The end of an ``available_now`` run: the flush, or what stays open for the next run."""

@@ -100,6 +100,13 @@ def password_warnings(urls: Iterable[tuple[str, str | None, str]]) -> list[str]:
     are shared, versioned and printed); ``variable`` is the environment variable to suggest. The
     password is never shown."""
     return [f"{key}: the URL holds a password written in the pipeline file; move the password to an environment "
-            f'variable, e.g. url = "postgresql://user:${{PGPASSWORD}}@host/db" (any string may use ${{NAME}}), '
+            f'variable, e.g. url = "{_example(url)}" (any string may use ${{NAME}}), '
             f'or the whole URL, e.g. url = "${{{variable}}}"'
             for key, url, variable in urls if url and _literal_password(url)]
+
+
+def _example(url: str) -> str:
+    """A URL of the same scheme with its password in a placeholder (a Redis URL: ``redis://``)."""
+    if url.lower().startswith(("redis://", "rediss://")):
+        return f"{url.split(':', 1)[0].lower()}://:${{REDIS_PASSWORD}}@host:6379/0"
+    return "postgresql://user:${PGPASSWORD}@host/db"

@@ -67,15 +67,23 @@ class BatchInput:
 
 
 
-def input_counters(batch: BatchInput) -> dict[str, int]:
-    """What a batch's input adds to the stored counters, by their names: one function, so that a mode
-    whose windows Spark aggregates (``spark.batch.executor_input``) counts its input as the driver does."""
+def source_counters(sources: dict[str, SourceStats], dead_letters: dict[str, int]) -> dict[str, int]:
+    """What each source delivered and what went to the dead letters, by the stored counters' names: the
+    same for a windowed pipeline (:func:`input_counters`) and a row pipeline."""
     counters: dict[str, int] = {}
-    for name, stats in batch.sources.items():
+    for name, stats in sources.items():
         counters[f"rows_consumed:{name}"] = stats.rows
         counters[f"invalid_event_time_rows:{name}"] = stats.invalid
         counters[f"future_rows:{name}"] = stats.future
         counters[f"malformed_rows:{name}"] = stats.malformed
+    counters.update({f"dead_letter_rows:{reason}": n for reason, n in dead_letters.items()})
+    return counters
+
+
+def input_counters(batch: BatchInput) -> dict[str, int]:
+    """What a batch's input adds to the stored counters, by their names: one function, so that a mode
+    whose windows Spark aggregates (``spark.batch.executor_input``) counts its input as the driver does."""
+    counters = source_counters(batch.sources, {})
     counters["late_rows_dropped"] = batch.late_rows
     counters["late_assignments_dropped"] = batch.late_assignments
     counters["late_rows_reopened"] = batch.reopened_rows

@@ -40,6 +40,7 @@ import pyarrow.compute as pc
 
 from ematix_dagster.columns import EVENT_US, RELEASE_COLUMN
 from ematix_dagster.sql.release_plan import RELEASE_NOW
+from ematix_dagster.streaming.micro_batch import source_counters
 from ematix_dagster.streaming.release_rules import PendingCap, PendingChanges, due, output_watermark
 from ematix_dagster.streaming.watermark import Watermarks
 from state_store.codec import decode_row, encode_row
@@ -133,6 +134,7 @@ class RowEngine:
         self.counters["released_rows"] += released.num_rows
         self.counters["filtered_rows:not_released"] += not_released
         self.counters["filtered_rows:where"] += batch.filtered
+        self.counters.update(source_counters(batch.sources, batch.dead_letters))  # as a windowed pipeline's
         return RowResult(batch.batch_id, released, PendingChanges(held, released_up_to=w if loaded else None),
                          not_released, before, w, pending, batch.filtered)
 

@@ -40,6 +40,15 @@ def durable_spec(tmp: Path, name: str, source: dict, **run: str):
     return load_pipeline_str(tomli_w.dumps(doc))
 
 
+def reported_in_file(error: BaseException, failure: str) -> str:
+    """Spark's report of the failure, in the file the error names (kept off the terminal)."""
+    path = getattr(error, "stack_file", None)
+    assert path is not None, "the error names the file that holds Spark's report"
+    text = Path(path).read_text()
+    assert f"{failure}: " in text and "Traceback" in text and "\tat org.apache.spark" in text, text[-2000:]
+    return text
+
+
 def feed_rows(feed: RedisFeed, stream: str, first: int, count: int) -> None:
     for i in range(first, first + count):
         feed.json_row("clicks", stream, row(i, f"k{i % 2}", i, at(0, 4 * i)))
@@ -52,6 +61,11 @@ def test_trimmed_stream_is_terminal_unless_skipped(spark, redis_url, tmp_path):
     feed_rows(feed, stream, 0, 10)
     spec = durable_spec(tmp_path, "redis_trim", redis_source("clicks", redis_url, [stream], event_time_column="ts"))
     assert run(spec, spark)[0].rows_in == 10
+    state = state_summary(spec)
+    offsets = (Path(spec.run.checkpoint_location) / "offsets" / str(state["last_batch_id"])).read_text()
+    committed = json.loads(offsets.splitlines()[2])[stream]["id"]  # v1, the batch's metadata, then the source's
+    assert state["positions"]["clicks"] == {"kind": "redis_stream", "last_entry_ids": {stream: committed}}
+    assert committed == feed.rows[("clicks", stream)][-1][0], "the last entry written, read and committed"
     feed_rows(feed, stream, 10, 6)
     client.xtrim(stream, maxlen=2, approximate=False)  # 4 of the 6 new entries go before the pipeline read them
     with pytest.raises(SourceTrimmed) as err:
@@ -82,6 +96,7 @@ def test_redis_stopped_mid_run_is_transient_then_exact(spark, own_redis, tmp_pat
         runner.run()
     assert not err.value.terminal and "is unreachable" in str(err.value)
     assert f"127.0.0.1:{server.port}" in str(err.value)
+    assert "ERROR" in reported_in_file(err.value, "RedisUnreachable")
     server.start()
     run(spec, spark)
     batches = feed.batches(spec.run.checkpoint_location, ["clicks"])
@@ -96,6 +111,31 @@ def test_redis_unreachable_at_start_is_transient(spark, tmp_path):
     with pytest.raises(SourceUnavailable) as err:
         run(spec, spark)
     assert not err.value.terminal and f"Redis at redis://127.0.0.1:{port}/0 is unreachable" in str(err.value)
+    assert "ERROR MicroBatchExecution" in reported_in_file(err.value, "RedisUnreachable")
+
+
+@pytest.mark.slow
+def test_cli_prints_only_the_classified_message(tmp_path):
+    """``ematix-dagster run``: Spark's report of a source's failure (its stream thread's ERROR line,
+    the reader's traceback, the JVM stack) is in the file the one message names, not on the terminal."""
+    port = free_port()
+    toml = tmp_path / "p.toml"
+    toml.write_text(tomli_w.dumps({
+        "pipeline_name": "redis_cli_down", "sources": [redis_source("clicks", f"redis://127.0.0.1:{port}/0", ["s"])],
+        "transform": {"window": WINDOW}, "target": {"kind": "parquet", "path": str(tmp_path / "out")},
+        "state_store": {"kind": "sqlite", "path": str(tmp_path / "state.db")},
+        "run": {"checkpoint_location": str(tmp_path / "cp")}}))
+    done = subprocess.run([sys.executable, "-m", "ematix_dagster.cli", "run", str(toml)], cwd=ROOT,
+                          env={**os.environ, "TMPDIR": str(tmp_path)}, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 1, done.stderr[-3000:]
+    lines = done.stderr.splitlines()
+    first = next(i for i, line in enumerate(lines) if any(w in line for w in ("ERROR", "Traceback", "error (")))
+    assert len(lines) - first <= 5 and "Traceback" not in done.stderr and "\tat " not in done.stderr, done.stderr
+    message = lines[-1]
+    assert message.startswith("error (transient (retrying may help)): pipeline redis_cli_down: Redis at ")
+    path = message.split("with the JVM stack: ", 1)[1].split(";", 1)[0]
+    assert Path(path).parent == tmp_path
+    assert "ERROR MicroBatchExecution" in Path(path).read_text()
 
 
 PROBE = """
@@ -141,6 +181,8 @@ def test_password_never_in_clear(spark, own_redis, tmp_path):
         run(wrong, spark)
     assert err.value.terminal and "refused the credentials" in str(err.value)
     assert password[::-1] not in str(err.value) and password not in str(err.value)
+    report = reported_in_file(err.value, "RedisRefused")
+    assert password[::-1] not in report and password not in report
     for path in (tmp_path / "cp").rglob("*"):
         if path.is_file():
             assert password.encode() not in path.read_bytes(), path

@@ -133,3 +133,15 @@ def test_held_time_values_come_back_as_they_went_in() -> None:
                                           "l": [["a", None], None], "s": [{"n": 1, "at": ts[0]}, None],
                                           "kv": [[("k", Decimal("2.5"))], None]}
     assert later.released.schema == rows.select(["t", "d", "m", "l", "s", "kv"]).schema
+
+
+def test_a_row_pipeline_counts_its_input_as_a_windowed_one_does() -> None:
+    """Rows consumed, bad event times and dead letters under the counters' names a windowed pipeline stores."""
+    eng = RowEngine(Watermarks(lateness=0, idleness=10**12, sources=("s",)), max_buffered_rows=10, pipeline="p")
+    table = pa.table({"id": [1, 2], "_release_us": pa.array([None, None], pa.int64()), "_event_us": [1, 2]})
+    stats = {"s": SourceStats(rows=5, max_event_ts=2, invalid=1, future=1, malformed=1)}
+    for b in range(2):
+        eng.process(RowBatch(b, b, stats, table, dead_letters={"invalid_event_time": 1, "malformed": 1}), lambda w: [])
+    assert {k: v for k, v in eng.counters.items() if k.endswith((":s", "_time", ":malformed"))} == {
+        "rows_consumed:s": 10, "invalid_event_time_rows:s": 2, "future_rows:s": 2, "malformed_rows:s": 2,
+        "dead_letter_rows:invalid_event_time": 2, "dead_letter_rows:malformed": 2}

@@ -8,14 +8,23 @@ loggers that print it (Spark's streaming execution in the JVM, py4j in Python) a
 writes what they would have printed to a file, and names that file on the error
 (``EmatixError.stack_file``; ``ematix-dagster run --verbose`` prints everything instead). An error
 no rule classifies is printed in full, as before: that is where the stack is needed.
+
+A failure Spark meets before any batch of ours runs (a source's reader: Redis unreachable, refused
+credentials, a trimmed stream) is logged on Spark's stream thread as the query ends, before Python
+hears of it. So for the query's lifetime (:meth:`QuietFailures.route`) the loggers that report a
+failed query, task or job (:data:`ROUTED`) write their failure reports to the run's file instead of
+the terminal; other lines stay on the terminal. A run that ends without a classified failure copies
+whatever the file holds back to the terminal, so nothing Spark reported is lost.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import tempfile
 import traceback
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -28,6 +37,14 @@ from state_store.pg_url import redact
 SPARK_LOGGERS = ("org.apache.spark.sql.execution.streaming",)
 #: py4j's Python logger, which reports errors of the callback server that runs ``foreachBatch``
 PY4J_LOGGER = "py4j"
+#: loggers whose failure reports go to the run's file while its query runs, with the lowest level
+#: that is a failure report: a failed query (the stream thread), a task's error and a lost task
+ROUTED = (("org.apache.spark.sql.execution.streaming", "ERROR"),
+          ("org.apache.spark.sql.execution.python", "ERROR"),
+          ("org.apache.spark.executor.Executor", "ERROR"),
+          ("org.apache.spark.scheduler.TaskSetManager", "WARN"))
+#: Spark's own console pattern (log4j2-defaults.properties)
+PATTERN = "%d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex"
 
 
 class QuietFailures:
@@ -39,6 +56,49 @@ class QuietFailures:
         self._restore: list[tuple[str, Any]] = []  # (JVM logger, its own level before, or None)
         self._py4j_level: int | None = None
         self._spark: SparkSession | None = None
+        self._routed: SparkSession | None = None  # the session whose loggers write to ``path``
+        self._added: list[str] = []  # the logger configurations added for the routing
+        self._changed: list[tuple[str, bool, list[str]]] = []  # those changed: (name, additive, appenders)
+        self.path: str | None = None  # the run's file of Spark's failure reports
+        self._named = False
+
+    def route(self, spark: SparkSession) -> None:
+        """Send the failure reports of :data:`ROUTED` to the run's file until :meth:`restore`."""
+        if not self.enabled or self._routed is not None:
+            return
+        fd, self.path = tempfile.mkstemp(prefix=f"ematix-{self.pipeline}-", suffix=".log")
+        os.close(fd)
+        log4j = _log4j(spark)
+        core = log4j.core
+        context = log4j.LogManager.getContext(False)
+        config = context.getConfiguration()
+        layout = core.layout.PatternLayout.newBuilder().withPattern(PATTERN).build()
+        appender = (core.appender.FileAppender.newBuilder().setName(self._appender)
+                    .withFileName(self.path).withAppend(True).setLayout(layout).build())
+        appender.start()
+        config.addAppender(appender)
+        terminal = list(config.getRootLogger().getAppenders().values())
+        deny = getattr(core, "Filter$Result")
+        for name, level in ROUTED:
+            logger = config.getLoggerConfig(name)
+            if logger.getName() == name:  # configured already (a level set): routed as it is, put back after
+                self._changed.append((name, logger.isAdditive(), list(logger.getAppenders().keySet())))
+                logger.setAdditive(False)
+            else:
+                logger = core.config.LoggerConfig(name, None, False)
+                config.addLogger(name, logger)
+                self._added.append(name)
+            logger.addAppender(appender, None, None)
+            below = core.filter.ThresholdFilter.createFilter(log4j.Level.getLevel(level), deny.DENY, deny.NEUTRAL)
+            for console in terminal:
+                if console.getName() not in logger.getAppenders():
+                    logger.addAppender(console, None, below)
+        context.updateLoggers()
+        self._routed = spark
+
+    @property
+    def _appender(self) -> str:
+        return f"ematix-quiet-{self.pipeline}-{id(self)}"
 
     def batch_failed(self, spark: SparkSession, exc: BaseException) -> None:
         """Quiet the loggers before Spark reports ``exc``, when the engine explains it."""
@@ -58,24 +118,58 @@ class QuietFailures:
     def named(self, error: BaseException, query_failure: BaseException) -> BaseException:
         """``error`` (the batch's) with the file holding what Spark would have printed of
         ``query_failure`` (the query's end), when the loggers were quieted for it."""
-        if self._spark is None or not isinstance(error, EmatixError):
+        if (self._spark is None and self.path is None) or not isinstance(error, EmatixError) \
+                or isinstance(error, UnexpectedError):
             return error
-        fd, path = tempfile.mkstemp(prefix=f"ematix-{self.pipeline}-", suffix=".log")
-        with os.fdopen(fd, "w") as out:  # no password from a database URL, whatever wrote the text
+        path = self.path
+        if path is None:
+            fd, path = tempfile.mkstemp(prefix=f"ematix-{self.pipeline}-", suffix=".log")
+            os.close(fd)
+        logged = Path(path).read_text(errors="replace")
+        with open(path, "w") as out:  # no password from a database URL, whatever wrote the text
+            if logged:
+                out.write(f"Spark's log of the failure:\n{redact(logged)}\n")
             out.write(redact("".join(traceback.format_exception(error))))
             out.write(f"\nThe streaming query's failure, as Spark reports it:\n{redact(_jvm_text(query_failure))}\n")
         error.stack_file = path
+        self._named = path == self.path
         return error
 
     def restore(self) -> None:
-        """The loggers as they were (the session may run other queries in this process)."""
-        if self._spark is None:
-            return
-        log4j = _log4j(self._spark)
-        for name, level in self._restore:
-            log4j.core.config.Configurator.setLevel(name, level)
-        logging.getLogger(PY4J_LOGGER).setLevel(self._py4j_level or logging.NOTSET)
-        self._restore, self._spark = [], None
+        """The loggers as they were (the session may run other queries in this process); what the
+        run's file holds back on the terminal unless a classified failure names it."""
+        if self._spark is not None:
+            log4j = _log4j(self._spark)
+            for name, level in self._restore:
+                log4j.core.config.Configurator.setLevel(name, level)
+            logging.getLogger(PY4J_LOGGER).setLevel(self._py4j_level or logging.NOTSET)
+            self._restore, self._spark = [], None
+        if self._routed is not None:
+            log4j = _log4j(self._routed)
+            context = log4j.LogManager.getContext(False)
+            config = context.getConfiguration()
+            for name in self._added:
+                config.removeLogger(name)
+            for name, additive, appenders in self._changed:
+                logger = config.getLoggerConfig(name)
+                if logger.getName() != name:  # removed meanwhile (by another run's restore)
+                    continue
+                for added in set(logger.getAppenders().keySet()) - set(appenders):
+                    logger.removeAppender(added)
+                logger.setAdditive(additive)
+            context.updateLoggers()
+            appender = config.getAppender(self._appender)
+            config.removeAppender(self._appender)
+            if appender is not None:
+                appender.stop()
+            self._added, self._changed, self._routed = [], [], None
+        if self.path is not None and not self._named:
+            logged = Path(self.path).read_text(errors="replace")
+            if logged:
+                sys.stderr.write(logged)
+                sys.stderr.flush()
+            os.unlink(self.path)
+        self.path, self._named = None, False
 
 
 def _log4j(spark: SparkSession) -> Any:

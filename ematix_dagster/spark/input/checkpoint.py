@@ -181,6 +181,25 @@ def batch_files(location: str, index: int, batch_id: int) -> list[str]:
     return paths
 
 
+def files_logged(location: str, index: int, up_to: int) -> list[str]:
+    """Every file source ``index`` has read up to its log offset ``up_to``, in the log's order (the
+    plain log files ``sources/<i>/<k>``, or the compacted one that holds them)."""
+    directory = local_path(location) / "sources" / str(index)
+    compacted: dict[int, list[tuple[int, str]]] = {}
+    paths: list[str] = []
+    for k in range(up_to + 1):
+        if (directory / str(k)).exists():
+            paths += source_log(location, index, k)
+            continue
+        covering = sorted(c for c in _compact_ids(directory) if c >= k)
+        if not covering:
+            continue  # not in the log (an entry Spark never wrote): nothing read there
+        if covering[0] not in compacted:
+            compacted[covering[0]] = _compact_entries(directory / f"{covering[0]}.compact")
+        paths += [path for batch, path in compacted[covering[0]] if batch == k]
+    return paths
+
+
 def _log_offset(location: str, batch_id: int, index: int) -> int | None:
     """A file source's log offset in ``offsets/<batch_id>``; None when it has none yet (``-``)."""
     lines = read_offsets(location, batch_id).offsets

@@ -113,6 +113,8 @@ def test_fail_stops_terminally_naming_the_file_and_the_way_out(spark, tmp_path: 
     assert err.way_out is not None and err.way_out.startswith("Way out:")
     assert f"move it out of {inp.directory}" in message and 'on_unreadable_file = "skip"' in message
     assert classify_read_error(err) is err, "the runner's classification keeps it"
+    report = Path(err.stack_file).read_text() if err.stack_file else ""
+    assert "\tat org.apache.spark" in report, "Spark's report of it is in the file the error names, off the terminal"
     assert not (tmp_path / "out" / "batch_id=1").exists() and dead_letters(tmp_path) == []
 
 
@@ -123,7 +125,7 @@ def test_each_way_out_of_fail_works_on_the_replayed_batch(spark, tmp_path: Path,
     inp = Input(tmp_path / "in")
     inp.pandas(rows(0, 20))
     bad = inp.truncated(rows(100, 20))
-    inp.micros(rows(200, 20, start=T0 + pd.Timedelta(minutes=3)))
+    last = inp.micros(rows(200, 20, start=T0 + pd.Timedelta(minutes=3)))
     spec = make_spec(tmp_path, source(inp.directory, max_files_per_trigger=1),
                      store={"kind": "sqlite", "path": str(tmp_path / "state.db")})
     with pytest.raises(UnreadableInputFile):
@@ -141,8 +143,11 @@ def test_each_way_out_of_fail_works_on_the_replayed_batch(spark, tmp_path: Path,
     assert letter["_batch_id"] == 1 and letter["_reason"] == UNREADABLE_FILE and letter["_file_path"] == str(bad)
     assert ("no longer exists" if way_out == "move-it-out" else "not a readable Parquet file") in letter["_file_error"]
     assert any(str(bad) in line and "left out input file" in line for line in lines)
-    counters = stored_summary(spec, windows=False)["counters"]
+    state = stored_summary(spec, windows=False)
+    counters = state["counters"]
     assert counters["unreadable_files:s"] == 1 and counters["dead_letter_rows:unreadable_file"] == 1
+    position = state["positions"]["s"]  # the file left out was read all the same: it is in Spark's log
+    assert (position["kind"], position["files_read"]) == ("files", 3) and position["last_file"].endswith(last.name)
 
 
 # -- on_unreadable_file = "skip" ---------------------------------------------------------------------------

@@ -104,3 +104,20 @@ def test_a_password_typed_into_a_redis_url_is_warned_about():
                       "format": "fields", "schema": "k STRING"})
     (warning,) = spec_warnings(spec)
     assert warning.startswith("sources[0].url: the URL holds a password") and "hunter2-typed" not in warning
+    assert 'url = "redis://:${REDIS_PASSWORD}@host:6379/0"' in warning and "postgresql" not in warning, warning
+
+
+@pytest.mark.parametrize("source,line,position", [
+    ({**KAFKA, "format": "json", "schema": "k STRING"}, '{"t":{"0":42,"1":7}}', {"t": {"0": 42, "1": 7}}),
+    ({"kind": "rate", "rows_per_second": 5}, "12", 12),
+])
+def test_state_shows_kafka_and_rate_positions_from_the_committed_offsets(source, line, position):
+    """A Kafka source's next offsets per topic and partition (made-up offsets: no broker here), the rate
+    source's offset, as the last committed batch left them; nothing for a source that committed none."""
+    from ematix_dagster.operations import positions
+    from state_store.contract import PipelineRecord
+
+    spec = spec_with(source)
+    record = PipelineRecord("p", 1, last_batch_id=3, offsets={"events": line})
+    assert positions(spec, record) == {"events": {"kind": source["kind"], "offsets": position}}
+    assert positions(spec, None) == {"events": None}

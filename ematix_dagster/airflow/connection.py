@@ -4,14 +4,15 @@ A pipeline file names its database as ``url = "${EMATIX_PG_URL}"``; a task given
 URL from the Connection when it runs and puts it where the placeholder is read (the task process's
 environment), so the password is in no pipeline file, no template field, no XCom value and no command
 line. The trigger of the watermark sensor runs in the shared triggerer process: it expands the
-placeholders of the state store's settings alone instead (:func:`with_values`), never touching that
-process's environment.
+placeholders in the pipeline file as it loads it instead (:func:`load_with_values`), never touching
+that process's environment.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
+import re
+from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import quote, urlencode
 
@@ -77,17 +78,22 @@ def export_url(conn_id: str | None, variable: str = DEFAULT_URL_VARIABLE) -> Non
         os.environ[variable] = connection_url(conn_id)
 
 
-def with_values(spec: PipelineSpec, values: Mapping[str, str]) -> PipelineSpec:
-    """``spec`` with the placeholders named in ``values`` expanded in its ``[state_store]`` settings only
-    (what the trigger opens); other placeholders stay for :meth:`PipelineSpec.resolved`."""
-    def expand(text: str | None) -> str | None:
-        if text is None:
-            return None
-        return ENV_PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), text)
+def load_with_values(path: str | os.PathLike[str], values: Mapping[str, str]) -> PipelineSpec:
+    """Load a pipeline file with the placeholders named in ``values`` replaced by them (the rest read from
+    the environment, as :func:`~ematix_dagster.spec.load_pipeline` does). For a process whose environment
+    is shared (the triggerer): the values never enter it. The spec holds them as written values, so it is
+    used and dropped, never dumped or logged."""
+    from ematix_dagster.spec import load_pipeline, load_pipeline_str
 
-    store = spec.state_store
-    return dataclasses.replace(spec, state_store=dataclasses.replace(
-        store, url=expand(store.url), path=expand(store.path), schema=expand(store.schema)))
+    if not values:
+        return load_pipeline(path)
+    text = Path(path).read_text()
+
+    def toml_escaped(match: re.Match[str]) -> str:
+        value = values.get(match.group(1))
+        return match.group(0) if value is None else value.replace("\\", "\\\\").replace('"', '\\"')
+
+    return load_pipeline_str(ENV_PLACEHOLDER.sub(toml_escaped, text))
 
 
-__all__ = ["DEFAULT_URL_VARIABLE", "aconnection_url", "connection_url", "export_url", "postgres_url", "with_values"]
+__all__ = ["DEFAULT_URL_VARIABLE", "aconnection_url", "connection_url", "export_url", "load_with_values", "postgres_url"]

@@ -62,7 +62,7 @@ class EmatixWatermarkSensor(BaseSensorOperator):
 
     def poke(self, context: Any) -> bool:
         """One check (``deferrable=False``: the sensor pokes in its worker slot instead of deferring)."""
-        position = read_position(self._path(), {})
+        position = read_position(self._path(), {}, self.working_dir)
         self.log.info("%s; complete up to %s: %s", position.describe(), self.until,
                       position.complete_until(until_us(self.until)))
         return position.complete_until(until_us(self.until))
@@ -73,7 +73,7 @@ class EmatixWatermarkSensor(BaseSensorOperator):
         if not self.deferrable:
             return super().execute(context)
         try:
-            position = read_position(self._path(), {})
+            position = read_position(self._path(), {}, self.working_dir)
         except Exception as exc:  # noqa: BLE001
             if getattr(exc, "terminal", True):
                 raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
@@ -84,7 +84,7 @@ class EmatixWatermarkSensor(BaseSensorOperator):
                 return position.as_dict()
             self.log.info("%s: behind %s; deferring", position.describe(), self.until)
         self.defer(trigger=WatermarkTrigger(self._path(), at, self.conn_id, self.url_variable,
-                                            float(self.poke_interval)),
+                                            float(self.poke_interval), self.working_dir),
                    method_name="execute_complete", timeout=timedelta(seconds=float(self.timeout)))
 
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> Any:

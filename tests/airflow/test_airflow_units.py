@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,7 +14,6 @@ import pytest
 
 from ematix_dagster.errors import LeaseHeld, LeaseLost, PipelineConfigError, StoreUnavailable
 from ematix_dagster.spec.emit import EmitRelease
-from ematix_dagster.spec.environment import ENV_PLACEHOLDER
 from state_store.contract import BatchCommit, PendingRow, make_holder
 from tests.dagster_support import commit_state, small_spec
 
@@ -56,18 +56,19 @@ def test_rows_held_back_keep_the_output_behind(tmp_path: Path) -> None:
     assert position.as_dict()["oldest_held"].startswith("1970-01-01T00:06:00")
 
 
-def test_connection_url_and_store_placeholders() -> None:
-    from ematix_dagster.airflow.connection import postgres_url, with_values
+def test_connection_url_and_a_pipeline_loaded_with_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ematix_dagster.airflow.connection import load_with_values, postgres_url
 
-    conn = SimpleNamespace(login="etl", password="p@ss word", host="db.local", port=5433, schema="analytics",
+    conn = SimpleNamespace(login="etl", password='p@ss "word', host="db.local", port=5433, schema="analytics",
                            extra_dejson={"sslmode": "require"})
-    assert postgres_url(conn) == "postgresql://etl:p%40ss%20word@db.local:5433/analytics?sslmode=require"
-    spec = small_spec(Path("/tmp/unused"))
-    pg = dataclasses.replace(spec, state_store=dataclasses.replace(
-        spec.state_store, kind="postgres", url="${EMATIX_PG_URL}", path=None, schema="ematix"))
-    expanded = with_values(pg, {"EMATIX_PG_URL": "postgresql://u:pw@h/db"})
-    assert expanded.state_store.url == "postgresql://u:pw@h/db"
-    assert ENV_PLACEHOLDER.search(str(expanded.target.path)) is None and expanded.target == pg.target
+    url = postgres_url(conn)
+    assert url == "postgresql://etl:p%40ss%20%22word@db.local:5433/analytics?sslmode=require"
+    monkeypatch.delenv("EMATIX_PG_URL", raising=False)
+    path = ROOT / "pipelines" / "clicks_per_minute.toml"
+    spec = load_with_values(path, {"EMATIX_PG_URL": url})
+    assert spec.target.url == url and "EMATIX_PG_URL" not in os.environ
+    with pytest.raises(PipelineConfigError, match="EMATIX_PG_URL"):
+        load_with_values(path, {})
 
 
 def test_asset_uris_name_no_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

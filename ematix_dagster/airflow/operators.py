@@ -75,6 +75,22 @@ def failure(exc: BaseException, name: str) -> BaseException:
     return AirflowException(f"{text} (transient: a retry resumes from the state store)")
 
 
+def spark_jvm_out_of_the_task_group() -> None:
+    """Start this process's Spark JVM in a session of its own, before the session is built.
+
+    Airflow signals a task's whole process group when it stops the task (a clear, a mark, a
+    timeout): the JVM would get the SIGTERM too and its shutdown hook would stop the SparkContext
+    under the running batch. Out of the group, only the task process gets it, and ``on_kill`` stops
+    the query at a batch boundary. The JVM still ends with the task process: it exits when its stdin,
+    a pipe from this process, closes (a SIGKILLed task included).
+    """
+    from pyspark import SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is None:
+        SparkContext._ensure_initialized(gateway=launch_gateway(popen_kwargs={"start_new_session": True}))
+
+
 class EmatixOperator(BaseOperator):
     """What the operators share: the pipeline file, its Connection and the working directory."""
 
@@ -141,8 +157,12 @@ class EmatixRunOperator(EmatixOperator):
         summary: dict[str, Any] = {"pipeline": name, "mode": self.mode, "batches": 0, "rows_in": 0,
                                    "rows_emitted": 0, "late_rows": 0, "watermark": None, "last_batch_id": None}
         try:
+            # one line per batch that read or wrote rows; a continuous query's heartbeat-only batches
+            # (one a second when no input arrives) log none
+            spark_jvm_out_of_the_task_group()
             self._runner = runner = PipelineRunner(spec, progress=self.log.info, run_label=lease_label(context),
-                                                   take_over_lease=earlier_try(context))
+                                                   take_over_lease=earlier_try(context),
+                                                   batch_progress=lambda report: self._progress(report, name))
             for report in runner.events():
                 summary["batches"] += 1
                 summary["rows_in"] += report.rows_in
@@ -162,6 +182,10 @@ class EmatixRunOperator(EmatixOperator):
                       summary["batches"], summary["rows_in"], summary["rows_emitted"], summary["late_rows"],
                       summary["watermark"])
         return summary
+
+    def _progress(self, report: Any, name: str) -> None:
+        if report.rows_in or report.rows_written or report.count("late_rows"):
+            self.log.info("%s", report.progress_line(name))
 
     def on_kill(self) -> None:
         """Stop the query at a batch boundary (the batch in flight commits first); the runner then
@@ -259,8 +283,9 @@ class EmatixBackfillOperator(EmatixOperator):
 
     The interval must be whole ``[backfill]`` partitions: a misaligned one is refused before anything
     runs, the message naming the aligned boundaries to use (terminal: no retry). Run it from a DAG
-    whose schedule matches the partitions (``@daily`` for ``partition = "daily"``) with ``catchup=True``,
-    or from ``airflow backfill create``. The XCom value: range, windows, rows written, replaced and read.
+    whose timetable gives data intervals matching the partitions
+    (``CronDataIntervalTimetable("@daily", timezone="UTC")`` for ``partition = "daily"``; a plain cron
+    string gives runs a point in time in Airflow 3) with ``catchup=True``, or from ``airflow backfill create``. The XCom value: range, windows, rows written, replaced and read.
     """
 
     template_fields: Sequence[str] = ("pipeline", "start", "end")
@@ -279,6 +304,11 @@ class EmatixBackfillOperator(EmatixOperator):
 
         spec = self.load_spec()
         start, end = _iso(self.start), _iso(self.end)
+        if start == end:
+            raise AirflowFailException(
+                f"backfill {spec.pipeline_name}: the interval [{start}, {end}) is empty: the DAG's timetable gives "
+                "runs a point in time (a cron string in Airflow 3); schedule it with CronDataIntervalTimetable "
+                "(e.g. CronDataIntervalTimetable(\"@daily\", timezone=\"UTC\")) or pass start and end")
         try:
             result = run_backfill(spec, start, end, progress=self.log.info)
         except Exception as exc:  # noqa: BLE001

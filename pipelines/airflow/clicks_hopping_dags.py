@@ -11,7 +11,7 @@ import os
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from airflow.sdk import DAG, task
+from airflow.sdk import DAG, CronDataIntervalTimetable, task
 
 from ematix_dagster.airflow import EmatixRunOperator, EmatixWatermarkSensor, pipeline_asset
 
@@ -48,7 +48,7 @@ with DAG(dag_id="ematix_clicks_hopping_on_update", schedule=[OUTPUT], start_date
          catchup=False, is_paused_upon_creation=True, tags=["ematix"]):
     count_rows()
 
-with DAG(dag_id="ematix_clicks_hopping_hourly_report", schedule="@hourly", start_date=datetime(2026, 1, 1),
+with DAG(dag_id="ematix_clicks_hopping_hourly_report", schedule=CronDataIntervalTimetable("@hourly", timezone="UTC"), start_date=datetime(2026, 1, 1),
          catchup=False, max_active_runs=2, is_paused_upon_creation=True, tags=["ematix"]):
     EmatixWatermarkSensor(task_id="wait_for_output", pipeline=PIPELINE, working_dir=WORKING_DIR,
                           until="{{ data_interval_end }}", poke_interval=60, timeout=6 * 3600,

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import DAG
+from airflow.sdk import DAG, CronDataIntervalTimetable
 
 from ematix_dagster.airflow import (
     EmatixBackfillOperator,
@@ -48,7 +48,8 @@ with DAG(dag_id="ematix_clicks_per_minute_migrate", schedule="@monthly", start_d
          catchup=False, is_paused_upon_creation=True, tags=["ematix"]):
     EmatixMigrateOperator(task_id="migrate", **COMMON)
 
-with DAG(dag_id="ematix_clicks_per_minute_backfill", schedule="@daily", start_date=datetime(2026, 1, 1),
+# a data-interval timetable: a plain "@daily" gives runs whose interval is one point in time (Airflow 3)
+with DAG(dag_id="ematix_clicks_per_minute_backfill", schedule=CronDataIntervalTimetable("@daily", timezone="UTC"), start_date=datetime(2026, 1, 1),
          catchup=True, max_active_runs=1, is_paused_upon_creation=True, tags=["ematix"]):
     # the stream must have passed the day's last window plus its lateness (10 s) before it is rewritten
     EmatixWatermarkSensor(task_id="wait_for_stream", until="{{ data_interval_end + macros.timedelta(minutes=1) }}",

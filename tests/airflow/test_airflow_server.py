@@ -29,7 +29,8 @@ EXAMPLE_DAGS = {"ematix_demo_clicks", "ematix_clicks_hopping_5min", "ematix_clic
                 "ematix_clicks_hopping_hourly_report", "ematix_clicks_per_minute_stream",
                 "ematix_clicks_per_minute_checks", "ematix_clicks_per_minute_migrate",
                 "ematix_clicks_per_minute_backfill"}
-TEST_DAGS = {"ematix_test_run", "ematix_test_on_output", "ematix_test_sensor", "ematix_test_bad"}
+TEST_DAGS = {"ematix_test_run", "ematix_test_on_output", "ematix_test_sensor", "ematix_test_bad",
+             "ematix_test_stream", "ematix_test_days", "ematix_test_backfill", "ematix_test_misaligned"}
 
 PIPELINE = """
 pipeline_name = "af-clicks"
@@ -82,12 +83,58 @@ trigger = "available_now"
 checkpoint_location = "{root}/checkpoint"
 """
 
+DAYS_PIPELINE = """
+pipeline_name = "af-days"
+
+[[sources]]
+name = "clicks"
+kind = "files"
+format = "parquet"
+path = "{root}/in"
+schema = "user_id BIGINT, amount DOUBLE, page STRING, ts TIMESTAMP"
+event_time_column = "ts"
+
+[transform.window]
+kind = "tumbling"
+duration_ms = 3_600_000
+lateness_ms = 60_000
+group_by = ["user_id"]
+max_groups_per_window = 1_000
+
+[[transform.window.aggregations]]
+agg = "count"
+as = "clicks"
+
+[target]
+kind = "postgres"
+url = "${{EMATIX_PG_URL}}"
+table = "{table}"
+create_table = true
+
+[state_store]
+kind = "sqlite"
+path = "{root}/state.db"
+
+[run]
+trigger = "available_now"
+checkpoint_location = "{root}/checkpoint"
+
+[backfill]
+partition = "daily"
+start = "2025-03-01"
+"""
+
 DAGS = """
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
-from airflow.sdk import DAG, task
+from airflow.sdk import DAG, CronDataIntervalTimetable, task
 
-from ematix_dagster.airflow import EmatixRunOperator, EmatixWatermarkSensor, pipeline_asset
+from ematix_dagster.airflow import (
+    EmatixBackfillOperator,
+    EmatixRunOperator,
+    EmatixWatermarkSensor,
+    pipeline_asset,
+)
 
 START = datetime(2025, 1, 1)
 
@@ -109,6 +156,22 @@ with DAG("ematix_test_sensor", schedule=None, start_date=START, catchup=False):
 with DAG("ematix_test_bad", schedule=None, start_date=START, catchup=False):
     EmatixRunOperator(task_id="run", pipeline={bad!r}, conn_id="ematix_pg", retries=2,
                       retry_delay=timedelta(seconds=1))
+
+with DAG("ematix_test_stream", schedule=None, start_date=START, catchup=False, max_active_runs=1):
+    EmatixRunOperator(task_id="stream", pipeline={stream!r}, mode="continuous", conn_id="ematix_pg", retries=1,
+                      retry_delay=timedelta(seconds=1))
+
+with DAG("ematix_test_days", schedule=None, start_date=START, catchup=False):
+    EmatixRunOperator(task_id="run", pipeline={days!r}, conn_id="ematix_pg")
+
+with DAG("ematix_test_backfill", schedule=CronDataIntervalTimetable("@daily", timezone="UTC"),
+         start_date=datetime(2025, 3, 1, tzinfo=timezone.utc), end_date=datetime(2025, 3, 2, tzinfo=timezone.utc),
+         catchup=True, max_active_runs=1, is_paused_upon_creation=True):
+    EmatixBackfillOperator(task_id="backfill", pipeline={days!r}, conn_id="ematix_pg")
+
+with DAG("ematix_test_misaligned", schedule=None, start_date=START, catchup=False):
+    EmatixBackfillOperator(task_id="backfill", pipeline={days!r}, conn_id="ematix_pg", retries=2,
+                           start="2025-03-01T06:00:00+00:00", end="2025-03-02T06:00:00+00:00")
 """
 
 
@@ -116,14 +179,20 @@ with DAG("ematix_test_bad", schedule=None, start_date=START, catchup=False):
 def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AirflowServer, Path, str]]:
     dsn = ensure_postgres()
     root = tmp_path_factory.mktemp("airflow")
-    table = f"public.af_clicks_{secrets.token_hex(3)}"
-    (root / "in").mkdir()
+    tag = secrets.token_hex(3)
+    table = f"public.af_clicks_{tag}"
+    for sub in ("in", "stream/in", "days/in"):
+        (root / sub).mkdir(parents=True)
     (root / "af_clicks.toml").write_text(PIPELINE.format(root=root, table=table, lateness=10_000))
     (root / "bad.toml").write_text(PIPELINE.format(root=root / "bad", table=table, lateness=-5))
+    (root / "stream.toml").write_text(PIPELINE.format(root=root / "stream", table=f"public.af_stream_{tag}",
+                                                      lateness=10_000).replace('"af-clicks"', '"af-stream"'))
+    (root / "days.toml").write_text(DAYS_PIPELINE.format(root=root / "days", table=f"public.af_days_{tag}"))
     dags = root / "dags"
     dags.mkdir()
     (dags / "ematix_test_dags.py").write_text(textwrap.dedent(DAGS).format(
-        pipeline=str(root / "af_clicks.toml"), bad=str(root / "bad.toml"), until=UNTIL.isoformat()))
+        pipeline=str(root / "af_clicks.toml"), bad=str(root / "bad.toml"), until=UNTIL.isoformat(),
+        stream=str(root / "stream.toml"), days=str(root / "days.toml")))
     user_host = dsn.removeprefix("postgresql://").split("@", 1)
     conn_uri = f"postgresql://{user_host[0]}:{PASSWORD}@{user_host[1]}"
     home = root / "home"
@@ -138,7 +207,8 @@ def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AirflowS
     finally:
         server.stop()
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {table}")
+            for name in ("clicks", "stream", "days"):
+                conn.execute(f"DROP TABLE IF EXISTS public.af_{name}_{tag}")
 
 
 def _target(dsn: str, table: str) -> dict[tuple, tuple]:
@@ -207,3 +277,112 @@ def test_terminal_error_fails_once_without_retry_naming_the_key(airflow: tuple[A
     assert (ti["state"], ti["try_number"]) == ("failed", 1)
     log = server.log("ematix_test_bad", run_id, "run")
     assert "transform.window.lateness_ms" in log and "not retried" in log
+
+
+def _position(path: Path, dsn: str):
+    from ematix_dagster.airflow.connection import load_with_values
+    from ematix_dagster.airflow.watermark import output_position
+
+    return output_position(load_with_values(path, {"EMATIX_PG_URL": dsn}))
+
+
+def _holder(path: Path, dsn: str) -> str | None:
+    from ematix_dagster.airflow.connection import load_with_values
+    from ematix_dagster.operations import opened
+
+    spec = load_with_values(path, {"EMATIX_PG_URL": dsn})
+    with opened(spec) as store:
+        return store.lease_holder(spec.pipeline_name)
+
+
+def test_continuous_task_killed_is_retried_from_the_store_and_a_clear_stops_it_at_a_batch_boundary(
+        airflow: tuple[AirflowServer, Path, str]) -> None:
+    import os
+    import re
+    import signal
+    import subprocess
+
+    server, root, _ = airflow
+    dsn = ensure_postgres()
+    path = root / "stream.toml"
+    table = re.search(r'table = "([^"]+)"', path.read_text()).group(1)
+    events = write_click_inputs(root / "stream" / "in", range(3))
+    run_id = server.trigger("ematix_test_stream")
+    server.wait_for(lambda: (_position(path, dsn).last_batch_id or -1) >= 1, 120, "the stream's first batches")
+    holder = _holder(path, dsn)
+    assert holder is not None and "/try1" in holder
+    assert PASSWORD not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    os.kill(int(re.search(r"pid=(\d+)", holder).group(1)), signal.SIGKILL)  # the task process, mid-stream
+    server.wait_for(lambda: (ti := server.task("ematix_test_stream", run_id, "stream"))["try_number"] == 2
+                    and ti["state"] == "running", 90, "the retry to start")
+    server.wait_for(lambda: "/try2" in (_holder(path, dsn) or ""), 90, "the retry to hold the lease")
+    events = pd.concat([events, write_click_inputs(root / "stream" / "in", range(3, 7))], ignore_index=True)
+    truth = clicks_ground_truth(events)
+    server.wait_for(lambda: _target(dsn, table) == truth, 120, "the target to equal the ground truth")
+    # a clear of the running task: SIGTERM, on_kill, the stream stops at a batch boundary, the lease is released
+    response = server.client.post("/api/v2/dags/ematix_test_stream/clearTaskInstances", json={
+        "dry_run": False, "dag_run_id": run_id, "task_ids": ["stream"], "only_failed": False,
+        "reset_dag_runs": False})
+    response.raise_for_status()
+    stopped = server.wait_for(lambda: re.search(r"stopped on request at a batch boundary after batch (\d+)",
+                                                server.log("ematix_test_stream", run_id, "stream", 2)), 60,
+                              "the cleared try to stop")
+    stop_batch = int(stopped.group(1))
+    server.wait_for(lambda: "/try3" in (_holder(path, dsn) or ""), 90, "the next try to hold the lease")
+    log3 = server.wait_for(lambda: (text := server.log("ematix_test_stream", run_id, "stream", 3))
+                           and "resuming from" in text and text, 60, "the next try to resume")
+    # the next try resumes where the stopped one committed last: no batch after the stop
+    assert int(re.search(r"resuming from .* at batch (\d+)", log3).group(1)) == stop_batch
+    response = server.client.patch(f"/api/v2/dags/ematix_test_stream/dagRuns/{run_id}", json={"state": "failed"})
+    response.raise_for_status()
+    server.wait_for(lambda: _holder(path, dsn) is None, 60, "the lease to be released")
+    assert _target(dsn, table) == truth
+    logs = "".join(server.log("ematix_test_stream", run_id, "stream", n) for n in (1, 2, 3))
+    assert PASSWORD not in logs
+
+
+def _day_events() -> pd.DataFrame:
+    rows = [{"user_id": u, "amount": 1.0, "page": "/d", "ts": pd.Timestamp(f"2025-03-0{d}T{h:02d}:{m:02d}:00Z")}
+            for d in (1, 2, 3) for h in range(0, 24, 5) for u in range(3) for m in range(0, 60, 20 + 5 * u)]
+    return pd.DataFrame(rows)
+
+
+def _days_target(dsn: str, table: str) -> dict[tuple, int]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(f"SELECT window_start, user_id, clicks FROM {table}").fetchall()
+    return {(ws.isoformat(), int(u)): int(c) for ws, u, c in rows}
+
+
+def test_catchup_backfills_two_daily_partitions_and_a_misaligned_interval_is_refused(
+        airflow: tuple[AirflowServer, Path, str]) -> None:
+    import re
+
+    server, root, _ = airflow
+    dsn = ensure_postgres()
+    table = re.search(r'table = "([^"]+)"', (root / "days.toml").read_text()).group(1)
+    events = _day_events()
+    write_click_file(root / "days" / "in", 0, events.to_dict("records"))
+    write_click_file(root / "days" / "in", 1, [{"user_id": 99, "amount": 1.0, "page": "/close",
+                                                 "ts": pd.Timestamp("2025-03-04T02:00:00Z")}])
+    run_id = server.trigger("ematix_test_days")
+    assert server.wait_run("ematix_test_days", run_id, 240) == "success"
+    events["start"] = events["ts"].dt.floor("1h")
+    truth = {(s.isoformat(), int(u)): len(g) for (s, u), g in events.groupby(["start", "user_id"])}
+    assert _days_target(dsn, table) == truth
+    with psycopg.connect(dsn, autocommit=True) as conn:  # what a backfill must replace, and what it must leave
+        conn.execute(f"UPDATE {table} SET clicks = 999")
+    misaligned = server.trigger("ematix_test_misaligned")
+    assert server.wait_run("ematix_test_misaligned", misaligned, 90) == "failed"
+    ti = server.task("ematix_test_misaligned", misaligned, "backfill")
+    assert (ti["state"], ti["try_number"]) == ("failed", 1)
+    assert "use 2025-03-01T00:00:00" in server.log("ematix_test_misaligned", misaligned, "backfill")
+    response = server.client.patch("/api/v2/dags/ematix_test_backfill", json={"is_paused": False})
+    response.raise_for_status()
+    server.wait_for(lambda: len(_finished_runs(server, "ematix_test_backfill")) == 2, 240,
+                    "the two catchup runs to finish")
+    runs = _finished_runs(server, "ematix_test_backfill")
+    assert [r["state"] for r in runs] == ["success", "success"], runs
+    after = _days_target(dsn, table)
+    replaced = {k: v for k, v in truth.items() if k[0] < "2025-03-03"}
+    assert {k: v for k, v in after.items() if k[0] < "2025-03-03"} == replaced
+    assert {k: v for k, v in after.items() if k[0] >= "2025-03-03"} == {k: 999 for k in truth if k[0] >= "2025-03-03"}

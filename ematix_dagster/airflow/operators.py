@@ -91,6 +91,14 @@ def spark_jvm_out_of_the_task_group() -> None:
         SparkContext._ensure_initialized(gateway=launch_gateway(popen_kwargs={"start_new_session": True}))
 
 
+def _spark(pipeline: str) -> Any:
+    """The run's session, started once the runner holds the lease (a refused run starts no JVM)."""
+    from ematix_dagster.spark.spark_session import get_spark
+
+    spark_jvm_out_of_the_task_group()
+    return get_spark(f"ematix-{pipeline}")
+
+
 class EmatixOperator(BaseOperator):
     """What the operators share: the pipeline file, its Connection and the working directory."""
 
@@ -159,8 +167,8 @@ class EmatixRunOperator(EmatixOperator):
         try:
             # one line per batch that read or wrote rows; a continuous query's heartbeat-only batches
             # (one a second when no input arrives) log none
-            spark_jvm_out_of_the_task_group()
-            self._runner = runner = PipelineRunner(spec, progress=self.log.info, run_label=lease_label(context),
+            self._runner = runner = PipelineRunner(spec, spark=lambda: _spark(name), progress=self.log.info,
+                                                   run_label=lease_label(context),
                                                    take_over_lease=earlier_try(context),
                                                    batch_progress=lambda report: self._progress(report, name))
             for report in runner.events():

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from ematix_dagster.errors import LeaseHeld, LeaseLost, PipelineConfigError, StoreUnavailable
+from ematix_dagster.spec import PipelineSpec
 from ematix_dagster.spec.emit import EmitRelease
 from state_store.contract import BatchCommit, PendingRow, make_holder
 from tests.dagster_support import commit_state, small_spec
@@ -128,3 +129,58 @@ def test_sensor_parses_rendered_interval_ends() -> None:
     assert until_us("1970-01-01 00:01:00+00:00") == MINUTE
     assert until_us("1970-01-01T01:00:00+01:00") == 0
     assert until_us("1970-01-01T00:00:01") == 1_000_000
+
+
+def _toml(tmp_path: Path) -> tuple[Path, PipelineSpec]:
+    from ematix_dagster.spec import dump_pipeline
+
+    spec = small_spec(tmp_path)
+    path = tmp_path / "pipeline.toml"
+    path.write_text(dump_pipeline(spec))
+    return path, spec
+
+
+def _context(try_number: int = 1) -> dict:
+    return {"ti": SimpleNamespace(dag_id="d", task_id="t", run_id="manual__1", try_number=try_number)}
+
+
+def test_check_operator_reports_each_check_and_fails_on_a_diverged_checkpoint(tmp_path: Path) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from ematix_dagster.airflow import EmatixCheckOperator
+
+    path, spec = _toml(tmp_path)
+    op = EmatixCheckOperator(task_id="check", pipeline=str(path), max_watermark_lag_seconds=600)
+    results = op.execute(_context())
+    assert results["checkpoint_consistency"]["passed"] and results["late_row_ratio"]["passed"]
+    assert not results["watermark_lag"]["passed"]  # no watermark stored yet: a warning, not a failure
+    commit_state(spec, batch_id=3, watermark_us=10 * MINUTE,
+                 counters={"rows_consumed:clicks": 100, "late_rows_dropped": 5})
+    with pytest.raises(AirflowFailException, match="checkpoint_consistency"):
+        op.execute(_context())
+
+
+def test_a_held_lease_skips_the_run_and_the_migration_naming_the_holder(tmp_path: Path) -> None:
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from ematix_dagster.airflow import EmatixMigrateOperator, EmatixRunOperator
+    from tests.dagster_support import HeldLease
+
+    path, spec = _toml(tmp_path)
+    with HeldLease(spec, "cli run"):
+        for op in (EmatixRunOperator(task_id="run", pipeline=str(path)),
+                   EmatixMigrateOperator(task_id="migrate", pipeline=str(path))):
+            with pytest.raises(AirflowSkipException, match="run=cli run"):
+                op.execute(_context(2))
+
+
+def test_backfill_operator_refuses_an_empty_interval(tmp_path: Path) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from ematix_dagster.airflow import EmatixBackfillOperator
+
+    path, _ = _toml(tmp_path)
+    op = EmatixBackfillOperator(task_id="backfill", pipeline=str(path), start="2026-01-02 00:00:00+00:00",
+                                end="2026-01-02T00:00:00+00:00")
+    with pytest.raises(AirflowFailException, match="CronDataIntervalTimetable"):
+        op.execute(_context())

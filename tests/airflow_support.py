@@ -70,6 +70,10 @@ class AirflowServer:
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
             "AIRFLOW__SCHEDULER__JOB_HEARTBEAT_SEC": "2",
             "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
+            # a task whose supervisor died is failed (and retried) within seconds, not minutes
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_SEC": "2",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "15",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "3",
             "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "600",
             "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
             **(extra_env or {}),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import secrets
 import textwrap
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Iterator
 
@@ -25,12 +25,13 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = f"pw-{secrets.token_hex(8)}"  # trust auth ignores it; nothing may show it
 UNTIL = CLOSING_TS + timedelta(hours=1)
+LATER = datetime(2025, 3, 3, 0, 5, tzinfo=timezone.utc)  # the sensor test's event: past UNTIL and past 2025-03-02
 EXAMPLE_DAGS = {"ematix_demo_clicks", "ematix_clicks_hopping_5min", "ematix_clicks_hopping_on_update",
                 "ematix_clicks_hopping_hourly_report", "ematix_clicks_per_minute_stream",
                 "ematix_clicks_per_minute_checks", "ematix_clicks_per_minute_migrate",
                 "ematix_clicks_per_minute_backfill"}
 TEST_DAGS = {"ematix_test_run", "ematix_test_on_output", "ematix_test_sensor", "ematix_test_bad",
-             "ematix_test_stream", "ematix_test_days", "ematix_test_backfill", "ematix_test_misaligned"}
+             "ematix_test_stream", "ematix_test_backfill", "ematix_test_misaligned"}
 
 PIPELINE = """
 pipeline_name = "af-clicks"
@@ -67,43 +68,6 @@ as = "amount_sum"
 agg = "count_distinct"
 column = "page"
 as = "unique_pages"
-
-[target]
-kind = "postgres"
-url = "${{EMATIX_PG_URL}}"
-table = "{table}"
-create_table = true
-
-[state_store]
-kind = "sqlite"
-path = "{root}/state.db"
-
-[run]
-trigger = "available_now"
-checkpoint_location = "{root}/checkpoint"
-"""
-
-DAYS_PIPELINE = """
-pipeline_name = "af-days"
-
-[[sources]]
-name = "clicks"
-kind = "files"
-format = "parquet"
-path = "{root}/in"
-schema = "user_id BIGINT, amount DOUBLE, page STRING, ts TIMESTAMP"
-event_time_column = "ts"
-
-[transform.window]
-kind = "tumbling"
-duration_ms = 3_600_000
-lateness_ms = 60_000
-group_by = ["user_id"]
-max_groups_per_window = 1_000
-
-[[transform.window.aggregations]]
-agg = "count"
-as = "clicks"
 
 [target]
 kind = "postgres"
@@ -158,19 +122,16 @@ with DAG("ematix_test_bad", schedule=None, start_date=START, catchup=False):
                       retry_delay=timedelta(seconds=1))
 
 with DAG("ematix_test_stream", schedule=None, start_date=START, catchup=False, max_active_runs=1):
-    EmatixRunOperator(task_id="stream", pipeline={stream!r}, mode="continuous", conn_id="ematix_pg", retries=1,
+    EmatixRunOperator(task_id="stream", pipeline={stream!r}, mode="continuous", conn_id="ematix_pg", retries=3,
                       retry_delay=timedelta(seconds=1))
-
-with DAG("ematix_test_days", schedule=None, start_date=START, catchup=False):
-    EmatixRunOperator(task_id="run", pipeline={days!r}, conn_id="ematix_pg")
 
 with DAG("ematix_test_backfill", schedule=CronDataIntervalTimetable("@daily", timezone="UTC"),
          start_date=datetime(2025, 3, 1, tzinfo=timezone.utc), end_date=datetime(2025, 3, 2, tzinfo=timezone.utc),
          catchup=True, max_active_runs=1, is_paused_upon_creation=True):
-    EmatixBackfillOperator(task_id="backfill", pipeline={days!r}, conn_id="ematix_pg")
+    EmatixBackfillOperator(task_id="backfill", pipeline={pipeline!r}, conn_id="ematix_pg")
 
 with DAG("ematix_test_misaligned", schedule=None, start_date=START, catchup=False):
-    EmatixBackfillOperator(task_id="backfill", pipeline={days!r}, conn_id="ematix_pg", retries=2,
+    EmatixBackfillOperator(task_id="backfill", pipeline={pipeline!r}, conn_id="ematix_pg", retries=2,
                            start="2025-03-01T06:00:00+00:00", end="2025-03-02T06:00:00+00:00")
 """
 
@@ -181,18 +142,17 @@ def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AirflowS
     root = tmp_path_factory.mktemp("airflow")
     tag = secrets.token_hex(3)
     table = f"public.af_clicks_{tag}"
-    for sub in ("in", "stream/in", "days/in"):
+    for sub in ("in", "stream/in"):
         (root / sub).mkdir(parents=True)
     (root / "af_clicks.toml").write_text(PIPELINE.format(root=root, table=table, lateness=10_000))
     (root / "bad.toml").write_text(PIPELINE.format(root=root / "bad", table=table, lateness=-5))
     (root / "stream.toml").write_text(PIPELINE.format(root=root / "stream", table=f"public.af_stream_{tag}",
                                                       lateness=10_000).replace('"af-clicks"', '"af-stream"'))
-    (root / "days.toml").write_text(DAYS_PIPELINE.format(root=root / "days", table=f"public.af_days_{tag}"))
     dags = root / "dags"
     dags.mkdir()
     (dags / "ematix_test_dags.py").write_text(textwrap.dedent(DAGS).format(
         pipeline=str(root / "af_clicks.toml"), bad=str(root / "bad.toml"), until=UNTIL.isoformat(),
-        stream=str(root / "stream.toml"), days=str(root / "days.toml")))
+        stream=str(root / "stream.toml")))
     user_host = dsn.removeprefix("postgresql://").split("@", 1)
     conn_uri = f"postgresql://{user_host[0]}:{PASSWORD}@{user_host[1]}"
     home = root / "home"
@@ -207,7 +167,7 @@ def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AirflowS
     finally:
         server.stop()
         with psycopg.connect(dsn, autocommit=True) as conn:
-            for name in ("clicks", "stream", "days"):
+            for name in ("clicks", "stream"):
                 conn.execute(f"DROP TABLE IF EXISTS public.af_{name}_{tag}")
 
 
@@ -258,8 +218,7 @@ def test_sensor_defers_while_behind_and_succeeds_once_a_run_moves_the_watermark(
     server.wait_for(lambda: server.task("ematix_test_sensor", sensor_run, "wait")["state"] == "deferred", 90,
                     "the sensor to defer")
     assert server.run_state("ematix_test_sensor", sensor_run) == "running"
-    write_click_file(root / "in", 7, [{"user_id": 5, "amount": 1.0, "page": "/later",
-                                       "ts": pd.Timestamp(UNTIL + timedelta(minutes=5))}])
+    write_click_file(root / "in", 7, [{"user_id": 5, "amount": 1.0, "page": "/later", "ts": pd.Timestamp(LATER)}])
     run_id = server.trigger("ematix_test_run")
     assert server.wait_run("ematix_test_run", run_id, 240) == "success"
     assert server.wait_run("ematix_test_sensor", sensor_run, 60) == "success"
@@ -295,27 +254,40 @@ def _holder(path: Path, dsn: str) -> str | None:
         return store.lease_holder(spec.pipeline_name)
 
 
-def test_continuous_task_killed_is_retried_from_the_store_and_a_clear_stops_it_at_a_batch_boundary(
+def test_continuous_task_retries_take_the_lease_over_and_a_clear_stops_it_at_a_batch_boundary(
         airflow: tuple[AirflowServer, Path, str]) -> None:
+    """Try 1 loses its supervisor (SIGKILL): its task process streams on, holding the lease, until try 2
+    takes the lease over through the fence and its next commit is refused. Try 2's task process is
+    SIGKILLed: try 3 resumes from the store. The target equals the ground truth; a clear of try 3 stops
+    its stream at a batch boundary, and try 4 resumes at the batch try 3 committed last."""
     import os
     import re
     import signal
     import subprocess
 
+    import psutil
+
     server, root, _ = airflow
     dsn = ensure_postgres()
     path = root / "stream.toml"
     table = re.search(r'table = "([^"]+)"', path.read_text()).group(1)
+
+    def holder_pid(try_number: int) -> int:
+        holder = server.wait_for(lambda: (h := _holder(path, dsn) or "") and f"/try{try_number}" in h and h, 120,
+                                 f"try {try_number} to hold the lease")
+        return int(re.search(r"pid=(\d+)", holder).group(1))
+
     events = write_click_inputs(root / "stream" / "in", range(3))
     run_id = server.trigger("ematix_test_stream")
     server.wait_for(lambda: (_position(path, dsn).last_batch_id or -1) >= 1, 120, "the stream's first batches")
-    holder = _holder(path, dsn)
-    assert holder is not None and "/try1" in holder
+    orphan = psutil.Process(holder_pid(1))
     assert PASSWORD not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    os.kill(int(re.search(r"pid=(\d+)", holder).group(1)), signal.SIGKILL)  # the task process, mid-stream
-    server.wait_for(lambda: (ti := server.task("ematix_test_stream", run_id, "stream"))["try_number"] == 2
-                    and ti["state"] == "running", 90, "the retry to start")
-    server.wait_for(lambda: "/try2" in (_holder(path, dsn) or ""), 90, "the retry to hold the lease")
+    os.kill(orphan.ppid(), signal.SIGKILL)  # try 1's supervisor: its task process streams on
+    killed = holder_pid(2)  # try 2 fenced try 1, whose next commit was refused (LeaseLost), and took the lease
+    server.wait_for(lambda: not orphan.is_running() or orphan.status() == psutil.STATUS_ZOMBIE, 60,
+                    "the fenced task process to end")
+    os.kill(killed, signal.SIGKILL)  # try 2's task process, mid-stream
+    holder_pid(3)
     events = pd.concat([events, write_click_inputs(root / "stream" / "in", range(3, 7))], ignore_index=True)
     truth = clicks_ground_truth(events)
     server.wait_for(lambda: _target(dsn, table) == truth, 120, "the target to equal the ground truth")
@@ -325,52 +297,50 @@ def test_continuous_task_killed_is_retried_from_the_store_and_a_clear_stops_it_a
         "reset_dag_runs": False})
     response.raise_for_status()
     stopped = server.wait_for(lambda: re.search(r"stopped on request at a batch boundary after batch (\d+)",
-                                                server.log("ematix_test_stream", run_id, "stream", 2)), 60,
+                                                server.log("ematix_test_stream", run_id, "stream", 3)), 60,
                               "the cleared try to stop")
-    stop_batch = int(stopped.group(1))
-    server.wait_for(lambda: "/try3" in (_holder(path, dsn) or ""), 90, "the next try to hold the lease")
-    log3 = server.wait_for(lambda: (text := server.log("ematix_test_stream", run_id, "stream", 3))
+    holder_pid(4)
+    log4 = server.wait_for(lambda: (text := server.log("ematix_test_stream", run_id, "stream", 4))
                            and "resuming from" in text and text, 60, "the next try to resume")
     # the next try resumes where the stopped one committed last: no batch after the stop
-    assert int(re.search(r"resuming from .* at batch (\d+)", log3).group(1)) == stop_batch
+    assert int(re.search(r"resuming from .* at batch (\d+)", log4).group(1)) == int(stopped.group(1))
     response = server.client.patch(f"/api/v2/dags/ematix_test_stream/dagRuns/{run_id}", json={"state": "failed"})
     response.raise_for_status()
     server.wait_for(lambda: _holder(path, dsn) is None, 60, "the lease to be released")
     assert _target(dsn, table) == truth
-    logs = "".join(server.log("ematix_test_stream", run_id, "stream", n) for n in (1, 2, 3))
+    log2 = server.log("ematix_test_stream", run_id, "stream", 2)
+    assert re.search(r"taking the lease .* over from .*/try1", log2)  # through the fence, not a free lease
+    logs = "".join(server.log("ematix_test_stream", run_id, "stream", n) for n in (2, 3, 4))
     assert PASSWORD not in logs
-
-
-def _day_events() -> pd.DataFrame:
-    rows = [{"user_id": u, "amount": 1.0, "page": "/d", "ts": pd.Timestamp(f"2025-03-0{d}T{h:02d}:{m:02d}:00Z")}
-            for d in (1, 2, 3) for h in range(0, 24, 5) for u in range(3) for m in range(0, 60, 20 + 5 * u)]
-    return pd.DataFrame(rows)
-
-
-def _days_target(dsn: str, table: str) -> dict[tuple, int]:
-    with psycopg.connect(dsn) as conn:
-        rows = conn.execute(f"SELECT window_start, user_id, clicks FROM {table}").fetchall()
-    return {(ws.isoformat(), int(u)): int(c) for ws, u, c in rows}
 
 
 def test_catchup_backfills_two_daily_partitions_and_a_misaligned_interval_is_refused(
         airflow: tuple[AirflowServer, Path, str]) -> None:
-    import re
+    """After the sensor test the stream has passed 2025-03-01 and 2025-03-02: a catchup over those two
+    daily partitions replaces exactly the windows starting in them."""
+    import glob
 
-    server, root, _ = airflow
+    import pyarrow.parquet as pq
+
+    server, root, table = airflow
     dsn = ensure_postgres()
-    table = re.search(r'table = "([^"]+)"', (root / "days.toml").read_text()).group(1)
-    events = _day_events()
-    write_click_file(root / "days" / "in", 0, events.to_dict("records"))
-    write_click_file(root / "days" / "in", 1, [{"user_id": 99, "amount": 1.0, "page": "/close",
-                                                 "ts": pd.Timestamp("2025-03-04T02:00:00Z")}])
-    run_id = server.trigger("ematix_test_days")
-    assert server.wait_run("ematix_test_days", run_id, 240) == "success"
-    events["start"] = events["ts"].dt.floor("1h")
-    truth = {(s.isoformat(), int(u)): len(g) for (s, u), g in events.groupby(["start", "user_id"])}
-    assert _days_target(dsn, table) == truth
-    with psycopg.connect(dsn, autocommit=True) as conn:  # what a backfill must replace, and what it must leave
+    events = pd.concat([pq.read_table(f).to_pandas() for f in sorted(glob.glob(str(root / "in" / "*.parquet")))])
+    in_range = events[(events["ts"] < pd.Timestamp("2025-03-03T00:00:00Z")) & (events["amount"] >= 0)].copy()
+    in_range["start"] = in_range["ts"].dt.floor("1min")
+    truth = {(s.to_pydatetime(), int(u)): (len(g), round(float(g["amount"].sum()), 6), g["page"].nunique())
+             for (s, u), g in in_range.groupby(["start", "user_id"])}
+    inside, outside = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc), datetime(2025, 3, 3, tzinfo=timezone.utc)
+    with psycopg.connect(dsn, autocommit=True) as conn:  # what the backfill must replace, and what it must leave
         conn.execute(f"UPDATE {table} SET clicks = 999")
+        schema, name = table.split(".")
+        columns = [r[0] for r in conn.execute("SELECT column_name FROM information_schema.columns WHERE "
+                                              "table_schema = %s AND table_name = %s", (schema, name)).fetchall()]
+        values = {"window_start": "%(start)s", "window_end": "%(end)s", "user_id": "4321", "clicks": "999",
+                  "amount_sum": "0", "unique_pages": "0"}
+        chosen = ", ".join(values.get(c, f'"{c}"') for c in columns)
+        for start in (inside, outside):  # a copy of a stored row (any other columns as they are)
+            conn.execute(f"INSERT INTO {table} SELECT {chosen} FROM {table} LIMIT 1",
+                         {"start": start, "end": start + timedelta(minutes=1)})
     misaligned = server.trigger("ematix_test_misaligned")
     assert server.wait_run("ematix_test_misaligned", misaligned, 90) == "failed"
     ti = server.task("ematix_test_misaligned", misaligned, "backfill")
@@ -382,7 +352,6 @@ def test_catchup_backfills_two_daily_partitions_and_a_misaligned_interval_is_ref
                     "the two catchup runs to finish")
     runs = _finished_runs(server, "ematix_test_backfill")
     assert [r["state"] for r in runs] == ["success", "success"], runs
-    after = _days_target(dsn, table)
-    replaced = {k: v for k, v in truth.items() if k[0] < "2025-03-03"}
-    assert {k: v for k, v in after.items() if k[0] < "2025-03-03"} == replaced
-    assert {k: v for k, v in after.items() if k[0] >= "2025-03-03"} == {k: 999 for k in truth if k[0] >= "2025-03-03"}
+    after = _target(dsn, table)
+    assert {k: v for k, v in after.items() if k[0] < outside} == truth  # the stray row inside is gone
+    assert {k: v for k, v in after.items() if k[0] >= outside} == {(outside, 4321): (999, 0.0, 0)}

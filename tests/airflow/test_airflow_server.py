@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
+import tempfile
 import textwrap
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -137,9 +139,12 @@ with DAG("ematix_test_misaligned", schedule=None, start_date=START, catchup=Fals
 
 
 @pytest.fixture(scope="module")
-def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AirflowServer, Path, str]]:
+def airflow(request: pytest.FixtureRequest) -> Iterator[tuple[AirflowServer, Path, str]]:
     dsn = ensure_postgres()
-    root = tmp_path_factory.mktemp("airflow")
+    failed_before = request.session.testsfailed
+    # a directory of its own, not pytest's: a pytest session started meanwhile prunes older ones, and
+    # these tests run for minutes (it stays, with Airflow's logs, when a test failed)
+    root = Path(tempfile.mkdtemp(prefix="ematix-airflow-test-"))
     tag = secrets.token_hex(3)
     table = f"public.af_clicks_{tag}"
     for sub in ("in", "stream/in"):
@@ -160,15 +165,19 @@ def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AirflowS
     server = AirflowServer(home, dsn, {"tests": dags, "examples": ROOT / "pipelines" / "airflow"},
                            extra_env={"AIRFLOW_CONN_EMATIX_PG": conn_uri, "PYTHONPATH": str(ROOT),
                                       "EMATIX_SPARK_MASTER": "local[1]"})
+    keep = True  # the directory, with Airflow's logs, unless every test passed
     try:
         server.start()
         server.wait_for(lambda: TEST_DAGS | EXAMPLE_DAGS <= server.dag_ids(), 120, "every DAG to be parsed")
         yield server, root, table
+        keep = request.session.testsfailed > failed_before
     finally:
         server.stop()
         with psycopg.connect(dsn, autocommit=True) as conn:
             for name in ("clicks", "stream"):
                 conn.execute(f"DROP TABLE IF EXISTS public.af_{name}_{tag}")
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def _target(dsn: str, table: str) -> dict[tuple, tuple]:

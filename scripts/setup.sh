@@ -20,7 +20,8 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 extras="."
-if [ "${1:-}" = "--test" ]; then extras=".[test]"; fi
+# the tests drive a real Airflow too, so --test installs the airflow extra as well
+if [ "${1:-}" = "--test" ]; then extras=".[test,airflow]"; fi
 stamp=".venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)-${1:-run}"
 if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip

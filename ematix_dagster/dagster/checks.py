@@ -22,6 +22,7 @@ import dagster as dg
 
 from ematix_dagster.dagster.pipeline import EmatixPipeline
 from ematix_dagster.errors import ConfigError
+from ematix_dagster.health import idempotency_warnings, late_row_ratio
 from ematix_dagster.spec import PipelineSpec
 
 if TYPE_CHECKING:
@@ -138,53 +139,6 @@ def _checkpoint_metadata(report: "CheckReport") -> dict[str, Any]:
     }
 
 
-def idempotency_warnings(spec: PipelineSpec) -> list[str]:
-    """Why replays of this pipeline could duplicate output (empty: idempotent)."""
-    warnings: list[str] = []
-    target = spec.target
-    window = spec.window_spec
-    if window is None:  # a row pipeline upserts on its [target] key, or (without one) replaces the batch's rows
-        key, written, state = list(target.key), "rows", "the watermark"
-    else:
-        key, written, state = [window.window_start_column, *window.group_by], "windows", "window state"
-    if target.kind == "console":
-        warnings.append(f"the console target is not idempotent: a replayed batch prints its {written} again "
-                        "(at-least-once); use a postgres or parquet target")
-    elif target.kind == "postgres" and key:
-        warnings.extend(_postgres_key_warnings(spec, key))
-    if not spec.state_store.durable:
-        warnings.append(f"the state store is in memory: {state} is lost when the run ends, and a restart "
-                        "refuses the existing checkpoint; configure a sqlite or postgres store")
-    return warnings
-
-
-def _postgres_key_warnings(spec: PipelineSpec, key: list[str]) -> list[str]:
-    from ematix_dagster.errors import EmatixError
-    from ematix_dagster.targets import PostgresTable
-
-    target = spec.resolved().target
-    keys = ", ".join(key)
-    table = PostgresTable(target.url, target.table, spec.pipeline_name, "target")
-    try:
-        conn = table.connect()
-    except EmatixError as exc:
-        return [f"cannot inspect the target table: {exc}"]
-    try:
-        oid = table.table_oid(conn)
-        if oid is None:
-            if target.create_table:
-                return []  # created at start with UNIQUE NULLS NOT DISTINCT (key)
-            return [f"table {target.table} does not exist and create_table is false"]
-        indexes = [set(cols) for cols, _ in table.unique_indexes(conn, oid)]
-        conn.rollback()
-    finally:
-        table.close()
-    if set(key) not in indexes:
-        return [f"table {target.table} has no unique key on the natural key ({keys}): upserts cannot make "
-                f"replays idempotent; ALTER TABLE {target.table} ADD UNIQUE NULLS NOT DISTINCT ({keys})"]
-    return []
-
-
 def range_row_count(spec: PipelineSpec, start: datetime, end: datetime) -> int:
     """Rows of the PostgreSQL target whose window starts in [start, end), read back after a backfill."""
     from psycopg import sql
@@ -226,12 +180,6 @@ def evaluate_rewritten_range(key: dg.AssetKey, spec: PipelineSpec, start: dateti
         description=(f"the target holds {in_target} rows of {span}; the backfill wrote {written}"
                      + ("" if passed else ": another writer has changed the range since the rewrite committed")),
         metadata={"range": span, "rows_written": written, "rows_in_target": in_target})
-
-
-def late_row_ratio(counters: dict[str, int]) -> tuple[int, int]:
-    """(late rows, rows consumed) from the stored counters."""
-    consumed = sum(v for k, v in counters.items() if k.startswith("rows_consumed:"))
-    return int(counters.get("late_rows_dropped", 0)), int(consumed)
 
 
 def evaluate_checkpoint(pipeline: EmatixPipeline, report: "CheckReport") -> dg.AssetCheckResult:

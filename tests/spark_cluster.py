@@ -24,6 +24,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -103,6 +104,33 @@ class SparkCluster:
         state = self.state()
         alive = sum(1 for w in state.get("workers", []) if w.get("state") == "ALIVE")
         return min(alive, int(state.get("aliveworkers", alive)))
+
+
+def run_driver_process(cluster: SparkCluster, argv: list[str], cwd: Path, timeout_s: float,
+                       **env: str) -> str:
+    """Run ``argv`` (a driver: the CLI, or a script running a pipeline) against ``cluster`` in a
+    process group of its own and return its output; a run past ``timeout_s`` or one that fails
+    fails the test with its output's tail and the cluster's logs. ``env`` adds to the driver's."""
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1", "EMATIX_SPARK_MASTER": cluster.master_url,
+                   "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+                   "SPARK_LOCAL_IP": HOST, **env}
+    for name in ("EMATIX_FAULT_POINTS", "EMATIX_FAULT_PAUSE", "SPARK_HOME", "PYSPARK_SUBMIT_ARGS"):
+        environment.pop(name, None)
+    proc = subprocess.Popen(argv, cwd=cwd, env=environment, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"{argv[-1]}: the run did not finish within {timeout_s} s\n{out[-3000:]}\n{cluster.logs()}")
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the driver's JVM, should it outlive its process
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{out[-4000:]}\n{cluster.logs()}"
+    return out
 
 
 def _start(name: str, args: list[str], env: dict[str, str], log_dir: Path) -> subprocess.Popen:

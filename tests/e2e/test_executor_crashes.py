@@ -43,6 +43,7 @@ import psycopg
 import pytest
 import tomli_w
 
+from tests.conftest import BatchFiles
 from tests.e2e.test_crash_recovery import ROOT, start_run, wait_group_gone
 from tests.pipeline_toml import postgres_dead_letter, postgres_store, postgres_target, windowed_pipeline_toml
 
@@ -77,7 +78,7 @@ def write_input(directory: Path) -> dict[str, pd.DataFrame]:
     three minutes behind the file's: late for the windows the watermark in effect during the batch before
     closed, or in windows only the batch's own watermark closes (Spark still counts them there).
     """
-    directory.mkdir(parents=True)
+    out = BatchFiles(directory, fmt="csv")  # part-00000.csv, ... with increasing mtimes
     rnd = random.Random(SEED)
     files: dict[str, pd.DataFrame] = {}
     next_id = 0
@@ -97,11 +98,7 @@ def write_input(directory: Path) -> dict[str, pd.DataFrame]:
             rows.append((next_id, f"k{rnd.randrange(KEYS)}", v, page, ts))
             next_id += 1
         text = "id,k,v,page,ts\n" + "".join(f"{i},{k},{v},{p},{'' if ts is None else ts}\n" for i, k, v, p, ts in rows)
-        name = f"part-{b:05d}.csv"
-        tmp = directory / f".{name}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, directory / name)
-        os.utime(directory / name, (1_700_000_000 + b, 1_700_000_000 + b))
+        name = out.write(text).name
         files[name] = pd.DataFrame(rows, columns=["id", "k", "v", "page", "ts"]).astype({"ts": "Int64"})
     return files
 

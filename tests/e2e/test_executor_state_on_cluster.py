@@ -25,8 +25,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -38,7 +36,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.pipeline_toml import windowed_pipeline_toml
-from tests.spark_cluster import SparkCluster
+from tests.spark_cluster import SparkCluster, run_driver_process
 
 pytestmark = pytest.mark.slow
 
@@ -80,28 +78,10 @@ def pipeline_toml(root: Path, name: str) -> Path:
 def run_driver(cluster: SparkCluster, root: Path, name: str) -> list[dict[str, Any]]:
     """The pipeline run to the end of its input twice by a driver process of its own, the staged files
     moved into the source between the runs; what it measured after each."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "EMATIX_SPARK_MASTER": cluster.master_url,
-           "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    for var in ("EMATIX_FAULT_POINTS", "EMATIX_FAULT_PAUSE", "SPARK_HOME", "PYSPARK_SUBMIT_ARGS"):
-        env.pop(var, None)
     toml = pipeline_toml(root, name)
-    proc = subprocess.Popen([sys.executable, "-m", "tests.e2e.executor_state_driver", str(toml), str(root / "staged"),
-                             str(root / "in")], cwd=root, env=env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"{name}: the run did not finish within {RUN_TIMEOUT_S} s\n{out[-3000:]}\n{cluster.logs()}")
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the driver's JVM, should it outlive the script
-        except ProcessLookupError:
-            pass
-    assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{out[-4000:]}\n{cluster.logs()}"
+    out = run_driver_process(cluster, [sys.executable, "-m", "tests.e2e.executor_state_driver", str(toml),
+                                       str(root / "staged"), str(root / "in")], root, RUN_TIMEOUT_S,
+                             PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
     assert len(lines) == 2, out[-3000:]
     return [json.loads(line.removeprefix("RESULT ")) for line in lines]

@@ -12,11 +12,8 @@ the pipeline is TOML text and the target is read with plain SQL.
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,8 +23,9 @@ import psycopg
 import pytest
 
 from tests import oracle
+from tests.conftest import BatchFiles
 from tests.pipeline_toml import postgres_store, postgres_target, windowed_pipeline_toml
-from tests.spark_cluster import SparkCluster
+from tests.spark_cluster import SparkCluster, run_driver_process
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 FILES = 6
@@ -42,7 +40,7 @@ NAME = "cluster-tumbling"
 
 def write_input(directory: Path) -> list[pd.DataFrame]:
     """Six CSV files with strictly increasing mtimes (the file source orders by mtime); the oracle's rows per file."""
-    directory.mkdir(parents=True)
+    out = BatchFiles(directory, fmt="csv")  # part-00000.csv, ... with increasing mtimes
     rnd = random.Random(10)
     per_file = []
     next_id = 0
@@ -58,11 +56,7 @@ def write_input(directory: Path) -> list[pd.DataFrame]:
                              + rnd.randrange(30_000)))
                 next_id += 1
         text = "id,k,v,page,ts\n" + "".join(f"{i},{k},{v},{p},{ts}\n" for i, k, v, p, ts in rows)
-        name = f"part-{b:05d}.csv"
-        tmp = directory / f".{name}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, directory / name)
-        os.utime(directory / name, (1_700_000_000 + b, 1_700_000_000 + b))
+        out.write(text)
         per_file.append(pd.DataFrame({
             "id": [r[0] for r in rows], "k": [r[1] for r in rows], "v": [r[2] for r in rows],
             "page": [r[3] for r in rows], "_event_ts": [r[4] * 1_000 for r in rows], "_source": "a",
@@ -127,26 +121,8 @@ def test_pipeline_on_standalone_cluster(spark_cluster_fixture: SparkCluster, tmp
     cluster = spark_cluster_fixture
     per_file = write_input(tmp_path / "in")
     toml = pipeline_toml(tmp_path, pg_dsn, pg_schema)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "EMATIX_SPARK_MASTER": cluster.master_url,
-           "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
-    for name in ("EMATIX_FAULT_POINTS", "EMATIX_FAULT_PAUSE", "SPARK_HOME", "PYSPARK_SUBMIT_ARGS"):
-        env.pop(name, None)
-
     started = time.monotonic()
-    proc = subprocess.Popen([*cli(), "run", str(toml)], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"the run did not finish within {RUN_TIMEOUT_S} s\n{out[-3000:]}\n{cluster.logs()}")
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the driver's JVM, should it outlive the CLI
-        except ProcessLookupError:
-            pass
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{out[-4000:]}\n{cluster.logs()}"
+    out = run_driver_process(cluster, [*cli(), "run", str(toml)], tmp_path, RUN_TIMEOUT_S)
     rows_in = FILES * ROWS_PER_FILE + (FILES - 2) * LATE_PER_FILE
     assert re.search(rf"\[{NAME}\] done: \d+ batches, {rows_in} rows in", out), out[-2000:]
     run_s = time.monotonic() - started

@@ -19,7 +19,7 @@ import httpx
 import psycopg
 from psycopg import sql
 
-from tests.dagster_support import free_port
+from tests.dagster_support import free_port, wait_for
 
 COMPONENTS = {
     "api-server": ["api-server", "--host", "127.0.0.1", "--port", "{port}"],
@@ -170,10 +170,5 @@ class AirflowServer:
                              timeout, f"DAG run {dag_id}/{run_id} to finish")
 
     def wait_for(self, predicate: Callable[[], Any], timeout: float, what: str, step: float = 1.0) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = predicate()
-            if value:
-                return value
-            time.sleep(step)
-        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; logs in {self.home}")
+        """``dagster_support.wait_for``, its failure naming where the Airflow logs are."""
+        return wait_for(predicate, timeout, f"{what} (after {timeout:.0f} s; logs in {self.home})", step)

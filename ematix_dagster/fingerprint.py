@@ -79,9 +79,11 @@ def describe_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
             if value(old, key) != value(new, key)]
 
 
-def mode_change_note(changes: list[str]) -> str:
-    """What a refusal adds when ``[run] window_state`` is among ``changes``: where the open windows are."""
-    if not any(change.startswith("run.window_state") for change in changes):
-        return ""
-    return (" The open windows are kept where the other window_state keeps them (Spark's state in the checkpoint, "
-            "or the driver's in the store), and this one cannot read them.")
+def refused_change(pipeline: str, written: str, changes: list[str], reset_note: str) -> str:
+    """Why a start over state ``written`` for another window spec is refused: what changed, where the
+    open windows are when ``[run] window_state`` is among ``changes``, and the way out."""
+    moved = (" The open windows are kept where the other window_state keeps them (Spark's state in the "
+             "checkpoint, or the driver's in the store), and this one cannot read them."
+             if any(change.startswith("run.window_state") for change in changes) else "")
+    return (f"pipeline {pipeline}: {written}; changed: {'; '.join(changes) or 'fingerprint'}.{moved} Revert the "
+            f"change, or start over with `ematix-dagster reset PIPELINE.toml --yes` ({reset_note}).")

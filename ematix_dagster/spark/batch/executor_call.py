@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
-from ematix_dagster.fingerprint import mode_change_note
+from ematix_dagster.fingerprint import refused_change as refusal
 from ematix_dagster.metrics import StreamingMetrics
 from ematix_dagster.spark.batch.batch_report import BatchReport, WindowCounts
 from ematix_dagster.spark.batch.batch_step import DeadLetterSink, InTransaction
@@ -128,11 +128,9 @@ class ExecutorCall:
     def refused_change(spec: PipelineSpec, store: StateStore, changes: list[str]) -> str:
         """Why state written by another spec is refused: with ``window_state`` changed, the windows are
         in the other mode's place (the checkpoint, or the store) and this one cannot read them."""
-        return (f"pipeline {spec.pipeline_name}: the state in {store.description} and the checkpoint were written "
-                f"for another window shape or mode; changed: {'; '.join(changes) or 'fingerprint'}."
-                f"{mode_change_note(changes)} Revert "
-                "the change, or start over with `ematix-dagster reset PIPELINE.toml --yes` (it deletes the state "
-                "and the checkpoint, never the target; the input is then read again from the start).")
+        return refusal(spec.pipeline_name, f"the state in {store.description} and the checkpoint were written "
+                              "for another window shape or mode", changes, "it deletes the state and the checkpoint, "
+                              "never the target; the input is then read again from the start")
 
     def open_target(self) -> WindowWriter:
         spec = self.spec

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 
 from ematix_dagster.columns import CLASS
-from ematix_dagster.fingerprint import mode_change_note
+from ematix_dagster.fingerprint import refused_change as refusal
 from ematix_dagster.metrics import StreamingMetrics
 from ematix_dagster.spark.batch.batch_counts import batch_counts, filtered_rows, may_hold_future_rows, sources_of
 from ematix_dagster.spark.batch.batch_job import BatchFrames, build_batch
@@ -81,10 +81,8 @@ class WindowCall:
     @staticmethod
     def refused_change(spec: PipelineSpec, store: StateStore, changes: list[str]) -> str:
         """Why the state written by another spec is refused."""
-        return (f"pipeline {spec.pipeline_name}: the state in {store.description} was written for another window "
-                f"shape or emission; changed: {'; '.join(changes) or 'fingerprint'}.{mode_change_note(changes)} Revert "
-                "the change, or start over with `ematix-dagster reset PIPELINE.toml --yes` (lateness, caps and "
-                "idleness may change freely).")
+        return refusal(spec.pipeline_name, f"the state in {store.description} was written for another window "
+                              "shape or emission", changes, "lateness, caps and idleness may change freely")
 
     def open_target(self) -> WindowWriter:
         spec = self.spec

@@ -15,6 +15,11 @@ hears of it. So for the query's lifetime (:meth:`QuietFailures.route`) the logge
 failed query, task or job (:data:`ROUTED`) write their failure reports to the run's file instead of
 the terminal; other lines stay on the terminal. A run that ends without a classified failure copies
 whatever the file holds back to the terminal, so nothing Spark reported is lost.
+
+Runs in one process share one JVM and so its loggers: the first run to route (or quiet) them sets
+them up and the last one to end puts them back, each run adding and removing only its own file. A
+run that ends therefore leaves another still routed; while two overlap, a failure report reaches
+both their files (a logger cannot tell which query a task's report is about).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import logging
 import os
 import sys
 import tempfile
+import threading
 import traceback
 from pathlib import Path
 from typing import Any
@@ -47,18 +53,126 @@ ROUTED = (("org.apache.spark.sql.execution.streaming", "ERROR"),
 PATTERN = "%d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex"
 
 
+class _SharedLogging:
+    """The JVM's logger settings every run of this process shares (one JVM behind every session):
+    changed by the first run that needs them, put back by the last, so a run that ends leaves a
+    run still going routed and quiet. Each run adds and removes only its own file appender."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.routes: dict[str, Any] = {}  # appender name -> the run's FileAppender, while routed
+        self.added: list[str] = []  # the logger configurations added for the routing
+        self.changed: list[tuple[str, bool, list[str]]] = []  # those changed: (name, additive, appenders)
+        self.quieted = 0  # runs whose failed batch turned Spark's streaming loggers off
+        self.quiet_session: SparkSession | None = None
+        self.levels: list[tuple[str, Any]] = []  # (JVM logger, its own level before, or None)
+        self.py4j_level = logging.NOTSET
+
+    def route(self, spark: SparkSession, name: str, path: str) -> None:
+        """Add the run's file (appender ``name``) to the loggers of :data:`ROUTED`, routing them first."""
+        with self.lock:
+            log4j = _log4j(spark)
+            core = log4j.core
+            context = log4j.LogManager.getContext(False)
+            config = context.getConfiguration()
+            layout = core.layout.PatternLayout.newBuilder().withPattern(PATTERN).build()
+            appender = (core.appender.FileAppender.newBuilder().setName(name)
+                        .withFileName(path).withAppend(True).setLayout(layout).build())
+            appender.start()
+            config.addAppender(appender)
+            if not self.routes:
+                self._route(log4j, config)
+            for logger, _ in ROUTED:
+                config.getLoggerConfig(logger).addAppender(appender, None, None)
+            context.updateLoggers()
+            self.routes[name] = appender
+
+    def _route(self, log4j: Any, config: Any) -> None:
+        """The loggers of :data:`ROUTED` off the terminal from their failure level on (their other lines
+        stay on it), kept as they were to put back."""
+        core = log4j.core
+        terminal = list(config.getRootLogger().getAppenders().values())
+        deny = getattr(core, "Filter$Result")
+        for name, level in ROUTED:
+            logger = config.getLoggerConfig(name)
+            if logger.getName() == name:  # configured already (a level set): routed as it is, put back after
+                self.changed.append((name, logger.isAdditive(), list(logger.getAppenders().keySet())))
+                logger.setAdditive(False)
+            else:
+                logger = core.config.LoggerConfig(name, None, False)
+                config.addLogger(name, logger)
+                self.added.append(name)
+            below = core.filter.ThresholdFilter.createFilter(log4j.Level.getLevel(level), deny.DENY, deny.NEUTRAL)
+            for console in terminal:
+                if console.getName() not in logger.getAppenders():
+                    logger.addAppender(console, None, below)
+
+    def unroute(self, spark: SparkSession, name: str) -> None:
+        """Remove the run's file; the last run's puts the loggers back as they were."""
+        with self.lock:
+            appender = self.routes.pop(name, None)
+            if appender is None:
+                return
+            log4j = _log4j(spark)
+            context = log4j.LogManager.getContext(False)
+            config = context.getConfiguration()
+            for logger, _ in ROUTED:
+                own = config.getLoggerConfig(logger)
+                if own.getName() == logger:
+                    own.removeAppender(name)
+            if not self.routes:
+                for logger in self.added:
+                    config.removeLogger(logger)
+                for logger, additive, appenders in self.changed:
+                    own = config.getLoggerConfig(logger)
+                    for added in set(own.getAppenders().keySet()) - set(appenders):
+                        own.removeAppender(added)
+                    own.setAdditive(additive)
+                self.added, self.changed = [], []
+            context.updateLoggers()
+            config.removeAppender(name)
+            appender.stop()
+
+    def quiet(self, spark: SparkSession) -> None:
+        """Spark's streaming loggers and py4j's off until the last quieted run is restored."""
+        with self.lock:
+            self.quieted += 1
+            if self.quieted > 1:
+                return
+            log4j = _log4j(spark)
+            configuration = log4j.LogManager.getContext(False).getConfiguration()
+            for name in SPARK_LOGGERS:
+                own = configuration.getLoggerConfig(name)
+                self.levels.append((name, own.getLevel() if own.getName() == name else None))
+                log4j.core.config.Configurator.setLevel(name, log4j.Level.OFF)
+            py4j = logging.getLogger(PY4J_LOGGER)
+            self.py4j_level = py4j.level
+            py4j.setLevel(logging.CRITICAL + 1)
+            self.quiet_session = spark
+
+    def unquiet(self) -> None:
+        with self.lock:
+            self.quieted -= 1
+            if self.quieted or self.quiet_session is None:
+                return
+            log4j = _log4j(self.quiet_session)
+            for name, level in self.levels:
+                log4j.core.config.Configurator.setLevel(name, level)
+            logging.getLogger(PY4J_LOGGER).setLevel(self.py4j_level)
+            self.levels, self.quiet_session = [], None
+
+
+_SHARED = _SharedLogging()
+
+
 class QuietFailures:
     """One run's quieting: on while a classified failure ends the query, restored after it."""
 
     def __init__(self, pipeline: str, enabled: bool = True) -> None:
         self.pipeline = pipeline
         self.enabled = enabled
-        self._restore: list[tuple[str, Any]] = []  # (JVM logger, its own level before, or None)
-        self._py4j_level: int | None = None
-        self._spark: SparkSession | None = None
+        self._spark: SparkSession | None = None  # the session whose loggers this run quieted
         self._routed: SparkSession | None = None  # the session whose loggers write to ``path``
-        self._added: list[str] = []  # the logger configurations added for the routing
-        self._changed: list[tuple[str, bool, list[str]]] = []  # those changed: (name, additive, appenders)
         self.path: str | None = None  # the run's file of Spark's failure reports
         self._named = False
 
@@ -68,32 +182,7 @@ class QuietFailures:
             return
         fd, self.path = tempfile.mkstemp(prefix=f"ematix-{self.pipeline}-", suffix=".log")
         os.close(fd)
-        log4j = _log4j(spark)
-        core = log4j.core
-        context = log4j.LogManager.getContext(False)
-        config = context.getConfiguration()
-        layout = core.layout.PatternLayout.newBuilder().withPattern(PATTERN).build()
-        appender = (core.appender.FileAppender.newBuilder().setName(self._appender)
-                    .withFileName(self.path).withAppend(True).setLayout(layout).build())
-        appender.start()
-        config.addAppender(appender)
-        terminal = list(config.getRootLogger().getAppenders().values())
-        deny = getattr(core, "Filter$Result")
-        for name, level in ROUTED:
-            logger = config.getLoggerConfig(name)
-            if logger.getName() == name:  # configured already (a level set): routed as it is, put back after
-                self._changed.append((name, logger.isAdditive(), list(logger.getAppenders().keySet())))
-                logger.setAdditive(False)
-            else:
-                logger = core.config.LoggerConfig(name, None, False)
-                config.addLogger(name, logger)
-                self._added.append(name)
-            logger.addAppender(appender, None, None)
-            below = core.filter.ThresholdFilter.createFilter(log4j.Level.getLevel(level), deny.DENY, deny.NEUTRAL)
-            for console in terminal:
-                if console.getName() not in logger.getAppenders():
-                    logger.addAppender(console, None, below)
-        context.updateLoggers()
+        _SHARED.route(spark, self._appender, self.path)
         self._routed = spark
 
     @property
@@ -104,17 +193,8 @@ class QuietFailures:
         """Quiet the loggers before Spark reports ``exc``, when the engine explains it."""
         if not self.enabled or self._spark is not None or isinstance(classify(exc, self.pipeline), UnexpectedError):
             return
-        log4j = _log4j(spark)
-        configuration = log4j.LogManager.getContext(False).getConfiguration()
-        for name in SPARK_LOGGERS:
-            own = configuration.getLoggerConfig(name)
-            self._restore.append((name, own.getLevel() if own.getName() == name else None))
-            log4j.core.config.Configurator.setLevel(name, log4j.Level.OFF)
-        py4j = logging.getLogger(PY4J_LOGGER)
-        self._py4j_level = py4j.level
-        py4j.setLevel(logging.CRITICAL + 1)
+        _SHARED.quiet(spark)
         self._spark = spark
-
     def named(self, error: BaseException, query_failure: BaseException) -> BaseException:
         """``error`` (the batch's) with the file holding what Spark would have printed of
         ``query_failure`` (the query's end), when the loggers were quieted for it."""
@@ -139,30 +219,11 @@ class QuietFailures:
         """The loggers as they were (the session may run other queries in this process); what the
         run's file holds back on the terminal unless a classified failure names it."""
         if self._spark is not None:
-            log4j = _log4j(self._spark)
-            for name, level in self._restore:
-                log4j.core.config.Configurator.setLevel(name, level)
-            logging.getLogger(PY4J_LOGGER).setLevel(self._py4j_level or logging.NOTSET)
-            self._restore, self._spark = [], None
+            _SHARED.unquiet()
+            self._spark = None
         if self._routed is not None:
-            log4j = _log4j(self._routed)
-            context = log4j.LogManager.getContext(False)
-            config = context.getConfiguration()
-            for name in self._added:
-                config.removeLogger(name)
-            for name, additive, appenders in self._changed:
-                logger = config.getLoggerConfig(name)
-                if logger.getName() != name:  # removed meanwhile (by another run's restore)
-                    continue
-                for added in set(logger.getAppenders().keySet()) - set(appenders):
-                    logger.removeAppender(added)
-                logger.setAdditive(additive)
-            context.updateLoggers()
-            appender = config.getAppender(self._appender)
-            config.removeAppender(self._appender)
-            if appender is not None:
-                appender.stop()
-            self._added, self._changed, self._routed = [], [], None
+            _SHARED.unroute(self._routed, self._appender)
+            self._routed = None
         if self.path is not None and not self._named:
             logged = Path(self.path).read_text(errors="replace")
             if logged:

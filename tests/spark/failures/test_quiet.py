@@ -103,3 +103,35 @@ def test_a_spark_error_in_a_batch_is_classified_and_names_spark_s_report(spark, 
     assert err.value.stack_file is not None and Path(err.value.stack_file).parent == tmp_path
     report = Path(err.value.stack_file).read_text()
     assert "injected" in report and "TaskSetManager" in report, report[:3000]
+
+
+
+def test_two_runs_in_one_jvm_share_the_routing(spark, tmp_path, monkeypatch, capsys):
+    """The first run to end leaves the other routed and quiet; the last one puts every logger back."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    jvm = spark.sparkContext._jvm
+    logger = f"{SPARK_LOGGERS[0]}.runtime.MicroBatchExecution"
+    stream = jvm.org.apache.logging.log4j.LogManager.getLogger(logger)
+    config = jvm.org.apache.logging.log4j.LogManager.getContext(False).getConfiguration()
+    before = [(n, config.getLoggerConfig(n).getName(), config.getLoggerConfig(n).isAdditive()) for n, _ in ROUTED]
+    first, second = QuietFailures("a"), QuietFailures("b")
+    first.route(spark)
+    second.route(spark)
+    first.restore()
+    assert capsys.readouterr().err == "", "nothing was reported while a ran"
+    stream.error("Query b terminated with error: b's own report")
+    error = StateCapExceeded("cap hit")
+    assert second.named(error, RuntimeError("b failed")).stack_file == second.path
+    second.restore()
+    assert "ERROR MicroBatchExecution: Query b terminated" in Path(error.stack_file).read_text()
+    after = [(n, config.getLoggerConfig(n).getName(), config.getLoggerConfig(n).isAdditive()) for n, _ in ROUTED]
+    assert after == before
+
+    level, py4j = _level(spark, logger), logging.getLogger("py4j").level
+    first, second = QuietFailures("a"), QuietFailures("b")
+    first.batch_failed(spark, StateCapExceeded("cap hit"))
+    second.batch_failed(spark, StateCapExceeded("cap hit"))
+    first.restore()
+    assert _level(spark, logger) == "OFF" and logging.getLogger("py4j").level > logging.CRITICAL, "b still failing"
+    second.restore()
+    assert (_level(spark, logger), logging.getLogger("py4j").level) == (level, py4j)

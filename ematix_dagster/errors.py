@@ -117,6 +117,11 @@ class SourceAccessDenied(EmatixError):
     """A message broker refused the pipeline's credentials. Terminal: fix the password it names."""
 
 
+class SourceConnectorMissing(EmatixError):
+    """Spark has no connector for a source's kind (the Kafka source without spark-sql-kafka on the
+    classpath). Terminal: nothing is downloaded at run time, so a retry finds it missing again."""
+
+
 class SourceTrimmed(EmatixError):
     """Entries after the pipeline's stored offset are gone from the stream (trimmed or deleted).
     Terminal: they stay gone; ``on_trimmed = "skip"`` goes on without them (counted)."""
@@ -131,6 +136,6 @@ class CorruptCheckpoint(EmatixError):
 
 __all__ = ["AggregationOverflow", "BackfillBusy", "BackfillRefused", "BatchDataError", "CheckpointDiverged", "ConfigError", "CorruptCheckpoint", "CorruptState",
            "EmatixError", "FingerprintChanged", "InputSchemaMismatch", "LeaseHeld", "LeaseLost", "PipelineConfigError",
-           "SourceAccessDenied", "SourceTrimmed", "SourceUnavailable", "SparkQueryFailed", "StateCapExceeded", "StateNotDurableError", "StateVersionError",
+           "SourceAccessDenied", "SourceConnectorMissing", "SourceTrimmed", "SourceUnavailable", "SparkQueryFailed", "StateCapExceeded", "StateNotDurableError", "StateVersionError",
            "StoreAccessDenied", "StoreConfigError", "StorePermissionError", "StoreUnavailable", "TargetError",
            "UnexpectedError", "UnreadableInputFile", "first_line"]

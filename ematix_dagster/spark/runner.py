@@ -21,6 +21,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from ematix_dagster.errors import (
     CheckpointDiverged,
+    ConfigError,
     FingerprintChanged,
     LeaseLost,
     StateNotDurableError,
@@ -197,14 +198,20 @@ class PipelineRunner:
             self._preflight()
             return self._start_query()
         except BaseException as exc:
+            named = exc  # a source Spark cannot open (no Kafka connector): classified, its report in the run's file
+            if isinstance(exc, Exception) and not isinstance(exc, ConfigError):
+                named = self.quiet.named(classify(exc, self.spec.pipeline_name), exc)
             self.quiet.restore()
             self._close_resources(failure=exc)
-            raise
+            if named is exc:
+                raise
+            raise named from exc
 
     def _start_query(self) -> StreamingQuery:
         spec = self.spec
         if spec.run.window_state == "executors":  # the state store's confs, in a session of the query's own
             self._spark = executor_session(self.spark)
+        self.quiet.route(self.spark)  # Spark's report of a failure opening a source or on its stream thread
         stream = union_sources(self.spark, spec)
         self.step = self._step(stream)
         writer = (self.step.call.streamed(stream).writeStream.queryName(spec.pipeline_name.replace("-", "_"))
@@ -215,7 +222,6 @@ class PipelineRunner:
             writer = writer.trigger(availableNow=True)
         else:
             writer = writer.trigger(processingTime=f"{spec.run.trigger_interval_ms} milliseconds")
-        self.quiet.route(self.spark)  # Spark's report of a failure on its stream thread: to the run's file
         self.query = writer.start()
         return self.query
 

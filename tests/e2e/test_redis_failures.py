@@ -114,30 +114,6 @@ def test_redis_unreachable_at_start_is_transient(spark, tmp_path):
     assert "ERROR MicroBatchExecution" in reported_in_file(err.value, "RedisUnreachable")
 
 
-@pytest.mark.slow
-def test_cli_prints_only_the_classified_message(tmp_path):
-    """``ematix-dagster run``: Spark's report of a source's failure (its stream thread's ERROR line,
-    the reader's traceback, the JVM stack) is in the file the one message names, not on the terminal."""
-    port = free_port()
-    toml = tmp_path / "p.toml"
-    toml.write_text(tomli_w.dumps({
-        "pipeline_name": "redis_cli_down", "sources": [redis_source("clicks", f"redis://127.0.0.1:{port}/0", ["s"])],
-        "transform": {"window": WINDOW}, "target": {"kind": "parquet", "path": str(tmp_path / "out")},
-        "state_store": {"kind": "sqlite", "path": str(tmp_path / "state.db")},
-        "run": {"checkpoint_location": str(tmp_path / "cp")}}))
-    done = subprocess.run([sys.executable, "-m", "ematix_dagster.cli", "run", str(toml)], cwd=ROOT,
-                          env={**os.environ, "TMPDIR": str(tmp_path)}, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 1, done.stderr[-3000:]
-    lines = done.stderr.splitlines()
-    first = next(i for i, line in enumerate(lines) if any(w in line for w in ("ERROR", "Traceback", "error (")))
-    assert len(lines) - first <= 5 and "Traceback" not in done.stderr and "\tat " not in done.stderr, done.stderr
-    message = lines[-1]
-    assert message.startswith("error (transient (retrying may help)): pipeline redis_cli_down: Redis at ")
-    path = message.split("with the JVM stack: ", 1)[1].split(";", 1)[0]
-    assert Path(path).parent == tmp_path
-    assert "ERROR MicroBatchExecution" in Path(path).read_text()
-
-
 PROBE = """
 import json, sys
 from ematix_dagster.spark.runner import PipelineRunner

@@ -7,14 +7,19 @@ grammar module's tables."""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pyspark.errors import PySparkException
 
 from ematix_dagster.cli import main
 from ematix_dagster.errors import PipelineConfigError
 from ematix_dagster.sql.emit_query import emit_plan
 from ematix_dagster.sql.release_plan import release_plan
+from ematix_dagster.streaming.release_times import ReleaseTimes, RowFailed
 from tests.spec.toml_samples import ROW_TOML, mutated_toml
 
 COLUMNS = ("window_start", "window_end", "user_id", "page")
@@ -240,7 +245,6 @@ def test_one_node_outside_the_emit_grammar_is_refused_there(predicate: str) -> N
 
 
 def _emitted_rows():
-    pa = pytest.importorskip("pyarrow")
     stamp = pa.timestamp("us", tz="UTC")
     return pa.table({"window_start": pa.array([0, 3_600_000_000, None], stamp),
                      "window_end": pa.array([3_600_000_000, 7_200_000_000, 10], stamp),
@@ -252,8 +256,6 @@ def _emitted_rows():
 def test_what_the_walk_accepts_the_engine_evaluates(predicate: str) -> None:
     """Every accepted [emit] predicate is one the driver's evaluator (streaming.release_times) computes: the
     walk accepts nothing the engine would find outside the grammar on the rows."""
-    from ematix_dagster.streaming.release_times import ReleaseTimes, RowFailed
-
     plan = emit_plan(_emit_sql(predicate), COLUMNS)
     try:
         ReleaseTimes(plan.branches, COLUMNS).of(_emitted_rows())
@@ -262,9 +264,6 @@ def test_what_the_walk_accepts_the_engine_evaluates(predicate: str) -> None:
 
 
 def test_a_null_operand_makes_a_null_value() -> None:
-    from ematix_dagster.streaming.release_times import ReleaseTimes
-
-    pa = pytest.importorskip("pyarrow")
     stamp = pa.timestamp("us", tz="UTC")
     rows = pa.table({"window_start": pa.array([0, 1], stamp), "window_end": pa.array([5, 6], stamp),
                      "user_id": pa.array([1, 2], pa.int64()), "page": ["a", "b"]})
@@ -276,3 +275,98 @@ def test_a_null_operand_makes_a_null_value() -> None:
     for op in ("%", "DIV", "/"):  # a NULL divisor is NULL, not a zero divisor
         plan = emit_plan(f"SELECT * FROM windows WHERE (user_id {op} NULL) = 1 OR {BOUND}", COLUMNS)
         assert ReleaseTimes(plan.branches, COLUMNS).of(rows).to_pylist() == [5, 6]
+
+
+
+# ---- alone or in a batch: the same value ------------------------------------------------------------------
+
+#: a batch of emitted rows (id, window_start, window_end, user_id, page): NULLs in every column, bounds at
+#: and around midnight, a zero user_id
+_BATCH = [(0, "2024-01-01 00:00:00", "2024-01-01 01:00:00", 1, "buy"),
+          (1, "2024-01-01 01:00:00", "2024-01-01 02:00:00", None, "view"),
+          (2, None, "2024-01-01 00:00:10", -3, None),
+          (3, "2023-12-31 23:59:00", "2024-01-01 00:00:00", 42, "buy"),
+          (4, "2024-01-01 00:30:00", None, 0, "b")]
+_IDS = [row[0] for row in _BATCH]
+_VIEW = "allow_list_batch"
+
+
+def _stamp(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text).replace(tzinfo=timezone.utc)
+
+
+@pytest.fixture(scope="module")
+def batch_view(spark):
+    """The batch as a view of the shared session."""
+    rows = [(i, _stamp(start), _stamp(end), user, page) for i, start, end, user, page in _BATCH]
+    spark.createDataFrame(rows, "id INT, window_start TIMESTAMP, window_end TIMESTAMP, user_id BIGINT, page STRING") \
+        .createOrReplaceTempView(_VIEW)
+    yield _VIEW
+    spark.catalog.dropTempView(_VIEW)
+
+
+def _values(spark, predicates: list[str], alone: list[int | None]) -> dict[tuple[int | None, int], tuple]:
+    """Each predicate's value per row, in one Spark job, keyed by (the row alone or None, the row): over the
+    whole batch as ``windows`` (None) and over each row of ``alone`` as the only row of ``windows``."""
+    columns = ", ".join(f"({p}) AS p{i}" for i, p in enumerate(predicates))
+    branches = [f"SELECT {'NULL' if i is None else i} AS alone, id, {columns} FROM (WITH windows AS "
+                f"(SELECT * FROM {_VIEW}{'' if i is None else f' WHERE id = {i}'}) SELECT * FROM windows)"
+                for i in alone]
+    return {(row["alone"], row["id"]): tuple(row)[2:] for row in spark.sql(" UNION ALL ".join(branches)).collect()}
+
+
+def _fails_alone(spark, predicate: str, condition: str | None) -> bool:
+    """Whether Spark fails with ``condition`` on the predicate over one row of the batch alone."""
+    for i in _IDS:
+        try:
+            _values(spark, [predicate], [i])
+        except PySparkException as failed:
+            if failed.getCondition() == condition:
+                return True
+    return False
+
+
+def _arrow_batch() -> pa.Table:
+    """The batch as the driver's evaluator reads it."""
+    stamp = pa.timestamp("us", tz="UTC")
+    return pa.table({"window_start": pa.array([_stamp(r[1]) for r in _BATCH], stamp),
+                     "window_end": pa.array([_stamp(r[2]) for r in _BATCH], stamp),
+                     "user_id": pa.array([r[3] for r in _BATCH], pa.int64()), "page": [r[4] for r in _BATCH]})
+
+
+def _release_times(times: ReleaseTimes, table: pa.Table) -> list | None:
+    """The driver's release times of the rows, None where a row's value fails."""
+    try:
+        return times.of(table).to_pylist()
+    except RowFailed:
+        return None
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_bools(), min_size=3, max_size=6))
+def test_an_accepted_predicate_has_the_same_value_alone_as_in_a_batch(spark, batch_view, predicates) -> None:
+    """Spark's value of each accepted predicate on a row alone is its value on that row in a batch, and so
+    is the driver's release time: what the walk accepts reads nothing but the row. A value that fails in the
+    batch fails on one of its rows alone."""
+    everything = [None, *_IDS]
+    try:
+        values = _values(spark, predicates, everything)
+    except PySparkException:  # a row's value fails (a zero divisor): one predicate at a time
+        for predicate in predicates:
+            try:
+                one = _values(spark, [predicate], everything)
+            except PySparkException as failed:
+                assert _fails_alone(spark, predicate, failed.getCondition()), (predicate, failed.getCondition())
+                continue
+            assert all(one[(None, i)] == one[(i, i)] for i in _IDS), (predicate, one)
+    else:
+        assert all(values[(None, i)] == values[(i, i)] for i in _IDS), (predicates, values)
+    table = _arrow_batch()
+    for predicate in predicates:
+        times = ReleaseTimes(emit_plan(_emit_sql(predicate), COLUMNS).branches, COLUMNS)
+        rows = [_release_times(times, table.slice(i, 1)) for i in range(table.num_rows)]
+        together = _release_times(times, table)
+        if together is None:
+            assert None in rows, predicate
+        else:
+            assert together == [row[0] for row in rows], predicate

@@ -19,6 +19,7 @@ from ematix_dagster.errors import (
     AggregationOverflow,
     EmatixError,
     SourceAccessDenied,
+    SourceConnectorMissing,
     SourceTrimmed,
     SourceUnavailable,
     SparkQueryFailed,
@@ -60,10 +61,32 @@ _NAMED_ERRORS: dict[str, type[EmatixError]] = {
     "AggregationOverflow": AggregationOverflow, "StateCapExceeded": StateCapExceeded}
 
 
+#: Spark's error classes for a data source it cannot find (Kafka's has a class of its own)
+_NO_CONNECTOR = re.compile(r"\[(?:KAFKA_DATA_SOURCE_NOT_ENABLED|DATA_SOURCE_NOT_FOUND)\][^\n]*\bkafka\b", re.I)
+
+
+def _missing_kafka_connector(pipeline: str) -> SourceConnectorMissing:
+    """The way to the Kafka connector, for this installation's Spark: its jars on the classpath, never
+    fetched at run time (``spark.jars.packages`` would download them from Maven)."""
+    import os
+
+    import pyspark
+
+    version = pyspark.__version__
+    jars = os.path.join(os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__), "jars")
+    return SourceConnectorMissing(
+        f"pipeline {pipeline}: Spark has no Kafka connector: a kafka source needs spark-sql-kafka-0-10_2.13-{version}"
+        f".jar and the jars it depends on (spark-token-provider-kafka-0-10_2.13-{version}, kafka-clients, "
+        f"commons-pool2) on Spark's classpath, and nothing is downloaded at run time. Copy them into {jars}, or name "
+        "their local paths in spark.jars (spark-defaults.conf)")
+
+
 def query_failure(exc: BaseException, pipeline: str) -> EmatixError:
     """A failed streaming query: a source's own failure when Spark's report carries one (Redis gone:
-    transient; refused credentials, a trimmed stream: terminal), a cap or an overflow Spark's stateful
-    aggregation raised (terminal), else :class:`SparkQueryFailed` (transient)."""
+    transient; refused credentials, a trimmed stream, no Kafka connector: terminal), a cap or an
+    overflow Spark's stateful aggregation raised (terminal), else :class:`SparkQueryFailed` (transient)."""
+    if _NO_CONNECTOR.search(str(exc)):
+        return _missing_kafka_connector(pipeline)
     found = _NAMED_FAILURE.search(str(exc))
     if found is not None:
         return _NAMED_ERRORS[found.group(1)](f"pipeline {pipeline}: {_clean(found.group(2).strip())}")

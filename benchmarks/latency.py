@@ -59,8 +59,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Callable, cast
 
 import psycopg
 import redis
@@ -73,6 +74,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure import CpuMeter, DriverTimer, percentile, spark_jobs, stage_times  # noqa: E402
 from run_setup import install_timers, start_spark  # noqa: E402
 
+from ematix_dagster.errors import EmatixError  # noqa: E402
 from ematix_dagster.spark.batch.batch_report import BatchReport  # noqa: E402
 from ematix_dagster.spark.runner import PipelineRunner  # noqa: E402
 from ematix_dagster.spec import load_pipeline_str  # noqa: E402
@@ -285,6 +287,7 @@ def one_run(spark, timer: DriverTimer, client: redis.Redis, args: argparse.Names
     client.xgroup_create(stream, "create", id="$", mkstream=True)  # an empty stream for the source to start on
     client.xgroup_destroy(stream, "create")
     load0 = os.getloadavg()[0]
+    producer: subprocess.Popen[str] | None = None
     with tempfile.TemporaryDirectory(prefix="ematix-latency-") as tmp, \
             psycopg.connect(args.postgres_url, autocommit=True) as conn:
         create_target(conn, schema, mode)
@@ -293,7 +296,6 @@ def one_run(spark, timer: DriverTimer, client: redis.Redis, args: argparse.Names
             timer.reset()
             runner = PipelineRunner(spec, spark=spark, progress=lambda _: None)
             reports: dict[int, BatchReport] = {}
-            producer: subprocess.Popen[str] | None = None
             stop_at: float | None = None
             produced_until: float | None = None
             load_start = 0.0
@@ -331,6 +333,9 @@ def one_run(spark, timer: DriverTimer, client: redis.Redis, args: argparse.Names
             closing, behind = window_waits(client, stream, batches, inserted, closing=True)
             early = window_waits(client, stream, batches, inserted, closing=False)[0] if mode != "watermark" else []
         finally:
+            if producer is not None and producer.poll() is None:  # the query failed under it
+                producer.kill()
+                producer.wait()
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
             client.delete(stream)
     by_process = meter.by_process()
@@ -341,6 +346,18 @@ def one_run(spark, timer: DriverTimer, client: redis.Redis, args: argparse.Names
                        by_process, behind, stages, jvm_threads)
     check(result, mode)
     return result
+
+
+def retried(run: Callable[[], RunResult], label: str) -> RunResult:
+    """``run``, once more after a failure that is not terminal: on a machine this loaded a Spark
+    Python worker has been seen to start too slowly to connect back (Spark waits 10 s)."""
+    try:
+        return run()
+    except EmatixError as exc:
+        if exc.terminal:
+            raise
+        print(f"{label}: failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); once more", flush=True)
+        return run()
 
 
 def check(r: RunResult, mode: str) -> None:
@@ -433,17 +450,20 @@ def main() -> None:
     timer = install_timers(spans=True)
     print(f"load avg at start {os.getloadavg()}; Redis {cast(dict[str, Any], client.info('server'))['redis_version']}", flush=True)
     if args.warmup_seconds:
-        one_run(spark, timer, client, args, MODES[0], args.rates[0], args.warmup_seconds, "warm-up")
+        retried(partial(one_run, spark, timer, client, args, MODES[0], args.rates[0], args.warmup_seconds, "warm-up"),
+                "warm-up")
     runs: list[tuple[str, RunResult]] = []
     for mode in args.modes:
         for rate in args.rates:
-            r = one_run(spark, timer, client, args, mode, rate, args.seconds, f"{mode} {rate:,.0f}/s")
+            label = f"{mode} {rate:,.0f}/s"
+            r = retried(partial(one_run, spark, timer, client, args, mode, rate, args.seconds, label), label)
             report_run(r)
             runs.append((mode, r))
     floor = None
     if args.floor_seconds:
-        floor = one_run(spark, timer, client, args, MODES[0], args.floor_rate, args.floor_seconds,
-                        f"floor {args.floor_rate}/s")
+        label = f"floor {args.floor_rate}/s"
+        floor = retried(partial(one_run, spark, timer, client, args, MODES[0], args.floor_rate, args.floor_seconds,
+                                label), label)
         report_run(floor)
 
     print(f"\nclosing event -> window row committed, seconds ({args.seconds:.0f} s per run, {args.keys:,} keys, "

@@ -5,7 +5,8 @@ user + system over this process and every descendant (the JVM, Python workers), 
 background thread so processes that exit mid-run keep their last seen times; the sampler's own
 thread CPU is subtracted. Peak RSS is the largest sampled driver + JVM resident set. The JVM's
 CPU is also split by what its threads do (:data:`JVM_THREADS`), threads that exit mid-run
-included, and :func:`spark_jobs` counts the Spark jobs and stages a run submitted.
+included, :func:`spark_jobs` counts the Spark jobs and stages a run submitted and :func:`stage_times`
+sums their task time.
 """
 
 from __future__ import annotations

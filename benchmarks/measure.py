@@ -5,7 +5,8 @@ user + system over this process and every descendant (the JVM, Python workers), 
 background thread so processes that exit mid-run keep their last seen times; the sampler's own
 thread CPU is subtracted. Peak RSS is the largest sampled driver + JVM resident set. The JVM's
 CPU is also split by what its threads do (:data:`JVM_THREADS`), threads that exit mid-run
-included, and :func:`spark_jobs` counts the Spark jobs and stages a run submitted.
+included, :func:`spark_jobs` counts the Spark jobs and stages a run submitted and :func:`stage_times`
+sums their task time.
 """
 
 from __future__ import annotations
@@ -64,6 +65,30 @@ def spark_jobs(spark) -> tuple[int, int]:
     stages = store.stageList(jvm.java.util.ArrayList(), False, False,
                              spark.sparkContext._gateway.new_array(jvm.double, 0), jvm.java.util.ArrayList())
     return _newest(store.jobsList(jvm.java.util.ArrayList()), "jobId") + 1, _newest(stages, "stageId") + 1
+
+
+def stage_times(spark, since_stage: int) -> dict[str, float]:
+    """The stages from id ``since_stage`` on, summed: how many, their wall (submission to
+    completion), their tasks' run time and CPU time, and deserialization, in seconds. Task run
+    time well above task CPU is time a task waited for a core or on I/O (the Redis read)."""
+    jvm = spark.sparkContext._jvm
+    store = spark.sparkContext._jsc.sc().statusStore()
+    stages = store.stageList(jvm.java.util.ArrayList(), False, False,
+                             spark.sparkContext._gateway.new_array(jvm.double, 0), jvm.java.util.ArrayList())
+    out: dict[str, float] = defaultdict(float)
+    it = stages.iterator()
+    while it.hasNext():
+        stage = it.next()
+        if stage.stageId() < since_stage:
+            continue
+        out["stages"] += 1
+        out["task run s"] += stage.executorRunTime() / 1e3
+        out["task CPU s"] += stage.executorCpuTime() / 1e9
+        out["deserialize s"] += stage.executorDeserializeTime() / 1e3
+        submitted, completed = stage.submissionTime(), stage.completionTime()
+        if submitted.isDefined() and completed.isDefined():
+            out["stage wall s"] += (completed.get().getTime() - submitted.get().getTime()) / 1e3
+    return dict(out)
 
 
 def _newest(items, id_name: str) -> int:
@@ -230,12 +255,17 @@ class CpuMeter:
 
 
 class DriverTimer:
-    """Thread CPU and wall time inside chosen driver functions (patched here, not in the engine)."""
+    """Thread CPU and wall time inside chosen driver functions (patched here, not in the engine).
 
-    def __init__(self) -> None:
+    With ``spans`` every call is also kept as (label, start, end) in epoch seconds, so a benchmark
+    can place each call on the same clock as Redis entry ids and Spark's trigger times.
+    """
+
+    def __init__(self, spans: bool = False) -> None:
         self.cpu: dict[str, float] = defaultdict(float)
         self.wall: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
+        self.spans: list[tuple[str, float, float]] | None = [] if spans else None
         self.profiler: cProfile.Profile | None = None
         self._patched: list[tuple[object, str, object]] = []
 
@@ -243,6 +273,8 @@ class DriverTimer:
         self.cpu.clear()
         self.wall.clear()
         self.calls.clear()
+        if self.spans is not None:
+            self.spans.clear()
 
     def wrap(self, owner: object, attr: str, label: str, profile: bool = False) -> None:
         original = getattr(owner, attr, None)
@@ -254,7 +286,7 @@ class DriverTimer:
         @functools.wraps(original)
         def timed(*args, **kwargs):
             prof = timer.profiler if profile else None
-            c0, w0 = time.thread_time(), time.perf_counter()
+            c0, w0, e0 = time.thread_time(), time.perf_counter(), time.time()
             if prof is not None:
                 prof.enable()
             try:
@@ -265,6 +297,8 @@ class DriverTimer:
                 timer.cpu[label] += time.thread_time() - c0
                 timer.wall[label] += time.perf_counter() - w0
                 timer.calls[label] += 1
+                if timer.spans is not None:
+                    timer.spans.append((label, e0, time.time()))
 
         self._patched.append((owner, attr, original))
         setattr(owner, attr, timed)

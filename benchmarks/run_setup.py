@@ -77,9 +77,11 @@ def start_spark(args: argparse.Namespace):
     return spark
 
 
-def install_timers() -> DriverTimer:
-    timer = DriverTimer()
+def install_timers(spans: bool = False) -> DriverTimer:
+    """The driver timers of ours; ``spans`` keeps every call's start and end too (``DriverTimer``)."""
+    timer = DriverTimer(spans)
     timer.wrap(BatchStep, "run", "foreachBatch callback", profile=True)
+    timer.wrap(BatchStep, "_read", "batch read (plan, Spark job, convert)")
     timer.wrap(window_call_mod, "build_batch", "build_batch (plan)")
     try:
         from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame

@@ -173,6 +173,7 @@ def summary(spec: PipelineSpec, windows: bool = True, detail: bool = False) -> d
         "counters": dict(record.counters) if record else {},
         "last_batch_rows": record.last_batch_rows if record else None,
         "release_watermark": record.release_watermark if record else None,
+        "output_watermark": record.output_watermark if record else None,
         "trimmed_entries_skipped": _skipped(spec, record),
         "windows": per_window,
         **({noun: _held_per_key(recovered.groups, noun)} if (noun := _rows_per_key(spec)) else {}),
@@ -201,6 +202,7 @@ def _executor_summary(spec: PipelineSpec, detail: bool) -> dict[str, Any]:
         "groups": counters.get(STATE_ROWS, 0),
         "bytes": counters.get(STATE_BYTES, 0),
         "watermark": record.watermark if record else None,
+        "output_watermark": record.output_watermark if record else None,
         "sources": {n: {"max_event_ts": p.max_event_ts, "last_arrival": p.last_arrival}
                     for n, p in (record.sources.items() if record else [])},
         "positions": positions(spec, record),

@@ -77,7 +77,7 @@ def sources_to_json(sources: dict[str, SourceProgress]) -> str:
 #: The pipelines-table columns a load reads, in the order ``record_from_row`` expects.
 PIPELINE_COLUMNS = ("state_version", "query_id", "last_batch_id", "fingerprint", "fingerprint_doc", "watermark",
                     "sources", "counters", "lease_holder", "pending_migration", "trigger_fired_at",
-                    "release_watermark", "last_batch_rows")
+                    "release_watermark", "last_batch_rows", "output_watermark")
 
 
 def _is_int(value: Any) -> bool:
@@ -159,7 +159,8 @@ def record_from_row(pipeline: str, row: tuple, offsets: dict[str, str], store: s
         pending_migration=bool(row[9]),
         trigger_fired_at=_int_column(pipeline, store, "trigger_fired_at", row[10]),
         release_watermark=_int_column(pipeline, store, "release_watermark", row[11]),
-        last_batch_rows=_int_column(pipeline, store, "last_batch_rows", row[12]))
+        last_batch_rows=_int_column(pipeline, store, "last_batch_rows", row[12]),
+        output_watermark=_int_column(pipeline, store, "output_watermark", row[13]))
     record.offsets = ordered_offsets(record.sources, offsets)
     return record
 

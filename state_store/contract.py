@@ -34,7 +34,9 @@ duration`` (sessions) fit; rows are unique on ``(window_start, key)`` per pipeli
   rows on ``load``, and they never carry a written row.
 
 The record carries ``trigger_fired_at`` (schema step 6), the batch time (µs) of the interval emit
-trigger's last firing (None before any), committed with the batch like the watermark.
+trigger's last firing (None before any), committed with the batch like the watermark, and
+``output_watermark`` (schema step 11), how far the target is complete, which the store computes in
+the commit's transaction from the record's watermarks and the pending rows left after the batch.
 
 Schema step 7 adds pending rows (``WATERMARK_TS()``, docs/contract/row-pipelines.md): output rows held back until the
 watermark reaches their release time, one :class:`PendingRow` each, keyed by ``(release_us,
@@ -90,6 +92,24 @@ class PipelineRecord:
     #: rows the last batch of a windowed pipeline wrote: the end-of-input flush numbers its rows
     #: after them (``_emit_seq``), in this run or a later one (schema step 9)
     last_batch_rows: int | None = None
+    #: how far the target is complete (µs; :func:`output_watermark` of :attr:`releasing_watermark` and the
+    #: oldest pending row's event time). The store sets it in each commit's transaction, after the batch's
+    #: pending rows, so it is the one the committed pending table gives, whatever value the caller passed
+    #: (schema step 11)
+    output_watermark: int | None = None
+
+    @property
+    def releasing_watermark(self) -> int | None:
+        """The watermark held rows leave by: ``WATERMARK_TS()`` under ``[emit] sql``, else the pipeline's."""
+        return self.release_watermark if self.release_watermark is not None else self.watermark
+
+
+def output_watermark(watermark: int | None, oldest_held: int | None) -> int | None:
+    """How far the output is complete: W, or the oldest held row's event time when earlier (an
+    ``[emit]`` row's: its window end); None while W is."""
+    if watermark is None or oldest_held is None:
+        return watermark
+    return min(watermark, oldest_held)
 
 
 @dataclass

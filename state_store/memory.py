@@ -36,6 +36,7 @@ from state_store.contract import (
     RecoveredState,
     StateStore,
     TakeOver,
+    output_watermark,
 )
 
 log = logging.getLogger(__name__)
@@ -204,6 +205,9 @@ class InMemoryStateStore(StateStore):
             if batch.pending_released_up_to is not None:
                 for due in [k for k in data.pending if k[0] <= batch.pending_released_up_to]:
                     del data.pending[due]
+            held = [ts for ts, _ in data.pending.values() if ts is not None]
+            record.output_watermark = batch.record.output_watermark = output_watermark(
+                record.releasing_watermark, min(held) if held else None)
             data.record = record
 
     def load_pending(self, pipeline: str, up_to_release_us: int, limit: int | None = None) -> list[PendingRow]:

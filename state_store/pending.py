@@ -173,6 +173,8 @@ _SUMMARY = ("SELECT count(*), coalesce(sum(length(payload)), 0), "
             "(SELECT release_us FROM {pending} WHERE pipeline_name = %s ORDER BY release_us LIMIT 1), "
             "(SELECT event_ts FROM {pending} WHERE pipeline_name = %s AND event_ts IS NOT NULL "
             "ORDER BY event_ts LIMIT 1) FROM {pending} WHERE pipeline_name = %s")
+#: the smallest event time, the event-time index's first entry (the committed output watermark's input)
+_OLDEST = "SELECT event_ts FROM {pending} WHERE pipeline_name = %s AND event_ts IS NOT NULL ORDER BY event_ts LIMIT 1"
 _DISCARD = "DELETE FROM {pending} WHERE pipeline_name = %s"
 _RELEASE_UP_TO = "DELETE FROM {pending} WHERE pipeline_name = %s AND release_us <= %s"
 
@@ -194,7 +196,8 @@ _SQ_INSERT = _sqlite(f"INSERT INTO {{pending}} (pipeline_name, {_COLUMNS}) VALUE
                      "ON CONFLICT (pipeline_name, release_us, arrival_batch, seq) DO NOTHING")
 _SQ_STORED = _sqlite(f"SELECT event_ts, payload FROM {{pending}} WHERE {_KEY_MATCH}")
 _SQ_RELEASE = _sqlite(f"DELETE FROM {{pending}} WHERE {_KEY_MATCH}")
-_SQ_LOAD, _SQ_SUMMARY, _SQ_DISCARD, _SQ_RELEASE_UP_TO = map(_sqlite, (_LOAD, _SUMMARY, _DISCARD, _RELEASE_UP_TO))
+_SQ_LOAD, _SQ_SUMMARY, _SQ_OLDEST, _SQ_DISCARD, _SQ_RELEASE_UP_TO = map(
+    _sqlite, (_LOAD, _SUMMARY, _OLDEST, _DISCARD, _RELEASE_UP_TO))
 
 
 def sqlite_commit(conn: sqlite3.Connection, batch: BatchCommit, store: str) -> None:
@@ -211,6 +214,12 @@ def sqlite_commit(conn: sqlite3.Connection, batch: BatchCommit, store: str) -> N
         conn.executemany(_SQ_RELEASE, ((pipeline, *key) for key in batch.pending_released))
     if batch.pending_released_up_to is not None:
         conn.execute(_SQ_RELEASE_UP_TO, (pipeline, batch.pending_released_up_to))
+
+
+def sqlite_oldest(conn: sqlite3.Connection, pipeline: str) -> int | None:
+    """The smallest event time among the pipeline's pending rows (None: none has one), in the caller's snapshot."""
+    row = conn.execute(_SQ_OLDEST, (pipeline,)).fetchone()
+    return None if row is None else row[0]
 
 
 def sqlite_load(conn: sqlite3.Connection, pipeline: str, up_to_release_us: int, limit: int | None
@@ -271,6 +280,12 @@ def pg_commit(conn: psycopg.Connection, names: dict, batch: BatchCommit, store: 
         conn.execute(sql.SQL(_RELEASE_UP_TO).format(**names), (pipeline, batch.pending_released_up_to))
 
 
+def pg_oldest(conn: psycopg.Connection, names: dict, pipeline: str) -> int | None:
+    """:func:`sqlite_oldest` of a PostgreSQL store."""
+    row = conn.execute(sql.SQL(_OLDEST).format(**names), (pipeline,)).fetchone()
+    return None if row is None else row[0]
+
+
 def pg_load(conn: psycopg.Connection, names: dict, pipeline: str, up_to_release_us: int, limit: int | None
             ) -> list[PendingRow]:
     cur = conn.cursor(binary=True)
@@ -288,5 +303,5 @@ def pg_discard(conn: psycopg.Connection, names: dict, pipeline: str) -> int:
     return conn.execute(sql.SQL(_DISCARD).format(**names), (pipeline,)).rowcount
 
 
-__all__ = ["check_load", "check_pending", "conflict", "pg_commit", "pg_discard", "pg_load", "pg_summary",
-           "sqlite_commit", "sqlite_discard", "sqlite_load", "sqlite_summary"]
+__all__ = ["check_load", "check_pending", "conflict", "pg_commit", "pg_discard", "pg_load", "pg_oldest", "pg_summary",
+           "sqlite_commit", "sqlite_discard", "sqlite_load", "sqlite_oldest", "sqlite_summary"]

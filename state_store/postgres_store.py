@@ -70,6 +70,7 @@ from state_store.contract import (
     RecoveredState,
     StateStore,
     TakeOver,
+    output_watermark,
 )
 from state_store.errors import EmatixError, StoreConfigError, StoreUnavailable
 from state_store.names import lease_key
@@ -366,6 +367,7 @@ class PostgresStateStore(StateStore):
             segment_rows.pg_drop(conn, n, batch)
             segment_rows.pg_append(conn, n, batch)
             pending.pg_commit(conn, n, batch, self.description)
+            record.output_watermark = output_watermark(record.releasing_watermark, pending.pg_oldest(conn, n, pipeline))
             conn.execute(sql.SQL("DELETE FROM {offsets} WHERE pipeline_name = %s").format(**n), (pipeline,))
             if record.offsets:
                 batch_id = record.last_batch_id if record.last_batch_id is not None else -1
@@ -379,7 +381,7 @@ class PostgresStateStore(StateStore):
                       Jsonb(record.fingerprint_doc), record.watermark, Jsonb(_sources_doc(record)),
                       Jsonb(record.counters), self._leases.get(pipeline),
                       bool(record.pending_migration), record.trigger_fired_at, record.release_watermark,
-                      record.last_batch_rows)
+                      record.last_batch_rows, record.output_watermark)
             conn.execute(sql.SQL(
                 "INSERT INTO {pipelines} (pipeline_name, {columns}, updated_at) VALUES (%s, {params}, now()) "
                 "ON CONFLICT (pipeline_name) DO UPDATE SET {updates}, updated_at = now()").format(

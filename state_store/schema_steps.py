@@ -121,6 +121,20 @@ Layout decision:
   never writes it, and a ``reset`` keeps it, so an epoch never goes back.
 * A constant default: a catalog-only change on both databases (PostgreSQL 11+ rewrites no table
   for a non-volatile default), whatever the number of pipelines.
+
+Step 11 (``output_watermark``): how far the target is complete, stored with each commit, so a
+reader without Spark (the Airflow sensor's trigger) reads one column of one row instead of
+deriving it from the record and the pending table in two reads. Layout decision:
+
+* A nullable column of the pipelines row, ``bigint`` (SQLite: INTEGER), in ``PIPELINE_COLUMNS``:
+  written by every commit's upsert, in the commit's transaction, after the batch's pending rows
+  (``output_watermark(releasing watermark, oldest pending event time)``, ``state_store.contract``):
+  the store computes it, so every commit path (driver, executor mode, a row pipeline, ``[emit]``)
+  stores the value its pending table gives. The oldest event time is one probe of step 7's index.
+* The step fills existing rows from the same inputs in the same transaction (NULL stays NULL while
+  the watermark is), so a store migrated between two commits reads as the next commit would write
+  it. Nullable and without a default: the ALTER is catalog-only; the UPDATE touches one row per
+  pipeline.
 """
 
 from __future__ import annotations
@@ -315,6 +329,27 @@ STEPS: tuple[SchemaStep, ...] = (
         10, "the lease epoch on the pipelines row: raised by every acquisition, checked by every commit of the holder",
         postgres=("ALTER TABLE {pipelines} ADD COLUMN lease_epoch bigint NOT NULL DEFAULT 0",),
         sqlite=("ALTER TABLE {pipelines} ADD COLUMN lease_epoch INTEGER NOT NULL DEFAULT 0",),
+    ),
+    SchemaStep(
+        11, "the output watermark on the pipelines row: the releasing watermark kept back by the oldest pending row",
+        postgres=(
+            "ALTER TABLE {pipelines} ADD COLUMN output_watermark bigint",
+            """UPDATE {pipelines} AS p
+                SET output_watermark = LEAST(coalesce(p.release_watermark, p.watermark), (
+                    SELECT q.event_ts FROM {pending} AS q
+                    WHERE q.pipeline_name = p.pipeline_name AND q.event_ts IS NOT NULL
+                    ORDER BY q.event_ts LIMIT 1))
+                WHERE coalesce(p.release_watermark, p.watermark) IS NOT NULL""",
+        ),
+        sqlite=(
+            "ALTER TABLE {pipelines} ADD COLUMN output_watermark INTEGER",
+            """UPDATE {pipelines}
+                SET output_watermark = coalesce(min(coalesce(release_watermark, watermark), (
+                    SELECT q.event_ts FROM {pending} AS q
+                    WHERE q.pipeline_name = {pipelines}.pipeline_name AND q.event_ts IS NOT NULL
+                    ORDER BY q.event_ts LIMIT 1)), coalesce(release_watermark, watermark))
+                WHERE coalesce(release_watermark, watermark) IS NOT NULL""",
+        ),
     ),
 )
 

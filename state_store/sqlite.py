@@ -55,7 +55,15 @@ from state_store._common import (
     take_lease,
     where,
 )
-from state_store.contract import BatchCommit, PendingRow, PendingSummary, RecoveredState, StateStore, TakeOver
+from state_store.contract import (
+    BatchCommit,
+    PendingRow,
+    PendingSummary,
+    RecoveredState,
+    StateStore,
+    TakeOver,
+    output_watermark,
+)
 from state_store.errors import CorruptState, StorePermissionError, StoreUnavailable
 from state_store.loaded_groups import gc_paused
 from state_store.private_files import PRIVATE, create_private, warn_if_shared
@@ -322,6 +330,8 @@ class SqliteStateStore(StateStore):
                 segment_rows.sqlite_drop(conn, batch)
                 segment_rows.sqlite_append(conn, batch)
                 pending.sqlite_commit(conn, batch, self.description)
+                record.output_watermark = output_watermark(record.releasing_watermark,
+                                                           pending.sqlite_oldest(conn, pipeline))
                 conn.execute(f"DELETE FROM {_N['offsets']} WHERE pipeline_name = ?", (pipeline,))
                 if record.offsets:
                     conn.executemany(
@@ -336,7 +346,7 @@ class SqliteStateStore(StateStore):
                      json.dumps(record.fingerprint_doc), record.watermark, sources_to_json(record.sources),
                      json.dumps(record.counters), holder,
                      int(bool(record.pending_migration)), record.trigger_fired_at, record.release_watermark,
-                     record.last_batch_rows, now))
+                     record.last_batch_rows, record.output_watermark, now))
                 for callback in batch.in_transaction:
                     callback(conn)
 

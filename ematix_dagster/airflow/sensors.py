@@ -1,11 +1,11 @@
 """A deferrable sensor on a pipeline's output: waits, without a worker slot, until the target holds
 every row of event time before ``until``.
 
-The rule (:meth:`~.watermark.OutputPosition.complete_until`): the watermark the pipeline committed is
-at ``until`` or past it, so every window ending at or before ``until`` has been emitted, and no row
-held back in the state store (``[emit] sql``, ``WATERMARK_TS()``) has an event time, for an
-``[emit]`` window its end, at or before ``until``. A ``late_data = "reopen"`` pipeline may still
-write corrections for those windows afterwards.
+The rule (:meth:`~.watermark.OutputPosition.complete_until`): the output watermark the pipeline
+committed last (stored with each commit: the watermark held rows are released by, kept back to the
+oldest row still held in the state store by ``[emit] sql`` or ``WATERMARK_TS()``) is past ``until``,
+so every window ending at or before ``until`` has been written. A ``late_data = "reopen"`` pipeline
+may still write corrections for those windows afterwards.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class EmatixWatermarkSensor(BaseSensorOperator):
     Deferrable (unless ``deferrable=False``, which pokes in the worker slot): the first check runs in the task; while the target is behind, the task defers to
     :class:`~.triggers.WatermarkTrigger`, which polls the store every ``poke_interval`` seconds in the
     triggerer (no worker slot, no Spark) until the sensor's ``timeout``. The XCom value is the position
-    it saw: batch, watermark, oldest held row.
+    it saw: batch, watermark, output watermark, whether held rows kept it back.
     """
 
     template_fields: Sequence[str] = ("pipeline", "until")
@@ -63,9 +63,9 @@ class EmatixWatermarkSensor(BaseSensorOperator):
     def poke(self, context: Any) -> bool:
         """One check (``deferrable=False``: the sensor pokes in its worker slot instead of deferring)."""
         position = read_position(self._path(), {}, self.working_dir)
-        self.log.info("%s; complete up to %s: %s", position.describe(), self.until,
-                      position.complete_until(until_us(self.until)))
-        return position.complete_until(until_us(self.until))
+        at = until_us(self.until)
+        self.log.info("%s; complete up to %s: %s", position.describe(at), self.until, position.complete_until(at))
+        return position.complete_until(at)
 
     def execute(self, context: Any) -> Any:
         at = until_us(self.until)
@@ -82,7 +82,7 @@ class EmatixWatermarkSensor(BaseSensorOperator):
             if position.complete_until(at):
                 self.log.info("%s: complete up to %s", position.describe(), self.until)
                 return position.as_dict()
-            self.log.info("%s: behind %s; deferring", position.describe(), self.until)
+            self.log.info("%s; deferring", position.describe(at))
         self.defer(trigger=WatermarkTrigger(self._path(), at, self.conn_id, self.url_variable,
                                             float(self.poke_interval), self.working_dir),
                    method_name="execute_complete", timeout=timedelta(seconds=float(self.timeout)))

@@ -61,7 +61,7 @@ class WatermarkTrigger(BaseTrigger):
                 if position.complete_until(self.until_us):
                     yield TriggerEvent({"status": "done", "until": until, **position.as_dict()})
                     return
-                self.log.info("%s; waiting until the target is complete up to %s", position.describe(), until)
+                self.log.info("%s; waiting", position.describe(self.until_us))
             await asyncio.sleep(self.poll_seconds)
 
 

@@ -1,20 +1,16 @@
 """How far a pipeline's target is complete, read from the state store alone (no Spark, no Airflow).
 
-The store keeps the pipeline's watermark with every committed batch (``PipelineRecord.watermark``):
-every window that ends at or before it has been emitted (the final rows; a ``late_data = "reopen"``
-correction may still follow). A pipeline with ``[emit] sql``, or a row pipeline using
-``WATERMARK_TS()``, holds rows back in the store past that point: those rows are not in the target
-yet. Their oldest event time (an ``[emit]`` row's: its window end) is read with the record; the
-store keeps no separate output watermark per commit, so it is computed here from the two reads.
-
-:func:`output_position` reads both and retries while a commit lands between them (the record's
-batch id changed), so the answer is the state after one commit. :meth:`OutputPosition.complete_until`
-is the rule the Airflow sensor waits on.
+Each commit stores the pipeline's *output watermark* with its record (schema step 11,
+``PipelineRecord.output_watermark``): the watermark rows are released by (``WATERMARK_TS()`` under
+``[emit] sql``, else the pipeline's ``W``), kept back to the oldest event time still held in the store
+(an ``[emit]`` row's: its window end; a ``WATERMARK_TS()`` row's: its ``_event_ts``). The store computes
+it in the commit's transaction, so one read of the record is the state after one commit.
+:meth:`OutputPosition.complete_until` is the rule the Airflow sensor waits on.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ematix_dagster.spec import PipelineSpec
@@ -23,65 +19,72 @@ from ematix_dagster.streaming.kinds.time_units import format_us
 
 @dataclass(frozen=True)
 class OutputPosition:
-    """A pipeline's committed position: watermark and oldest held-back row (µs, None when none)."""
+    """A pipeline's committed position (µs, None before its first watermark)."""
 
     pipeline: str
     last_batch_id: int | None
-    watermark: int | None
-    #: the smallest event time among rows held back in the store ([emit] windows: their end), None when none
-    oldest_held: int | None
-    held_rows: int = 0
+    watermark: int | None  # the pipeline's W
+    #: the stored output watermark: the releasing watermark kept back by the oldest held row
+    output_watermark: int | None
+    #: the releasing watermark (``WATERMARK_TS()`` under ``[emit]``, else W): above the output watermark
+    #: exactly when held rows keep the output back
+    releasing_watermark: int | None = None
+    #: each source's latest event time: the one furthest behind holds W back
+    sources: dict[str, int | None] = field(default_factory=dict)
 
     def complete_until(self, until_us: int) -> bool:
-        """Whether the target holds every row of event time before ``until_us``: every window ending at
-        or before it has been emitted (the watermark is at ``until_us`` or past it) and no row held back
-        in the store has an event time (an [emit] window: its end) at or before it."""
-        if self.watermark is None or self.watermark < until_us:
-            return False
-        return self.oldest_held is None or self.oldest_held > until_us
+        """Whether the target holds every row of event time before ``until_us``: the output watermark is
+        past it. Strictly past: a held row or ``[emit]`` window ending exactly at ``until_us`` keeps the
+        output watermark at that time, and it is not in the target yet."""
+        return self.output_watermark is not None and self.output_watermark > until_us
 
     @property
-    def output_watermark(self) -> int | None:
-        """The watermark, kept back to the oldest held row's event time when rows are held."""
-        if self.watermark is None or self.oldest_held is None:
-            return self.watermark
-        return min(self.watermark, self.oldest_held)
+    def held_back(self) -> bool:
+        """Whether rows held in the store keep the output watermark below the releasing watermark."""
+        return (self.output_watermark is not None and self.releasing_watermark is not None
+                and self.output_watermark < self.releasing_watermark)
 
-    def describe(self) -> str:
-        held = (f", {self.held_rows} rows held back from {format_us(self.oldest_held)}"
-                if self.oldest_held is not None else "")
-        return (f"pipeline {self.pipeline}: batch {self.last_batch_id}, watermark {format_us(self.watermark)}"
-                f"{held}")
+    def slowest_source(self) -> str | None:
+        """The source whose latest event time is the smallest (one that never had a row first)."""
+        if not self.sources:
+            return None
+        return min(self.sources, key=lambda name: (self.sources[name] is not None, self.sources[name] or 0))
+
+    def describe(self, until_us: int | None = None) -> str:
+        """The position, and with ``until_us`` how far the output is behind it and what holds it back."""
+        text = (f"pipeline {self.pipeline}: batch {self.last_batch_id}, watermark {format_us(self.watermark)}, "
+                f"output watermark {format_us(self.output_watermark)}")
+        if until_us is None or self.complete_until(until_us):
+            return text
+        if self.output_watermark is None:
+            return f"{text}; no watermark yet (source {self.slowest_source()} has no row)"
+        behind = until_us - self.output_watermark
+        why = ("rows held back in the state store ([emit] sql or WATERMARK_TS()) keep it there" if self.held_back
+               else f"source {self.slowest_source()} holds the watermark back")
+        return f"{text}; {behind / 1e6:.3f} s behind {format_us(until_us)}: {why}"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"pipeline": self.pipeline, "last_batch_id": self.last_batch_id,
-                "watermark": _iso(self.watermark), "oldest_held": _iso(self.oldest_held),
-                "held_rows": self.held_rows, "output_watermark": _iso(self.output_watermark)}
+        return {"pipeline": self.pipeline, "last_batch_id": self.last_batch_id, "watermark": _iso(self.watermark),
+                "output_watermark": _iso(self.output_watermark), "held_back": self.held_back}
 
 
 def _iso(us: int | None) -> str | None:
     return None if us is None else format_us(us)
 
 
-def output_position(spec: PipelineSpec, attempts: int = 5) -> OutputPosition:
+def output_position(spec: PipelineSpec) -> OutputPosition:
     """The committed position of ``spec``'s pipeline (the spec's store settings resolved from the
-    environment, or already expanded: :func:`~ematix_dagster.airflow.connection.with_values`)."""
+    environment, or already expanded: :func:`~ematix_dagster.airflow.connection.load_with_values`)."""
     from ematix_dagster.operations import opened
 
     name = spec.pipeline_name
-    holds_rows = spec.is_row_pipeline or spec.emit is not None
     with opened(spec) as store:
-        for _ in range(attempts):
-            before = store.load(name, groups=False).record
-            held = store.pending_summary(name) if holds_rows else None
-            after = store.load(name, groups=False).record if held is not None else before
-            same = (before is None and after is None) or (
-                before is not None and after is not None and before.last_batch_id == after.last_batch_id)
-            if same:
-                break
-        return OutputPosition(
-            name, after.last_batch_id if after else None, after.watermark if after else None,
-            held.min_event_ts if held is not None and held.rows else None, held.rows if held is not None else 0)
+        record = store.load(name, groups=False).record
+    if record is None:
+        return OutputPosition(name, None, None, None)
+    return OutputPosition(name, record.last_batch_id, record.watermark, record.output_watermark,
+                          record.releasing_watermark,
+                          {source: progress.max_event_ts for source, progress in record.sources.items()})
 
 
 __all__ = ["OutputPosition", "output_position"]

@@ -49,9 +49,9 @@ import pyarrow as pa
 from ematix_dagster.columns import CORRECTION, FINAL, RETRACT
 from ematix_dagster.sql.release_plan import RELEASE_NOW
 from ematix_dagster.streaming.emitted import Emitted, EmittedRow, GroupKey
-from ematix_dagster.streaming.release_rules import PendingCap, PendingChanges, PendingKey, due, output_watermark
+from ematix_dagster.streaming.release_rules import PendingCap, PendingChanges, PendingKey, due
 from state_store.codec import decode_key, decode_row, encode_key, encode_row
-from state_store.contract import PendingRow
+from state_store.contract import PendingRow, output_watermark
 
 RowKey = tuple[int, GroupKey]  # (window start, group key): what a newer row of the window replaces
 

@@ -12,7 +12,8 @@ an emitted window row that a newer row of its window replaces) and so how rows a
 - :class:`PendingCap`: more rows held after a batch than ``max_buffered_rows`` fails loud;
 - the order: rows leave by (release time, arrival batch, place), the pending table's key, so a
   replay writes the same rows in the same order;
-- :func:`output_watermark`: how far the output is complete, W or the oldest held row's event time;
+- how far the output is complete (W, or the oldest held row's event time) is
+  :func:`state_store.contract.output_watermark`: the store commits it with each batch;
 - :class:`PendingChanges`: what a batch's commit does to the pending table.
 
 >>> now, wait = due(pa.array([5, None, RELEASE_NOW, 9]), watermark=6)
@@ -40,13 +41,6 @@ def due(release: pa.Array | pa.ChunkedArray, watermark: int | None) -> tuple[pa.
     reached = pc.less_equal(release, RELEASE_NOW if watermark is None else watermark)
     now = pc.fill_null(pc.or_(reached, pc.equal(release, RELEASE_NOW)), False)
     return now, pc.and_(pc.invert(now), pc.is_valid(release))
-
-
-def output_watermark(watermark: int | None, oldest_held: int | None) -> int | None:
-    """How far the output is complete: W, or the oldest held row's event time when earlier."""
-    if watermark is None or oldest_held is None:
-        return watermark
-    return min(watermark, oldest_held)
 
 
 @dataclass(frozen=True)

@@ -41,10 +41,10 @@ import pyarrow.compute as pc
 from ematix_dagster.columns import EVENT_US, RELEASE_COLUMN
 from ematix_dagster.sql.release_plan import RELEASE_NOW
 from ematix_dagster.streaming.micro_batch import source_counters
-from ematix_dagster.streaming.release_rules import PendingCap, PendingChanges, due, output_watermark
+from ematix_dagster.streaming.release_rules import PendingCap, PendingChanges, due
 from ematix_dagster.streaming.watermark import Watermarks
 from state_store.codec import decode_row, encode_row
-from state_store.contract import PendingRow
+from state_store.contract import PendingRow, output_watermark
 
 #: the release order's hidden column besides the row's own (dropped before the target sees them)
 ARRIVAL = "_arrival_batch"

@@ -30,31 +30,40 @@ def test_position_of_a_windowed_pipeline_is_its_watermark(tmp_path: Path) -> Non
     assert not output_position(spec).complete_until(0)
     commit_state(spec, batch_id=4, watermark_us=10 * MINUTE)
     position = output_position(spec)
-    assert (position.last_batch_id, position.watermark, position.oldest_held) == (4, 10 * MINUTE, None)
-    assert position.complete_until(10 * MINUTE) and not position.complete_until(10 * MINUTE + 1)
+    assert (position.last_batch_id, position.watermark, position.output_watermark) == (4, 10 * MINUTE, 10 * MINUTE)
+    assert position.complete_until(10 * MINUTE - 1) and not position.complete_until(10 * MINUTE)
+    assert "source" in position.describe(11 * MINUTE) and "60.000 s behind" in position.describe(11 * MINUTE)
 
 
-def test_rows_held_back_keep_the_output_behind(tmp_path: Path) -> None:
+def test_rows_held_back_keep_the_stored_output_watermark_behind(tmp_path: Path) -> None:
+    """The sensor reads the output watermark the commit stored (schema step 11): with a row held from 6 min
+    the record's watermark (10 min) is not enough; once the row is released it is."""
     from ematix_dagster.airflow.watermark import output_position
     from ematix_dagster.stores import make_store
 
     spec = dataclasses.replace(small_spec(tmp_path), emit=EmitRelease(sql="SELECT * FROM windows"))
     commit_state(spec, batch_id=2, watermark_us=10 * MINUTE)
-    store = make_store(spec.state_store)
-    with store:
-        store.acquire_lease(spec.pipeline_name, make_holder("test"))
-        record = store.load(spec.pipeline_name, groups=False).record
-        assert record is not None
-        record.last_batch_id = 3
-        store.commit(BatchCommit(record=record, pending_inserts=[
-            PendingRow(release_us=70 * MINUTE, arrival_batch=3, seq=0, event_ts=6 * MINUTE, payload=b"x")]))
-        store.release_lease(spec.pipeline_name)
+    held = PendingRow(release_us=70 * MINUTE, arrival_batch=3, seq=0, event_ts=6 * MINUTE, payload=b"x")
+
+    def commit(batch_id: int, **changes: list) -> None:
+        store = make_store(spec.state_store)
+        with store:
+            store.acquire_lease(spec.pipeline_name, make_holder("test"))
+            record = store.load(spec.pipeline_name, groups=False).record
+            assert record is not None
+            record.last_batch_id = batch_id
+            store.commit(BatchCommit(record=record, **changes))
+            store.release_lease(spec.pipeline_name)
+
+    commit(3, pending_inserts=[held])
     position = output_position(spec)
-    assert (position.last_batch_id, position.oldest_held, position.held_rows) == (3, 6 * MINUTE, 1)
-    assert position.output_watermark == 6 * MINUTE
-    assert position.complete_until(5 * MINUTE)
+    assert (position.last_batch_id, position.watermark, position.output_watermark) == (3, 10 * MINUTE, 6 * MINUTE)
+    assert position.held_back and position.complete_until(6 * MINUTE - 1)
     assert not position.complete_until(6 * MINUTE)  # the held window ends there: not in the target yet
-    assert position.as_dict()["oldest_held"].startswith("1970-01-01T00:06:00")
+    assert "held back in the state store" in position.describe(8 * MINUTE)
+    assert position.as_dict()["output_watermark"].startswith("1970-01-01T00:06:00")
+    commit(4, pending_released=[held.key])
+    assert output_position(spec).output_watermark == 10 * MINUTE and output_position(spec).complete_until(8 * MINUTE)
 
 
 def test_connection_url_and_a_pipeline_loaded_with_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

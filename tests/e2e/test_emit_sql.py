@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from ematix_dagster.operations import summary
 from ematix_dagster.spec import load_pipeline_str
 from tests.conftest import BatchFiles
 from tests.e2e.emit_oracle import PREDICATE, EmitOracle
@@ -75,6 +76,7 @@ class Ran:
     path: str
     want: Expected
     registries: list[Any]
+    output_watermark: int | None = None  # the one the store committed last (schema step 11)
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +87,7 @@ def session(spark, tmp_path_factory) -> Ran:
     spec = load_pipeline_str(pipeline_text(name, root, cfg) + emit_table())
     registry = run(spec, spark)[1]
     want = expected(feed, spec.run.checkpoint_location, cfg, flush_after={len(BATCHES) - 1})
-    return Ran(name, cfg, spec.target.path, want, [registry])
+    return Ran(name, cfg, spec.target.path, want, [registry], summary(spec, windows=False)["output_watermark"])
 
 
 @pytest.mark.slow
@@ -116,4 +118,6 @@ def test_metrics_count_released_and_buffered_rows_and_the_output_watermark(sessi
     assert metric(registry, "released_rows_total", pipeline=name) == sum(len(rows) for rows in want.released)
     assert metric(registry, "buffered_rows", pipeline=name) == len(want.oracle.pending) + len(want.oracle.retracts)
     assert metric(registry, "watermark_seconds", pipeline=name, source="_output") == want.output_watermarks[-1] / 1e6
+    # the flush releases nothing and its open sessions end past W: the stored one is the last batch's too
+    assert session.output_watermark == want.output_watermarks[-1] is not None
     assert metric(registry, "rows_filtered_total", pipeline=name, reason="not_released") == want.oracle.not_released

@@ -118,6 +118,8 @@ def test_delayed_rows_leave_in_the_batch_whose_watermark_reaches_them(spark, tmp
     assert pending["next_release_us"] == min(h.release for h in held) == us(at(13))
     assert pending["next_release"] == "2024-01-01T00:13:00Z"
     assert not any(v in shown for v in ("held-24", "held-26", "dup", "00:30:00")), "a pending value is shown"
+    # the output watermark the last commit stored (schema step 11): W, kept back by the oldest pending row
+    assert json.loads(shown)["output_watermark"] == min(outs[-1].watermark, *(h.event_ts for h in held))
 
     # a changed SQL (its output schema) with rows pending refuses to start, saying what and why
     changed = row_toml("delayed", tmp_path, DELAYED_SQL.replace("v, page", "v, page AS title"),

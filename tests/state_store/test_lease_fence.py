@@ -75,7 +75,8 @@ def visible(store: StateStore) -> tuple:
 
 def committed(batches: list[int]) -> tuple:
     """What ``visible`` shows once exactly ``batches`` (made by :func:`batch`) were committed, in order."""
-    return (record(P, batches[-1]), [segment(0, a=n) for n in batches],
+    return (record(P, batches[-1], output_watermark=7),  # the pending rows' event time keeps the output back
+            [segment(0, a=n) for n in batches],
             [PendingRow(1_000 + n, n, 0, 7, b"row %d" % n) for n in batches])
 
 

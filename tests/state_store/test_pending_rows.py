@@ -71,6 +71,32 @@ def test_the_release_bound_is_inclusive(make_store):
     assert store.load_pending(P, ALL) == rows and store.load_pending(P, -(2**63)) == []
 
 
+def test_each_commit_stores_the_output_watermark_its_pending_rows_give(make_store):
+    """Schema step 11: the record's output watermark, computed by the store in the commit's transaction: the
+    releasing watermark (``release_watermark`` under ``[emit]``, else ``watermark``) kept back to the smallest
+    event time left pending after the batch (rows without one never keep it back); None while W is."""
+    store = make_store()
+    commits = [  # (watermark, release_watermark, inserted, released keys)
+        (None, None, [row(900, 0, 0, 40)], []),
+        (100, None, [row(900, 1, 0, 60), row(900, 1, 1, None)], []),
+        (150, None, [], [(900, 0, 0)]),
+        (150, 50, [], []),
+        (300, 250, [], [(900, 1, 0)]),
+    ]
+    held: dict[tuple[int, int, int], int | None] = {}
+    for batch_id, (watermark, release, inserted, released) in enumerate(commits):
+        committed = record(P, batch_id, watermark=watermark, release_watermark=release, output_watermark=-1)
+        store.commit(BatchCommit(committed, pending_inserts=inserted, pending_released=released))
+        held.update({r.key: r.event_ts for r in inserted})
+        for done in released:
+            del held[done]
+        releasing = release if release is not None else watermark
+        times = [ts for ts in held.values() if ts is not None]
+        want = None if releasing is None else min([releasing, *times])
+        assert [s.load(P).record.output_watermark for s in (store, make_store())] == [want, want], batch_id
+        assert committed.output_watermark == want  # the committed record says what the store wrote
+
+
 def test_load_pending_with_a_limit_returns_the_first_rows_due(make_store):
     store = make_store()
     rows = [row(10 * i, 0, i) for i in range(5)]

@@ -27,7 +27,7 @@ def test_schema_versions_are_recorded_and_newer_schemas_refused(schema_store):
     store.close()
     conn = connect()
     rows = conn.execute("SELECT version, description FROM ematix_streaming_schema_version ORDER BY version").fetchall()
-    assert [r[0] for r in rows] == [s.version for s in migrations.STEPS] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    assert [r[0] for r in rows] == [s.version for s in migrations.STEPS] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
     conn.execute("INSERT INTO ematix_streaming_schema_version (version, description, applied_at) "
                  "VALUES (99, 'from the future', '2030-01-01')")
     if kind == "sqlite":
@@ -201,3 +201,69 @@ def test_step_10_adds_a_lease_epoch_of_0_in_place_that_the_next_acquisition_rais
     check = connect()
     assert check.execute("SELECT lease_epoch, lease_holder FROM ematix_streaming_pipelines").fetchall() == [(1, None)]
     check.close()
+
+
+def test_step_11_fills_the_output_watermark_from_the_watermarks_and_the_oldest_pending_row(schema_store):
+    """Schema step 11: each pipeline row of schema 10 gets the output watermark its next commit would
+    write: the releasing watermark (``release_watermark`` when set, else ``watermark``) kept back to the
+    oldest pending event time; NULL while both watermarks are. Later commits keep it current."""
+    kind, build, connect = schema_store
+    conn = connect()
+    store_at_schema(kind, conn, 10, "plain", [])  # watermark 77, nothing pending
+    param = "?" if kind == "sqlite" else "%s"
+    for pipeline, watermark, release in (("held", 500, None), ("emit", 900, 400), ("never", None, None)):
+        conn.execute("INSERT INTO ematix_streaming_pipelines (pipeline_name, state_version, last_batch_id, watermark, "
+                     f"release_watermark, updated_at) VALUES ({param}, {param}, 0, {param}, {param}, {param})",
+                     (pipeline, codec.STATE_VERSION, watermark, release, "now"))
+    for pipeline, event_ts in (("held", 300), ("held", None), ("held", 350), ("emit", 450), ("never", 5)):
+        conn.execute("INSERT INTO ematix_streaming_pending (pipeline_name, release_us, arrival_batch, seq, event_ts, "
+                     f"payload) VALUES ({param}, 1000, 0, {param}, {param}, {param})",
+                     (pipeline, event_ts or 0, event_ts, b"x"))
+    if kind == "sqlite":
+        conn.commit()
+    conn.close()
+    store = build()
+    store.open()
+    try:
+        loaded = {name: store.load(name).record for name in ("plain", "held", "emit", "never")}
+        # min(W, 300); min(WATERMARK_TS() 400, 450); W 77 with nothing pending; no watermark yet
+        assert {name: r.output_watermark for name, r in loaded.items()} == {
+            "plain": 77, "held": 300, "emit": 400, "never": None}
+        store.commit(BatchCommit(record("held", 1, watermark=200, output_watermark=10**9),
+                                 pending_released=[(1000, 0, 300)]))
+        assert store.load("held").record.output_watermark == 200  # the store's value, not the caller's
+        store.commit(BatchCommit(record("held", 2, watermark=600), pending_released=[(1000, 0, 0)]))
+        assert store.load("held").record.output_watermark == 350
+    finally:
+        store.close()
+
+
+def test_the_schema_8_emit_fixture_opens_with_the_output_watermark_its_rows_give(tmp_path):
+    """The store ``tests/fixtures/state_v8/emit`` (written by schema 8's code, rows held by ``[emit] sql``)
+    migrates to the current schema with the output watermark computed from its own tables, read
+    here with plain SQL: min(WATERMARK_TS() of its last batch, the smallest pending window end)."""
+    import shutil
+    import sqlite3
+    from pathlib import Path
+
+    from state_store.sqlite import SqliteStateStore
+
+    fixture = Path(__file__).parents[1] / "fixtures" / "state_v8" / "emit" / "state.db"
+    db = tmp_path / "state.db"
+    shutil.copy(fixture, db)
+    with sqlite3.connect(fixture) as conn:
+        counters, = conn.execute("SELECT counters FROM ematix_streaming_pipelines WHERE pipeline_name = 'v8_emit'"
+                                 ).fetchone()
+        oldest, = conn.execute("SELECT min(event_ts) FROM ematix_streaming_pending WHERE pipeline_name = 'v8_emit'"
+                               ).fetchone()
+    conn.close()
+    release = json.loads(counters)["emit_release_watermark"]
+    assert oldest is not None and release is not None
+    store = SqliteStateStore(db)
+    store.open()
+    try:
+        stored = store.load("v8_emit", groups=False).record
+        assert stored is not None and stored.release_watermark == release
+        assert stored.output_watermark == min(release, oldest)
+    finally:
+        store.close()

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Our engine against Apache Flink (SQL through PyFlink) and Pathway: the same events, the same windows.
 
-Data: ``generated_data.generate`` (``--events``, ``--keys``, ``--files``; sessions over
-``--session-keys``), event times rounded to whole milliseconds (Flink's event time is
-``TIMESTAMP(3)``), written once as parquet and then as CSV, which every engine reads (Flink ships
-no parquet format and Pathway has no parquet reader):
+Data: ``generated_data.generate`` (``--events``, ``--keys``, ``--files``; at the defaults a key's
+rows are 24 s apart on average, so a 30 s gap makes sessions of a few rows), event times rounded
+to whole milliseconds (Flink's event time is ``TIMESTAMP(3)``), written once as parquet and then as
+CSV, which every engine reads (Flink ships no parquet format and Pathway has no parquet reader):
 
 - **ours** (this interpreter): the ``--files`` CSV files, one per micro-batch, by
   ``peers/ours_runner.py`` (``windowed_engines.our_spec``: SQLite state, parquet target,
@@ -89,10 +89,10 @@ class Outcome:
     comparison: Comparison | None = None
 
 
-def prepare_inputs(scratch: Path, args: argparse.Namespace, keys: int) -> Inputs:
-    base = scratch / f"data-{keys}"
+def prepare_inputs(scratch: Path, args: argparse.Namespace) -> Inputs:
+    base = scratch / "data"
     t0 = time.perf_counter()
-    generate(base / "parquet", args.events, keys, args.files, args.items, args.disorder_ms, args.seed, tick_us=1_000)
+    generate(base / "parquet", args.events, args.keys, args.files, args.items, args.disorder_ms, args.seed, tick_us=1_000)
     write_csv(base / "parquet", base / "csv")
     one, header = base / "one" / "events.csv", base / "one-header" / "events.csv"
     one.parent.mkdir()
@@ -103,9 +103,9 @@ def prepare_inputs(scratch: Path, args: argparse.Namespace, keys: int) -> Inputs
     with open(header, "wb") as out:
         out.write(b"key,amount,item,ts\n")
         out.write(one.read_bytes())
-    print(f"data: {args.events} events, {keys} keys, {args.files} CSV files ({one.stat().st_size / 2**20:.1f} MB) "
+    print(f"data: {args.events} events, {args.keys} keys, {args.files} CSV files ({one.stat().st_size / 2**20:.1f} MB) "
           f"in {time.perf_counter() - t0:.1f} s", flush=True)
-    return Inputs(keys, base / "csv", one, header)
+    return Inputs(args.keys, base / "csv", one, header)
 
 
 def command(engine: str, workload: str, inputs: Inputs, work: Path, args: argparse.Namespace) -> list[str]:
@@ -208,8 +208,7 @@ def report(args: argparse.Namespace, outcomes: dict[tuple[str, str], Outcome], l
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_arguments(ap)
-    ap.set_defaults(events=1_000_000, runs=3, warmup=0)
-    ap.add_argument("--session-keys", type=int, default=100_000, help="keys of the session workload's data")
+    ap.set_defaults(events=500_000, runs=3, warmup=0)
     ap.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=["plain", "sketch", "session"])
     ap.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
     ap.add_argument("--driver-memory", default="3g", help="ours: spark.driver.memory")
@@ -229,18 +228,15 @@ def main(argv: list[str] | None = None) -> int:
                                                       f"(no {venv_python(engine)})")
     loads: list[float] = []
     try:
-        data: dict[int, Inputs] = {}
+        inputs = prepare_inputs(scratch, args)
         for i in range(args.runs):
             engines = args.engines[i % len(args.engines):] + args.engines[:i % len(args.engines)]
             for workload in args.workloads:
-                keys = args.session_keys if workload == "session" else args.keys
-                if keys not in data:
-                    data[keys] = prepare_inputs(scratch, args, keys)
                 for engine in engines:
                     o = outcomes[(workload, engine)]
                     if o.error and not o.results:
                         continue
-                    result, error, rows = run_engine(engine, workload, data[keys], scratch, args, o.rows is None)
+                    result, error, rows = run_engine(engine, workload, inputs, scratch, args, o.rows is None)
                     loads.append(os.getloadavg()[0])
                     if result is None:
                         o.error = error
@@ -252,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"run {i + 1}/{args.runs} {result.line()} (start CPU {result.extra['start_cpu']:.1f} s, "
                           f"wall {result.extra['start_wall']:.1f} s; load avg {loads[-1]:.1f})", flush=True)
                     if result.jvm:
-                        print(f"          {result.jvm_line()}", flush=True)
+                        threads = ", ".join(f"{k} {v:.1f}" for k, v in sorted(result.jvm.items(), key=lambda kv: -kv[1]))
+                        print(f"          JVM CPU s by thread: {threads}", flush=True)
         for workload in args.workloads:
             ours = outcomes.get((workload, "ours"))
             for engine in args.engines:

@@ -21,8 +21,8 @@ SUM_TOLERANCE = 1e-9
 #: its relative standard errors, 1.04 / sqrt(2^14) (a window's few distinct items are counted exactly)
 HLL_BOUND = 3 * 1.04 / 2 ** 7
 #: the rule behind a session difference found by :func:`exact_gap_chains`
-EXACT_GAP_RULE = ("ours joins two rows exactly the gap apart into one session (<=, as Spark's session_window), "
-                  "{peer} starts a new session there (its session windows merge only when they overlap)")
+EXACT_GAP_RULE = ("ours joins two rows exactly the gap apart into one session (<=, as Spark's session_window and "
+                  "Flink's SESSION), {peer} starts a new session there (it joins rows less than the gap apart)")
 
 
 @dataclass

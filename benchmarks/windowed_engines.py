@@ -66,9 +66,9 @@ mode = "approximate"
 """ if workload == "sketch" else ""
     run = (f'trigger = "processing_time"\ntrigger_interval_ms = {HEARTBEAT_INTERVAL_MS}' if heartbeat
            else f'trigger = "available_now"\nend_of_input = "{end_of_input}"')
-    shape = (f'kind = "session"\ngap_ms = {SESSION_GAP_S * 1000}\nmax_session_duration_ms = 3_600_000'
-             if workload == "session" else f'kind = "hopping"\nduration_ms = {duration_ms}\nhop_ms = {HOP_MS}'
-             if workload == "hop" else f'kind = "tumbling"\nduration_ms = {duration_ms}')
+    shape = {"session": f'kind = "session"\ngap_ms = {SESSION_GAP_S * 1000}\nmax_session_duration_ms = 3_600_000',
+             "hop": f'kind = "hopping"\nduration_ms = {duration_ms}\nhop_ms = {HOP_MS}',
+             }.get(workload, f'kind = "tumbling"\nduration_ms = {duration_ms}')
     shape += f'\nemit_trigger = "{emit_trigger}"'
     target = "retractions = true" if retractions else ""
     return load_pipeline_str(pipeline_toml("bench-windowed", data, work, shape, max_groups, distinct, run, target,

@@ -57,14 +57,16 @@ def write_part(directory: Path, i: int, table: pa.Table) -> None:
     os.utime(final, (mtime, mtime))
 
 
-def source_toml(data: Path) -> str:
-    """The ``[[sources]]`` table every benchmark pipeline reads the generated files with, one per batch."""
+def source_toml(data: Path, source_format: str = "parquet") -> str:
+    """The ``[[sources]]`` table every benchmark pipeline reads the generated files with, one per batch
+    (``csv``: :func:`write_csv`'s files, no header)."""
+    header = "header = false\n" if source_format == "csv" else ""
     return f"""
 [[sources]]
 name = "events"
 kind = "files"
-format = "parquet"
-path = "{data}"
+format = "{source_format}"
+{header}path = "{data}"
 schema = "{SCHEMA_DDL}"
 event_time_column = "ts"
 max_files_per_trigger = 1
@@ -80,13 +82,13 @@ def state_store_toml(work: Path, postgres_url: str | None = None, schema: str | 
 
 
 def pipeline_toml(name: str, data: Path, work: Path, shape: str, max_groups: int, extra_aggregations: str,
-                  run: str, target: str = "") -> str:
-    """A benchmark pipeline over the generated files: count + sum(amount) per key (plus
-    ``extra_aggregations``, TOML tables) in the window ``shape``, SQLite state, parquet target (plus
-    ``target``, TOML keys of ``[target]``)."""
+                  run: str, target: str = "", source_format: str = "parquet") -> str:
+    """A benchmark pipeline over the generated files (in ``source_format``): count + sum(amount) per
+    key (plus ``extra_aggregations``, TOML tables) in the window ``shape``, SQLite state, parquet
+    target (plus ``target``, TOML keys of ``[target]``)."""
     return f"""
 pipeline_name = "{name}"
-{source_toml(data)}
+{source_toml(data, source_format)}
 [transform.window]
 {shape}
 lateness_ms = {LATENESS_MS}
@@ -140,3 +142,24 @@ path = "{work / 'target'}"
 {run}
 checkpoint_location = "{work / 'checkpoint'}"
 """
+
+
+def write_csv(parquet_dir: Path, csv_dir: Path) -> None:
+    """The generated parquet files again as CSV files without a header, one per parquet file in the
+    same order (names and modification times), event times as ``yyyy-MM-dd HH:mm:ss.SSS`` (UTC):
+    the text every engine of ``peers.py`` parses the same way (Flink's CSV format reads SQL
+    timestamps; Pathway has no parquet reader)."""
+    import pyarrow.compute as pc
+    import pyarrow.csv as pacsv
+
+    csv_dir.mkdir(parents=True, exist_ok=True)
+    for i, path in enumerate(sorted(parquet_dir.glob("part-*.parquet"))):
+        table = pq.read_table(path)
+        ts = pc.strftime(table["ts"].cast(pa.timestamp("ms", tz="UTC")), format="%Y-%m-%d %H:%M:%S")
+        table = table.set_column(table.schema.get_field_index("ts"), "ts", ts)
+        final = csv_dir / path.name.replace(".parquet", ".csv")
+        tmp = csv_dir / f".{final.name}.tmp"
+        pacsv.write_csv(table, tmp, pacsv.WriteOptions(include_header=False, quoting_style="none"))
+        os.replace(tmp, final)
+        mtime = 1_700_000_000 + i
+        os.utime(final, (mtime, mtime))

@@ -189,8 +189,7 @@ class CpuMeter:
                     key = (p.pid, p.create_time())
                     t = p.cpu_times()
                     into[key] = t.user + t.system
-                    if key not in self.names:
-                        self.names[key] = p.name()
+                    self.names[key] = p.name()  # read each time: a launcher script may exec the JVM
                     if key in self.extra_keys:
                         continue
                     if p.pid == self.root.pid or self.names[key] == "java":
@@ -208,6 +207,11 @@ class CpuMeter:
             started = time.thread_time()
             self._sample(self.last)
             self.sampler_cpu += time.thread_time() - started
+
+    def sample(self) -> float:
+        """:attr:`cpu` as of now: a sample taken on the caller's thread (a child's start, say)."""
+        self._sample(self.last)
+        return self.cpu
 
     def restart(self) -> None:
         """Count CPU from now on (a streaming query's start is not what its batches cost)."""
@@ -229,7 +233,8 @@ class CpuMeter:
 
     @property
     def cpu(self) -> float:
-        total = sum(v - self.baseline.get(k, 0.0) for k, v in self.last.items() if k not in self.extra_keys)
+        # a copy first: :meth:`sample` may read while the sampler thread adds a process
+        total = sum(v - self.baseline.get(k, 0.0) for k, v in list(self.last.items()) if k not in self.extra_keys)
         return total - self.sampler_cpu
 
     @property

@@ -44,6 +44,7 @@ from ematix_dagster.spec import load_pipeline_str  # noqa: E402
 WINDOW_US = 60_000_000
 HEARTBEAT_INTERVAL_MS = 500
 SESSION_GAP_S = 30
+HOP_MS = 30_000
 
 
 # ---------------------------------------------------------------------------------------------
@@ -52,9 +53,10 @@ SESSION_GAP_S = 30
 
 def our_spec(data: Path, work: Path, workload: str, max_groups: int, heartbeat: bool = False, *,
              duration_ms: int = 60_000, emit_trigger: str = "watermark", retractions: bool = False,
-             end_of_input: str = "keep"):
-    """Our pipeline spec for ``workload``: tumbling windows of ``duration_ms`` (sessions: ``SESSION_GAP_S``)
-    emitted under ``emit_trigger``, ``[target] retractions`` and ``[run] end_of_input`` as given."""
+             end_of_input: str = "keep", source_format: str = "parquet"):
+    """Our pipeline spec for ``workload``: tumbling windows of ``duration_ms`` (sessions: ``SESSION_GAP_S``;
+    ``hop``: hopping, a window every ``HOP_MS``) emitted under ``emit_trigger``, ``[target] retractions``
+    and ``[run] end_of_input`` as given, over files in ``source_format``."""
     distinct = """
 [[transform.window.aggregations]]
 agg = "count_distinct"
@@ -64,11 +66,13 @@ mode = "approximate"
 """ if workload == "sketch" else ""
     run = (f'trigger = "processing_time"\ntrigger_interval_ms = {HEARTBEAT_INTERVAL_MS}' if heartbeat
            else f'trigger = "available_now"\nend_of_input = "{end_of_input}"')
-    shape = (f'kind = "session"\ngap_ms = {SESSION_GAP_S * 1000}\nmax_session_duration_ms = 3_600_000'
-             if workload == "session" else f'kind = "tumbling"\nduration_ms = {duration_ms}')
+    shape = {"session": f'kind = "session"\ngap_ms = {SESSION_GAP_S * 1000}\nmax_session_duration_ms = 3_600_000',
+             "hop": f'kind = "hopping"\nduration_ms = {duration_ms}\nhop_ms = {HOP_MS}',
+             }.get(workload, f'kind = "tumbling"\nduration_ms = {duration_ms}')
     shape += f'\nemit_trigger = "{emit_trigger}"'
     target = "retractions = true" if retractions else ""
-    return load_pipeline_str(pipeline_toml("bench-windowed", data, work, shape, max_groups, distinct, run, target))
+    return load_pipeline_str(pipeline_toml("bench-windowed", data, work, shape, max_groups, distinct, run, target,
+                                           source_format))
 
 
 def row_spec(data: Path, work: Path, sql: str, *, max_buffered_rows: int | None = None,

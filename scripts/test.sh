@@ -31,7 +31,7 @@ if [ ! -x /usr/bin/redis-server ]; then
 fi
 
 set +e
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest -n 2 "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

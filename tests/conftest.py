@@ -4,12 +4,37 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pyarrow as pa
 import pytest
 
 from tests.pg import drop_schema, ensure_postgres, fresh_schema
+
+#: Modules that share one server or one fixed table, so that their tests run on one worker
+SHARED_GROUPS = {
+    "tests/e2e/test_spark_cluster.py": "spark_cluster",  # spark_cluster_fixture: one cluster per session
+    "tests/e2e/test_executor_state_on_cluster.py": "spark_cluster",
+    "tests/e2e/test_dagster_graphql.py": "clicks_table",  # both write the example's public.user_clicks_1min
+    "tests/e2e/test_dagster_crash_restart.py": "clicks_table",
+}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist (``scripts/test.sh`` runs two workers) hands out whole modules, each to one worker.
+
+    A module's module-scoped fixtures (a pipeline run, a server) then run once and not once per
+    worker, and its tests keep their order; ``SHARED_GROUPS`` joins the modules that share more.
+    """
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return SHARED_GROUPS.get(module, module)
+
+    return ModuleScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -13,9 +13,10 @@ and ``PEER done {json}`` at the end.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
+
+from runner_args import runner_args
 
 #: a workload's window table-valued function, by workload (the same windows as ours)
 WINDOWS = {
@@ -27,15 +28,7 @@ WINDOWS = {
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--workload", choices=sorted(WINDOWS), required=True)
-    ap.add_argument("--input", required=True, help="a directory of headerless CSV files, or one such file")
-    ap.add_argument("--output", required=True)
-    ap.add_argument("--lateness-ms", type=int, required=True)
-    ap.add_argument("--duration-s", type=int, default=60)
-    ap.add_argument("--hop-s", type=int, default=30)
-    ap.add_argument("--gap-s", type=int, default=30)
-    args = ap.parse_args()
+    args = runner_args("a directory of headerless CSV files, or one such file", "a directory for the output CSV files")
 
     from pyflink.table import EnvironmentSettings, TableEnvironment
 

@@ -15,24 +15,17 @@ Prints ``PEER ready`` once the graph is built and ``PEER done {json}`` at the en
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import time
+
+from runner_args import runner_args
 
 EPOCH = datetime.datetime(1970, 1, 1)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--workload", choices=["plain", "sketch", "hop", "session"], required=True)
-    ap.add_argument("--input", required=True, help="one CSV file with a header line")
-    ap.add_argument("--output", required=True, help="the CSV file to write")
-    ap.add_argument("--lateness-ms", type=int, required=True)
-    ap.add_argument("--duration-s", type=int, default=60)
-    ap.add_argument("--hop-s", type=int, default=30)
-    ap.add_argument("--gap-s", type=int, default=30)
-    args = ap.parse_args()
+    args = runner_args("one CSV file with a header line", "the CSV file to write")
 
     t0 = time.perf_counter()
     import pathway as pw

@@ -166,15 +166,14 @@ _COLUMNS = "release_us, arrival_batch, seq, event_ts, payload"
 #: the rows due, in release order; LIMIT NULL (PostgreSQL) and LIMIT -1 (SQLite) mean no limit
 _LOAD = (f"SELECT {_COLUMNS} FROM {{pending}} WHERE pipeline_name = %s AND release_us <= %s "
          "ORDER BY release_us, arrival_batch, seq LIMIT %s")
+#: the smallest event time, the event-time index's first entry (step 7; the committed output
+#: watermark's input)
+_OLDEST = "SELECT event_ts FROM {pending} WHERE pipeline_name = %s AND event_ts IS NOT NULL ORDER BY event_ts LIMIT 1"
 #: one statement, so one snapshot: count and bytes scan the pipeline's key range (length() reads a
-#: blob's size, not its bytes), the next release is the key's first entry, the smallest event
-#: time the first entry of the event-time index (step 7)
+#: blob's size, not its bytes), the next release is the key's first entry, then :data:`_OLDEST`
 _SUMMARY = ("SELECT count(*), coalesce(sum(length(payload)), 0), "
             "(SELECT release_us FROM {pending} WHERE pipeline_name = %s ORDER BY release_us LIMIT 1), "
-            "(SELECT event_ts FROM {pending} WHERE pipeline_name = %s AND event_ts IS NOT NULL "
-            "ORDER BY event_ts LIMIT 1) FROM {pending} WHERE pipeline_name = %s")
-#: the smallest event time, the event-time index's first entry (the committed output watermark's input)
-_OLDEST = "SELECT event_ts FROM {pending} WHERE pipeline_name = %s AND event_ts IS NOT NULL ORDER BY event_ts LIMIT 1"
+            "(" + _OLDEST + ") FROM {pending} WHERE pipeline_name = %s")
 _DISCARD = "DELETE FROM {pending} WHERE pipeline_name = %s"
 _RELEASE_UP_TO = "DELETE FROM {pending} WHERE pipeline_name = %s AND release_us <= %s"
 

@@ -61,9 +61,6 @@ KILLS = 5
 SEED = 11
 RUN_TIMEOUT_S = 300  # a hang guard: on a busy two-core machine a run took 100 s
 FAULT_BATCH = 1
-#: the runs' JVM compiles with C1 only: a run this short spends much of its CPU in C2 compiling (about 45 %
-#: less CPU per run on a two-core machine, the same results)
-JVM_OPTIONS = {"JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1"}
 BATCH_LINE = re.compile(rf"^\[{re.escape(NAME)}\] batch (\d+): rows in .*, ([0-9.]+)s$")
 
 
@@ -127,7 +124,7 @@ class Run:
 
     def __init__(self, toml: Path, **env: str) -> None:
         self.started = time.monotonic()
-        self.proc = start_run(toml, **JVM_OPTIONS, **env)
+        self.proc = start_run(toml, **env)
         self.lines: list[str] = []
         self.batch_seconds: list[float] = []  # each reported batch's own time, as its line gives it
         self.first_batch_at: float | None = None  # seconds after the start

@@ -9,14 +9,24 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pytest
 
+from tests.jvm_options import ClassArchive
 from tests.pg import drop_schema, ensure_postgres, fresh_schema
 
-#: Every Spark driver the tests start (this process's, each CLI run's, each ``dagster dev`` and Airflow task's:
-#: they inherit the environment) compiles with C1 only and collects with the serial collector. A test's JVM
-#: lives seconds to minutes, too short for C2's compile time to pay off; on two cores this cut the CPU of the
-#: suite's Spark jobs by about a quarter, with the same results (tests/README.md has the measurements).
-JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-os.environ.setdefault("SPARK_SUBMIT_OPTS", JVM_OPTIONS)
+_ARCHIVE = pytest.StashKey[ClassArchive]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The JVM options of every Spark driver the tests start (``tests/jvm_options.py``); xdist's workers
+    inherit the controller's."""
+    if "SPARK_SUBMIT_OPTS" not in os.environ:
+        archive = config.stash[_ARCHIVE] = ClassArchive()
+        os.environ["SPARK_SUBMIT_OPTS"] = archive.spark_submit_opts()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _ARCHIVE in config.stash:
+        config.stash[_ARCHIVE].close()
+
 
 #: Modules that share one server or one fixed table, so that their tests run on one worker
 SHARED_GROUPS = {

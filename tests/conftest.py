@@ -57,15 +57,16 @@ def _scope(nodeid: str) -> str:
     return SHARED_GROUPS.get(module, module)
 
 
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The longest modules first, then the other modules with slow tests, then the rest (each in its order)."""
-    with_slow = {_scope(item.nodeid) for item in items if item.get_closest_marker("slow") is not None}
+    """``LONGEST_FIRST`` first, then the other modules by their number of tests (xdist's own order)."""
+    sizes: dict[str, int] = {}
+    for item in items:
+        sizes[_scope(item.nodeid)] = sizes.get(_scope(item.nodeid), 0) + 1
 
-    def rank(item: pytest.Item) -> int:
+    def rank(item: pytest.Item) -> tuple[int, int]:
         scope = _scope(item.nodeid)
-        if scope in LONGEST_FIRST:
-            return LONGEST_FIRST.index(scope)
-        return len(LONGEST_FIRST) + (0 if scope in with_slow else 1)
+        return (LONGEST_FIRST.index(scope) if scope in LONGEST_FIRST else len(LONGEST_FIRST), -sizes[scope])
 
     items.sort(key=rank)
 
@@ -76,8 +77,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     A module's module-scoped fixtures (a pipeline run, a server) then run once and not once per
     worker, and its tests keep their order; ``SHARED_GROUPS`` joins the modules that share more.
-    Modules go out in collection order (``pytest_collection_modifyitems``), not in xdist's default
-    order of the most tests first, which left the long whole-process modules (a few tests each) last.
+    Modules go out in collection order (``pytest_collection_modifyitems``): xdist's own order (the most
+    tests first) alone left the long whole-process modules, a few tests each, to the end.
     """
     from xdist.scheduler import LoadScopeScheduling
 

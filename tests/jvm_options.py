@@ -7,24 +7,28 @@ the environment) gets them through ``SPARK_SUBMIT_OPTS``:
   to pay off (tests/README.md has the measurements).
 - Spark's classes mapped from one archive (the JDK's class data sharing, ``-XX:SharedArchiveFile``)
   instead of loaded and verified from its jars: a CLI run's CPU went from about 14.5 to 10.5 s. The
-  archive is made once per test session, by a short pipeline run in the background; a driver started
-  before it is ready, or with another class path (a ``SPARK_CONF_DIR`` of its own), runs without it.
-  The JVM's ``cds`` log lines are off, so that neither case prints anything.
+  archive is made by a short pipeline run in the background of the first test session, and kept in
+  the user's cache for the next ones, under a name that changes with the JVM and Spark's jars. A
+  driver started before it is ready, or with another class path (a ``SPARK_CONF_DIR`` of its own),
+  runs without it. The JVM's ``cds`` log lines are off, so that neither case prints anything.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 JIT_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 QUIET_CDS = "-Xlog:cds=off,cds+dynamic=off"
 ROOT = Path(__file__).resolve().parent.parent
+WEEK_S = 7 * 24 * 3600
 
 #: a run of a small windowed pipeline through the CLI, then the JVM's exit, at which it writes the archive
 _ARCHIVE_RUN = """
@@ -55,23 +59,45 @@ sys.exit(gateway.proc.wait())
 """
 
 
+def _archive_name() -> str:
+    """Named for the JVM binary and Spark's jars (their folder too), the things the archive must match."""
+    import pyspark
+
+    home = os.environ.get("JAVA_HOME")
+    java = (Path(home) / "bin" / "java" if home else Path(shutil.which("java") or "java")).resolve()
+    jars = Path(pyspark.__file__).parent / "jars"
+    stamp = (f"{java}:{java.stat().st_mtime_ns if java.exists() else 0}:{pyspark.__version__}:{jars}:"
+             f"{','.join(sorted(p.name for p in jars.glob('*.jar')))}")
+    return f"spark-classes-{hashlib.sha256(stamp.encode()).hexdigest()[:16]}.jsa"
+
+
 class ClassArchive:
-    """A directory of the session's own, with the archive once its pipeline run has written it."""
+    """The archive in the user's cache, or the run that makes it (a run of this session's own)."""
 
     def __init__(self) -> None:
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ematix-dagster-tests"
+        self.path = cache / _archive_name()
         self.directory = Path(tempfile.mkdtemp(prefix="ematix-test-jvm-"))
-        self.path = self.directory / "spark-classes.jsa"
-        partial = self.directory / "spark-classes.jsa.part"  # renamed when whole: no driver maps half a file
+        self._proc: subprocess.Popen | None = None
+        for other in cache.glob("spark-classes-*.jsa"):  # another venv's or JVM's, unused for a week
+            if other != self.path and time.time() - other.stat().st_mtime > WEEK_S:
+                other.unlink(missing_ok=True)
+        if self.path.exists():
+            os.utime(self.path)
+            return
+        cache.mkdir(parents=True, exist_ok=True)
+        partial = self.directory / "spark-classes.jsa"  # moved when whole: no driver maps half a file
         env = {**os.environ, "PYTHONPATH": str(ROOT),
                "SPARK_SUBMIT_OPTS": f"{JIT_OPTIONS} {QUIET_CDS} -XX:ArchiveClassesAtExit={partial}"}
         run_dir = self.directory / "run"
         run_dir.mkdir()
-        self._proc = subprocess.Popen([sys.executable, "-c", _ARCHIVE_RUN, str(run_dir)], cwd=ROOT, env=env,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = self._proc = subprocess.Popen([sys.executable, "-c", _ARCHIVE_RUN, str(run_dir)], cwd=ROOT, env=env,
+                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
         def publish() -> None:
-            if self._proc.wait() == 0 and partial.exists():
-                os.replace(partial, self.path)
+            if proc.wait() == 0 and partial.exists():
+                shutil.move(partial, cache / f".{self.path.name}.{os.getpid()}")
+                os.replace(cache / f".{self.path.name}.{os.getpid()}", self.path)
 
         threading.Thread(target=publish, daemon=True).start()
 
@@ -79,7 +105,7 @@ class ClassArchive:
         return f"{JIT_OPTIONS} {QUIET_CDS} -XX:SharedArchiveFile={self.path}"
 
     def close(self) -> None:
-        if self._proc.poll() is None:
+        if self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait()
         shutil.rmtree(self.directory, ignore_errors=True)

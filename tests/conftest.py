@@ -37,18 +37,26 @@ SHARED_GROUPS = {
 }
 
 
-#: The modules (or groups) that take longest, longest first: they start first, so that at the end the short
-#: modules fill both workers instead of one long module running alone (the 25 slowest of a whole run decide it)
+#: The modules (or groups) of over 10 s with few tests, longest first (a whole run on two workers: 299 s
+#: for the first). They start first, so that short modules, not one long module, end the run.
 LONGEST_FIRST = (
-    "tests/e2e/test_crash_recovery.py",
     "tests/airflow/test_airflow_server.py",
+    "tests/e2e/test_crash_recovery.py",
     "clicks_table",
-    "tests/e2e/test_row_crashes.py",
-    "tests/e2e/test_emit_trigger_crashes.py",
-    "tests/e2e/test_executor_crashes.py",
-    "tests/e2e/test_emit_sql_crashes.py",
-    "tests/e2e/test_pg_outage.py",
     "spark_cluster",
+    "tests/e2e/test_row_crashes.py",
+    "tests/e2e/test_executor_crashes.py",
+    "tests/e2e/test_pg_outage.py",
+    "tests/spark/test_executor_plan.py",
+    "tests/e2e/test_emit_sql_crashes.py",
+    "tests/e2e/test_emit_trigger_crashes.py",
+    "tests/e2e/test_redis_failures.py",
+    "tests/e2e/test_redis_crash.py",
+    "tests/spark/test_executor_state_spike.py",
+    "tests/e2e/test_quiet_cli.py",
+    "tests/spark/test_executor_input.py",
+    "tests/e2e/test_backfill.py",
+    "tests/e2e/test_executor_mode.py",
 )
 
 
@@ -94,8 +102,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 @pytest.fixture(scope="session")
 def spark():
     from ematix_dagster.spark.spark_session import get_spark
+    from tests.jvm_options import own_driver
 
-    session = get_spark("ematix-tests")
+    with own_driver():
+        session = get_spark("ematix-tests")
     yield session
     session.stop()
 

@@ -102,10 +102,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 @pytest.fixture(scope="session")
 def spark():
     from ematix_dagster.spark.spark_session import get_spark
-    from tests.jvm_options import own_driver
 
-    with own_driver():
-        session = get_spark("ematix-tests")
+    session = get_spark("ematix-tests")
     yield session
     session.stop()
 

@@ -60,13 +60,16 @@ sys.exit(gateway.proc.wait())
 
 
 def _archive_name() -> str:
-    """Named for the JVM binary and Spark's jars (their folder too), the things the archive must match."""
-    import pyspark
+    """Named for the JVM binary and Spark's jars (their folder too), the things the archive must match.
+    Read without importing pyspark: this runs at every pytest start."""
+    from importlib.metadata import version
+    from importlib.util import find_spec
 
     home = os.environ.get("JAVA_HOME")
     java = (Path(home) / "bin" / "java" if home else Path(shutil.which("java") or "java")).resolve()
-    jars = Path(pyspark.__file__).parent / "jars"
-    stamp = (f"{java}:{java.stat().st_mtime_ns if java.exists() else 0}:{pyspark.__version__}:{jars}:"
+    spec = find_spec("pyspark")
+    jars = Path(spec.origin if spec and spec.origin else ".").parent / "jars"
+    stamp = (f"{java}:{java.stat().st_mtime_ns if java.exists() else 0}:{version('pyspark')}:{jars}:"
              f"{','.join(sorted(p.name for p in jars.glob('*.jar')))}")
     return f"spark-classes-{hashlib.sha256(stamp.encode()).hexdigest()[:16]}.jsa"
 
@@ -77,8 +80,8 @@ class ClassArchive:
     def __init__(self) -> None:
         cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ematix-dagster-tests"
         self.path = cache / _archive_name()
-        self.directory = Path(tempfile.mkdtemp(prefix="ematix-test-jvm-"))
         self._proc: subprocess.Popen | None = None
+        self._directory: Path | None = None
         for other in cache.glob("spark-classes-*.jsa"):  # another venv's or JVM's, unused for a week
             if other != self.path and time.time() - other.stat().st_mtime > WEEK_S:
                 other.unlink(missing_ok=True)
@@ -86,18 +89,17 @@ class ClassArchive:
             os.utime(self.path)
             return
         cache.mkdir(parents=True, exist_ok=True)
-        partial = self.directory / "spark-classes.jsa"  # moved when whole: no driver maps half a file
+        # written beside the archive and renamed when whole: no driver maps half a file
+        self._partial = cache / f".{self.path.name}.{os.getpid()}"
         env = {**os.environ, "PYTHONPATH": str(ROOT),
-               "SPARK_SUBMIT_OPTS": f"{JIT_OPTIONS} {QUIET_CDS} -XX:ArchiveClassesAtExit={partial}"}
-        run_dir = self.directory / "run"
-        run_dir.mkdir()
-        proc = self._proc = subprocess.Popen([sys.executable, "-c", _ARCHIVE_RUN, str(run_dir)], cwd=ROOT, env=env,
-                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+               "SPARK_SUBMIT_OPTS": f"{JIT_OPTIONS} {QUIET_CDS} -XX:ArchiveClassesAtExit={self._partial}"}
+        self._directory = Path(tempfile.mkdtemp(prefix="ematix-test-jvm-"))
+        proc = self._proc = subprocess.Popen([sys.executable, "-c", _ARCHIVE_RUN, str(self._directory)], cwd=ROOT,
+                                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
         def publish() -> None:
-            if proc.wait() == 0 and partial.exists():
-                shutil.move(partial, cache / f".{self.path.name}.{os.getpid()}")
-                os.replace(cache / f".{self.path.name}.{os.getpid()}", self.path)
+            if proc.wait() == 0 and self._partial.exists():
+                os.replace(self._partial, self.path)
 
         threading.Thread(target=publish, daemon=True).start()
 
@@ -105,7 +107,11 @@ class ClassArchive:
         return f"{JIT_OPTIONS} {QUIET_CDS} -XX:SharedArchiveFile={self.path}"
 
     def close(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
+        if self._proc is None:
+            return
+        if self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait()
-        shutil.rmtree(self.directory, ignore_errors=True)
+            self._partial.unlink(missing_ok=True)
+        if self._directory is not None:
+            shutil.rmtree(self._directory, ignore_errors=True)

@@ -28,12 +28,16 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         config.stash[_ARCHIVE].close()
 
 
-#: Modules that share one server or one fixed table, so that their tests run on one worker
+#: Modules that share one server, one fixed table or a costly start, so that their tests run on one worker
 SHARED_GROUPS = {
     "tests/e2e/test_spark_cluster.py": "spark_cluster",  # spark_cluster_fixture: one cluster per session
     "tests/e2e/test_executor_state_on_cluster.py": "spark_cluster",
     "tests/e2e/test_dagster_graphql.py": "clicks_table",  # both write the example's public.user_clicks_1min
     "tests/e2e/test_dagster_crash_restart.py": "clicks_table",
+    # Spark starts its Python workers for the redis_stream source once per driver (8 s on 2 cores)
+    "tests/e2e/test_redis_failures.py": "redis_source",
+    "tests/e2e/test_redis_stream.py": "redis_source",
+    "tests/e2e/test_redis_resume.py": "redis_source",
 }
 
 
@@ -50,7 +54,7 @@ LONGEST_FIRST = (
     "tests/spark/test_executor_plan.py",
     "tests/e2e/test_emit_sql_crashes.py",
     "tests/e2e/test_emit_trigger_crashes.py",
-    "tests/e2e/test_redis_failures.py",
+    "redis_source",
     "tests/e2e/test_redis_crash.py",
     "tests/spark/test_executor_state_spike.py",
     "tests/e2e/test_quiet_cli.py",

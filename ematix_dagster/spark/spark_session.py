@@ -18,9 +18,16 @@ from pyspark.logger import PySparkLogger
 from pyspark.sql import SparkSession
 
 #: Only for ``local[...]`` masters: a driver bound to loopback is unreachable from remote executors.
-LOOPBACK_CONF: dict[str, str] = {
+LOCAL_CONF: dict[str, str] = {
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.driver.host": "127.0.0.1",
+    # Spark writes a batch's offsets and commit files through Hadoop's FileContext by default, which
+    # without Hadoop's native library (pyspark ships none) runs `readlink` as a child process several
+    # times for each file it renames. Hadoop's FileSystem writes the same temporary file and renames
+    # it without them (about 10% less CPU for a small streaming run); a rename on one machine's disk
+    # is atomic. Cluster masters keep Spark's default.
+    "spark.sql.streaming.checkpointFileManagerClass":
+        "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager",
 }
 
 DEFAULT_CONF: dict[str, str] = {
@@ -47,17 +54,17 @@ def get_spark(app_name: str = "ematix-dagster", master: str | None = None,
     """Return the active session or build a local one with our defaults.
 
     ``conf`` overrides the defaults (a Dagster resource passes its own); ``EMATIX_SPARK_MASTER``
-    overrides ``local[2]``. Only a local master binds the driver to 127.0.0.1.
+    overrides ``local[2]``. Only a local master binds the driver to 127.0.0.1 (:data:`LOCAL_CONF`).
     """
     master = master or os.environ.get("EMATIX_SPARK_MASTER") or "local[2]"
     builder = SparkSession.builder.appName(app_name).master(master)
     local = master.strip().lower().startswith("local")
-    loopback = LOOPBACK_CONF if local else {}
+    local_conf = LOCAL_CONF if local else {}
     if local:
         # Python workers (a Python data source such as redis_stream plans and reads in them) run
         # "python3" from PATH unless told otherwise, which lacks this package's dependencies.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    for key, value in {**loopback, **DEFAULT_CONF, **(conf or {})}.items():
+    for key, value in {**local_conf, **DEFAULT_CONF, **(conf or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     # A session created elsewhere keeps its own settings; these two the engine relies on.

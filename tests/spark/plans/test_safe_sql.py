@@ -8,10 +8,12 @@ import datetime as dt
 import json
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
+import pyarrow as pa
 import pytest
 from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from ematix_dagster.columns import SOURCE_ROW, SQL_ERROR
 from ematix_dagster.errors import PipelineConfigError
@@ -24,6 +26,7 @@ MAX, MIN = 2**63 - 1, -2**63
 KEY = "0000111122223333"
 HELLO = bytes.fromhex("CED6D2C3BC47030E557B33717536FC93")  # aes_encrypt('hello', KEY, 'ECB')
 DAY = dt.date(2021, 3, 4)
+EXCLUDED_RULES = "spark.sql.optimizer.excludedRules"
 NOON = dt.datetime(2021, 3, 4, 12, 0)
 
 
@@ -184,9 +187,25 @@ CASES = [
 ]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def evaluated_in_tasks(spark) -> Iterator[None]:
+    """Every query of this module runs as Spark tasks, as a pipeline's batch does: over the local
+    relation ``_rows`` makes, Spark's optimizer would otherwise evaluate a SELECT on the driver."""
+    before = spark.conf.get(EXCLUDED_RULES, None)
+    spark.conf.set(EXCLUDED_RULES, "org.apache.spark.sql.catalyst.optimizer.ConvertToLocalRelation")
+    yield
+    if before is None:
+        spark.conf.unset(EXCLUDED_RULES)
+    else:
+        spark.conf.set(EXCLUDED_RULES, before)
+
+
 def _rows(spark, rows: list[dict[str, Any]]):
-    data = [tuple(row.get(c) for c in COLUMNS) for row in rows]
-    spark.createDataFrame(data, SCHEMA).createOrReplaceTempView("source")
+    """The view ``source`` of ``rows``, built through Arrow: a query over it runs in a third of the time
+    one over a DataFrame of Python rows (an RDD of pickled rows) takes."""
+    schema = to_arrow_schema(T.StructType.fromDDL(SCHEMA), timezone="UTC")
+    table = pa.Table.from_pylist([{c: row.get(c) for c in COLUMNS} for row in rows], schema=schema)
+    spark.createDataFrame(table).createOrReplaceTempView("source")
 
 
 def test_ansi_mode_is_on(spark):

@@ -196,6 +196,7 @@ starting_offsets = "earliest"
     }
 
 
+@pytest.mark.slow
 def test_run_processing_time_stops_on_sigterm(tmp_path):
     """A processing_time run prints progress per batch and stops cleanly at a batch boundary."""
     toml = f"""

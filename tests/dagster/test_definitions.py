@@ -79,6 +79,7 @@ def test_loading_the_code_location_starts_no_spark_and_opens_no_connection():
     assert "public/user_clicks_1min-backfill:rewritten_range" in found["checks"]
 
 
+@pytest.mark.slow
 def test_dagster_cli_validates_the_workspace():
     proc = subprocess.run([str(ROOT / ".venv" / "bin" / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,

@@ -85,7 +85,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """pytest-xdist (``scripts/test.sh`` runs two workers) hands out whole modules, each to one worker.
+    """pytest-xdist (``scripts/test.sh`` runs three workers) hands out whole modules, each to one worker.
 
     A module's module-scoped fixtures (a pipeline run, a server) then run once and not once per
     worker, and its tests keep their order; ``SHARED_GROUPS`` joins the modules that share more.

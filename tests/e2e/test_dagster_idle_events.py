@@ -29,7 +29,7 @@ from tests.dagster_support import small_spec
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 SCHEMA = pa.schema([("user_id", pa.int64()), ("amount", pa.float64()), ("ts", pa.timestamp("us", tz="UTC"))])
-IDLE_BATCHES = 5  # heartbeat-only batches to wait for after each file
+IDLE_BATCHES = 3  # heartbeat-only batches (the heartbeat ticks once a second) to wait for after each file
 SUMMARY_SECONDS = 10.0
 
 

@@ -28,3 +28,8 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q -e "$extras"
   touch "$stamp"
 fi
+if [ "${1:-}" = "--test" ]; then
+  # The test JVMs' shared class archive (tests/jvm_options.py; ~30 s once per venv and JVM, kept in
+  # ~/.cache/ematix-dagster-tests). Without it the tests still run, each driver loading Spark's classes itself.
+  .venv/bin/python -m tests.jvm_options || echo "note: no class archive; the test JVMs load Spark's classes themselves" >&2
+fi

@@ -7,8 +7,9 @@ the environment) gets them through ``SPARK_SUBMIT_OPTS``:
   to pay off (tests/README.md has the measurements).
 - Spark's classes mapped from one archive (the JDK's class data sharing, ``-XX:SharedArchiveFile``)
   instead of loaded and verified from its jars: a CLI run's CPU went from about 14.5 to 10.5 s. The
-  archive is made by a short pipeline run in the background of the first test session, and kept in
-  the user's cache for the next ones, under a name that changes with the JVM and Spark's jars. A
+  archive is made by a short pipeline run (``scripts/setup.sh --test`` runs ``python -m
+  tests.jvm_options``; else in the background of the first test session), and kept in the user's
+  cache for the next ones, under a name that changes with the JVM and Spark's jars. A
   driver started before it is ready, or with another class path (a ``SPARK_CONF_DIR`` of its own),
   runs without it. The JVM's ``cds`` log lines are off, so that neither case prints anything.
 """
@@ -81,6 +82,7 @@ class ClassArchive:
         cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ematix-dagster-tests"
         self.path = cache / _archive_name()
         self._proc: subprocess.Popen | None = None
+        self._publisher: threading.Thread | None = None
         self._directory: Path | None = None
         for other in cache.glob("spark-classes-*.jsa"):  # another venv's or JVM's, unused for a week
             if other != self.path and time.time() - other.stat().st_mtime > WEEK_S:
@@ -101,7 +103,15 @@ class ClassArchive:
             if proc.wait() == 0 and self._partial.exists():
                 os.replace(self._partial, self.path)
 
-        threading.Thread(target=publish, daemon=True).start()
+        self._publisher = threading.Thread(target=publish, daemon=True)
+        self._publisher.start()
+
+    def wait(self) -> bool:
+        """Until the run that makes the archive has ended; whether the archive is there."""
+        if self._proc is not None and self._publisher is not None:
+            self._proc.wait()
+            self._publisher.join()
+        return self.path.exists()
 
     def spark_submit_opts(self) -> str:
         return f"{JIT_OPTIONS} {QUIET_CDS} -XX:SharedArchiveFile={self.path}"
@@ -115,3 +125,10 @@ class ClassArchive:
             self._partial.unlink(missing_ok=True)
         if self._directory is not None:
             shutil.rmtree(self._directory, ignore_errors=True)
+
+
+if __name__ == "__main__":  # scripts/setup.sh --test: the archive before the first test session needs it
+    archive = ClassArchive()
+    made = archive.wait()
+    archive.close()
+    sys.exit(0 if made else "error: the JVM did not write its class archive")

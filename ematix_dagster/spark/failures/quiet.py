@@ -72,11 +72,10 @@ class _SharedLogging:
         """Add the run's file (appender ``name``) to the loggers of :data:`ROUTED`, routing them first."""
         with self.lock:
             log4j = _log4j(spark)
-            core = log4j.core
             context = log4j.LogManager.getContext(False)
             config = context.getConfiguration()
-            layout = core.layout.PatternLayout.newBuilder().withPattern(PATTERN).build()
-            appender = (core.appender.FileAppender.newBuilder().setName(name)
+            layout = log4j.PatternLayout.newBuilder().withPattern(PATTERN).build()
+            appender = (log4j.FileAppender.newBuilder().setName(name)
                         .withFileName(path).withAppend(True).setLayout(layout).build())
             appender.start()
             config.addAppender(appender)
@@ -87,22 +86,21 @@ class _SharedLogging:
             context.updateLoggers()
             self.routes[name] = appender
 
-    def _route(self, log4j: Any, config: Any) -> None:
+    def _route(self, log4j: _Log4j, config: Any) -> None:
         """The loggers of :data:`ROUTED` off the terminal from their failure level on (their other lines
         stay on it), kept as they were to put back."""
-        core = log4j.core
         terminal = list(config.getRootLogger().getAppenders().values())
-        deny = getattr(core, "Filter$Result")
+        deny = log4j.FilterResult
         for name, level in ROUTED:
             logger = config.getLoggerConfig(name)
             if logger.getName() == name:  # configured already (a level set): routed as it is, put back after
                 self.changed.append((name, logger.isAdditive(), list(logger.getAppenders().keySet())))
                 logger.setAdditive(False)
             else:
-                logger = core.config.LoggerConfig(name, None, False)
+                logger = log4j.LoggerConfig(name, None, False)
                 config.addLogger(name, logger)
                 self.added.append(name)
-            below = core.filter.ThresholdFilter.createFilter(log4j.Level.getLevel(level), deny.DENY, deny.NEUTRAL)
+            below = log4j.ThresholdFilter.createFilter(log4j.Level.getLevel(level), deny.DENY, deny.NEUTRAL)
             for console in terminal:
                 if console.getName() not in logger.getAppenders():
                     logger.addAppender(console, None, below)
@@ -144,7 +142,7 @@ class _SharedLogging:
             for name in SPARK_LOGGERS:
                 own = configuration.getLoggerConfig(name)
                 self.levels.append((name, own.getLevel() if own.getName() == name else None))
-                log4j.core.config.Configurator.setLevel(name, log4j.Level.OFF)
+                log4j.Configurator.setLevel(name, log4j.Level.OFF)
             py4j = logging.getLogger(PY4J_LOGGER)
             self.py4j_level = py4j.level
             py4j.setLevel(logging.CRITICAL + 1)
@@ -157,7 +155,7 @@ class _SharedLogging:
                 return
             log4j = _log4j(self.quiet_session)
             for name, level in self.levels:
-                log4j.core.config.Configurator.setLevel(name, level)
+                log4j.Configurator.setLevel(name, level)
             logging.getLogger(PY4J_LOGGER).setLevel(self.py4j_level)
             self.levels, self.quiet_session = [], None
 
@@ -233,10 +231,35 @@ class QuietFailures:
         self.path, self._named = None, False
 
 
-def _log4j(spark: SparkSession) -> Any:
+class _Log4j:
+    """The log4j classes the routing uses, each looked up once per JVM by its full name: py4j resolves
+    ``jvm.org.apache...`` one reflection call per name segment, each a class lookup that fails across
+    all of Spark's jars (a run's routing took 46 ms that way)."""
+
+    def __init__(self, jvm: Any) -> None:
+        def named(name: str) -> Any:
+            return getattr(jvm, f"org.apache.logging.log4j.{name}")
+
+        self.jvm = jvm
+        self.LogManager = named("LogManager")
+        self.Level = named("Level")
+        self.PatternLayout = named("core.layout.PatternLayout")
+        self.FileAppender = named("core.appender.FileAppender")
+        self.LoggerConfig = named("core.config.LoggerConfig")
+        self.Configurator = named("core.config.Configurator")
+        self.ThresholdFilter = named("core.filter.ThresholdFilter")
+        self.FilterResult = named("core.Filter$Result")
+
+
+_LOG4J: list[_Log4j] = []  # the classes of the JVM behind this process's sessions
+
+
+def _log4j(spark: SparkSession) -> _Log4j:
     jvm = spark.sparkContext._jvm
     assert jvm is not None  # a running session
-    return jvm.org.apache.logging.log4j
+    if not _LOG4J or _LOG4J[0].jvm is not jvm:
+        _LOG4J[:] = [_Log4j(jvm)]
+    return _LOG4J[0]
 
 
 def _jvm_text(exc: BaseException) -> str:

@@ -24,6 +24,7 @@ both their files (a logger cannot tell which query a task's report is about).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -240,7 +241,6 @@ class _Log4j:
         def named(name: str) -> Any:
             return getattr(jvm, f"org.apache.logging.log4j.{name}")
 
-        self.jvm = jvm
         self.LogManager = named("LogManager")
         self.Level = named("Level")
         self.PatternLayout = named("core.layout.PatternLayout")
@@ -251,15 +251,15 @@ class _Log4j:
         self.FilterResult = named("core.Filter$Result")
 
 
-_LOG4J: list[_Log4j] = []  # the classes of the JVM behind this process's sessions
+@functools.lru_cache(maxsize=1)  # one JVM behind every session of the process
+def _log4j_classes(jvm: Any) -> _Log4j:
+    return _Log4j(jvm)
 
 
 def _log4j(spark: SparkSession) -> _Log4j:
     jvm = spark.sparkContext._jvm
     assert jvm is not None  # a running session
-    if not _LOG4J or _LOG4J[0].jvm is not jvm:
-        _LOG4J[:] = [_Log4j(jvm)]
-    return _LOG4J[0]
+    return _log4j_classes(jvm)
 
 
 def _jvm_text(exc: BaseException) -> str:

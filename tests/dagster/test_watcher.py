@@ -129,6 +129,7 @@ PARENT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # two whole processes: a parent that exits and its orphaned child, which imports Dagster
 def test_an_orphaned_process_notices_that_its_parent_is_gone(tmp_path):
     out = tmp_path / "reason.txt"
     parent = subprocess.run([sys.executable, "-c", PARENT, ORPHAN, str(out)], cwd=ROOT, capture_output=True,

@@ -77,6 +77,7 @@ def test_trimmed_stream_is_terminal_unless_skipped(spark, redis_url, tmp_path):
     assert state_summary(skipping)["trimmed_entries_skipped"] == {"clicks": 4}
 
 
+@pytest.mark.slow  # an outage: a Redis server of its own, stopped mid-run and started again
 def test_redis_stopped_mid_run_is_transient_then_exact(spark, own_redis, tmp_path):
     server = own_redis()
     stream = stream_name("outage")

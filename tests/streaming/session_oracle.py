@@ -51,9 +51,11 @@ def sessionize(rows: list[Row], gap: int, cap: int) -> list[tuple[Key, list[int]
     df["bucket"] = df["ts"] // cap
     df = df.sort_values(["kid", "bucket", "ts"], kind="stable").reset_index(drop=True)
     starts = (df["kid"] != df["kid"].shift()) | (df["bucket"] != df["bucket"].shift()) | (df["ts"].diff() > gap)
-    df["sess"] = starts.cumsum()
+    # the rows are sorted by (key, bucket, time): each session is the run from its start to the next one's
+    bounds = [*starts.to_numpy().nonzero()[0].tolist(), len(df)]
     by_id = list(key_ids)  # ids are insertion order
-    return [(by_id[g["kid"].iloc[0]], g["ts"].tolist(), g["v"].tolist()) for _, g in df.groupby("sess", sort=True)]
+    kids, ts, vs = df["kid"].tolist(), df["ts"].tolist(), df["v"].tolist()
+    return [(by_id[kids[a]], ts[a:b], vs[a:b]) for a, b in zip(bounds, bounds[1:])]
 
 
 # -- the oracle: docs/contract/windows.md applied batch by batch, from scratch -----------------------------------

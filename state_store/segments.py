@@ -78,17 +78,18 @@ def encode_segment(segment: Segment) -> bytes:
     n, deletes = len(segment.keys), segment.deletes
     before = [] if segment.deleted_before is None else [segment.deleted_before]
     m = len(deletes) + len(before)
+    starts = pa.array(segment.starts, pa.int64())
+    keys = segment.keys if isinstance(segment.keys, pa.Array) else pa.array(segment.keys, pa.binary())
+    if m:  # the deletes' rows after the upserts' (most segments have none: nothing to concatenate)
+        starts = pa.concat_arrays([starts, pa.array([start for start, _ in deletes] + before, pa.int64())])
+        keys = pa.concat_arrays([keys, pa.array([*(key for _, key in deletes), *(b"" for _ in before)], pa.binary())])
     columns = [pa.array(np.repeat(np.array([UPSERT, DELETE, DELETE_BEFORE], np.int8), [n, len(deletes), len(before)])),
-               pa.concat_arrays([pa.array(segment.starts, pa.int64()),
-                                 pa.array([start for start, _ in deletes] + before, pa.int64())]),
-               _then_nulls(segment.ends, pa.int64(), n, m),
-               pa.concat_arrays([segment.keys if isinstance(segment.keys, pa.Array) else pa.array(segment.keys, pa.binary()),
-                                 pa.array([*(key for _, key in deletes), *(b"" for _ in before)], pa.binary())]),
+               starts, _then_nulls(segment.ends, pa.int64(), n, m), keys,
                _then_nulls(segment.emitted, pa.bool_(), n, m), _then_nulls(segment.written, pa.binary(), n, m)]
     fields = [pa.field(name, kind) for name, kind in _FIXED]
     for i, column in enumerate(segment.accs):
         array, codec = _accumulator_array(column)
-        columns.append(pa.concat_arrays([array, pa.nulls(m, array.type)]))
+        columns.append(pa.concat_arrays([array, pa.nulls(m, array.type)]) if m else array)
         fields.append(pa.field(f"acc{i}", array.type, metadata={b"codec": codec}))
     schema = pa.schema(fields, metadata={b"base": b"1" if segment.base else b"0"})
     sink = pa.BufferOutputStream()
@@ -101,7 +102,7 @@ def _then_nulls(values: Any, kind: pa.DataType, n: int, m: int) -> pa.Array:
     """The upserts' ``values`` (None or empty: all null), then the ``m`` deletes' nulls."""
     if values is None or not len(values):
         return pa.nulls(n + m, kind)
-    return pa.concat_arrays([pa.array(values, kind), pa.nulls(m, kind)])
+    return pa.concat_arrays([pa.array(values, kind), pa.nulls(m, kind)]) if m else pa.array(values, kind)
 
 
 def _accumulator_array(values: Sequence[Any] | np.ndarray) -> tuple[pa.Array, bytes]:

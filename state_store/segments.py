@@ -84,12 +84,13 @@ def encode_segment(segment: Segment) -> bytes:
         starts = pa.concat_arrays([starts, pa.array([start for start, _ in deletes] + before, pa.int64())])
         keys = pa.concat_arrays([keys, pa.array([*(key for _, key in deletes), *(b"" for _ in before)], pa.binary())])
     columns = [pa.array(np.repeat(np.array([UPSERT, DELETE, DELETE_BEFORE], np.int8), [n, len(deletes), len(before)])),
-               starts, _then_nulls(segment.ends, pa.int64(), n, m), keys,
-               _then_nulls(segment.emitted, pa.bool_(), n, m), _then_nulls(segment.written, pa.binary(), n, m)]
+               starts, _then_nulls(_upserts(segment.ends, pa.int64(), n), m), keys,
+               _then_nulls(_upserts(segment.emitted, pa.bool_(), n), m),
+               _then_nulls(_upserts(segment.written, pa.binary(), n), m)]
     fields = [pa.field(name, kind) for name, kind in _FIXED]
     for i, column in enumerate(segment.accs):
         array, codec = _accumulator_array(column)
-        columns.append(pa.concat_arrays([array, pa.nulls(m, array.type)]) if m else array)
+        columns.append(_then_nulls(array, m))
         fields.append(pa.field(f"acc{i}", array.type, metadata={b"codec": codec}))
     schema = pa.schema(fields, metadata={b"base": b"1" if segment.base else b"0"})
     sink = pa.BufferOutputStream()
@@ -98,11 +99,14 @@ def encode_segment(segment: Segment) -> bytes:
     return MAGIC + bytes([FORMAT_VERSION]) + sink.getvalue().to_pybytes()
 
 
-def _then_nulls(values: Any, kind: pa.DataType, n: int, m: int) -> pa.Array:
-    """The upserts' ``values`` (None or empty: all null), then the ``m`` deletes' nulls."""
-    if values is None or not len(values):
-        return pa.nulls(n + m, kind)
-    return pa.concat_arrays([pa.array(values, kind), pa.nulls(m, kind)]) if m else pa.array(values, kind)
+def _upserts(values: Any, kind: pa.DataType, n: int) -> pa.Array:
+    """The ``n`` upserts' ``values`` (None or empty: all null)."""
+    return pa.nulls(n, kind) if values is None or not len(values) else pa.array(values, kind)
+
+
+def _then_nulls(upserts: pa.Array, m: int) -> pa.Array:
+    """An upserts' column, then the ``m`` deletes' nulls (most segments have no deletes: no concatenation)."""
+    return pa.concat_arrays([upserts, pa.nulls(m, upserts.type)]) if m else upserts
 
 
 def _accumulator_array(values: Sequence[Any] | np.ndarray) -> tuple[pa.Array, bytes]:

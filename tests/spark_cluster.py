@@ -36,7 +36,7 @@ from typing import Iterator
 import pytest
 
 HOST = "127.0.0.1"
-START_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 15.0
 LOG_TAIL_CHARS = 4000
 

@@ -22,6 +22,7 @@ with its explanation.
 from __future__ import annotations
 
 import shutil
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -161,6 +162,7 @@ def test_dagster_dev_launch_terminate_relaunch(tmp_path, pg_dsn):
         assert not any("@" in (text or "") for node in nodes.values() for text in node["metadata"].values())
 
         run_config = {"ops": {CLICKS_OP: {"config": {"throttle_seconds": 0}}}}
+        submitted = time.monotonic()
         first = dagit.client.submit_job_execution(CLICKS_JOB, repository_location_name=LOCATION, run_config=run_config)
         wait_for(lambda: len(materializations(dagit, first)) >= 2, 240, "per-batch materializations")
         labels = {e["label"] for e in materializations(dagit, first)[0]["metadataEntries"]}
@@ -184,8 +186,11 @@ def test_dagster_dev_launch_terminate_relaunch(tmp_path, pg_dsn):
         assert run_status(dagit, first) == "STARTED"
         history = {name: check_executions(dagit, CLICKS.split("/"), name) for name in expected_checks}
         assert not [e for runs in history.values() for e in runs if e["status"] == "IN_PROGRESS"], history
-        # at most one evaluation per check per materialization
-        assert len([e for e in history["late_row_ratio"] if e["runId"] == ""]) <= len(materializations(dagit, first))
+        # at most one evaluation per check per materialization, and one per check interval the step's timer
+        # went through (EMATIX_CHECK_INTERVAL_S, 60 s by default: on a slow machine a batch can take longer)
+        on_time = int((time.monotonic() - submitted) // 60)
+        assert len([e for e in history["late_row_ratio"] if e["runId"] == ""]) <= \
+            len(materializations(dagit, first)) + on_time
         assert "of this run" in history["late_row_ratio"][0]["evaluation"]["description"]
         browse(dagit, tmp_path / "screenshots", first)
 

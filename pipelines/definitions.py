@@ -58,6 +58,7 @@ from ematix_dagster.dagster import (
     state_migration_schedule,
     streaming_pipeline_assets,
 )
+from ematix_dagster.dagster.checks import DEFAULT_CHECK_INTERVAL_SECONDS
 from pipelines.examples import revenue_per_channel  # also sets the EMATIX_PG_URL default
 
 HERE = Path(__file__).resolve().parent
@@ -91,7 +92,7 @@ PIPELINES = [clicks_per_minute, clicks_hopping, user_sessions, card_payments, em
 OWNERS = ["team:data-platform"]
 _max_lag = os.environ.get("EMATIX_MAX_WATERMARK_LAG_S")
 checks = CheckBounds(max_watermark_lag_seconds=float(_max_lag) if _max_lag else None,
-                     check_interval_seconds=_env_seconds("EMATIX_CHECK_INTERVAL_S", 60.0))
+                     check_interval_seconds=_env_seconds("EMATIX_CHECK_INTERVAL_S", DEFAULT_CHECK_INTERVAL_SECONDS))
 assets = streaming_pipeline_assets(PIPELINES, owners=OWNERS, checks=checks)
 # partitioned backfills of the pipelines with [backfill]: rewrite past days from archived input
 backfill_assets = [backfill_asset(p, owners=OWNERS) for p in PIPELINES if p.spec.backfill is not None]

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from ematix_dagster.dagster.checks import DEFAULT_CHECK_INTERVAL_SECONDS
 from ematix_dagster.spec import StateStoreConfig, load_pipeline
 from tests.dagster_graphql import (
     assert_reads_as_a_cancel,
@@ -187,8 +188,8 @@ def test_dagster_dev_launch_terminate_relaunch(tmp_path, pg_dsn):
         history = {name: check_executions(dagit, CLICKS.split("/"), name) for name in expected_checks}
         assert not [e for runs in history.values() for e in runs if e["status"] == "IN_PROGRESS"], history
         # at most one evaluation per check per materialization, and one per check interval the step's timer
-        # went through (EMATIX_CHECK_INTERVAL_S, 60 s by default: on a slow machine a batch can take longer)
-        on_time = int((time.monotonic() - submitted) // 60)
+        # went through (EMATIX_CHECK_INTERVAL_S is unset here: on a slow machine a batch can take longer)
+        on_time = int((time.monotonic() - submitted) // DEFAULT_CHECK_INTERVAL_SECONDS)
         assert len([e for e in history["late_row_ratio"] if e["runId"] == ""]) <= \
             len(materializations(dagit, first)) + on_time
         assert "of this run" in history["late_row_ratio"][0]["evaluation"]["description"]

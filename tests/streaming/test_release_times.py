@@ -45,19 +45,21 @@ DEPTH = 3
 
 @functools.cache
 def ints(depth: int = DEPTH) -> st.SearchStrategy[str]:
-    names = st.sampled_from(["n", "m", "0", "1", "2", "3", "-1", "100", "2147483647", "4611686018427387904"])
+    leaves = st.one_of(
+        st.sampled_from(["n", "m", "0", "1", "2", "3", "-1", "100", "2147483647", "4611686018427387904"]),
+        st.builds("length(k)".format),
+    )
     if depth == 0:
-        return st.one_of(names, st.builds("length(k)".format))
+        return leaves
     i, b, s = ints(depth - 1), bools(depth - 1), stamps(depth - 1)
     return st.one_of(
-        names,
+        leaves,
         st.builds("({} {} {})".format, i, st.sampled_from(["+", "-", "*", "%", "DIV"]), i),
         st.builds("abs({})".format, i),
         st.builds("coalesce({}, {})".format, i, i),
         st.builds("greatest({}, {})".format, i, i),
         st.builds("least({}, {}, NULL)".format, i, i),
         st.builds("CASE WHEN {} THEN {} ELSE {} END".format, b, i, i),
-        st.builds("length(k)".format),
         st.builds("hour({})".format, s),
         st.builds("dayofweek({})".format, s),
     )
@@ -74,12 +76,12 @@ strings = st.sampled_from(["k", "'a'", "'b'", "lower(k)", "upper(k)", "coalesce(
 
 @functools.cache
 def stamps(depth: int = DEPTH) -> st.SearchStrategy[str]:
-    names = st.sampled_from(["window_start", "window_end", "TIMESTAMP '2024-03-03 00:00:00'"])
+    leaves = st.sampled_from(["window_start", "window_end", "TIMESTAMP '2024-03-03 00:00:00'"])
     if depth == 0:
-        return names
+        return leaves
     b, s = bools(depth - 1), stamps(depth - 1)
     return st.one_of(
-        names,
+        leaves,
         st.builds("({} {} INTERVAL {} {})".format, s, st.sampled_from(["+", "-"]), st.integers(-3, 90),
                   st.sampled_from(["MICROSECONDS", "SECONDS", "MINUTE", "HOURS", "DAY", "WEEK"])),
         st.builds("greatest({}, {})".format, s, s),
@@ -90,17 +92,19 @@ def stamps(depth: int = DEPTH) -> st.SearchStrategy[str]:
 
 @functools.cache
 def bools(depth: int = DEPTH) -> st.SearchStrategy[str]:
-    constants = [st.builds("(window_end - window_start) >= INTERVAL {} HOURS".format, st.integers(1, 3)),
-                 st.builds("(k IN ('a', 'b'))".format), st.sampled_from(["TRUE", "FALSE", "NULL"])]
-    strings_compared = st.builds("{} {} {}".format, strings, st.sampled_from(["=", "<>", "<", ">=", "<=>"]), strings)
+    leaves = st.one_of(
+        st.builds("{} {} {}".format, strings, st.sampled_from(["=", "<>", "<", ">=", "<=>"]), strings),
+        st.builds("(window_end - window_start) >= INTERVAL {} HOURS".format, st.integers(1, 3)),
+        st.builds("(k IN ('a', 'b'))".format),
+        st.sampled_from(["TRUE", "FALSE", "NULL"]),
+    )
     if depth == 0:
-        return st.one_of(strings_compared, *constants)
+        return leaves
     b, i, s, n = bools(depth - 1), ints(depth - 1), stamps(depth - 1), numbers(depth - 1)
     return st.one_of(
+        leaves,
         st.builds("{} {} {}".format, n, st.sampled_from(["=", "<>", "<", "<=", ">", ">=", "<=>"]), n),
-        strings_compared,
         st.builds("{} {} {}".format, s, st.sampled_from(["<", ">=", "="]), s),
-        constants[0],
         st.builds("({} AND {})".format, b, b),
         st.builds("({} OR {})".format, b, b),
         st.builds("(NOT {})".format, b),
@@ -109,7 +113,6 @@ def bools(depth: int = DEPTH) -> st.SearchStrategy[str]:
         st.builds("({} {}IN ({}, {}, NULL))".format, i, st.sampled_from(["", "NOT "]), st.integers(-2, 5),
                   st.integers(-2, 5)),
         st.builds("({} BETWEEN {} AND {})".format, i, i, i),
-        *constants[1:],
     )
 
 
